@@ -1,0 +1,139 @@
+// trainwatch C++ client: the hook a training loop calls once per optimizer step.
+//
+//   auto client = trainwatch::Client::Create(options);   // absl::StatusOr
+//   (*client)->Record({.step = s, .grad_norm = norm});   // never blocks
+//   (*client)->Close();
+//
+// Record() puts the step into a bounded lock-free queue and returns; a
+// background thread batches records, streams them to the server over one gRPC
+// bidi stream, reconnects with backoff, and resends every batch the server has
+// not acknowledged (the server acks only what is committed to its store, and
+// stores a resent step once). When the queue is full, Record() drops the step
+// and counts it in Stats().dropped.
+//
+// Thread-safety: Record(), RecordEvent() and Stats() may be called from any
+// thread concurrently. Flush() and Close() may be called from any thread.
+#ifndef TRAINWATCH_CLIENT_H_
+#define TRAINWATCH_CLIENT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace trainwatch {
+
+enum class Precision { kUnspecified = 0, kFp32 = 1, kBf16 = 2, kFp16 = 3 };
+
+// Parses "fp32", "bf16", "fp16" (any case); nullopt otherwise.
+std::optional<Precision> ParsePrecision(const std::string& text);
+
+struct ClientOptions {
+  // Server address, host:port.
+  std::string address = "127.0.0.1:50051";
+
+  // RunStart fields (DESIGN.md §2).
+  std::string run_id;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t attempt = 0;
+  Precision precision = Precision::kUnspecified;
+  // Clip threshold; 0 means clipping is not configured.
+  double max_norm = 0.0;
+  uint64_t warmup_steps = 0;
+  // FP16 scaler growth interval; 0 lets the server use 2000.
+  uint32_t scaler_growth_interval = 0;
+  std::optional<double> adam_eps;
+  std::optional<double> adam_beta2;
+  std::map<std::string, std::string> labels;
+
+  // Records held in memory (queued plus sent but unacknowledged) before
+  // Record() starts dropping.
+  size_t capacity = 100000;
+  // Most records in one StepBatch.
+  size_t max_batch_records = 1024;
+  // A partial batch is sent after this long.
+  std::chrono::milliseconds flush_interval{20};
+  // Reconnect backoff: doubles from initial to max.
+  std::chrono::milliseconds initial_backoff{50};
+  std::chrono::milliseconds max_backoff{2000};
+};
+
+struct LayerStat {
+  double grad_norm = 0.0;
+  double grad_rms = 0.0;
+  double g_over_sqrt_v_rms = 0.0;
+};
+
+// One optimizer step (StepRecord of DESIGN.md §2). Floats may be NaN or Inf.
+struct Step {
+  uint64_t step = 0;
+  double grad_norm = 0.0;                 // pre-clip global norm
+  std::optional<bool> clipped;            // derived from max_norm when absent
+  std::optional<double> clip_coef;        // derived from max_norm when absent
+  std::optional<double> loss_scale;
+  bool skipped = false;
+  std::optional<double> max_attn_logit;
+  std::optional<double> log_z;
+  std::optional<double> loss;
+  std::optional<double> lr;
+  int64_t time_unix_nanos = 0;            // 0: the time Record() is called
+  std::vector<int64_t> batch_ids;
+  std::optional<double> shard_sq_sum;
+  std::map<std::string, LayerStat> layer_stats;
+};
+
+enum class EventKind { kCheckpointSaved = 1, kRunFinished = 2, kRunFailed = 3 };
+
+struct ClientStats {
+  uint64_t recorded = 0;  // steps accepted by Record()
+  uint64_t sent = 0;      // steps written to a stream (a resend counts again)
+  uint64_t acked = 0;     // steps the server acknowledged as durable
+  uint64_t dropped = 0;   // steps dropped because the buffer was full
+  uint64_t reconnects = 0;
+};
+
+class Client {
+ public:
+  // Validates the options (run_id, rank < world_size, max_norm) and starts the
+  // background thread. Does not wait for the server: an unreachable server is
+  // retried in the background while Record() buffers.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
+
+  ~Client();  // Close() with a short flush.
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Queues one step. Never blocks; returns false when the step was dropped.
+  bool Record(Step step);
+
+  // Queues a run event, ordered after the steps recorded before it.
+  bool RecordEvent(EventKind kind, uint64_t step, std::string detail = "");
+
+  // Waits until everything recorded so far is acknowledged. DEADLINE_EXCEEDED
+  // on timeout.
+  absl::Status Flush(std::chrono::milliseconds timeout);
+
+  // Flushes (up to timeout), then stops the stream and the thread. Idempotent.
+  absl::Status Close(std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+  ClientStats Stats() const;
+
+  // Latest recommended_max_norm the server sent, if any.
+  std::optional<double> RecommendedMaxNorm() const;
+
+ private:
+  class Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_CLIENT_H_
