@@ -1,0 +1,148 @@
+#include "common/validate.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace trainwatch {
+namespace {
+
+constexpr size_t kMaxRunIdChars = 128;
+
+bool IsRunIdChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' ||
+         c == '/' || c == '-';
+}
+
+// Label names become part of alert labels and the run's description: keep
+// them to what Prometheus accepts as a label name.
+bool IsLabelKey(std::string_view key) {
+  if (key.empty()) return false;
+  for (size_t i = 0; i < key.size(); ++i) {
+    char c = key[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+              (i > 0 && c >= '0' && c <= '9');
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status ValidateRunId(std::string_view run_id) {
+  if (run_id.empty()) {
+    return absl::InvalidArgumentError("run_id is empty");
+  }
+  if (run_id.size() > kMaxRunIdChars) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "run_id is ", run_id.size(), " characters; at most ", kMaxRunIdChars));
+  }
+  for (size_t i = 0; i < run_id.size(); ++i) {
+    if (!IsRunIdChar(run_id[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "run_id has character 0x",
+          absl::Hex(static_cast<unsigned char>(run_id[i]), absl::kZeroPad2),
+          " at position ", i, "; allowed: [A-Za-z0-9._:/-]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRunStart(const v1::RunStart& start,
+                              const ValidationLimits& limits) {
+  if (absl::Status s = ValidateRunId(start.run_id()); !s.ok()) return s;
+  uint32_t world_size = start.world_size() == 0 ? 1 : start.world_size();
+  if (start.rank() >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", start.rank(), " is not below world_size ",
+                     world_size, " (run ", start.run_id(), ")"));
+  }
+  if (!std::isfinite(start.max_norm()) || start.max_norm() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_norm must be finite and >= 0, got ",
+                     start.max_norm(), " (run ", start.run_id(), ")"));
+  }
+  if (start.has_adam_eps() &&
+      (!std::isfinite(start.adam_eps()) || start.adam_eps() < 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adam_eps must be finite and >= 0, got ", start.adam_eps()));
+  }
+  if (start.has_adam_beta2() &&
+      !(start.adam_beta2() >= 0 && start.adam_beta2() < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adam_beta2 must be in [0, 1), got ", start.adam_beta2()));
+  }
+  if (static_cast<size_t>(start.labels_size()) > limits.max_labels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunStart has ", start.labels_size(), " labels; at most ",
+                     limits.max_labels));
+  }
+  for (const auto& [key, value] : start.labels()) {
+    if (!IsLabelKey(key) || key.size() > limits.max_label_key_chars) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label name \"", key.substr(0, limits.max_label_key_chars),
+          "\" must match [A-Za-z_][A-Za-z0-9_]* and have at most ",
+          limits.max_label_key_chars, " characters"));
+    }
+    if (value.size() > limits.max_label_value_chars) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label \"", key, "\" has a value of ", value.size(),
+          " characters; at most ", limits.max_label_value_chars));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStepBatch(const v1::StepBatch& batch,
+                               const ValidationLimits& limits) {
+  if (static_cast<size_t>(batch.records_size()) > limits.max_batch_records) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch seq ", batch.seq(), " has ", batch.records_size(),
+                     " records; at most ", limits.max_batch_records));
+  }
+  for (const v1::StepRecord& r : batch.records()) {
+    if (static_cast<size_t>(r.batch_ids_size()) > limits.max_batch_ids) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", r.step(), ": batch_ids has ", r.batch_ids_size(),
+                       " entries; at most ", limits.max_batch_ids));
+    }
+    if (static_cast<size_t>(r.layer_stats_size()) > limits.max_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", r.step(), ": layer_stats has ", r.layer_stats_size(),
+          " layers; at most ", limits.max_layers));
+    }
+    if (r.has_clip_coef() && !std::isnan(r.clip_coef()) &&
+        (r.clip_coef() < 0 || r.clip_coef() > 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", r.step(), ": clip_coef must be in [0, 1], got ",
+                       r.clip_coef()));
+    }
+    if (r.time_unix_nanos() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", r.step(), ": time_unix_nanos is negative (",
+                       r.time_unix_nanos(), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRunEvent(const v1::RunEvent& event,
+                              const ValidationLimits& limits) {
+  if (event.kind() == v1::EVENT_KIND_UNSPECIFIED ||
+      !v1::EventKind_IsValid(event.kind())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event at step ", event.step(), " has no valid kind (",
+                     static_cast<int>(event.kind()),
+                     "); use CHECKPOINT_SAVED, RUN_FINISHED or RUN_FAILED"));
+  }
+  if (event.detail().size() > limits.max_event_detail_chars) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event at step ", event.step(), ": detail has ",
+                     event.detail().size(), " characters; at most ",
+                     limits.max_event_detail_chars));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace trainwatch

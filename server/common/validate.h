@@ -1,0 +1,46 @@
+// Validation of what trainers send (DESIGN.md §2). Each function returns
+// INVALID_ARGUMENT with a message that names the field, the value and the
+// step where there is one, so a user can find the problem in their loop.
+#ifndef TRAINWATCH_SERVER_COMMON_VALIDATE_H_
+#define TRAINWATCH_SERVER_COMMON_VALIDATE_H_
+
+#include <cstddef>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "trainwatch/v1/trainwatch.pb.h"
+
+namespace trainwatch {
+
+struct ValidationLimits {
+  // Records in one StepBatch.
+  size_t max_batch_records = 16384;
+  // Labels on a RunStart, and the length of each key and value.
+  size_t max_labels = 32;
+  size_t max_label_key_chars = 64;
+  size_t max_label_value_chars = 256;
+  // layer_stats entries in one record.
+  size_t max_layers = 4096;
+  // batch_ids in one record.
+  size_t max_batch_ids = 65536;
+  // detail of a RunEvent.
+  size_t max_event_detail_chars = 4096;
+};
+
+// run_id: 1..128 chars of [A-Za-z0-9._:/-].
+absl::Status ValidateRunId(std::string_view run_id);
+
+absl::Status ValidateRunStart(const v1::RunStart& start,
+                              const ValidationLimits& limits);
+
+// Checks the batch as a whole; nothing of a refused batch may be applied.
+// Non-finite floats are data and pass.
+absl::Status ValidateStepBatch(const v1::StepBatch& batch,
+                               const ValidationLimits& limits);
+
+absl::Status ValidateRunEvent(const v1::RunEvent& event,
+                              const ValidationLimits& limits);
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_COMMON_VALIDATE_H_

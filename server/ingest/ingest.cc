@@ -1,0 +1,290 @@
+#include "ingest/ingest.h"
+
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace trainwatch {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
+}
+
+}  // namespace
+
+// One Report stream. Lifetime: gRPC owns it; it deletes itself in OnDone,
+// which gRPC calls only after Finish. Finish is called only once no engine
+// callback is outstanding (pending_ == 0) and no write is in flight, so a
+// callback never outlives the reactor. Start*/Finish are called outside mu_,
+// as the last thing a method does.
+class ReportReactor final
+    : public grpc::ServerBidiReactor<v1::ReportRequest, v1::ReportResponse> {
+ public:
+  ReportReactor(Ingest* ingest, bool refuse) : ingest_(ingest) {
+    ingest_->metrics_->streams_active.Increment();
+    if (refuse) {
+      finished_ = true;
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the server is shutting down; retry later"));
+      return;
+    }
+    ingest_->Register(this);  // before any callback can end the stream
+    read_in_flight_ = true;
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    read_in_flight_ = false;
+    if (!ok) {
+      // The client closed its side (or went away): ack what is pending, end.
+      EndLocked(grpc::Status::OK);
+    } else if (!end_status_.has_value()) {
+      absl::Status s = HandleLocked();
+      if (!s.ok()) {
+        ingest_->CountRejected(s);
+        EndLocked(ToGrpc(s));
+      }
+    }
+    Progress(std::move(lock));
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    write_in_flight_ = false;
+    if (!ok) EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+    Progress(std::move(lock));
+  }
+
+  void OnCancel() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    Progress(std::move(lock));
+  }
+
+  void OnDone() override {
+    if (stream_ != nullptr) ingest_->engine_->CloseStream(stream_);
+    ingest_->metrics_->streams_active.Decrement();
+    ingest_->Unregister(this);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pins_ > 0) {  // Drain() still uses this reactor; it deletes it
+        done_ = true;
+        return;
+      }
+    }
+    delete this;
+  }
+
+  // Keeps the reactor alive across a BeginDrain() made outside Ingest's lock
+  // (Finish may run OnDone inline, and OnDone takes that lock). Pin() only
+  // under Ingest's lock, while the reactor is registered.
+  void Pin() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++pins_;
+  }
+  void Unpin() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pins_ > 0 || !done_) return;
+    }
+    delete this;
+  }
+
+  void BeginDrain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    EndLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                           "the server is shutting down; everything acked is "
+                           "stored, resend the rest after it restarts"));
+    Progress(std::move(lock));
+  }
+
+ private:
+  absl::Status HandleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const IngestOptions& opts = ingest_->options_;
+    switch (request_.msg_case()) {
+      case v1::ReportRequest::kStart: {
+        if (stream_ != nullptr) {
+          return absl::InvalidArgumentError(
+              "RunStart repeated on one stream; open a new stream for another "
+              "rank or attempt");
+        }
+        if (absl::Status s = ValidateRunStart(request_.start(), opts.limits);
+            !s.ok()) {
+          return s;
+        }
+        ++pending_;
+        absl::StatusOr<StreamHandle> stream = ingest_->engine_->OpenStream(
+            request_.start(), [this](absl::Status s) { OnDurable(0, s); });
+        if (!stream.ok()) {
+          --pending_;
+          return stream.status();
+        }
+        stream_ = *std::move(stream);
+        return absl::OkStatus();
+      }
+      case v1::ReportRequest::kBatch: {
+        if (stream_ == nullptr) {
+          return absl::InvalidArgumentError(
+              "the first message of a Report stream must be a RunStart");
+        }
+        if (absl::Status s = ValidateStepBatch(request_.batch(), opts.limits);
+            !s.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("run ", stream_->key.run_id, " rank ",
+                           stream_->key.rank, ": ", s.message()));
+        }
+        uint64_t seq = request_.batch().seq();
+        ++pending_;
+        ingest_->engine_->SubmitBatch(
+            stream_, std::move(*request_.mutable_batch()),
+            [this, seq](absl::Status s) { OnDurable(seq, s); });
+        return absl::OkStatus();
+      }
+      case v1::ReportRequest::kEvent: {
+        if (stream_ == nullptr) {
+          return absl::InvalidArgumentError(
+              "the first message of a Report stream must be a RunStart");
+        }
+        if (absl::Status s = ValidateRunEvent(request_.event(), opts.limits);
+            !s.ok()) {
+          return s;
+        }
+        uint64_t seq = request_.event().seq();
+        ++pending_;
+        ingest_->engine_->SubmitEvent(
+            stream_, std::move(*request_.mutable_event()),
+            [this, seq](absl::Status s) { OnDurable(seq, s); });
+        return absl::OkStatus();
+      }
+      case v1::ReportRequest::MSG_NOT_SET:
+        break;
+    }
+    return absl::InvalidArgumentError(
+        "empty ReportRequest: set one of start, batch or event");
+  }
+
+  // From the engine (any thread): the op with `seq` is durable, or failed.
+  void OnDurable(uint64_t seq, absl::Status status) {
+    std::unique_lock<std::mutex> lock(mu_);
+    --pending_;
+    if (status.ok()) {
+      if (seq > acked_seq_) acked_seq_ = seq;
+    } else {
+      // Not stored: end the stream; the client resends what is unacked.
+      EndLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                             absl::StrCat("store: ", status.message())));
+    }
+    Progress(std::move(lock));
+  }
+
+  void EndLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!end_status_.has_value()) end_status_ = std::move(status);
+  }
+
+  // Decides the next operation under the lock and starts it after unlocking:
+  // a read (while taking messages and under the in-flight bound), a write of
+  // the newest ack, or Finish once nothing is pending.
+  void Progress(std::unique_lock<std::mutex> lock) {
+    enum { kNone, kRead, kWrite, kFinish } next_io = kNone, next_read = kNone;
+    if (finished_) return;
+    if (!end_status_.has_value() && !read_in_flight_ &&
+        pending_ < ingest_->options_.max_inflight_batches) {
+      read_in_flight_ = true;
+      next_read = kRead;
+    }
+    if (!write_in_flight_ && acked_seq_ > written_seq_) {
+      written_seq_ = acked_seq_;
+      response_.set_acked_seq(acked_seq_);
+      write_in_flight_ = true;
+      next_io = kWrite;
+    } else if (!write_in_flight_ && end_status_.has_value() && pending_ == 0) {
+      finished_ = true;
+      next_io = kFinish;
+    }
+    grpc::Status finish_status = next_io == kFinish ? *end_status_ : grpc::Status();
+    lock.unlock();
+    if (next_read == kRead) StartRead(&request_);
+    if (next_io == kWrite) StartWrite(&response_);
+    if (next_io == kFinish) Finish(finish_status);
+  }
+
+  Ingest* const ingest_;
+  std::mutex mu_;
+  v1::ReportRequest request_;    // owned by the read in flight
+  v1::ReportResponse response_;  // owned by the write in flight
+  StreamHandle stream_;          // set by the first message
+  size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t acked_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t written_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int pins_ ABSL_GUARDED_BY(mu_) = 0;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> end_status_ ABSL_GUARDED_BY(mu_);
+};
+
+Ingest::Ingest(IngestOptions options, Engine* engine, Metrics* metrics)
+    : options_(options), engine_(engine), metrics_(metrics) {
+  for (const char* reason : {"invalid_argument", "resource_exhausted",
+                             "unauthenticated", "permission_denied"}) {
+    metrics_->ingest_rejected.Add({{"reason", reason}});
+  }
+}
+
+Ingest::~Ingest() { Drain(std::chrono::seconds(5)); }
+
+grpc::ServerBidiReactor<v1::ReportRequest, v1::ReportResponse>*
+Ingest::NewReport(grpc::CallbackServerContext* context) {
+  bool refuse;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    refuse = draining_;
+  }
+  return new ReportReactor(this, refuse);
+}
+
+void Ingest::Register(ReportReactor* r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reactors_.insert(r);
+}
+
+void Ingest::Unregister(ReportReactor* r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reactors_.erase(r);
+  cv_.notify_all();
+}
+
+void Ingest::CountRejected(const absl::Status& status) {
+  std::string reason = absl::IsResourceExhausted(status) ? "resource_exhausted"
+                       : absl::IsUnauthenticated(status) ? "unauthenticated"
+                       : absl::IsPermissionDenied(status) ? "permission_denied"
+                                                          : "invalid_argument";
+  metrics_->ingest_rejected.Add({{"reason", reason}}).Increment();
+}
+
+bool Ingest::Drain(std::chrono::milliseconds timeout) {
+  std::vector<ReportReactor*> open;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!draining_) {
+      draining_ = true;
+      for (ReportReactor* r : reactors_) {
+        r->Pin();
+        open.push_back(r);
+      }
+    }
+  }
+  for (ReportReactor* r : open) {
+    r->BeginDrain();
+    r->Unpin();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return reactors_.empty(); });
+}
+
+}  // namespace trainwatch

@@ -1,0 +1,74 @@
+// The Report stream handler: validates what trainers send, hands it to the
+// engine, and acks each batch once the engine reports it durable.
+//
+// Each stream is a small reactor (gRPC callback API) that never blocks: it
+// reads one message at a time, stops reading while too many batches wait for
+// their commit (so a slow disk pushes back on the trainer through gRPC flow
+// control instead of filling memory), and writes cumulative acks.
+//
+// Errors: a refused message ends the stream with INVALID_ARGUMENT (or
+// RESOURCE_EXHAUSTED) and a message naming the field and step; batches
+// accepted before it are still committed and acked first.
+//
+// Threads: Ingest's methods may be called from any thread.
+#ifndef TRAINWATCH_SERVER_INGEST_INGEST_H_
+#define TRAINWATCH_SERVER_INGEST_INGEST_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "common/validate.h"
+#include "engine/engine.h"
+#include "metrics/metrics.h"
+#include "trainwatch/v1/trainwatch.grpc.pb.h"
+
+namespace trainwatch {
+
+struct IngestOptions {
+  ValidationLimits limits;
+  // Batches of one stream submitted and not yet durable before the stream
+  // stops reading.
+  size_t max_inflight_batches = 64;
+};
+
+class ReportReactor;
+
+class Ingest {
+ public:
+  Ingest(IngestOptions options, Engine* engine, Metrics* metrics);
+  ~Ingest();
+  Ingest(const Ingest&) = delete;
+  Ingest& operator=(const Ingest&) = delete;
+
+  // A reactor for a new Report call (owned by gRPC until its OnDone).
+  grpc::ServerBidiReactor<v1::ReportRequest, v1::ReportResponse>* NewReport(
+      grpc::CallbackServerContext* context);
+
+  // Stops taking messages: every open stream acks what it already submitted
+  // and ends with UNAVAILABLE; new streams are refused. Returns true once all
+  // streams have ended, false if `timeout` passed first.
+  bool Drain(std::chrono::milliseconds timeout);
+
+ private:
+  friend class ReportReactor;
+  void Register(ReportReactor* r);
+  void Unregister(ReportReactor* r);
+  void CountRejected(const absl::Status& status);
+
+  const IngestOptions options_;
+  Engine* const engine_;
+  Metrics* const metrics_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  absl::flat_hash_set<ReportReactor*> reactors_ ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_INGEST_INGEST_H_

@@ -1,0 +1,121 @@
+// trainwatch-server: parses flags, starts the server, waits for SIGTERM or
+// SIGINT, drains and exits 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "server.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: trainwatch-server [flags]
+
+  --listen ADDR            gRPC address (default 127.0.0.1:50051; port 0 = any free port)
+  --metrics-listen ADDR    Prometheus /metrics address (default 127.0.0.1:9464)
+  --db PATH                SQLite database (default ./trainwatch.db)
+  --synchronous MODE       SQLite synchronous: NORMAL (default) or FULL
+  --engine-threads N       health-engine threads (default 2)
+  --max-active-runs N      runs that have not finished, at most (default 10000)
+  --config FILE            YAML detector config          (not available yet)
+  --alertmanager-url URL   Alertmanager v2 API           (not available yet)
+  --webhook-url URL        JSON webhook for alerts       (not available yet)
+  --auth-token-file FILE   bearer tokens                 (not available yet)
+  --tls-cert FILE, --tls-key FILE   TLS for gRPC         (not available yet)
+  --help                   this text
+)";
+
+[[noreturn]] void UsageError(const std::string& message) {
+  fprintf(stderr, "trainwatch-server: %s\n\n%s", message.c_str(), kUsage);
+  exit(2);
+}
+
+size_t ParseCount(const std::string& flag, const std::string& value) {
+  size_t n = 0;
+  if (!absl::SimpleAtoi(value, &n) || n == 0) {
+    UsageError(flag + " wants a positive integer, got \"" + value + "\"");
+  }
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  trainwatch::ServerOptions options;
+  const std::map<std::string, std::string*> string_flags = {
+      {"--listen", &options.listen},
+      {"--metrics-listen", &options.metrics_listen},
+      {"--db", &options.db},
+      {"--synchronous", &options.synchronous},
+  };
+  const char* later[] = {"--config", "--alertmanager-url", "--webhook-url",
+                         "--auth-token-file", "--tls-cert", "--tls-key"};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      fputs(kUsage, stdout);
+      return 0;
+    }
+    std::string value;
+    size_t eq = arg.find('=');
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      UsageError(arg + " needs a value");
+    }
+    if (auto it = string_flags.find(arg); it != string_flags.end()) {
+      *it->second = value;
+    } else if (arg == "--engine-threads") {
+      options.engine_threads = ParseCount(arg, value);
+    } else if (arg == "--max-active-runs") {
+      options.max_active_runs = ParseCount(arg, value);
+    } else if (std::find(std::begin(later), std::end(later), arg) !=
+               std::end(later)) {
+      UsageError(arg + " is not available in this version yet");
+    } else {
+      UsageError("unknown flag " + arg);
+    }
+  }
+  if (options.synchronous != "NORMAL" && options.synchronous != "FULL") {
+    UsageError("--synchronous must be NORMAL or FULL");
+  }
+
+  // Block the stop signals in every thread; main waits for them below.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<trainwatch::Server>> server =
+      trainwatch::Server::BuildAndStart(options);
+  if (!server.ok()) {
+    fprintf(stderr, "trainwatch-server: %s\n",
+            std::string(server.status().message()).c_str());
+    return 1;
+  }
+  std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  printf("trainwatch-server: gRPC on %s:%d, /metrics on http://%s/metrics, db %s\n",
+         host.c_str(), (*server)->grpc_port(),
+         (*server)->metrics_address().c_str(), options.db.c_str());
+  printf("point a trainer at %s:%d, e.g. trainwatch.Client(\"%s:%d\", run=\"my-run\")\n",
+         host.c_str(), (*server)->grpc_port(), host.c_str(),
+         (*server)->grpc_port());
+  fflush(stdout);
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  printf("trainwatch-server: %s received, draining\n",
+         sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  fflush(stdout);
+  (*server)->Shutdown(std::chrono::seconds(10));
+  server->reset();
+  printf("trainwatch-server: stopped\n");
+  return 0;
+}

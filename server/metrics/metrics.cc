@@ -1,0 +1,155 @@
+#include "metrics/metrics.h"
+
+#include <prometheus/text_serializer.h>
+
+#include <exception>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace trainwatch {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+prometheus::Family<prometheus::Counter>& Counter(prometheus::Registry& r,
+                                                 const char* name,
+                                                 const char* help) {
+  return BuildCounter().Name(name).Help(help).Register(r);
+}
+prometheus::Family<prometheus::Gauge>& Gauge(prometheus::Registry& r,
+                                             const char* name,
+                                             const char* help) {
+  return BuildGauge().Name(name).Help(help).Register(r);
+}
+
+}  // namespace
+
+RunMetrics::RunMetrics(Metrics& m, const prometheus::Labels& labels)
+    : steps(m.steps_total.Add(labels)),
+      clipped_steps(m.clipped_steps_total.Add(labels)),
+      skipped_steps(m.skipped_steps_total.Add(labels)),
+      nonfinite_steps(m.nonfinite_steps_total.Add(labels)),
+      client_dropped_steps(m.client_dropped_steps_total.Add(labels)),
+      last_step(m.last_step.Add(labels)),
+      last_step_timestamp(m.last_step_timestamp_seconds.Add(labels)),
+      grad_norm(&m.grad_norm, labels),
+      clip_coefficient(&m.clip_coefficient, labels),
+      clip_threshold(&m.clip_threshold, labels),
+      loss_scale(&m.loss_scale, labels),
+      max_attention_logit(&m.max_attention_logit, labels),
+      log_z(&m.log_z, labels),
+      loss(&m.loss, labels),
+      learning_rate(&m.learning_rate, labels),
+      metrics_(m) {}
+
+RunMetrics::~RunMetrics() {
+  metrics_.steps_total.Remove(&steps);
+  metrics_.clipped_steps_total.Remove(&clipped_steps);
+  metrics_.skipped_steps_total.Remove(&skipped_steps);
+  metrics_.nonfinite_steps_total.Remove(&nonfinite_steps);
+  metrics_.client_dropped_steps_total.Remove(&client_dropped_steps);
+  metrics_.last_step.Remove(&last_step);
+  metrics_.last_step_timestamp_seconds.Remove(&last_step_timestamp);
+  for (LazyGauge* g : {&grad_norm, &clip_coefficient, &clip_threshold,
+                       &loss_scale, &max_attention_logit, &log_z, &loss,
+                       &learning_rate}) {
+    g->Remove();
+  }
+}
+
+Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
+    : registry_(std::move(registry)),
+      ingest_records(
+          Counter(*registry_, "trainwatch_ingest_records_total",
+                  "Step records received and accepted (all runs, all ranks).")
+              .Add({})),
+      ingest_rejected(Counter(*registry_, "trainwatch_ingest_rejected_total",
+                              "Messages refused, by reason.")),
+      streams_active(Gauge(*registry_, "trainwatch_streams_active",
+                           "Open Report streams.")
+                         .Add({})),
+      runs_active(Gauge(*registry_, "trainwatch_runs_active",
+                        "Runs known to the engine that have not finished.")
+                      .Add({})),
+      store_queue_depth(Gauge(*registry_, "trainwatch_store_queue_depth",
+                              "Write ops waiting for the store writer.")
+                            .Add({})),
+      store_commit_seconds(
+          BuildHistogram()
+              .Name("trainwatch_store_commit_seconds")
+              .Help("Duration of one store transaction.")
+              .Register(*registry_)
+              .Add({}, prometheus::Histogram::BucketBoundaries{
+                           0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                           0.1, 0.25, 0.5, 1, 2.5})),
+      store_errors(Counter(*registry_, "trainwatch_store_errors_total",
+                           "Store transactions that failed (nothing of them "
+                           "was acknowledged).")
+                       .Add({})),
+      steps_total(Counter(*registry_, "trainwatch_steps_total",
+                          "Optimizer steps recorded (lead rank).")),
+      clipped_steps_total(Counter(*registry_, "trainwatch_clipped_steps_total",
+                                  "Steps on which gradient clipping fired.")),
+      skipped_steps_total(Counter(*registry_, "trainwatch_skipped_steps_total",
+                                  "Optimizer steps skipped (inf/NaN found).")),
+      nonfinite_steps_total(
+          Counter(*registry_, "trainwatch_nonfinite_steps_total",
+                  "Steps with a NaN or Inf gradient norm or loss.")),
+      client_dropped_steps_total(
+          Counter(*registry_, "trainwatch_client_dropped_steps_total",
+                  "Steps the client dropped (buffer full) and reported.")),
+      last_step(Gauge(*registry_, "trainwatch_last_step",
+                      "Last optimizer step seen.")),
+      last_step_timestamp_seconds(
+          Gauge(*registry_, "trainwatch_last_step_timestamp_seconds",
+                "When the last step finished on the trainer (Unix seconds).")),
+      grad_norm(Gauge(*registry_, "trainwatch_grad_norm",
+                      "Pre-clip global gradient norm of the last step.")),
+      clip_coefficient(Gauge(*registry_, "trainwatch_clip_coefficient",
+                             "Clip coefficient applied on the last step.")),
+      clip_threshold(Gauge(*registry_, "trainwatch_clip_threshold",
+                           "Configured clip threshold (max_norm).")),
+      loss_scale(Gauge(*registry_, "trainwatch_loss_scale",
+                       "FP16 loss scale after the last step.")),
+      max_attention_logit(Gauge(*registry_, "trainwatch_max_attention_logit",
+                                "Largest attention logit of the last step.")),
+      log_z(Gauge(*registry_, "trainwatch_log_z",
+                  "Mean log Z of the output softmax, last step.")),
+      loss(Gauge(*registry_, "trainwatch_loss", "Loss of the last step.")),
+      learning_rate(Gauge(*registry_, "trainwatch_learning_rate",
+                          "Learning rate of the last step.")) {}
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
+    const std::string& listen) {
+  std::unique_ptr<Metrics> m(
+      new Metrics(std::make_shared<prometheus::Registry>()));
+  if (!listen.empty()) {
+    try {
+      m->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot serve /metrics on ", listen, ": ", e.what()));
+    }
+    m->exposer_->RegisterCollectable(m->registry_);
+  }
+  return m;
+}
+
+std::unique_ptr<RunMetrics> Metrics::AddRun(const std::string& run_id) {
+  return std::unique_ptr<RunMetrics>(new RunMetrics(*this, {{"run", run_id}}));
+}
+
+int Metrics::ListeningPort() const {
+  if (exposer_ == nullptr) return 0;
+  std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+std::string Metrics::Serialize() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace trainwatch

@@ -1,0 +1,125 @@
+// The Prometheus side of trainwatch (DESIGN.md §5): the exposer on
+// --metrics-listen, the server's own series, and one RunMetrics per run.
+//
+// Families are registered once at start-up; a run's series are added once
+// when the run appears and removed when it is forgotten. Updates go through
+// the kept handles (atomic stores, no lock, no lookup).
+#ifndef TRAINWATCH_SERVER_METRICS_METRICS_H_
+#define TRAINWATCH_SERVER_METRICS_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace trainwatch {
+
+class Metrics;
+
+// A gauge whose series is added on its first value, so a run that never
+// reports e.g. a loss scale exports no loss_scale series rather than a 0.
+class LazyGauge {
+ public:
+  LazyGauge(prometheus::Family<prometheus::Gauge>* family,
+            prometheus::Labels labels)
+      : family_(family), labels_(std::move(labels)) {}
+  void Set(double v) {
+    if (gauge_ == nullptr) gauge_ = &family_->Add(labels_);
+    gauge_->Set(v);
+  }
+  void Remove() {
+    if (gauge_ != nullptr) family_->Remove(gauge_);
+    gauge_ = nullptr;
+  }
+
+ private:
+  prometheus::Family<prometheus::Gauge>* family_;
+  prometheus::Labels labels_;
+  prometheus::Gauge* gauge_ = nullptr;
+};
+
+// The per-run series. Not thread-safe: updated by the engine shard that owns
+// the run. Removes its series when destroyed.
+class RunMetrics {
+ public:
+  ~RunMetrics();
+  RunMetrics(const RunMetrics&) = delete;
+  RunMetrics& operator=(const RunMetrics&) = delete;
+
+  prometheus::Counter& steps;
+  prometheus::Counter& clipped_steps;
+  prometheus::Counter& skipped_steps;
+  prometheus::Counter& nonfinite_steps;
+  prometheus::Counter& client_dropped_steps;
+  prometheus::Gauge& last_step;
+  prometheus::Gauge& last_step_timestamp;
+  LazyGauge grad_norm, clip_coefficient, clip_threshold, loss_scale,
+      max_attention_logit, log_z, loss, learning_rate;
+
+ private:
+  friend class Metrics;
+  RunMetrics(Metrics& m, const prometheus::Labels& labels);
+  Metrics& metrics_;
+};
+
+// Thread-safe: every method may be called from any thread.
+class Metrics {
+ private:
+  // Declared first: every family below is registered on it.
+  std::shared_ptr<prometheus::Registry> registry_;
+
+ public:
+  // Starts serving /metrics on `listen` (host:port); "" serves nothing (tests).
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& listen);
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  std::unique_ptr<RunMetrics> AddRun(const std::string& run_id);
+
+  // The port /metrics is served on (resolves a requested port 0); 0 if none.
+  int ListeningPort() const;
+
+  // The text exposition, as a scrape would see it (tests, debugging).
+  std::string Serialize() const;
+
+  // Server series.
+  prometheus::Counter& ingest_records;
+  prometheus::Family<prometheus::Counter>& ingest_rejected;  // {reason}
+  prometheus::Gauge& streams_active;
+  prometheus::Gauge& runs_active;
+  prometheus::Gauge& store_queue_depth;
+  prometheus::Histogram& store_commit_seconds;
+  prometheus::Counter& store_errors;
+
+  // Per-run families (label `run`), used by RunMetrics.
+  prometheus::Family<prometheus::Counter>& steps_total;
+  prometheus::Family<prometheus::Counter>& clipped_steps_total;
+  prometheus::Family<prometheus::Counter>& skipped_steps_total;
+  prometheus::Family<prometheus::Counter>& nonfinite_steps_total;
+  prometheus::Family<prometheus::Counter>& client_dropped_steps_total;
+  prometheus::Family<prometheus::Gauge>& last_step;
+  prometheus::Family<prometheus::Gauge>& last_step_timestamp_seconds;
+  prometheus::Family<prometheus::Gauge>& grad_norm;
+  prometheus::Family<prometheus::Gauge>& clip_coefficient;
+  prometheus::Family<prometheus::Gauge>& clip_threshold;
+  prometheus::Family<prometheus::Gauge>& loss_scale;
+  prometheus::Family<prometheus::Gauge>& max_attention_logit;
+  prometheus::Family<prometheus::Gauge>& log_z;
+  prometheus::Family<prometheus::Gauge>& loss;
+  prometheus::Family<prometheus::Gauge>& learning_rate;
+
+ private:
+  explicit Metrics(std::shared_ptr<prometheus::Registry> registry);
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_METRICS_METRICS_H_

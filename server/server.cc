@@ -1,0 +1,152 @@
+#include "server.h"
+
+#include <prometheus/exposer.h>
+
+#include "absl/strings/str_cat.h"
+#include "engine/engine.h"
+#include "ingest/ingest.h"
+#include "metrics/metrics.h"
+#include "query/query.h"
+#include "store/store.h"
+#include "trainwatch/v1/trainwatch.grpc.pb.h"
+
+namespace trainwatch {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
+}
+
+using ServiceBase =
+    v1::TrainingHealth::WithCallbackMethod_Report<v1::TrainingHealth::Service>;
+
+}  // namespace
+
+// The gRPC service: thin adapters over Ingest (callback API, never blocks)
+// and Query (sync API: reads may wait on disk, on gRPC's sync thread pool).
+// RPCs not overridden here answer UNIMPLEMENTED.
+class Server::Service final : public ServiceBase {
+ public:
+  Service(Ingest* ingest, const Query* query) : ingest_(ingest), query_(query) {}
+
+  grpc::ServerBidiReactor<v1::ReportRequest, v1::ReportResponse>* Report(
+      grpc::CallbackServerContext* context) override {
+    return ingest_->NewReport(context);
+  }
+
+  grpc::Status ListRuns(grpc::ServerContext* context,
+                        const v1::ListRunsRequest* request,
+                        v1::ListRunsResponse* response) override {
+    absl::StatusOr<v1::ListRunsResponse> r = query_->ListRuns(*request);
+    if (!r.ok()) return ToGrpc(r.status());
+    *response = std::move(*r);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status QuerySteps(grpc::ServerContext* context,
+                          const v1::QueryStepsRequest* request,
+                          grpc::ServerWriter<v1::StepRecords>* writer) override {
+    return ToGrpc(query_->QuerySteps(*request, [&](const v1::StepRecords& c) {
+      return !context->IsCancelled() && writer->Write(c);
+    }));
+  }
+
+ private:
+  Ingest* const ingest_;
+  const Query* const query_;
+};
+
+absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
+    ServerOptions options) {
+  std::unique_ptr<Server> server(new Server());
+  server->options_ = options;
+
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics =
+      Metrics::Create(options.metrics_listen);
+  if (!metrics.ok()) return metrics.status();
+  server->metrics_ = std::move(*metrics);
+  Metrics* m = server->metrics_.get();
+
+  StoreOptions store_options;
+  store_options.path = options.db;
+  store_options.synchronous = options.synchronous;
+  store_options.on_commit = [m](double seconds, size_t, size_t depth) {
+    m->store_commit_seconds.Observe(seconds);
+    m->store_queue_depth.Set(static_cast<double>(depth));
+  };
+  store_options.on_error = [m](const absl::Status& s) {
+    m->store_errors.Increment();
+    fprintf(stderr, "trainwatch-server: store transaction failed: %s\n",
+            std::string(s.message()).c_str());
+  };
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(store_options);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("--db ", options.db, ": ",
+                                     store.status().message()));
+  }
+  server->store_ = std::move(*store);
+
+  EngineOptions engine_options;
+  engine_options.shards = options.engine_threads;
+  engine_options.max_active_runs = options.max_active_runs;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
+      engine_options, server->store_.get(), m, Clock::Real());
+  if (!engine.ok()) return engine.status();
+  server->engine_ = std::move(*engine);
+
+  IngestOptions ingest_options;
+  ingest_options.limits = options.limits;
+  server->ingest_ = std::make_unique<Ingest>(ingest_options,
+                                             server->engine_.get(), m);
+  server->query_ = std::make_unique<Query>(server->store_.get());
+  server->service_ = std::make_unique<Service>(server->ingest_.get(),
+                                               server->query_.get());
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
+                           &server->grpc_port_);
+  builder.RegisterService(server->service_.get());
+  // Notice dead trainers (a half-open connection holds a stream open).
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.SetMaxReceiveMessageSize(16 * 1024 * 1024);
+  server->grpc_server_ = builder.BuildAndStart();
+  if (server->grpc_server_ == nullptr || server->grpc_port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on --listen ", options.listen,
+                     " (address in use or not valid?)"));
+  }
+  if (!options.metrics_listen.empty()) {
+    // Resolve port 0 to the port the exposer bound.
+    std::string host = options.metrics_listen.substr(
+        0, options.metrics_listen.rfind(':'));
+    server->metrics_address_ = absl::StrCat(host, ":", m->ListeningPort());
+  }
+  return server;
+}
+
+Server::~Server() { Shutdown(std::chrono::seconds(10)); }
+
+void Server::Shutdown(std::chrono::milliseconds drain_timeout) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  // 1. Streams ack what they submitted and end; new ones are refused.
+  if (ingest_ != nullptr && !ingest_->Drain(drain_timeout)) {
+    fprintf(stderr,
+            "trainwatch-server: streams still open after the drain timeout\n");
+  }
+  // 2. Stop the gRPC server (cancels anything left).
+  if (grpc_server_ != nullptr) {
+    grpc_server_->Shutdown(std::chrono::system_clock::now() +
+                           std::chrono::seconds(2));
+  }
+  // 3. Commit what is queued, then run the engine work it produced.
+  if (store_ != nullptr) store_->Close();
+  if (engine_ != nullptr) engine_->Stop();
+}
+
+}  // namespace trainwatch

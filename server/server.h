@@ -1,0 +1,76 @@
+// trainwatch-server: owns and wires every part (store, metrics, engine,
+// ingest, query) and the gRPC server in front of them.
+//
+// Threads: BuildAndStart() and Shutdown() from the main thread.
+#ifndef TRAINWATCH_SERVER_SERVER_H_
+#define TRAINWATCH_SERVER_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/validate.h"
+
+namespace trainwatch {
+
+class Store;
+class Metrics;
+class Engine;
+class Ingest;
+class Query;
+
+struct ServerOptions {
+  // gRPC address; port 0 picks a free port (see grpc_port()).
+  std::string listen = "127.0.0.1:50051";
+  // /metrics address; port 0 picks a free port; "" serves no /metrics.
+  std::string metrics_listen = "127.0.0.1:9464";
+  // SQLite database file (the embedded default).
+  std::string db = "trainwatch.db";
+  // PRAGMA synchronous of the store: NORMAL or FULL.
+  std::string synchronous = "NORMAL";
+  // Engine threads (runs are sharded over them).
+  size_t engine_threads = 2;
+  // Runs that have not finished, at most.
+  size_t max_active_runs = 10000;
+  ValidationLimits limits;
+};
+
+class Server {
+ public:
+  static absl::StatusOr<std::unique_ptr<Server>> BuildAndStart(
+      ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  int grpc_port() const { return grpc_port_; }
+  // host:port of /metrics, "" when not served.
+  std::string metrics_address() const { return metrics_address_; }
+
+  // Drains: stops taking messages, commits and acks what arrived, ends every
+  // stream with UNAVAILABLE, then stops the parts in dependency order.
+  void Shutdown(std::chrono::milliseconds drain_timeout);
+
+ private:
+  class Service;
+  Server() = default;
+
+  ServerOptions options_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Ingest> ingest_;
+  std::unique_ptr<Query> query_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int grpc_port_ = 0;
+  std::string metrics_address_;
+  bool shut_down_ = false;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_SERVER_H_

@@ -1,0 +1,89 @@
+#include "store/schema.h"
+
+#include "absl/strings/str_cat.h"
+#include "store/sqlite.h"
+
+namespace trainwatch {
+namespace {
+
+// Version 1. Step numbers are stored as SQLite's signed 64-bit integers.
+constexpr const char* kSchemaV1 = R"sql(
+CREATE TABLE runs (
+  run_key      INTEGER PRIMARY KEY,
+  run_id       TEXT NOT NULL UNIQUE,
+  start        BLOB NOT NULL,      -- RunStart of the lead stream (serialized)
+  lead_rank    INTEGER NOT NULL,   -- lowest rank seen; its latest attempt is the lead
+  attempt      INTEGER NOT NULL,   -- latest attempt of the lead rank
+  started_ns   INTEGER NOT NULL,
+  last_seen_ns INTEGER NOT NULL,
+  last_step    INTEGER,            -- highest step stored, any rank
+  steps        INTEGER NOT NULL DEFAULT 0,  -- records stored, all ranks
+  state        TEXT NOT NULL DEFAULT 'running'
+);
+CREATE TABLE streams (
+  run_key    INTEGER NOT NULL REFERENCES runs(run_key),
+  rank       INTEGER NOT NULL,
+  attempt    INTEGER NOT NULL,
+  start      BLOB NOT NULL,
+  started_ns INTEGER NOT NULL,
+  last_step  INTEGER,              -- exactly-once: highest step committed
+  PRIMARY KEY (run_key, rank, attempt)
+) WITHOUT ROWID;
+CREATE TABLE step_chunks (
+  run_key    INTEGER NOT NULL,
+  rank       INTEGER NOT NULL,
+  attempt    INTEGER NOT NULL,
+  first_step INTEGER NOT NULL,
+  last_step  INTEGER NOT NULL,
+  n          INTEGER NOT NULL,
+  records    BLOB NOT NULL,        -- serialized trainwatch.v1.StepBatch (records only)
+  PRIMARY KEY (run_key, rank, attempt, first_step)
+) WITHOUT ROWID;
+CREATE TABLE events (
+  run_key INTEGER NOT NULL,
+  rank    INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  step    INTEGER NOT NULL,
+  kind    INTEGER NOT NULL,
+  detail  TEXT NOT NULL,
+  time_ns INTEGER NOT NULL,
+  PRIMARY KEY (run_key, rank, attempt, step, kind)
+) WITHOUT ROWID;
+)sql";
+
+absl::StatusOr<int> UserVersion(sqlite3* db) {
+  absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
+  if (!s.ok()) return s.status();
+  absl::StatusOr<bool> row = s->Step();
+  if (!row.ok()) return row.status();
+  return *row ? static_cast<int>(s->Int(0)) : 0;
+}
+
+}  // namespace
+
+absl::Status MigrateSchema(sqlite3* db, int target_version) {
+  if (absl::Status s = sqlite::Exec(db, "BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status status = [&]() -> absl::Status {
+    absl::StatusOr<int> version = UserVersion(db);
+    if (!version.ok()) return version.status();
+    if (*version > target_version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the database has schema version ", *version,
+          ", newer than this server's ", target_version,
+          "; use a newer trainwatch-server or another --db"));
+    }
+    if (*version < 1) {
+      if (absl::Status s = sqlite::Exec(db, kSchemaV1); !s.ok()) return s;
+    }
+    // Later versions add their steps here, each guarded by `*version < N`.
+    return sqlite::Exec(
+        db, absl::StrCat("PRAGMA user_version = ", target_version).c_str());
+  }();
+  if (!status.ok()) {
+    sqlite::Exec(db, "ROLLBACK").IgnoreError();
+    return status;
+  }
+  return sqlite::Exec(db, "COMMIT");
+}
+
+}  // namespace trainwatch

@@ -1,0 +1,271 @@
+#include "store/store.h"
+
+#include <atomic>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "store/schema.h"
+#include "store/writer.h"
+
+namespace trainwatch {
+namespace {
+
+constexpr int kBusyTimeoutMs = 5000;
+
+// Fills a RunSummary from a `runs` row read by the columns of kRunColumns.
+constexpr const char* kRunColumns =
+    "run_id, start, attempt, started_ns, last_seen_ns, last_step, steps, "
+    "state";
+
+v1::RunSummary RunFromRow(const sqlite::Stmt& s) {
+  v1::RunSummary run;
+  v1::RunStart start;
+  std::string_view blob = s.Blob(1);
+  start.ParseFromArray(blob.data(), static_cast<int>(blob.size()));
+  run.set_run_id(std::string(s.Text(0)));
+  run.set_world_size(start.world_size() == 0 ? 1 : start.world_size());
+  run.set_attempt(static_cast<uint32_t>(s.Int(2)));
+  run.set_precision(start.precision());
+  run.set_max_norm(start.max_norm());
+  run.set_warmup_steps(start.warmup_steps());
+  run.mutable_labels()->insert(start.labels().begin(), start.labels().end());
+  run.set_started_unix_nanos(s.Int(3));
+  run.set_last_seen_unix_nanos(s.Int(4));
+  if (!s.IsNull(5)) run.set_last_step(static_cast<uint64_t>(s.Int(5)));
+  run.set_steps(static_cast<uint64_t>(s.Int(6)));
+  run.set_state(std::string(s.Text(7)));
+  return run;
+}
+
+}  // namespace
+
+Store::Store(StoreOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
+  std::unique_ptr<Store> store(new Store(std::move(options)));
+  const std::string& path = store->options_.path;
+  bool memory = path.empty() || path == ":memory:";
+  if (memory) {
+    // Each in-memory store gets its own name so tests do not share data.
+    static std::atomic<int> counter{0};
+    store->uri_ = absl::StrCat("file:trainwatch-mem-", counter++,
+                               "?mode=memory&cache=shared");
+    absl::StatusOr<sqlite::DbPtr> anchor = sqlite::Open(
+        store->uri_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    if (!anchor.ok()) return anchor.status();
+    store->memory_anchor_ = std::move(*anchor);
+  } else {
+    store->uri_ = path;
+  }
+  absl::StatusOr<sqlite::DbPtr> db = sqlite::Open(
+      store->uri_,
+      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX);
+  if (!db.ok()) return db.status();
+  sqlite3_busy_timeout(db->get(), kBusyTimeoutMs);
+  std::string pragmas = absl::StrCat(
+      memory ? "" : "PRAGMA journal_mode = WAL;",
+      "PRAGMA synchronous = ", store->options_.synchronous, ";",
+      "PRAGMA cache_size = -65536;");
+  if (absl::Status s = sqlite::Exec(db->get(), pragmas.c_str()); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = MigrateSchema(db->get(), kSchemaVersion); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::unique_ptr<StoreWriter>> writer =
+      StoreWriter::Create(std::move(*db));
+  if (!writer.ok()) return writer.status();
+  store->writer_ = std::move(*writer);
+  store->thread_ = std::thread([s = store.get()] { s->WriterLoop(); });
+  return store;
+}
+
+Store::~Store() { Close(); }
+
+void Store::Submit(WriteOp op) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!closing_) {
+      queue_.push_back(std::move(op));
+      cv_.notify_one();
+      return;
+    }
+  }
+  if (op.done) {
+    op.done(WriteResult{.status = absl::UnavailableError("the store is closed")});
+  }
+}
+
+void Store::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_ = true;
+    cv_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+size_t Store::QueueDepth() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size();
+}
+
+void Store::WriterLoop() {
+  std::vector<WriteOp> ops;
+  while (true) {
+    size_t depth = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // closing and drained
+      size_t records = 0;
+      while (!queue_.empty() && records < options_.max_records_per_txn) {
+        records += queue_.front().records.size() + 1;
+        ops.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      depth = queue_.size();
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<WriteResult> results = writer_->Apply(ops);
+    double seconds = std::chrono::duration<double>(
+                         std::chrono::steady_clock::now() - t0)
+                         .count();
+    size_t stored = 0;
+    for (const WriteResult& r : results) stored += r.fresh.size();
+    if (!results.empty() && !results.front().status.ok() &&
+        !absl::IsFailedPrecondition(results.front().status) &&
+        options_.on_error) {
+      options_.on_error(results.front().status);
+    } else if (options_.on_commit) {
+      options_.on_commit(seconds, stored, depth);
+    }
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].done) ops[i].done(std::move(results[i]));
+    }
+    ops.clear();
+  }
+}
+
+absl::StatusOr<sqlite::DbPtr> Store::OpenReader() const {
+  absl::StatusOr<sqlite::DbPtr> db =
+      sqlite::Open(uri_, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX);
+  if (db.ok()) sqlite3_busy_timeout(db->get(), kBusyTimeoutMs);
+  return db;
+}
+
+absl::StatusOr<std::vector<v1::RunSummary>> Store::ListRuns() const {
+  absl::StatusOr<sqlite::DbPtr> db = OpenReader();
+  if (!db.ok()) return db.status();
+  absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(
+      db->get(), absl::StrCat("SELECT ", kRunColumns,
+                              " FROM runs ORDER BY started_ns DESC, run_key DESC"));
+  if (!s.ok()) return s.status();
+  std::vector<v1::RunSummary> runs;
+  while (true) {
+    absl::StatusOr<bool> row = s->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    runs.push_back(RunFromRow(*s));
+  }
+  return runs;
+}
+
+absl::StatusOr<v1::RunSummary> Store::GetRun(const std::string& run_id) const {
+  absl::StatusOr<sqlite::DbPtr> db = OpenReader();
+  if (!db.ok()) return db.status();
+  absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(
+      db->get(),
+      absl::StrCat("SELECT ", kRunColumns, " FROM runs WHERE run_id = ?1"));
+  if (!s.ok()) return s.status();
+  s->Bind(1, run_id);
+  absl::StatusOr<bool> row = s->Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return absl::NotFoundError(absl::StrCat("no run \"", run_id, "\""));
+  return RunFromRow(*s);
+}
+
+absl::Status Store::ReadSteps(
+    const std::string& run_id, uint64_t from_step, uint64_t to_step,
+    std::optional<uint32_t> rank, size_t chunk_records,
+    const std::function<bool(v1::StepRecords&)>& sink) const {
+  absl::StatusOr<sqlite::DbPtr> db = OpenReader();
+  if (!db.ok()) return db.status();
+  // One read transaction, so the records form one consistent snapshot.
+  if (absl::Status s = sqlite::Exec(db->get(), "BEGIN"); !s.ok()) return s;
+  absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(
+      db->get(),
+      "SELECT c.rank, c.attempt, c.records FROM step_chunks c "
+      "JOIN runs r ON r.run_key = c.run_key WHERE r.run_id = ?1 "
+      "AND (?2 < 0 OR c.rank = ?2) AND c.last_step >= ?3 AND c.first_step <= ?4 "
+      "ORDER BY c.rank, c.attempt, c.first_step");
+  if (!s.ok()) return s.status();
+  const int64_t from = static_cast<int64_t>(std::min<uint64_t>(from_step, INT64_MAX));
+  const int64_t to = to_step == 0 ? INT64_MAX
+                                  : static_cast<int64_t>(std::min<uint64_t>(to_step, INT64_MAX));
+  s->Bind(1, run_id).Bind(2, rank.has_value() ? int64_t{*rank} : int64_t{-1})
+      .Bind(3, from).Bind(4, to);
+  v1::StepRecords out;
+  v1::StepBatch chunk;
+  size_t rows = 0;
+  while (true) {
+    absl::StatusOr<bool> row = s->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    ++rows;
+    std::string_view blob = s->Blob(2);
+    if (!chunk.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
+      return absl::DataLossError(absl::StrCat(
+          "a stored chunk of run ", run_id, " does not parse"));
+    }
+    uint32_t r = static_cast<uint32_t>(s->Int(0));
+    uint32_t attempt = static_cast<uint32_t>(s->Int(1));
+    for (v1::StepRecord& rec : *chunk.mutable_records()) {
+      if (rec.step() < from_step || (to_step != 0 && rec.step() > to_step)) {
+        continue;
+      }
+      v1::StepRecords::Item* item = out.add_items();
+      item->set_rank(r);
+      item->set_attempt(attempt);
+      item->mutable_record()->Swap(&rec);
+      if (static_cast<size_t>(out.items_size()) >= chunk_records) {
+        if (!sink(out)) return absl::OkStatus();
+        out.Clear();
+      }
+    }
+  }
+  if (out.items_size() > 0) sink(out);
+  if (rows == 0) {
+    // Tell an unknown run from a known run with nothing in range.
+    absl::StatusOr<v1::RunSummary> run = GetRun(run_id);
+    if (!run.ok()) return run.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::RunEvent>> Store::ListEvents(
+    const std::string& run_id) const {
+  absl::StatusOr<sqlite::DbPtr> db = OpenReader();
+  if (!db.ok()) return db.status();
+  absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(
+      db->get(),
+      "SELECT e.step, e.kind, e.detail, e.time_ns FROM events e JOIN runs r "
+      "ON r.run_key = e.run_key WHERE r.run_id = ?1 ORDER BY e.step, e.time_ns");
+  if (!s.ok()) return s.status();
+  s->Bind(1, run_id);
+  std::vector<v1::RunEvent> events;
+  while (true) {
+    absl::StatusOr<bool> row = s->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    v1::RunEvent& e = events.emplace_back();
+    e.set_step(static_cast<uint64_t>(s->Int(0)));
+    e.set_kind(static_cast<v1::EventKind>(s->Int(1)));
+    e.set_detail(std::string(s->Text(2)));
+    e.set_time_unix_nanos(s->Int(3));
+  }
+  return events;
+}
+
+}  // namespace trainwatch

@@ -1,0 +1,273 @@
+#include "store/writer.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace trainwatch {
+namespace {
+
+constexpr uint32_t kRecordsTag = (2 << 3) | 2;  // StepBatch.records, length-delimited
+
+// Steps live in SQLite's signed 64-bit integers; larger ones are clamped on
+// the way in (no real run gets near 2^63 steps).
+int64_t ToDb(uint64_t step) {
+  return step > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+             ? std::numeric_limits<int64_t>::max()
+             : static_cast<int64_t>(step);
+}
+
+}  // namespace
+
+std::string EncodeRecords(const std::vector<v1::StepRecord>& records) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    for (const v1::StepRecord& r : records) {
+      coded.WriteTag(kRecordsTag);
+      coded.WriteVarint32(static_cast<uint32_t>(r.ByteSizeLong()));
+      r.SerializeWithCachedSizes(&coded);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<StoreWriter>> StoreWriter::Create(
+    sqlite::DbPtr db) {
+  std::unique_ptr<StoreWriter> w(new StoreWriter(std::move(db)));
+  if (absl::Status s = w->Prepare(); !s.ok()) return s;
+  return w;
+}
+
+absl::Status StoreWriter::Prepare() {
+  struct {
+    sqlite::Stmt* stmt;
+    const char* sql;
+  } const stmts[] = {
+      {&select_run_, "SELECT run_key FROM runs WHERE run_id = ?1"},
+      {&insert_run_,
+       "INSERT INTO runs (run_id, start, lead_rank, attempt, started_ns, "
+       "last_seen_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?5)"},
+      // The run's description follows its lead stream: the lowest rank, and
+      // for that rank the latest attempt. A new attempt reopens the run.
+      {&update_run_start_,
+       "UPDATE runs SET start = ?2, lead_rank = ?3, attempt = ?4, "
+       "last_seen_ns = ?5, state = 'running' WHERE run_key = ?1 AND "
+       "(?3 < lead_rank OR (?3 = lead_rank AND ?4 >= attempt))"},
+      {&set_run_state_, "UPDATE runs SET state = ?2 WHERE run_key = ?1"},
+      {&update_run_progress_,
+       "UPDATE runs SET last_step = max(coalesce(last_step, -1), ?2), "
+       "steps = steps + ?3, last_seen_ns = ?4 WHERE run_key = ?1"},
+      {&select_stream_,
+       "SELECT last_step FROM streams WHERE run_key = ?1 AND rank = ?2 AND "
+       "attempt = ?3"},
+      {&insert_stream_,
+       "INSERT INTO streams (run_key, rank, attempt, start, started_ns) "
+       "VALUES (?1, ?2, ?3, ?4, ?5)"},
+      {&update_stream_,
+       "UPDATE streams SET last_step = ?4 WHERE run_key = ?1 AND rank = ?2 "
+       "AND attempt = ?3"},
+      {&insert_chunk_,
+       "INSERT INTO step_chunks (run_key, rank, attempt, first_step, "
+       "last_step, n, records) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
+      {&insert_event_,
+       "INSERT OR IGNORE INTO events (run_key, rank, attempt, step, kind, "
+       "detail, time_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
+  };
+  for (const auto& [stmt, sql] : stmts) {
+    absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db_.get(), sql);
+    if (!s.ok()) return s.status();
+    *stmt = std::move(*s);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> StoreWriter::EnsureRun(const WriteOp& op) {
+  const v1::RunStart& start = op.start;
+  std::string blob = start.SerializeAsString();
+  auto it = run_keys_.find(op.key.run_id);
+  int64_t run_key;
+  if (it != run_keys_.end()) {
+    run_key = it->second;
+  } else {
+    select_run_.Bind(1, op.key.run_id);
+    absl::StatusOr<bool> row = select_run_.Step();
+    run_key = (row.ok() && *row) ? select_run_.Int(0) : -1;
+    select_run_.Reset();
+    if (!row.ok()) return row.status();
+    if (run_key < 0) {
+      insert_run_.Bind(1, op.key.run_id).BindBlob(2, blob)
+          .Bind(3, int64_t{op.key.rank}).Bind(4, int64_t{op.key.attempt})
+          .Bind(5, op.received_unix_nanos);
+      if (absl::Status s = insert_run_.Run(); !s.ok()) return s;
+      run_keys_[op.key.run_id] = sqlite3_last_insert_rowid(db_.get());
+      return run_keys_[op.key.run_id];
+    }
+    run_keys_[op.key.run_id] = run_key;
+  }
+  update_run_start_.Bind(1, run_key).BindBlob(2, blob)
+      .Bind(3, int64_t{op.key.rank}).Bind(4, int64_t{op.key.attempt})
+      .Bind(5, op.received_unix_nanos);
+  if (absl::Status s = update_run_start_.Run(); !s.ok()) return s;
+  return run_key;
+}
+
+absl::StatusOr<StoreWriter::StreamState*> StoreWriter::LoadStream(
+    const StreamKey& key, std::optional<int64_t> run_key) {
+  auto it = streams_.find(key);
+  if (it != streams_.end()) return &it->second;
+  if (!run_key.has_value()) {
+    auto rk = run_keys_.find(key.run_id);
+    if (rk == run_keys_.end()) {
+      select_run_.Bind(1, key.run_id);
+      absl::StatusOr<bool> row = select_run_.Step();
+      int64_t found = (row.ok() && *row) ? select_run_.Int(0) : -1;
+      select_run_.Reset();
+      if (!row.ok()) return row.status();
+      if (found < 0) return nullptr;
+      rk = run_keys_.emplace(key.run_id, found).first;
+    }
+    run_key = rk->second;
+  }
+  select_stream_.Bind(1, *run_key).Bind(2, int64_t{key.rank})
+      .Bind(3, int64_t{key.attempt});
+  absl::StatusOr<bool> row = select_stream_.Step();
+  if (!row.ok()) {
+    select_stream_.Reset();
+    return row.status();
+  }
+  if (!*row) {
+    select_stream_.Reset();
+    return nullptr;
+  }
+  StreamState state{.run_key = *run_key};
+  if (!select_stream_.IsNull(0)) state.last_step = select_stream_.Int(0);
+  select_stream_.Reset();
+  return &streams_.emplace(key, state).first->second;
+}
+
+absl::Status StoreWriter::ApplyOne(
+    WriteOp& op, WriteResult& result,
+    absl::flat_hash_map<int64_t, RunProgress>& progress) {
+  switch (op.kind) {
+    case WriteOp::Kind::kStart: {
+      absl::StatusOr<int64_t> run_key = EnsureRun(op);
+      if (!run_key.ok()) return run_key.status();
+      absl::StatusOr<StreamState*> stream = LoadStream(op.key, *run_key);
+      if (!stream.ok()) return stream.status();
+      if (*stream == nullptr) {
+        insert_stream_.Bind(1, *run_key).Bind(2, int64_t{op.key.rank})
+            .Bind(3, int64_t{op.key.attempt})
+            .BindBlob(4, op.start.SerializeAsString())
+            .Bind(5, op.received_unix_nanos);
+        if (absl::Status s = insert_stream_.Run(); !s.ok()) return s;
+        streams_.emplace(op.key, StreamState{.run_key = *run_key});
+      } else if ((*stream)->last_step.has_value()) {
+        result.last_step = static_cast<uint64_t>(*(*stream)->last_step);
+      }
+      return absl::OkStatus();
+    }
+    case WriteOp::Kind::kBatch: {
+      absl::StatusOr<StreamState*> stream = LoadStream(op.key, std::nullopt);
+      if (!stream.ok()) return stream.status();
+      if (*stream == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "no RunStart stored for run ", op.key.run_id, " rank ",
+            op.key.rank, " attempt ", op.key.attempt));
+      }
+      StreamState& st = **stream;
+      for (v1::StepRecord& r : op.records) {
+        int64_t step = ToDb(r.step());
+        if (st.last_step.has_value() && step <= *st.last_step) continue;
+        st.last_step = step;
+        if (!st.dirty) {
+          st.dirty = true;
+          dirty_.emplace_back(&streams_.find(op.key)->first, &st);
+        }
+        result.fresh.push_back(std::move(r));
+      }
+      if (result.fresh.empty()) return absl::OkStatus();
+      int64_t first = ToDb(result.fresh.front().step());
+      insert_chunk_.Bind(1, st.run_key).Bind(2, int64_t{op.key.rank})
+          .Bind(3, int64_t{op.key.attempt}).Bind(4, first)
+          .Bind(5, *st.last_step)
+          .Bind(6, static_cast<int64_t>(result.fresh.size()))
+          .BindBlob(7, EncodeRecords(result.fresh));
+      if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
+      RunProgress& p = progress[st.run_key];
+      p.max_step = std::max(p.max_step, *st.last_step);
+      p.added += static_cast<int64_t>(result.fresh.size());
+      p.last_seen_ns = std::max(p.last_seen_ns, op.received_unix_nanos);
+      return absl::OkStatus();
+    }
+    case WriteOp::Kind::kEvent: {
+      absl::StatusOr<StreamState*> stream = LoadStream(op.key, std::nullopt);
+      if (!stream.ok()) return stream.status();
+      if (*stream == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("no RunStart stored for run ", op.key.run_id));
+      }
+      const v1::RunEvent& e = op.event;
+      insert_event_.Bind(1, (*stream)->run_key).Bind(2, int64_t{op.key.rank})
+          .Bind(3, int64_t{op.key.attempt}).Bind(4, ToDb(e.step()))
+          .Bind(5, int64_t{e.kind()}).Bind(6, e.detail())
+          .Bind(7, e.time_unix_nanos() != 0 ? e.time_unix_nanos()
+                                            : op.received_unix_nanos);
+      if (absl::Status s = insert_event_.Run(); !s.ok()) return s;
+      if (e.kind() == v1::RUN_FINISHED || e.kind() == v1::RUN_FAILED) {
+        set_run_state_.Bind(1, (*stream)->run_key)
+            .Bind(2, e.kind() == v1::RUN_FINISHED ? "finished" : "failed");
+        if (absl::Status s = set_run_state_.Run(); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError("unknown write op");
+}
+
+std::vector<WriteResult> StoreWriter::Apply(std::vector<WriteOp>& ops) {
+  std::vector<WriteResult> results(ops.size());
+  absl::flat_hash_map<int64_t, RunProgress> progress;
+  absl::Status status = sqlite::Exec(db_.get(), "BEGIN");
+  for (size_t i = 0; status.ok() && i < ops.size(); ++i) {
+    status = ApplyOne(ops[i], results[i], progress);
+    // An op that cannot apply (no RunStart) fails alone, not the transaction.
+    if (absl::IsFailedPrecondition(status)) {
+      results[i].status = status;
+      status = absl::OkStatus();
+    }
+  }
+  for (auto [key, st] : dirty_) {
+    st->dirty = false;
+    if (!status.ok()) continue;
+    update_stream_.Bind(1, st->run_key).Bind(2, int64_t{key->rank})
+        .Bind(3, int64_t{key->attempt}).Bind(4, *st->last_step);
+    status = update_stream_.Run();
+  }
+  dirty_.clear();
+  for (const auto& [run_key, p] : progress) {
+    if (!status.ok()) break;
+    update_run_progress_.Bind(1, run_key).Bind(2, p.max_step)
+        .Bind(3, p.added).Bind(4, p.last_seen_ns);
+    status = update_run_progress_.Run();
+  }
+  if (status.ok()) status = sqlite::Exec(db_.get(), "COMMIT");
+  if (!status.ok()) {
+    sqlite::Exec(db_.get(), "ROLLBACK").IgnoreError();
+    // The caches may hold state of the rolled-back transaction: reload lazily.
+    run_keys_.clear();
+    streams_.clear();
+    for (WriteResult& r : results) {
+      r.status = status;
+      r.fresh.clear();
+      r.last_step.reset();
+    }
+  }
+  return results;
+}
+
+}  // namespace trainwatch

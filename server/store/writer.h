@@ -1,0 +1,67 @@
+// The writer side of Store: the write connection, its prepared statements and
+// the per-stream exactly-once state. Used by the store's writer thread only.
+#ifndef TRAINWATCH_SERVER_STORE_WRITER_H_
+#define TRAINWATCH_SERVER_STORE_WRITER_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/status/statusor.h"
+#include "store/sqlite.h"
+#include "store/store.h"
+
+namespace trainwatch {
+
+// Encodes records as a serialized StepBatch (field `records` only) without
+// copying them into a StepBatch first.
+std::string EncodeRecords(const std::vector<v1::StepRecord>& records);
+
+// Not thread-safe: owned by the writer thread.
+class StoreWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<StoreWriter>> Create(sqlite::DbPtr db);
+
+  // Applies `ops` in one transaction and returns one result per op. When the
+  // transaction fails every result carries the error and the exactly-once
+  // state is as it was before.
+  std::vector<WriteResult> Apply(std::vector<WriteOp>& ops);
+
+ private:
+  struct StreamState {
+    int64_t run_key = 0;
+    std::optional<int64_t> last_step;
+    bool dirty = false;
+  };
+  struct RunProgress {
+    int64_t max_step = -1;
+    int64_t added = 0;
+    int64_t last_seen_ns = 0;
+  };
+
+  explicit StoreWriter(sqlite::DbPtr db) : db_(std::move(db)) {}
+  absl::Status Prepare();
+  absl::Status ApplyOne(WriteOp& op, WriteResult& result,
+                        absl::flat_hash_map<int64_t, RunProgress>& progress);
+  absl::StatusOr<int64_t> EnsureRun(const WriteOp& op);
+  absl::StatusOr<StreamState*> LoadStream(const StreamKey& key,
+                                          std::optional<int64_t> run_key);
+
+  sqlite::DbPtr db_;
+  sqlite::Stmt select_run_, insert_run_, update_run_start_, set_run_state_,
+      update_run_progress_, select_stream_, insert_stream_, update_stream_,
+      insert_chunk_, insert_event_;
+  // Caches of what is committed; cleared when a transaction fails.
+  absl::flat_hash_map<std::string, int64_t> run_keys_;
+  // node_hash_map: StreamState pointers stay valid while the map grows.
+  absl::node_hash_map<StreamKey, StreamState> streams_;
+  // Streams whose last_step changed in the open transaction.
+  std::vector<std::pair<const StreamKey*, StreamState*>> dirty_;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_STORE_WRITER_H_
