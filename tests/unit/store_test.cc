@@ -1,0 +1,215 @@
+// Store tests on a private in-memory database.
+#include "store/store.h"
+
+#include <future>
+
+#include "gtest/gtest.h"
+
+namespace trainwatch {
+namespace {
+
+v1::RunStart Start(const std::string& run, uint32_t rank = 0,
+                   uint32_t attempt = 0) {
+  v1::RunStart s;
+  s.set_run_id(run);
+  s.set_rank(rank);
+  s.set_world_size(2);
+  s.set_attempt(attempt);
+  s.set_precision(v1::BF16);
+  s.set_max_norm(1.0);
+  (*s.mutable_labels())["model"] = "tiny";
+  return s;
+}
+
+std::vector<v1::StepRecord> Steps(uint64_t from, uint64_t to) {
+  std::vector<v1::StepRecord> out;
+  for (uint64_t i = from; i < to; ++i) {
+    v1::StepRecord& r = out.emplace_back();
+    r.set_step(i);
+    r.set_grad_norm(0.5 + static_cast<double>(i) * 1e-3);
+    r.add_batch_ids(static_cast<int64_t>(2 * i));
+  }
+  return out;
+}
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Store>> s = Store::Open({.path = ":memory:"});
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+  }
+
+  // Submits an op and waits for its result.
+  WriteResult Write(WriteOp op) {
+    std::promise<WriteResult> p;
+    op.done = [&p](WriteResult r) { p.set_value(std::move(r)); };
+    store_->Submit(std::move(op));
+    return p.get_future().get();
+  }
+  WriteResult StartStream(const v1::RunStart& s) {
+    return Write({.kind = WriteOp::Kind::kStart,
+                  .key = {s.run_id(), s.rank(), s.attempt()},
+                  .start = s,
+                  .received_unix_nanos = 1000});
+  }
+  WriteResult Batch(const StreamKey& key, std::vector<v1::StepRecord> recs) {
+    return Write({.kind = WriteOp::Kind::kBatch,
+                  .key = key,
+                  .records = std::move(recs),
+                  .received_unix_nanos = 2000});
+  }
+  std::vector<v1::StepRecords::Item> Read(const std::string& run,
+                                          uint64_t from = 0, uint64_t to = 0,
+                                          std::optional<uint32_t> rank = {}) {
+    std::vector<v1::StepRecords::Item> items;
+    absl::Status s = store_->ReadSteps(run, from, to, rank, 7,
+                                       [&](v1::StepRecords& c) {
+                                         for (auto& i : c.items()) items.push_back(i);
+                                         return true;
+                                       });
+    EXPECT_TRUE(s.ok()) << s;
+    return items;
+  }
+
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(StoreTest, StoresAndReadsBackRecordsInOrder) {
+  ASSERT_TRUE(StartStream(Start("r1")).status.ok());
+  StreamKey key{"r1", 0, 0};
+  WriteResult w1 = Batch(key, Steps(0, 50));
+  ASSERT_TRUE(w1.status.ok()) << w1.status;
+  EXPECT_EQ(w1.fresh.size(), 50u);
+  ASSERT_TRUE(Batch(key, Steps(50, 100)).status.ok());
+
+  std::vector<v1::StepRecords::Item> items = Read("r1");
+  ASSERT_EQ(items.size(), 100u);
+  for (size_t i = 0; i < items.size(); ++i) {
+    EXPECT_EQ(items[i].record().step(), i);
+    EXPECT_EQ(items[i].record().batch_ids(0), static_cast<int64_t>(2 * i));
+  }
+  EXPECT_EQ(Read("r1", 10, 19).size(), 10u);
+  EXPECT_EQ(Read("r1", 95).size(), 5u);
+}
+
+TEST_F(StoreTest, ResentAndOlderStepsAreStoredOnce) {
+  ASSERT_TRUE(StartStream(Start("r1")).status.ok());
+  StreamKey key{"r1", 0, 0};
+  ASSERT_TRUE(Batch(key, Steps(0, 10)).status.ok());
+  WriteResult resend = Batch(key, Steps(5, 15));  // 5..9 already stored
+  ASSERT_TRUE(resend.status.ok());
+  ASSERT_EQ(resend.fresh.size(), 5u);
+  EXPECT_EQ(resend.fresh.front().step(), 10u);
+  WriteResult dup = Batch(key, Steps(0, 15));
+  EXPECT_TRUE(dup.fresh.empty());
+  EXPECT_EQ(Read("r1").size(), 15u);
+
+  absl::StatusOr<v1::RunSummary> run = store_->GetRun("r1");
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->steps(), 15u);
+  EXPECT_EQ(run->last_step(), 14u);
+}
+
+TEST_F(StoreTest, StepsGoingBackwardsInsideABatchAreDropped) {
+  ASSERT_TRUE(StartStream(Start("r1")).status.ok());
+  std::vector<v1::StepRecord> recs = Steps(0, 5);
+  recs[3].set_step(1);  // goes backwards
+  WriteResult w = Batch({"r1", 0, 0}, recs);
+  ASSERT_EQ(w.fresh.size(), 4u);
+  EXPECT_EQ(w.fresh[3].step(), 4u);
+}
+
+TEST_F(StoreTest, RanksAndAttemptsAreSeparateStreams) {
+  ASSERT_TRUE(StartStream(Start("r1", 0, 0)).status.ok());
+  ASSERT_TRUE(StartStream(Start("r1", 1, 0)).status.ok());
+  ASSERT_TRUE(StartStream(Start("r1", 0, 1)).status.ok());
+  ASSERT_TRUE(Batch({"r1", 0, 0}, Steps(0, 20)).status.ok());
+  ASSERT_TRUE(Batch({"r1", 1, 0}, Steps(0, 20)).status.ok());
+  // A restart from a checkpoint at step 10: its steps are stored again.
+  ASSERT_EQ(Batch({"r1", 0, 1}, Steps(10, 30)).fresh.size(), 20u);
+  EXPECT_EQ(Read("r1").size(), 60u);
+  std::vector<v1::StepRecords::Item> rank1 = Read("r1", 0, 0, 1u);
+  ASSERT_EQ(rank1.size(), 20u);
+  EXPECT_EQ(rank1.front().rank(), 1u);
+  absl::StatusOr<v1::RunSummary> run = store_->GetRun("r1");
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->attempt(), 1u);
+  EXPECT_EQ(run->labels().at("model"), "tiny");
+}
+
+TEST_F(StoreTest, KStartReportsWhereAStreamLeftOff) {
+  ASSERT_TRUE(StartStream(Start("r1")).status.ok());
+  ASSERT_TRUE(Batch({"r1", 0, 0}, Steps(0, 42)).status.ok());
+  WriteResult again = StartStream(Start("r1"));
+  ASSERT_TRUE(again.last_step.has_value());
+  EXPECT_EQ(*again.last_step, 41u);
+}
+
+TEST_F(StoreTest, BatchWithoutRunStartFailsAlone) {
+  WriteResult w = Batch({"ghost", 0, 0}, Steps(0, 3));
+  EXPECT_TRUE(absl::IsFailedPrecondition(w.status)) << w.status;
+  ASSERT_TRUE(StartStream(Start("r1")).status.ok());
+  EXPECT_TRUE(Batch({"r1", 0, 0}, Steps(0, 3)).status.ok());
+}
+
+TEST_F(StoreTest, EventsAreStoredOnceAndFinishTheRun) {
+  ASSERT_TRUE(StartStream(Start("r1")).status.ok());
+  v1::RunEvent e;
+  e.set_step(100);
+  e.set_kind(v1::CHECKPOINT_SAVED);
+  e.set_detail("ckpt-100");
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(Write({.kind = WriteOp::Kind::kEvent, .key = {"r1", 0, 0},
+                       .event = e, .received_unix_nanos = 5})
+                    .status.ok());
+  }
+  e.set_kind(v1::RUN_FINISHED);
+  ASSERT_TRUE(Write({.kind = WriteOp::Kind::kEvent, .key = {"r1", 0, 0},
+                     .event = e, .received_unix_nanos = 6})
+                  .status.ok());
+  absl::StatusOr<std::vector<v1::RunEvent>> events = store_->ListEvents("r1");
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[0].detail(), "ckpt-100");
+  EXPECT_EQ(store_->GetRun("r1")->state(), "finished");
+}
+
+TEST_F(StoreTest, UnknownRunIsNotFound) {
+  absl::Status s = store_->ReadSteps("nope", 0, 0, std::nullopt, 10,
+                                     [](v1::StepRecords&) { return true; });
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_TRUE(absl::IsNotFound(store_->GetRun("nope").status()));
+}
+
+TEST_F(StoreTest, SubmitAfterCloseFailsWithUnavailable) {
+  store_->Close();
+  WriteResult w = StartStream(Start("r1"));
+  EXPECT_TRUE(absl::IsUnavailable(w.status)) << w.status;
+}
+
+TEST(StoreFileTest, ReopenKeepsExactlyOnceState) {
+  std::string path = ::testing::TempDir() + "/store_reopen_test.db";
+  std::remove(path.c_str());
+  for (int round = 0; round < 2; ++round) {
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+    ASSERT_TRUE(store.ok()) << store.status();
+    std::promise<WriteResult> started, wrote;
+    v1::RunStart s = Start("r1");
+    (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0},
+                      .start = s,
+                      .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
+    ASSERT_TRUE(started.get_future().get().status.ok());
+    // The second round resends steps 0..99 after a "restart": only 100..149 are new.
+    (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                      .records = Steps(0, round == 0 ? 100 : 150),
+                      .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
+    EXPECT_EQ(wrote.get_future().get().fresh.size(), round == 0 ? 100u : 50u);
+  }
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->GetRun("r1")->steps(), 150u);
+}
+
+}  // namespace
+}  // namespace trainwatch

@@ -1,0 +1,121 @@
+#include "common/validate.h"
+
+#include <cmath>
+#include <limits>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainwatch {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::RunStart GoodStart() {
+  v1::RunStart s;
+  s.set_run_id("llama-7b/run.42:a_b-c");
+  s.set_world_size(8);
+  s.set_rank(7);
+  s.set_max_norm(1.0);
+  return s;
+}
+
+TEST(ValidateRunId, AcceptsTheDocumentedAlphabet) {
+  EXPECT_TRUE(ValidateRunId("Az09._:/-").ok());
+  EXPECT_TRUE(ValidateRunId(std::string(128, 'x')).ok());
+}
+
+TEST(ValidateRunId, RefusesEmptyLongAndForeignCharacters) {
+  EXPECT_THAT(ValidateRunId("").message(), HasSubstr("empty"));
+  EXPECT_THAT(ValidateRunId(std::string(129, 'x')).message(), HasSubstr("129"));
+  absl::Status s = ValidateRunId("run'; DROP TABLE runs;--");
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_THAT(s.message(), HasSubstr("position 3"));
+  EXPECT_FALSE(ValidateRunId("a b").ok());
+  EXPECT_FALSE(ValidateRunId("run\n").ok());
+}
+
+TEST(ValidateRunStart, AcceptsAGoodStart) {
+  EXPECT_TRUE(ValidateRunStart(GoodStart(), {}).ok());
+}
+
+TEST(ValidateRunStart, RankMustBeBelowWorldSize) {
+  v1::RunStart s = GoodStart();
+  s.set_rank(8);
+  absl::Status st = ValidateRunStart(s, {});
+  EXPECT_TRUE(absl::IsInvalidArgument(st));
+  EXPECT_THAT(st.message(), HasSubstr("rank 8 is not below world_size 8"));
+  s.set_world_size(0);  // read as 1
+  s.set_rank(0);
+  EXPECT_TRUE(ValidateRunStart(s, {}).ok());
+}
+
+TEST(ValidateRunStart, MaxNormMustBeFiniteAndNotNegative) {
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    v1::RunStart s = GoodStart();
+    s.set_max_norm(bad);
+    EXPECT_THAT(ValidateRunStart(s, {}).message(), HasSubstr("max_norm")) << bad;
+  }
+}
+
+TEST(ValidateRunStart, BoundsLabels) {
+  v1::RunStart s = GoodStart();
+  ValidationLimits limits;
+  limits.max_labels = 2;
+  for (int i = 0; i < 3; ++i) (*s.mutable_labels())["k" + std::to_string(i)] = "v";
+  EXPECT_THAT(ValidateRunStart(s, limits).message(), HasSubstr("3 labels"));
+  s.mutable_labels()->clear();
+  (*s.mutable_labels())["bad-name"] = "v";
+  EXPECT_THAT(ValidateRunStart(s, limits).message(), HasSubstr("bad-name"));
+  s.mutable_labels()->clear();
+  (*s.mutable_labels())["owner"] = std::string(300, 'v');
+  EXPECT_THAT(ValidateRunStart(s, limits).message(), HasSubstr("300 characters"));
+  s.mutable_labels()->clear();
+  (*s.mutable_labels())["owner"] = "quotes \" back\\slash \n newline";
+  EXPECT_TRUE(ValidateRunStart(s, limits).ok());
+}
+
+TEST(ValidateStepBatch, NonFiniteValuesAreData) {
+  v1::StepBatch b;
+  for (double v : {std::nan(""), std::numeric_limits<double>::infinity(),
+                   -std::numeric_limits<double>::infinity()}) {
+    v1::StepRecord* r = b.add_records();
+    r->set_grad_norm(v);
+    r->set_loss(v);
+    r->set_loss_scale(v);
+    r->set_clip_coef(std::nan(""));
+  }
+  EXPECT_TRUE(ValidateStepBatch(b, {}).ok());
+}
+
+TEST(ValidateStepBatch, RefusesOversizedBatchNamingTheLimit) {
+  v1::StepBatch b;
+  b.set_seq(7);
+  for (int i = 0; i < 11; ++i) b.add_records()->set_step(i);
+  ValidationLimits limits;
+  limits.max_batch_records = 10;
+  absl::Status s = ValidateStepBatch(b, limits);
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_THAT(s.message(), HasSubstr("batch seq 7 has 11 records; at most 10"));
+}
+
+TEST(ValidateStepBatch, NamesTheStepOfABadField) {
+  v1::StepBatch b;
+  b.add_records()->set_step(1);
+  v1::StepRecord* r = b.add_records();
+  r->set_step(2);
+  r->set_clip_coef(1.5);
+  EXPECT_THAT(ValidateStepBatch(b, {}).message(),
+              HasSubstr("step 2: clip_coef must be in [0, 1]"));
+}
+
+TEST(ValidateRunEvent, NeedsAKind) {
+  v1::RunEvent e;
+  e.set_step(5);
+  EXPECT_THAT(ValidateRunEvent(e, {}).message(), HasSubstr("step 5"));
+  e.set_kind(v1::CHECKPOINT_SAVED);
+  EXPECT_TRUE(ValidateRunEvent(e, {}).ok());
+}
+
+}  // namespace
+}  // namespace trainwatch
