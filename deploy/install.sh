@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs what trainwatch needs from Debian's packages, then builds it.
+#
+#   deploy/install.sh            install packages (if missing) and build into build/
+#   deploy/install.sh --start    ... then run trainwatch-server on its embedded
+#                                default (./trainwatch.db, gRPC 127.0.0.1:50051,
+#                                /metrics 127.0.0.1:9464) in the foreground
+#
+# Needs root (or sudo) for apt-get; runs `apt-get update` only when a package
+# is missing. Extra server flags after --start are passed through.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  # build
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  prometheus-cpp-dev libsqlite3-dev libyaml-cpp-dev
+  # tests and tools
+  libgtest-dev libgmock-dev googletest libbenchmark-dev nlohmann-json3-dev
+  sqlite3 curl prometheus
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "install.sh: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} >/dev/null
+cmake --build "$BUILD_DIR" -j"$(nproc)"
+echo "install.sh: built $BUILD_DIR/bin/trainwatch-server and $BUILD_DIR/bin/trainwatchctl"
+
+if [ "${1:-}" = "--start" ]; then
+  shift
+  exec "$BUILD_DIR/bin/trainwatch-server" --db ./trainwatch.db "$@"
+fi
