@@ -1,0 +1,397 @@
+// End-to-end: the real trainwatch-server binary on loopback ports with a
+// temporary SQLite file, fed by trainwatchctl and the C++ client.
+#include <sqlite3.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "harness.h"
+#include "trainwatch/client.h"
+#include "trainwatch/v1/trainwatch.grpc.pb.h"
+
+namespace trainwatch::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+double NormAt(uint64_t step, uint32_t rank) {
+  // Deterministic, lognormal-looking, occasionally above max_norm 1.0.
+  return 0.5 * std::exp(0.5 * std::sin(0.37 * static_cast<double>(step)) +
+                        0.4 * std::cos(1.3 * static_cast<double>(step))) +
+         0.001 * rank;
+}
+
+// Writes a JSONL step log of `steps` steps for one rank.
+void WriteLog(const std::string& path, const std::string& run, uint32_t rank,
+              uint32_t world_size, uint64_t steps) {
+  std::ofstream out(path);
+  out << json{{"run_start", {{"run_id", run}, {"rank", rank},
+                             {"world_size", world_size}, {"precision", "BF16"},
+                             {"max_norm", 1.0}, {"warmup_steps", 100},
+                             {"labels", {{"model", "tiny"}}}}}}
+             .dump()
+      << "\n";
+  for (uint64_t i = 0; i < steps; ++i) {
+    out << json{{"step", i}, {"grad_norm", NormAt(i, rank)},
+                {"loss", 2.0 + 1.0 / (1.0 + i)}, {"lr", 3e-4},
+                {"batch_ids", {2 * i, 2 * i + 1}}}
+               .dump()
+        << "\n";
+  }
+}
+
+struct StoredCounts {
+  std::map<uint32_t, int64_t> records_by_rank;
+  int64_t overlapping_chunks = -1;
+};
+
+// Reads the database file directly, as an operator would with sqlite3.
+StoredCounts CountStored(const std::string& db_path, const std::string& run) {
+  StoredCounts c;
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr),
+            SQLITE_OK);
+  sqlite3_stmt* s = nullptr;
+  sqlite3_prepare_v2(db,
+                     "SELECT c.rank, SUM(c.n) FROM step_chunks c JOIN runs r "
+                     "USING (run_key) WHERE r.run_id = ?1 GROUP BY c.rank",
+                     -1, &s, nullptr);
+  sqlite3_bind_text(s, 1, run.c_str(), -1, SQLITE_TRANSIENT);
+  while (sqlite3_step(s) == SQLITE_ROW) {
+    c.records_by_rank[sqlite3_column_int(s, 0)] = sqlite3_column_int64(s, 1);
+  }
+  sqlite3_finalize(s);
+  // Chunks of one stream never cover a step twice.
+  sqlite3_prepare_v2(db,
+                     "SELECT COUNT(*) FROM step_chunks a JOIN step_chunks b ON "
+                     "a.run_key = b.run_key AND a.rank = b.rank AND a.attempt = "
+                     "b.attempt AND a.first_step < b.first_step AND a.last_step "
+                     ">= b.first_step",
+                     -1, &s, nullptr);
+  if (sqlite3_step(s) == SQLITE_ROW) c.overlapping_chunks = sqlite3_column_int64(s, 0);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  return c;
+}
+
+json StepsJson(const std::string& server, const std::string& run) {
+  CommandResult r = RunCommand({BinDir() + "/trainwatchctl", "--server", server,
+                         "steps", "--run", run, "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+}
+
+// Asserts that `steps` holds each of 0..n-1 exactly once for `rank`.
+void ExpectEachStepOnce(const json& steps, uint32_t rank, uint64_t n) {
+  std::vector<int> seen(n, 0);
+  for (const json& s : steps) {
+    if (s["rank"].get<uint32_t>() != rank) continue;
+    uint64_t step = s["step"].get<uint64_t>();
+    ASSERT_LT(step, n);
+    ++seen[step];
+  }
+  for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], 1) << "rank " << rank << " step " << i;
+}
+
+TEST(IngestIntegration, ReplayOfTwoRanksIsStoredExactlyAndExported) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  const std::string run = "two-ranks";
+  const uint64_t kSteps = 10000;
+  for (uint32_t rank : {0u, 1u}) {
+    std::string log = dir.File("rank" + std::to_string(rank) + ".jsonl");
+    WriteLog(log, run, rank, 2, kSteps);
+    CommandResult r = RunCommand({BinDir() + "/trainwatchctl", "--server",
+                           server.grpc_address(), "replay", log});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+
+  // The database file holds exactly those rows.
+  StoredCounts stored = CountStored(dir.File("tw.db"), run);
+  EXPECT_EQ(stored.records_by_rank[0], static_cast<int64_t>(kSteps));
+  EXPECT_EQ(stored.records_by_rank[1], static_cast<int64_t>(kSteps));
+  EXPECT_EQ(stored.overlapping_chunks, 0);
+
+  // trainwatchctl steps --json returns them, values intact.
+  json steps = StepsJson(server.grpc_address(), run);
+  ASSERT_TRUE(steps.is_array());
+  ASSERT_EQ(steps.size(), 2 * kSteps);
+  ExpectEachStepOnce(steps, 0, kSteps);
+  ExpectEachStepOnce(steps, 1, kSteps);
+  int64_t clipped_rank0 = 0;
+  for (const json& s : steps) {
+    uint64_t step = s["step"];
+    uint32_t rank = s["rank"];
+    double norm = NormAt(step, rank);
+    ASSERT_DOUBLE_EQ(s["grad_norm"].get<double>(), norm);
+    ASSERT_EQ(s["clipped"].get<bool>(), norm > 1.0) << "step " << step;
+    ASSERT_EQ(s["batch_ids"][1].get<int64_t>(), static_cast<int64_t>(2 * step + 1));
+    if (rank == 0 && norm > 1.0) ++clipped_rank0;
+  }
+  ASSERT_GT(clipped_rank0, 0) << "the test log should clip sometimes";
+
+  // /metrics reports them: run-level series follow rank 0.
+  std::string metrics = HttpGet(server.metrics_url());
+  std::string sel = "{run=\"" + run + "\"}";
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_steps_total" + sel), kSteps);
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_last_step" + sel), kSteps - 1);
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_clipped_steps_total" + sel), clipped_rank0);
+  EXPECT_DOUBLE_EQ(MetricValue(metrics, "trainwatch_grad_norm" + sel), NormAt(kSteps - 1, 0));
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_clip_threshold" + sel), 1.0);
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_ingest_records_total"), 2 * kSteps);
+
+  // runs --json lists the run with its totals.
+  CommandResult runs = RunCommand({BinDir() + "/trainwatchctl", "--server",
+                            server.grpc_address(), "runs", "--json"});
+  ASSERT_EQ(runs.exit_code, 0) << runs.err;
+  json listed = json::parse(runs.out);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0]["run_id"], run);
+  EXPECT_EQ(listed[0]["steps"].get<uint64_t>(), 2 * kSteps);
+  EXPECT_EQ(listed[0]["last_step"].get<uint64_t>(), kSteps - 1);
+}
+
+TEST(IngestIntegration, MetricsPassPromtoolWithNonFiniteValues) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  std::ofstream(dir.File("nf.jsonl"))
+      << R"({"run_start": {"run_id": "team/exp:1.a-b_c", "precision": "FP16", "max_norm": 1.0}})" "\n"
+      << R"({"step": 1, "grad_norm": 0.5, "loss_scale": 65536, "max_attn_logit": 11.5, "log_z": 0.3, "loss": 2.5, "lr": 0.001})" "\n"
+      << R"({"step": 2, "grad_norm": "Infinity", "skipped": true, "loss_scale": 32768, "loss": "NaN"})" "\n";
+  CommandResult r = RunCommand({BinDir() + "/trainwatchctl", "--server",
+                         server.grpc_address(), "replay", dir.File("nf.jsonl")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+
+  std::string metrics = HttpGet(server.metrics_url());
+  std::string sel = "{run=\"team/exp:1.a-b_c\"}";
+  EXPECT_TRUE(std::isinf(MetricValue(metrics, "trainwatch_grad_norm" + sel)));
+  EXPECT_TRUE(std::isnan(MetricValue(metrics, "trainwatch_loss" + sel)));
+  EXPECT_THAT(metrics, HasSubstr("trainwatch_loss" + sel));
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_nonfinite_steps_total" + sel), 1);
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_skipped_steps_total" + sel), 1);
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_loss_scale" + sel), 32768);
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_max_attention_logit" + sel), 11.5);
+
+  CommandResult lint = RunCommand({"promtool", "check", "metrics"}, metrics);
+  EXPECT_EQ(lint.exit_code, 0) << "promtool check metrics:\n" << lint.out << lint.err;
+}
+
+TEST(IngestIntegration, LargeReplayIsCompleteAndQueryable) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  const uint64_t kSteps = 100000;
+  WriteLog(dir.File("big.jsonl"), "big-run", 0, 1, kSteps);
+  auto t0 = std::chrono::steady_clock::now();
+  CommandResult r = RunCommand({BinDir() + "/trainwatchctl", "--server",
+                         server.grpc_address(), "replay", dir.File("big.jsonl")});
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Informational, not asserted: the README's figures come from benchmarks.
+  std::printf("replayed %llu steps in %.2f s (%.0f steps/s)\n",
+              static_cast<unsigned long long>(kSteps), seconds, kSteps / seconds);
+  json steps = StepsJson(server.grpc_address(), "big-run");
+  ASSERT_EQ(steps.size(), kSteps);
+  ExpectEachStepOnce(steps, 0, kSteps);
+}
+
+TEST(IngestIntegration, ClientResendsAcrossAServerKillAndEachStepIsStoredOnce) {
+  TempDir dir;
+  auto server = std::make_unique<ServerProcess>(dir.File("tw.db"));
+  const int port = server->grpc_port();
+  ClientOptions options;
+  options.address = server->grpc_address();
+  options.run_id = "kill-test";
+  options.max_norm = 1.0;
+  options.initial_backoff = std::chrono::milliseconds(20);
+  options.max_backoff = std::chrono::milliseconds(200);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+
+  const uint64_t kSteps = 30000;
+  for (uint64_t i = 0; i < kSteps; ++i) {
+    ASSERT_TRUE((*client)->Record({.step = i, .grad_norm = NormAt(i, 0)}));
+    if (i % 500 == 499) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (i == 10000) {
+      // Kill it mid-stream, once some of the stream is acknowledged.
+      for (int w = 0; w < 500 && (*client)->Stats().acked < 5000; ++w) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      ASSERT_GE((*client)->Stats().acked, 5000u);
+      server->Kill();
+    }
+    if (i == 15000) {
+      server = std::make_unique<ServerProcess>(dir.File("tw.db"), port);
+      ASSERT_EQ(server->grpc_port(), port);
+    }
+  }
+  absl::Status flushed = (*client)->Flush(std::chrono::seconds(60));
+  ASSERT_TRUE(flushed.ok()) << flushed;
+  ClientStats stats = (*client)->Stats();
+  EXPECT_EQ(stats.recorded, kSteps);
+  EXPECT_EQ(stats.acked, kSteps);
+  EXPECT_EQ(stats.dropped, 0u);
+  EXPECT_GE(stats.reconnects, 1u);
+  EXPECT_TRUE((*client)->Close().ok());
+
+  StoredCounts stored = CountStored(dir.File("tw.db"), "kill-test");
+  EXPECT_EQ(stored.records_by_rank[0], static_cast<int64_t>(kSteps));
+  EXPECT_EQ(stored.overlapping_chunks, 0);
+  json steps = StepsJson(server->grpc_address(), "kill-test");
+  ASSERT_EQ(steps.size(), kSteps);
+  ExpectEachStepOnce(steps, 0, kSteps);
+}
+
+TEST(IngestIntegration, SigtermAcksWhatArrivedAndExitsZero) {
+  TempDir dir;
+  auto server = std::make_unique<ServerProcess>(dir.File("tw.db"));
+  const int port = server->grpc_port();
+  ClientOptions options;
+  options.address = server->grpc_address();
+  options.run_id = "drain-test";
+  options.initial_backoff = std::chrono::milliseconds(20);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+  ASSERT_TRUE(client.ok());
+  const uint64_t kSteps = 20000;
+  for (uint64_t i = 0; i < kSteps / 2; ++i) {
+    (*client)->Record({.step = i, .grad_norm = 0.5});
+  }
+  EXPECT_EQ(server->Terminate(), 0) << "see " << server->log_path();
+  uint64_t acked_at_stop = (*client)->Stats().acked;
+  StoredCounts stored = CountStored(dir.File("tw.db"), "drain-test");
+  // Everything acked is durable.
+  EXPECT_GE(stored.records_by_rank[0], static_cast<int64_t>(acked_at_stop));
+
+  server = std::make_unique<ServerProcess>(dir.File("tw.db"), port);
+  for (uint64_t i = kSteps / 2; i < kSteps; ++i) {
+    (*client)->Record({.step = i, .grad_norm = 0.5});
+  }
+  ASSERT_TRUE((*client)->Flush(std::chrono::seconds(60)).ok());
+  EXPECT_EQ((*client)->Stats().dropped, 0u);
+  stored = CountStored(dir.File("tw.db"), "drain-test");
+  EXPECT_EQ(stored.records_by_rank[0], static_cast<int64_t>(kSteps));
+  EXPECT_EQ(stored.overlapping_chunks, 0);
+}
+
+// A raw stream, to send what a well-behaved client never would.
+class RawStream {
+ public:
+  explicit RawStream(const std::string& address)
+      : stub_(v1::TrainingHealth::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
+    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    stream_ = stub_->Report(&ctx_);
+  }
+  void Send(const v1::ReportRequest& r) { stream_->Write(r); }
+  // Closes our side and returns the final status.
+  grpc::Status Finish(std::vector<uint64_t>* acks = nullptr) {
+    stream_->WritesDone();
+    v1::ReportResponse resp;
+    while (stream_->Read(&resp)) {
+      if (acks != nullptr) acks->push_back(resp.acked_seq());
+    }
+    return stream_->Finish();
+  }
+
+ private:
+  std::unique_ptr<v1::TrainingHealth::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ReportRequest, v1::ReportResponse>> stream_;
+};
+
+v1::ReportRequest StartMsg(const std::string& run, uint32_t rank, uint32_t world) {
+  v1::ReportRequest r;
+  r.mutable_start()->set_run_id(run);
+  r.mutable_start()->set_rank(rank);
+  r.mutable_start()->set_world_size(world);
+  return r;
+}
+
+v1::ReportRequest BatchMsg(uint64_t seq, uint64_t first, uint64_t n) {
+  v1::ReportRequest r;
+  r.mutable_batch()->set_seq(seq);
+  for (uint64_t i = first; i < first + n; ++i) {
+    v1::StepRecord* rec = r.mutable_batch()->add_records();
+    rec->set_step(i);
+    rec->set_grad_norm(0.5);
+  }
+  return r;
+}
+
+TEST(IngestIntegration, BadInputIsRefusedClearlyAndNothingAcceptedIsLost) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  {
+    RawStream s(server.grpc_address());
+    s.Send(BatchMsg(1, 0, 3));
+    grpc::Status st = s.Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(st.error_message(), HasSubstr("must be a RunStart"));
+  }
+  {
+    RawStream s(server.grpc_address());
+    s.Send(StartMsg("r", 4, 4));
+    grpc::Status st = s.Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(st.error_message(), HasSubstr("rank 4 is not below world_size 4"));
+  }
+  {
+    RawStream s(server.grpc_address());
+    s.Send(StartMsg("bad run id", 0, 1));
+    grpc::Status st = s.Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(st.error_message(), HasSubstr("run_id has character 0x20 at position 3"));
+  }
+  {
+    // Two good batches, then a bad one: the good ones are stored and acked.
+    RawStream s(server.grpc_address());
+    s.Send(StartMsg("partial", 0, 1));
+    s.Send(BatchMsg(1, 0, 10));
+    s.Send(BatchMsg(2, 10, 10));
+    v1::ReportRequest bad = BatchMsg(3, 20, 2);
+    bad.mutable_batch()->mutable_records(1)->set_clip_coef(7.0);
+    s.Send(bad);
+    std::vector<uint64_t> acks;
+    grpc::Status st = s.Finish(&acks);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(st.error_message(), HasSubstr("step 21: clip_coef must be in [0, 1]"));
+    ASSERT_FALSE(acks.empty());
+    EXPECT_EQ(acks.back(), 2u);
+  }
+  // The server still serves: a good replay and the stored partial run.
+  std::ofstream(dir.File("ok.jsonl")) << R"({"step": 0, "grad_norm": 0.1})" "\n";
+  CommandResult r = RunCommand({BinDir() + "/trainwatchctl", "--server", server.grpc_address(),
+                         "replay", "--run", "still-serving", dir.File("ok.jsonl")});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(StepsJson(server.grpc_address(), "partial").size(), 20u);
+  std::string metrics = HttpGet(server.metrics_url());
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_ingest_rejected_total{reason=\"invalid_argument\"}"), 4);
+}
+
+TEST(IngestIntegration, MalformedJsonlLineIsReportedWithItsNumberAndNothingAfterIsSent) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  std::ofstream(dir.File("bad.jsonl")) << R"({"step": 0, "grad_norm": 0.3})" "\n"
+                                       << R"({"step": 1, "grad_norm": 0.3})" "\n"
+                                       << R"({"step": 2, "grad_norm": oops})" "\n"
+                                       << R"({"step": 3, "grad_norm": 0.3})" "\n";
+  CommandResult r = RunCommand({BinDir() + "/trainwatchctl", "--server", server.grpc_address(),
+                         "replay", "--run", "bad-log", dir.File("bad.jsonl")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("bad.jsonl:3:"));
+  json steps = StepsJson(server.grpc_address(), "bad-log");
+  ASSERT_TRUE(steps.is_array());
+  EXPECT_EQ(steps.size(), 2u) << "lines before the bad one are sent, none after";
+}
+
+}  // namespace
+}  // namespace trainwatch::testing
