@@ -1,0 +1,148 @@
+#include "cli.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+#include "commands.h"
+#include "flags.h"
+
+namespace trainwatch::cli {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+constexpr absl::string_view kUsage =
+    R"(usage: trainwatchctl [--server ADDR] [--timeout SECONDS] COMMAND [ARGS]
+
+Commands:
+  replay FILE.jsonl [--run R] [--rank N] [--world-size N] [--attempt N]
+         [--precision fp32|bf16|fp16] [--max-norm X] [--warmup-steps N]
+      Stream a JSONL step log (FILE "-" is stdin) to the server; flags
+      override its run_start line. Exits 0 once every record is acknowledged.
+  runs [--json]
+      List the runs the server knows.
+  steps --run R [--from N] [--to N] [--rank N] [--json]
+      Print stored steps of a run (--to 0, the default, means no upper bound).
+  health --run R [--json]
+      Window statistics, active alerts and the recommended max_norm of a run.
+  alerts [--run R] [--active] [--json]
+      Alert history, of one run or all; --active: only those firing.
+  spikes --run R [--json]
+      Gradient-norm spikes of a run with their steps and batch ids.
+
+Options (before or after the command):
+  --server ADDR      server address (default 127.0.0.1:50051)
+  --timeout SECONDS  deadline of a query (default 30; steps 600), or how long
+                     replay waits for acknowledgements (default 120)
+  --help             print this text
+
+--json prints a JSON array (health: an object). Exit status: 0 success,
+1 failure (server, file or data error), 2 usage error.
+)";
+
+using CommandFn = absl::Status (*)(const GlobalOptions&, const ParsedArgs&);
+
+struct Command {
+  absl::string_view name;
+  CommandFn run;
+  // The command's own flags; kGlobalFlags are accepted as well.
+  std::vector<FlagSpec> flags;
+};
+
+const std::vector<Command>& Commands() {
+  static const auto* commands = new std::vector<Command>{
+      {"replay",
+       RunReplay,
+       {{"run"},
+        {"rank"},
+        {"world-size"},
+        {"attempt"},
+        {"precision"},
+        {"max-norm"},
+        {"warmup-steps"}}},
+      {"runs", RunRuns, {{"json", false}}},
+      {"steps",
+       RunSteps,
+       {{"run"}, {"from"}, {"to"}, {"rank"}, {"json", false}}},
+      {"health", RunHealth, {{"run"}, {"json", false}}},
+      {"alerts", RunAlerts, {{"run"}, {"active", false}, {"json", false}}},
+      {"spikes", RunSpikes, {{"run"}, {"json", false}}},
+  };
+  return *commands;
+}
+
+int UsageFailure(absl::string_view message) {
+  std::fprintf(stderr, "trainwatchctl: %.*s\n",
+               static_cast<int>(message.size()), message.data());
+  std::fprintf(stderr, "Run 'trainwatchctl --help' for usage.\n");
+  return kExitUsage;
+}
+
+int PrintUsage() {
+  std::fwrite(kUsage.data(), 1, kUsage.size(), stdout);
+  return kExitOk;
+}
+
+}  // namespace
+
+// Global flags come before the command; the first other word is the command.
+int RunCli(std::vector<std::string> argv) {
+  size_t command_at = 0;
+  while (command_at < argv.size() && argv[command_at].starts_with("-") &&
+         argv[command_at] != "-") {
+    absl::string_view flag = argv[command_at];
+    flag.remove_prefix(absl::StartsWith(flag, "--") ? 2 : 1);
+    bool takes_value = false;  // unknown flags are refused by Parse below
+    for (const FlagSpec& spec : kGlobalFlags) {
+      if (spec.name == flag) takes_value = spec.takes_value;
+    }
+    command_at += takes_value ? 2 : 1;
+  }
+  const size_t globals_end = std::min(command_at, argv.size());
+  absl::StatusOr<ParsedArgs> globals =
+      ParsedArgs::Parse(std::span(argv).first(globals_end), kGlobalFlags);
+  if (!globals.ok()) return UsageFailure(globals.status().message());
+  if (globals->Has("help") || globals->Has("h")) return PrintUsage();
+  if (command_at >= argv.size()) return UsageFailure("no command given");
+
+  const std::string& name = argv[command_at];
+  const Command* command = nullptr;
+  for (const Command& c : Commands()) {
+    if (c.name == name) command = &c;
+  }
+  if (command == nullptr) {
+    return UsageFailure("unknown command \"" + name + "\"");
+  }
+  std::vector<FlagSpec> specs = command->flags;
+  specs.insert(specs.end(), std::begin(kGlobalFlags), std::end(kGlobalFlags));
+  absl::StatusOr<ParsedArgs> args =
+      ParsedArgs::Parse(std::span(argv).subspan(command_at + 1), specs);
+  if (!args.ok()) {
+    return UsageFailure(name + ": " + std::string(args.status().message()));
+  }
+  if (args->Has("help") || args->Has("h")) return PrintUsage();
+
+  GlobalOptions global;
+  absl::Status status = ApplyGlobalFlags(*globals, &global);
+  if (status.ok()) status = ApplyGlobalFlags(*args, &global);
+  if (status.ok()) status = command->run(global, *args);
+  std::fflush(stdout);
+  if (status.ok()) return kExitOk;
+  if (IsUsageError(status)) {
+    return UsageFailure(name + ": " + std::string(status.message()));
+  }
+  std::fprintf(stderr, "trainwatchctl: %.*s\n",
+               static_cast<int>(status.message().size()),
+               status.message().data());
+  return kExitFailure;
+}
+
+}  // namespace trainwatch::cli

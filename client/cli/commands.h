@@ -1,0 +1,71 @@
+// The commands of trainwatchctl and what they share. main.cc parses the
+// global flags and dispatches; each command parses its own flags and returns
+// a status whose message is ready for the user (exit 1), or a UsageError
+// (exit 2).
+#ifndef TRAINWATCH_CLIENT_CLI_COMMANDS_H_
+#define TRAINWATCH_CLIENT_CLI_COMMANDS_H_
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "flags.h"
+#include "grpcpp/grpcpp.h"
+#include "trainwatch/v1/trainwatch.grpc.pb.h"
+
+namespace trainwatch::cli {
+
+struct GlobalOptions {
+  // Server address, host:port.
+  std::string server = "127.0.0.1:50051";
+  // --timeout: the deadline of a query, or how long replay waits for acks.
+  // Unset: each command's default.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+// Flags every command accepts as well as its own, so that `--server` may also
+// follow the command.
+inline constexpr FlagSpec kGlobalFlags[] = {
+    {"server", true}, {"timeout", true}, {"help", false}, {"h", false}};
+
+// Folds global flags given after the command into `global`.
+absl::Status ApplyGlobalFlags(const ParsedArgs& args, GlobalOptions* global);
+
+// Command entry points; `args` are the arguments after the command name,
+// already checked against the command's flags plus kGlobalFlags.
+absl::Status RunReplay(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunRuns(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunSteps(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunHealth(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunAlerts(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunSpikes(const GlobalOptions& global, const ParsedArgs& args);
+
+// A stub on an insecure channel to global.server.
+std::unique_ptr<v1::TrainingHealth::Stub> NewStub(const GlobalOptions& global);
+
+// A context whose deadline is global.timeout, or `fallback` when unset, so
+// that no call can hang forever on a stalled server.
+std::unique_ptr<grpc::ClientContext> NewContext(
+    const GlobalOptions& global, std::chrono::milliseconds fallback);
+
+// "<command>: <CODE_NAME>: <message>", or, for UNIMPLEMENTED,
+// "<command>: the server does not implement <rpc> yet".
+absl::Status RpcError(absl::string_view command, absl::string_view rpc,
+                      const grpc::Status& status);
+
+// The value of a required string flag, or a usage error naming it.
+absl::StatusOr<std::string> RequiredFlag(const ParsedArgs& args,
+                                         absl::string_view name);
+
+// A usage error naming the first positional argument, if there is one.
+absl::Status NoArguments(const ParsedArgs& args);
+
+// Writes all of `text` to stdout.
+void WriteStdout(absl::string_view text);
+
+}  // namespace trainwatch::cli
+
+#endif  // TRAINWATCH_CLIENT_CLI_COMMANDS_H_

@@ -1,0 +1,333 @@
+#include "json_out.h"
+
+#include <charconv>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace trainwatch::cli {
+
+void JsonWriter::BeforeValue() {
+  if (after_key_) {
+    after_key_ = false;
+    return;
+  }
+  if (!empty_.empty()) {
+    if (!empty_.back()) out_->push_back(',');
+    empty_.back() = false;
+  }
+}
+
+void JsonWriter::BeginObject() {
+  BeforeValue();
+  out_->push_back('{');
+  empty_.push_back(true);
+}
+
+void JsonWriter::EndObject() {
+  empty_.pop_back();
+  out_->push_back('}');
+}
+
+void JsonWriter::BeginArray() {
+  BeforeValue();
+  out_->push_back('[');
+  empty_.push_back(true);
+}
+
+void JsonWriter::EndArray() {
+  empty_.pop_back();
+  out_->push_back(']');
+}
+
+void JsonWriter::Key(absl::string_view key) {
+  BeforeValue();
+  out_->append(JsonQuote(key));
+  out_->push_back(':');
+  after_key_ = true;
+}
+
+void JsonWriter::String(absl::string_view value) {
+  BeforeValue();
+  out_->append(JsonQuote(value));
+}
+
+void JsonWriter::Int(int64_t value) {
+  BeforeValue();
+  absl::StrAppend(out_, value);
+}
+
+void JsonWriter::Uint(uint64_t value) {
+  BeforeValue();
+  absl::StrAppend(out_, value);
+}
+
+void JsonWriter::Double(double value) {
+  BeforeValue();
+  if (std::isfinite(value)) {
+    out_->append(FormatDouble(value));
+  } else {
+    out_->append(JsonQuote(FormatDouble(value)));
+  }
+}
+
+void JsonWriter::Bool(bool value) {
+  BeforeValue();
+  out_->append(value ? "true" : "false");
+}
+
+void JsonWriter::Null() {
+  BeforeValue();
+  out_->append("null");
+}
+
+std::string JsonQuote(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 2);
+  out.push_back('"');
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out.append("\\\"");
+        break;
+      case '\\':
+        out.append("\\\\");
+        break;
+      case '\n':
+        out.append("\\n");
+        break;
+      case '\r':
+        out.append("\\r");
+        break;
+      case '\t':
+        out.append("\\t");
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+std::string FormatDouble(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "Infinity" : "-Infinity";
+  char buf[32];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
+  return std::string(buf, end);
+}
+
+namespace {
+
+void OptionalDouble(JsonWriter& w, absl::string_view key, bool present,
+                    double value) {
+  if (!present) return;
+  w.Key(key);
+  w.Double(value);
+}
+
+void Labels(JsonWriter& w,
+            const google::protobuf::Map<std::string, std::string>& labels) {
+  // protobuf's Map iterates in no fixed order; sorted keys keep output stable.
+  std::map<std::string, std::string> sorted(labels.begin(), labels.end());
+  w.BeginObject();
+  for (const auto& [key, value] : sorted) {
+    w.Key(key);
+    w.String(value);
+  }
+  w.EndObject();
+}
+
+void Int64Array(JsonWriter& w,
+                const google::protobuf::RepeatedField<int64_t>& values) {
+  w.BeginArray();
+  for (int64_t v : values) w.Int(v);
+  w.EndArray();
+}
+
+}  // namespace
+
+void WriteStep(JsonWriter& w, const v1::StepRecord& r, uint32_t rank,
+               uint32_t attempt) {
+  w.BeginObject();
+  w.Key("rank");
+  w.Uint(rank);
+  w.Key("attempt");
+  w.Uint(attempt);
+  w.Key("step");
+  w.Uint(r.step());
+  w.Key("grad_norm");
+  w.Double(r.grad_norm());
+  if (r.has_clipped()) {
+    w.Key("clipped");
+    w.Bool(r.clipped());
+  }
+  OptionalDouble(w, "clip_coef", r.has_clip_coef(), r.clip_coef());
+  OptionalDouble(w, "loss_scale", r.has_loss_scale(), r.loss_scale());
+  w.Key("skipped");
+  w.Bool(r.skipped());
+  OptionalDouble(w, "max_attn_logit", r.has_max_attn_logit(),
+                 r.max_attn_logit());
+  OptionalDouble(w, "log_z", r.has_log_z(), r.log_z());
+  OptionalDouble(w, "loss", r.has_loss(), r.loss());
+  OptionalDouble(w, "lr", r.has_lr(), r.lr());
+  w.Key("time_unix_nanos");
+  w.Int(r.time_unix_nanos());
+  if (!r.batch_ids().empty()) {
+    w.Key("batch_ids");
+    Int64Array(w, r.batch_ids());
+  }
+  OptionalDouble(w, "shard_sq_sum", r.has_shard_sq_sum(), r.shard_sq_sum());
+  if (!r.layer_stats().empty()) {
+    std::map<std::string, v1::LayerStats> sorted(r.layer_stats().begin(),
+                                                 r.layer_stats().end());
+    w.Key("layer_stats");
+    w.BeginObject();
+    for (const auto& [name, stats] : sorted) {
+      w.Key(name);
+      w.BeginObject();
+      w.Key("grad_norm");
+      w.Double(stats.grad_norm());
+      w.Key("grad_rms");
+      w.Double(stats.grad_rms());
+      w.Key("g_over_sqrt_v_rms");
+      w.Double(stats.g_over_sqrt_v_rms());
+      w.EndObject();
+    }
+    w.EndObject();
+  }
+  w.EndObject();
+}
+
+absl::string_view PrecisionName(v1::Precision precision) {
+  switch (precision) {
+    case v1::FP32:
+      return "FP32";
+    case v1::BF16:
+      return "BF16";
+    case v1::FP16:
+      return "FP16";
+    default:
+      return "PRECISION_UNSPECIFIED";
+  }
+}
+
+void WriteRun(JsonWriter& w, const v1::RunSummary& run) {
+  w.BeginObject();
+  w.Key("run_id");
+  w.String(run.run_id());
+  w.Key("world_size");
+  w.Uint(run.world_size());
+  w.Key("attempt");
+  w.Uint(run.attempt());
+  w.Key("precision");
+  w.String(PrecisionName(run.precision()));
+  w.Key("max_norm");
+  w.Double(run.max_norm());
+  w.Key("warmup_steps");
+  w.Uint(run.warmup_steps());
+  w.Key("labels");
+  Labels(w, run.labels());
+  w.Key("last_step");
+  w.Uint(run.last_step());
+  w.Key("steps");
+  w.Uint(run.steps());
+  w.Key("started_unix_nanos");
+  w.Int(run.started_unix_nanos());
+  w.Key("last_seen_unix_nanos");
+  w.Int(run.last_seen_unix_nanos());
+  w.Key("state");
+  w.String(run.state());
+  w.Key("active_alerts");
+  w.Uint(run.active_alerts());
+  w.EndObject();
+}
+
+void WriteAlert(JsonWriter& w, const v1::Alert& a) {
+  // The wire says "0 while firing"; JSON can say it plainly.
+  const bool resolved = a.state() == "resolved";
+  w.BeginObject();
+  w.Key("alertname");
+  w.String(a.alertname());
+  w.Key("run");
+  w.String(a.run());
+  w.Key("severity");
+  w.String(a.severity());
+  w.Key("state");
+  w.String(a.state());
+  w.Key("started_step");
+  w.Uint(a.started_step());
+  w.Key("resolved_step");
+  if (resolved) {
+    w.Uint(a.resolved_step());
+  } else {
+    w.Null();
+  }
+  w.Key("peak_value");
+  w.Double(a.peak_value());
+  w.Key("summary");
+  w.String(a.summary());
+  w.Key("description");
+  w.String(a.description());
+  w.Key("likely_cause");
+  w.String(a.likely_cause());
+  w.Key("fix");
+  w.String(a.fix());
+  w.Key("batch_ids");
+  Int64Array(w, a.batch_ids());
+  w.Key("rank");
+  w.Uint(a.rank());
+  w.Key("started_unix_nanos");
+  w.Int(a.started_unix_nanos());
+  w.Key("resolved_unix_nanos");
+  if (resolved) {
+    w.Int(a.resolved_unix_nanos());
+  } else {
+    w.Null();
+  }
+  w.EndObject();
+}
+
+void WriteHealth(JsonWriter& w, const v1::GetRunHealthResponse& health) {
+  const v1::WindowStats& win = health.window();
+  w.BeginObject();
+  w.Key("run");
+  WriteRun(w, health.run());
+  w.Key("window");
+  w.BeginObject();
+  w.Key("steps");
+  w.Uint(win.steps());
+  w.Key("grad_norm_p50");
+  w.Double(win.grad_norm_p50());
+  w.Key("grad_norm_p90");
+  w.Double(win.grad_norm_p90());
+  w.Key("grad_norm_p99");
+  w.Double(win.grad_norm_p99());
+  w.Key("clip_fraction");
+  w.Double(win.clip_fraction());
+  w.Key("skip_fraction");
+  w.Double(win.skip_fraction());
+  w.Key("baseline_grad_norm_median");
+  w.Double(win.baseline_grad_norm_median());
+  w.EndObject();
+  w.Key("recommended_max_norm");
+  if (health.has_recommended_max_norm()) {
+    w.Double(health.recommended_max_norm());
+  } else {
+    w.Null();
+  }
+  w.Key("active_alerts");
+  w.BeginArray();
+  for (const v1::Alert& a : health.active_alerts()) WriteAlert(w, a);
+  w.EndArray();
+  w.EndObject();
+}
+
+}  // namespace trainwatch::cli

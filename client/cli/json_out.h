@@ -1,0 +1,81 @@
+// JSON output of trainwatchctl's `--json` mode (DESIGN.md §6).
+//
+// Written by hand rather than with protobuf's MessageToJsonString because the
+// proto3 mapping prints 64-bit integers as strings ("step": "12") and drops
+// zero values, while scripts expect `"step": 12` and a fixed set of keys.
+#ifndef TRAINWATCH_CLIENT_CLI_JSON_OUT_H_
+#define TRAINWATCH_CLIENT_CLI_JSON_OUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "trainwatch/v1/trainwatch.pb.h"
+
+namespace trainwatch::cli {
+
+// Appends compact JSON to a borrowed string. The caller keeps nesting
+// balanced; the writer only places commas and colons. Doubles are printed in
+// the shortest form that reads back to the same value; non-finite ones as the
+// strings "NaN", "Infinity", "-Infinity" (the proto3 JSON convention, which
+// every JSON parser accepts, unlike bare NaN).
+//
+// Thread-compatible: one thread at a time.
+class JsonWriter {
+ public:
+  explicit JsonWriter(std::string* out) : out_(out) {}
+  JsonWriter(const JsonWriter&) = delete;
+  JsonWriter& operator=(const JsonWriter&) = delete;
+
+  void BeginObject();
+  void EndObject();
+  void BeginArray();
+  void EndArray();
+  // Inside an object: the key of the next value.
+  void Key(absl::string_view key);
+
+  void String(absl::string_view value);
+  void Int(int64_t value);
+  void Uint(uint64_t value);
+  void Double(double value);
+  void Bool(bool value);
+  void Null();
+
+ private:
+  // Writes the comma that separates this value from the previous sibling.
+  void BeforeValue();
+
+  std::string* out_;
+  // One entry per open container: whether it holds no value yet.
+  std::vector<bool> empty_;
+  bool after_key_ = false;
+};
+
+// A JSON string literal with quotes, backslashes and control characters
+// escaped. Bytes >= 0x80 pass through (protobuf strings are UTF-8).
+std::string JsonQuote(absl::string_view text);
+
+// Shortest round-trip text of a double; "NaN", "Infinity", "-Infinity" for
+// non-finite values (unquoted: callers decide how to embed them).
+std::string FormatDouble(double value);
+
+// A stored step: the StepRecord fields by snake_case name, plus rank and
+// attempt. Optional, repeated and map fields appear only when present.
+void WriteStep(JsonWriter& w, const v1::StepRecord& record, uint32_t rank,
+               uint32_t attempt);
+
+// "FP16", "BF16", "FP32" or "PRECISION_UNSPECIFIED".
+absl::string_view PrecisionName(v1::Precision precision);
+
+void WriteRun(JsonWriter& w, const v1::RunSummary& run);
+
+// Every key is always present; resolved_step and resolved_unix_nanos are null
+// while the alert is firing.
+void WriteAlert(JsonWriter& w, const v1::Alert& alert);
+
+void WriteHealth(JsonWriter& w, const v1::GetRunHealthResponse& health);
+
+}  // namespace trainwatch::cli
+
+#endif  // TRAINWATCH_CLIENT_CLI_JSON_OUT_H_

@@ -1,0 +1,249 @@
+// The read-only commands: runs, steps, health, alerts, spikes. Each is one
+// query RPC rendered as a table or, with --json, as the JSON of json_out.h.
+
+#include <chrono>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "commands.h"
+#include "json_out.h"
+#include "text_out.h"
+
+namespace trainwatch::cli {
+namespace {
+
+constexpr std::chrono::milliseconds kUnaryDeadline{30'000};
+// A whole history can be long: the deadline bounds a stalled server, not a
+// big answer.
+constexpr std::chrono::milliseconds kStreamDeadline{600'000};
+// Output is written in chunks of about this size while a stream runs.
+constexpr size_t kFlushBytes = 1 << 16;
+constexpr absl::string_view kSpikeAlert = "GradNormSpike";
+
+std::string Labels(const google::protobuf::Map<std::string, std::string>& m) {
+  if (m.empty()) return "-";
+  std::map<std::string, std::string> sorted(m.begin(), m.end());
+  return absl::StrJoin(sorted, ",", absl::PairFormatter("="));
+}
+
+std::string RenderRuns(const v1::ListRunsResponse& response) {
+  // The wire has the world size, not how many ranks reported.
+  Table table({"RUN", "WORLD", "ATTEMPT", "PRECISION", "LAST STEP", "STEPS",
+               "STATE", "ALERTS"});
+  for (const v1::RunSummary& run : response.runs()) {
+    table.AddRow({run.run_id(), absl::StrCat(run.world_size()),
+                  absl::StrCat(run.attempt()),
+                  std::string(PrecisionName(run.precision())),
+                  absl::StrCat(run.last_step()), absl::StrCat(run.steps()),
+                  run.state().empty() ? "-" : run.state(),
+                  absl::StrCat(run.active_alerts())});
+  }
+  return table.Render();
+}
+
+std::string AlertSteps(const v1::Alert& alert) {
+  if (alert.state() != "resolved") {
+    return absl::StrCat(alert.started_step(), "-");
+  }
+  return absl::StrCat(alert.started_step(), "-", alert.resolved_step());
+}
+
+std::string RenderAlerts(const std::vector<const v1::Alert*>& alerts) {
+  Table table({"ALERTNAME", "SEVERITY", "STATE", "RUN", "RANK", "STEPS", "PEAK",
+               "SUMMARY"});
+  for (const v1::Alert* a : alerts) {
+    table.AddRow({a->alertname(), a->severity(), a->state(), a->run(),
+                  absl::StrCat(a->rank()), AlertSteps(*a), Num(a->peak_value()),
+                  a->summary()});
+  }
+  return table.Render();
+}
+
+std::string AlertsJson(const std::vector<const v1::Alert*>& alerts) {
+  std::string out;
+  JsonWriter w(&out);
+  w.BeginArray();
+  for (const v1::Alert* a : alerts) WriteAlert(w, *a);
+  w.EndArray();
+  out += '\n';
+  return out;
+}
+
+std::string RenderHealth(const v1::GetRunHealthResponse& h) {
+  const v1::RunSummary& run = h.run();
+  const v1::WindowStats& win = h.window();
+  std::string out = absl::StrFormat(
+      "run            %s (state %s, attempt %d, world size %d, %s)\n"
+      "config         max_norm %s, warmup %d steps, labels %s\n"
+      "history        %d records stored, last step %d\n"
+      "window         %d post-warmup steps: grad norm p50 %s  p90 %s  p99 %s\n"
+      "               clip fraction %s, skip fraction %s, baseline median %s\n"
+      "recommended    max_norm %s\n",
+      run.run_id(), run.state().empty() ? "-" : run.state(), run.attempt(),
+      run.world_size(), PrecisionName(run.precision()), Num(run.max_norm()),
+      run.warmup_steps(), Labels(run.labels()), run.steps(), run.last_step(),
+      win.steps(), Num(win.grad_norm_p50()), Num(win.grad_norm_p90()),
+      Num(win.grad_norm_p99()), Num(win.clip_fraction()),
+      Num(win.skip_fraction()), Num(win.baseline_grad_norm_median()),
+      OptNum(h.has_recommended_max_norm(), h.recommended_max_norm()));
+  if (h.active_alerts().empty()) return out + "active alerts  none\n";
+  std::vector<const v1::Alert*> alerts;
+  for (const v1::Alert& a : h.active_alerts()) alerts.push_back(&a);
+  return absl::StrCat(out, "active alerts\n", RenderAlerts(alerts));
+}
+
+// ListAlerts, shared by `alerts` and `spikes`.
+absl::StatusOr<v1::ListAlertsResponse> ListAlerts(const GlobalOptions& global,
+                                                  absl::string_view command,
+                                                  std::string run_id,
+                                                  bool active_only) {
+  v1::ListAlertsRequest request;
+  request.set_run_id(std::move(run_id));
+  request.set_active_only(active_only);
+  v1::ListAlertsResponse response;
+  auto context = NewContext(global, kUnaryDeadline);
+  grpc::Status status =
+      NewStub(global)->ListAlerts(context.get(), request, &response);
+  if (!status.ok()) return RpcError(command, "ListAlerts", status);
+  return response;
+}
+
+}  // namespace
+
+absl::Status RunRuns(const GlobalOptions& global, const ParsedArgs& args) {
+  if (absl::Status s = NoArguments(args); !s.ok()) return s;
+  v1::ListRunsResponse response;
+  auto context = NewContext(global, kUnaryDeadline);
+  grpc::Status status = NewStub(global)->ListRuns(
+      context.get(), v1::ListRunsRequest(), &response);
+  if (!status.ok()) return RpcError("runs", "ListRuns", status);
+  if (!args.Has("json")) {
+    WriteStdout(RenderRuns(response));
+    return absl::OkStatus();
+  }
+  std::string out;
+  JsonWriter w(&out);
+  w.BeginArray();
+  for (const v1::RunSummary& run : response.runs()) WriteRun(w, run);
+  w.EndArray();
+  WriteStdout(out + "\n");
+  return absl::OkStatus();
+}
+
+absl::Status RunSteps(const GlobalOptions& global, const ParsedArgs& args) {
+  if (absl::Status s = NoArguments(args); !s.ok()) return s;
+  absl::StatusOr<std::string> run = RequiredFlag(args, "run");
+  if (!run.ok()) return run.status();
+  v1::QueryStepsRequest request;
+  request.set_run_id(*run);
+  absl::StatusOr<std::optional<uint64_t>> from = args.GetUint64("from");
+  if (!from.ok()) return from.status();
+  absl::StatusOr<std::optional<uint64_t>> to = args.GetUint64("to");
+  if (!to.ok()) return to.status();
+  absl::StatusOr<std::optional<uint32_t>> rank = args.GetUint32("rank");
+  if (!rank.ok()) return rank.status();
+  request.set_from_step(from->value_or(0));
+  request.set_to_step(to->value_or(0));  // 0: no upper bound
+  if (request.to_step() != 0 && request.from_step() > request.to_step()) {
+    return UsageError("--from is after --to");
+  }
+  if (rank->has_value()) request.set_rank(**rank);
+
+  const bool json = args.Has("json");
+  auto context = NewContext(global, kStreamDeadline);
+  auto stub = NewStub(global);
+  std::unique_ptr<grpc::ClientReader<v1::StepRecords>> reader =
+      stub->QuerySteps(context.get(), request);
+  // Printed as it arrives: a history can be millions of records.
+  std::string out = json ? "[" : StepTableHeader();
+  bool first = true;
+  v1::StepRecords chunk;
+  while (reader->Read(&chunk)) {
+    for (const v1::StepRecords::Item& item : chunk.items()) {
+      if (json) {
+        out += first ? "\n" : ",\n";
+        JsonWriter w(&out);
+        WriteStep(w, item.record(), item.rank(), item.attempt());
+      } else {
+        out += StepTableRow(item.record(), item.rank(), item.attempt());
+      }
+      first = false;
+    }
+    if (out.size() >= kFlushBytes) {
+      WriteStdout(out);
+      out.clear();
+    }
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    // What was printed stays unterminated: a truncated array must not parse
+    // as a complete answer.
+    WriteStdout(out);
+    return RpcError("steps", "QuerySteps", status);
+  }
+  if (json) out += first ? "]\n" : "\n]\n";
+  WriteStdout(out);
+  return absl::OkStatus();
+}
+
+absl::Status RunHealth(const GlobalOptions& global, const ParsedArgs& args) {
+  if (absl::Status s = NoArguments(args); !s.ok()) return s;
+  absl::StatusOr<std::string> run = RequiredFlag(args, "run");
+  if (!run.ok()) return run.status();
+  v1::GetRunHealthRequest request;
+  request.set_run_id(*run);
+  v1::GetRunHealthResponse response;
+  auto context = NewContext(global, kUnaryDeadline);
+  grpc::Status status =
+      NewStub(global)->GetRunHealth(context.get(), request, &response);
+  if (!status.ok()) return RpcError("health", "GetRunHealth", status);
+  if (!args.Has("json")) {
+    WriteStdout(RenderHealth(response));
+    return absl::OkStatus();
+  }
+  std::string out;
+  JsonWriter w(&out);
+  WriteHealth(w, response);
+  WriteStdout(out + "\n");
+  return absl::OkStatus();
+}
+
+absl::Status RunAlerts(const GlobalOptions& global, const ParsedArgs& args) {
+  if (absl::Status s = NoArguments(args); !s.ok()) return s;
+  absl::StatusOr<v1::ListAlertsResponse> response = ListAlerts(
+      global, "alerts", args.Get("run").value_or(""), args.Has("active"));
+  if (!response.ok()) return response.status();
+  std::vector<const v1::Alert*> alerts;
+  for (const v1::Alert& a : response->alerts()) alerts.push_back(&a);
+  WriteStdout(args.Has("json") ? AlertsJson(alerts) : RenderAlerts(alerts));
+  return absl::OkStatus();
+}
+
+absl::Status RunSpikes(const GlobalOptions& global, const ParsedArgs& args) {
+  if (absl::Status s = NoArguments(args); !s.ok()) return s;
+  absl::StatusOr<std::string> run = RequiredFlag(args, "run");
+  if (!run.ok()) return run.status();
+  absl::StatusOr<v1::ListAlertsResponse> response =
+      ListAlerts(global, "spikes", *run, /*active_only=*/false);
+  if (!response.ok()) return response.status();
+  std::vector<const v1::Alert*> spikes;
+  for (const v1::Alert& a : response->alerts()) {
+    if (a.alertname() == kSpikeAlert) spikes.push_back(&a);
+  }
+  if (args.Has("json")) {
+    WriteStdout(AlertsJson(spikes));
+    return absl::OkStatus();
+  }
+  Table table({"STEP", "RANK", "PEAK", "STATE", "BATCH_IDS"});
+  for (const v1::Alert* a : spikes) {
+    table.AddRow({absl::StrCat(a->started_step()), absl::StrCat(a->rank()),
+                  Num(a->peak_value()), a->state(), BatchIds(a->batch_ids())});
+  }
+  WriteStdout(table.Render());
+  return absl::OkStatus();
+}
+
+}  // namespace trainwatch::cli

@@ -1,0 +1,254 @@
+// `trainwatchctl replay FILE.jsonl`: streams a step log to the server through
+// the C++ client, the same path a training loop uses, and succeeds only once
+// the server has acknowledged (committed) every record.
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <thread>
+#include <variant>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "commands.h"
+#include "steplog.h"
+#include "trainwatch/client.h"
+
+namespace trainwatch::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::chrono::milliseconds kDefaultAckTimeout{120'000};
+// Records the client may hold. Large enough to keep the pipe to the server
+// full, small enough that the client's preallocated buffer stays near 20 MiB.
+constexpr size_t kCapacity = 1 << 16;
+// When this many steps are unacknowledged, replay waits for the server (a
+// Flush) rather than let Record() drop: unlike a training loop, replay can
+// afford to wait, and a drop would be reported to the server as lost data.
+constexpr uint64_t kHighWater = kCapacity / 2;
+// Stats() is checked every this many steps, so the backlog can exceed
+// kHighWater by at most this much: well under kCapacity.
+constexpr uint64_t kCheckEvery = 1024;
+
+// Overrides the run_start line with the flags given.
+absl::Status ApplyFlags(const ParsedArgs& args, ClientOptions* options) {
+  if (std::optional<std::string> run = args.Get("run")) options->run_id = *run;
+  for (auto [flag, field] : {std::pair{"rank", &options->rank},
+                             std::pair{"world-size", &options->world_size},
+                             std::pair{"attempt", &options->attempt}}) {
+    absl::StatusOr<std::optional<uint32_t>> v = args.GetUint32(flag);
+    if (!v.ok()) return v.status();
+    if (v->has_value()) *field = **v;
+  }
+  if (std::optional<std::string> p = args.Get("precision")) {
+    std::optional<Precision> precision = ParsePrecision(*p);
+    if (!precision.has_value()) {
+      return UsageError(absl::StrCat(
+          "--precision wants fp32, bf16 or fp16, got \"", *p, "\""));
+    }
+    options->precision = *precision;
+  }
+  absl::StatusOr<std::optional<double>> max_norm = args.GetDouble("max-norm");
+  if (!max_norm.ok()) return max_norm.status();
+  if (max_norm->has_value()) options->max_norm = **max_norm;
+  absl::StatusOr<std::optional<uint64_t>> warmup =
+      args.GetUint64("warmup-steps");
+  if (!warmup.ok()) return warmup.status();
+  if (warmup->has_value()) options->warmup_steps = **warmup;
+  return absl::OkStatus();
+}
+
+// Feeds log entries to a Client without ever letting it drop one.
+//
+// Thread-compatible: one thread at a time.
+class Replayer {
+ public:
+  Replayer(Client* client, std::chrono::milliseconds timeout)
+      : client_(client), timeout_(timeout) {}
+
+  absl::Status Send(const StepLogEntry& entry, absl::string_view where) {
+    if (std::holds_alternative<v1::RunStart>(entry)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": a run_start line must come before every step and event"));
+    }
+    if (const auto* event = std::get_if<v1::RunEvent>(&entry)) {
+      absl::StatusOr<EventKind> kind = ToClientEventKind(event->kind());
+      if (!kind.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": ", kind.status().message()));
+      }
+      ++events_;
+      return Retry([&] {
+        return client_->RecordEvent(*kind, event->step(), event->detail());
+      });
+    }
+    if (++steps_ % kCheckEvery == 0) {
+      if (absl::Status s = WaitIfBacklogged(); !s.ok()) return s;
+    }
+    Step step = ToClientStep(std::get<v1::StepRecord>(entry));
+    return Retry([&] {
+      if (client_->Record(step)) return true;
+      ++step_rejections_;
+      return false;
+    });
+  }
+
+  uint64_t steps() const { return steps_; }
+  uint64_t events() const { return events_; }
+  // Record() calls that returned false and were retried: the client counts
+  // them as dropped although replay sent the step again.
+  uint64_t step_rejections() const { return step_rejections_; }
+
+ private:
+  absl::Status WaitIfBacklogged() {
+    ClientStats stats = client_->Stats();
+    if (stats.recorded < stats.acked + kHighWater) return absl::OkStatus();
+    absl::Status s = client_->Flush(timeout_);
+    if (s.ok()) return s;
+    return absl::Status(
+        s.code(), absl::StrCat("replay: the server stopped acknowledging: ",
+                               s.message()));
+  }
+
+  // Calls `try_once` until it succeeds or the timeout passes.
+  template <typename Fn>
+  absl::Status Retry(Fn try_once) {
+    const Clock::time_point deadline = Clock::now() + timeout_;
+    while (!try_once()) {
+      if (Clock::now() > deadline) {
+        return absl::DeadlineExceededError(
+            "replay: the client buffer stayed full: the server is not "
+            "acknowledging");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return absl::OkStatus();
+  }
+
+  Client* client_;
+  std::chrono::milliseconds timeout_;
+  uint64_t steps_ = 0;
+  uint64_t events_ = 0;
+  uint64_t step_rejections_ = 0;
+};
+
+}  // namespace
+
+absl::Status RunReplay(const GlobalOptions& global, const ParsedArgs& args) {
+  if (args.positional().size() != 1) {
+    return UsageError(absl::StrCat("wants exactly one FILE.jsonl, got ",
+                                   args.positional().size()));
+  }
+  const std::string& path = args.positional()[0];
+  const std::chrono::milliseconds timeout =
+      global.timeout.value_or(kDefaultAckTimeout);
+  const Clock::time_point start = Clock::now();
+
+  std::ifstream file;
+  std::istream* in = &std::cin;
+  std::string name = "<stdin>";
+  if (path != "-") {
+    file.open(path);
+    if (!file) {
+      return absl::NotFoundError(absl::StrCat("replay: cannot open ", path,
+                                              ": ", std::strerror(errno)));
+    }
+    in = &file;
+    name = path;
+  }
+  StepLogReader reader(in, name);
+
+  // The run_start line, if any, must be read before the client is created.
+  absl::StatusOr<std::optional<StepLogEntry>> first = reader.Next();
+  if (!first.ok()) return first.status();
+  ClientOptions options;
+  options.address = global.server;
+  std::optional<StepLogEntry> pending = *std::move(first);
+  if (pending.has_value() && std::holds_alternative<v1::RunStart>(*pending)) {
+    ApplyRunStart(std::get<v1::RunStart>(*pending), &options);
+    pending.reset();
+  }
+  if (absl::Status s = ApplyFlags(args, &options); !s.ok()) return s;
+  if (options.run_id.empty()) {
+    return UsageError(absl::StrCat(name, " has no run_start line: give --run"));
+  }
+  options.capacity = kCapacity;
+  const std::string run_id = options.run_id;
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Create(std::move(options));
+  if (!client.ok()) {
+    return absl::Status(client.status().code(),
+                        absl::StrCat("replay: ", client.status().message()));
+  }
+  // Only reached after the final Flush, or on an error that is reported
+  // anyway: a failing Close has nothing to add.
+  absl::Cleanup close = [&] {
+    (*client)->Close(std::chrono::seconds(1)).IgnoreError();
+  };
+
+  Replayer replayer(client->get(), timeout);
+  absl::Status line_error;
+  while (true) {
+    if (!pending.has_value()) {
+      absl::StatusOr<std::optional<StepLogEntry>> next = reader.Next();
+      if (!next.ok()) {
+        line_error = next.status();
+        break;
+      }
+      if (!next->has_value()) break;
+      pending = *std::move(next);
+    }
+    line_error =
+        replayer.Send(*pending, absl::StrCat(name, ":", reader.line_number()));
+    pending.reset();
+    if (!line_error.ok()) break;
+  }
+  // The server stalled for a whole timeout already; a final Flush would only
+  // wait as long again.
+  if (line_error.code() == absl::StatusCode::kDeadlineExceeded) {
+    return line_error;
+  }
+
+  // Even after a bad line, what came before it is delivered: a partial log
+  // on the server is more useful than a guess about what arrived.
+  absl::Status flushed = (*client)->Flush(timeout);
+  const ClientStats stats = (*client)->Stats();
+  if (!line_error.ok()) {
+    if (flushed.ok()) return line_error;
+    return absl::Status(line_error.code(),
+                        absl::StrCat(line_error.message(),
+                                     "; the records before it were not "
+                                     "all acknowledged: ",
+                                     flushed.message()));
+  }
+  if (!flushed.ok()) {
+    return absl::Status(
+        flushed.code(),
+        absl::StrFormat("replay: %d of %d steps acknowledged after %.0f s "
+                        "(is the server at %s running?): %s",
+                        stats.acked, replayer.steps(),
+                        std::chrono::duration<double>(timeout).count(),
+                        global.server, flushed.message()));
+  }
+  if (stats.dropped > replayer.step_rejections()) {
+    return absl::DataLossError(
+        absl::StrCat("replay: the client dropped ",
+                     stats.dropped - replayer.step_rejections(), " steps"));
+  }
+  const double elapsed =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  const uint64_t records = replayer.steps() + replayer.events();
+  WriteStdout(absl::StrFormat(
+      "replayed %s to run %s: %d records (%d steps, %d %s), %d acked, "
+      "%.2f s, %.0f records/s\n",
+      name, run_id, records, replayer.steps(), replayer.events(),
+      replayer.events() == 1 ? "event" : "events", stats.acked, elapsed,
+      elapsed > 0 ? records / elapsed : 0.0));
+  return absl::OkStatus();
+}
+
+}  // namespace trainwatch::cli

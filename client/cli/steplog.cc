@@ -1,0 +1,199 @@
+#include "steplog.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace trainwatch::cli {
+namespace {
+
+// The kind of a line, judged from its first key alone so that a step line
+// (the common case, 100,000s of them) costs one JSON parse. A wrong guess is
+// harmless: the parse that follows reports the unexpected field.
+enum class LineKind { kStep, kWrapper };
+
+// `line` starts with '{' after leading whitespace.
+LineKind GuessKind(absl::string_view line) {
+  line = absl::StripLeadingAsciiWhitespace(line);
+  line = absl::StripLeadingAsciiWhitespace(line.substr(1));
+  for (absl::string_view key : {"\"run_start\"", "\"event\""}) {
+    if (absl::StartsWith(line, key)) return LineKind::kWrapper;
+  }
+  return LineKind::kStep;
+}
+
+// Protobuf reports a syntax error in three lines: what, an excerpt of the
+// input, and a caret under the spot. Our errors are one line, so the caret
+// becomes the text from that spot on: "Unexpected token near 'oops}'".
+std::string OneLine(absl::string_view message) {
+  std::vector<absl::string_view> lines = absl::StrSplit(message, '\n');
+  if (lines.size() == 3 && absl::StripAsciiWhitespace(lines[2]) == "^") {
+    const size_t col = lines[2].find('^');
+    absl::string_view what = absl::StripSuffix(lines[0], ".");
+    absl::string_view near = lines[1].substr(std::min(col, lines[1].size()));
+    return absl::StrCat(what, " near '", near.substr(0, 32), "'");
+  }
+  return absl::StrJoin(lines, " ");
+}
+
+// `what` names the kind of line for errors that are not about syntax.
+absl::Status ParseJson(absl::string_view line, absl::string_view what,
+                       google::protobuf::Message* msg) {
+  google::protobuf::util::JsonParseOptions options;
+  // A misspelt field name ("gradnorm") must not silently become a zero.
+  options.ignore_unknown_fields = false;
+  // "fp16" as well as "FP16": the Python API spells precision in lower case.
+  options.case_insensitive_enum_parsing = true;
+  auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(line.data(), line.size()), msg, options);
+  if (status.ok()) return absl::OkStatus();
+  const std::string message = OneLine(status.message().ToString());
+  // Syntax errors carry the excerpt (see OneLine); field errors do not.
+  const bool syntax = absl::StrContains(message, " near '");
+  return absl::InvalidArgumentError(
+      absl::StrCat(syntax ? "invalid JSON" : what, ": ", message));
+}
+
+}  // namespace
+
+StepLogReader::StepLogReader(std::istream* in, std::string name)
+    : in_(in), name_(std::move(name)) {}
+
+absl::StatusOr<std::optional<StepLogEntry>> StepLogReader::Next() {
+  if (final_status_.has_value()) {
+    if (final_status_->ok()) return std::nullopt;
+    return *final_status_;
+  }
+  while (std::getline(*in_, line_)) {
+    ++line_number_;
+    if (absl::StripAsciiWhitespace(line_).empty()) continue;
+    absl::StatusOr<StepLogEntry> entry = ParseLine(line_);
+    if (!entry.ok()) {
+      final_status_ = absl::InvalidArgumentError(absl::StrCat(
+          name_, ":", line_number_, ": ", entry.status().message()));
+      return *final_status_;
+    }
+    return std::optional<StepLogEntry>(*std::move(entry));
+  }
+  if (in_->bad()) {
+    final_status_ = absl::DataLossError(
+        absl::StrCat(name_, ":", line_number_ + 1, ": read error"));
+    return *final_status_;
+  }
+  final_status_ = absl::OkStatus();
+  return std::nullopt;
+}
+
+absl::StatusOr<StepLogEntry> StepLogReader::ParseLine(
+    const std::string& line) const {
+  if (!absl::StartsWith(absl::StripLeadingAsciiWhitespace(line), "{")) {
+    return absl::InvalidArgumentError(
+        "invalid JSON: a line must be one JSON object, {...}");
+  }
+  if (GuessKind(line) == LineKind::kStep) {
+    v1::StepRecord record;
+    if (absl::Status s = ParseJson(line, "invalid step line", &record);
+        !s.ok()) {
+      return s;
+    }
+    return record;
+  }
+  v1::StepLogLine wrapper;
+  if (absl::Status s =
+          ParseJson(line, "invalid run_start or event line", &wrapper);
+      !s.ok()) {
+    return s;
+  }
+  if (wrapper.has_run_start() == wrapper.has_event()) {
+    return absl::InvalidArgumentError(
+        "a line holds exactly one of \"run_start\" or \"event\"");
+  }
+  if (wrapper.has_run_start()) return std::move(*wrapper.mutable_run_start());
+  if (wrapper.event().kind() == v1::EVENT_KIND_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        "event has no \"kind\" (CHECKPOINT_SAVED, RUN_FINISHED or RUN_FAILED)");
+  }
+  return std::move(*wrapper.mutable_event());
+}
+
+Step ToClientStep(const v1::StepRecord& record) {
+  Step step;
+  step.step = record.step();
+  step.grad_norm = record.grad_norm();
+  if (record.has_clipped()) step.clipped = record.clipped();
+  if (record.has_clip_coef()) step.clip_coef = record.clip_coef();
+  if (record.has_loss_scale()) step.loss_scale = record.loss_scale();
+  step.skipped = record.skipped();
+  if (record.has_max_attn_logit()) {
+    step.max_attn_logit = record.max_attn_logit();
+  }
+  if (record.has_log_z()) step.log_z = record.log_z();
+  if (record.has_loss()) step.loss = record.loss();
+  if (record.has_lr()) step.lr = record.lr();
+  step.time_unix_nanos = record.time_unix_nanos();
+  step.batch_ids.assign(record.batch_ids().begin(), record.batch_ids().end());
+  if (record.has_shard_sq_sum()) step.shard_sq_sum = record.shard_sq_sum();
+  for (const auto& [name, stats] : record.layer_stats()) {
+    step.layer_stats[name] =
+        LayerStat{.grad_norm = stats.grad_norm(),
+                  .grad_rms = stats.grad_rms(),
+                  .g_over_sqrt_v_rms = stats.g_over_sqrt_v_rms()};
+  }
+  return step;
+}
+
+void ApplyRunStart(const v1::RunStart& start, ClientOptions* options) {
+  options->run_id = start.run_id();
+  options->rank = start.rank();
+  // The wire reads 0 as 1; the client API validates rank < world_size.
+  options->world_size = start.world_size() == 0 ? 1 : start.world_size();
+  options->attempt = start.attempt();
+  options->precision = ToClientPrecision(start.precision());
+  options->max_norm = start.max_norm();
+  options->warmup_steps = start.warmup_steps();
+  options->scaler_growth_interval = start.scaler_growth_interval();
+  options->adam_eps.reset();
+  if (start.has_adam_eps()) options->adam_eps = start.adam_eps();
+  options->adam_beta2.reset();
+  if (start.has_adam_beta2()) options->adam_beta2 = start.adam_beta2();
+  options->labels.clear();
+  options->labels.insert(start.labels().begin(), start.labels().end());
+}
+
+Precision ToClientPrecision(v1::Precision precision) {
+  switch (precision) {
+    case v1::FP32:
+      return Precision::kFp32;
+    case v1::BF16:
+      return Precision::kBf16;
+    case v1::FP16:
+      return Precision::kFp16;
+    default:
+      return Precision::kUnspecified;
+  }
+}
+
+absl::StatusOr<EventKind> ToClientEventKind(v1::EventKind kind) {
+  switch (kind) {
+    case v1::CHECKPOINT_SAVED:
+      return EventKind::kCheckpointSaved;
+    case v1::RUN_FINISHED:
+      return EventKind::kRunFinished;
+    case v1::RUN_FAILED:
+      return EventKind::kRunFailed;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown event kind ", static_cast<int>(kind)));
+  }
+}
+
+}  // namespace trainwatch::cli

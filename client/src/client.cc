@@ -1,0 +1,206 @@
+#include "trainwatch/client.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "intake.h"
+#include "sender.h"
+
+namespace trainwatch {
+namespace {
+
+constexpr size_t kMaxRunIdLength = 128;
+// The queue is preallocated at about 240 bytes a record of capacity: past
+// this it alone would take gigabytes.
+constexpr size_t kMaxCapacity = size_t{1} << 24;
+// How long Close() lets the server finish the stream after WritesDone.
+constexpr absl::Duration kStopGrace = absl::Milliseconds(500);
+constexpr std::chrono::milliseconds kDestructorFlush = std::chrono::seconds(2);
+
+bool IsRunIdChar(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
+         c == ':' || c == '/' || c == '-';
+}
+
+// Mirrors the server's RunStart validation so a misconfigured trainer fails
+// at start-up rather than in the background with every batch refused.
+absl::Status ValidateOptions(const ClientOptions& options) {
+  const std::string& id = options.run_id;
+  if (id.empty()) return absl::InvalidArgumentError("run_id is empty");
+  if (id.size() > kMaxRunIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "run_id is ", id.size(), " characters long; the limit is ",
+        kMaxRunIdLength));
+  }
+  const auto bad = std::find_if_not(id.begin(), id.end(), IsRunIdChar);
+  if (bad != id.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "run_id \"", id, "\" has an invalid character at position ",
+        bad - id.begin(), "; allowed are A-Z a-z 0-9 . _ : / -"));
+  }
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError("world_size must be at least 1");
+  }
+  if (options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " is not below world_size ",
+                     options.world_size));
+  }
+  if (!std::isfinite(options.max_norm) || options.max_norm < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_norm must be finite and >= 0 (0: no clipping), got ",
+        options.max_norm));
+  }
+  if (options.capacity < 1 || options.capacity > kMaxCapacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "capacity must be between 1 and ", kMaxCapacity, ", got ",
+        options.capacity));
+  }
+  if (options.max_batch_records < 1) {
+    return absl::InvalidArgumentError("max_batch_records must be at least 1");
+  }
+  if (options.address.empty()) {
+    return absl::InvalidArgumentError("address is empty");
+  }
+  return absl::OkStatus();
+}
+
+int64_t NowUnixNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+std::optional<Precision> ParsePrecision(const std::string& text) {
+  std::string lower = text;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  if (lower == "fp32" || lower == "float32") return Precision::kFp32;
+  if (lower == "bf16" || lower == "bfloat16") return Precision::kBf16;
+  if (lower == "fp16" || lower == "float16") return Precision::kFp16;
+  return std::nullopt;
+}
+
+// Owns the intake (the lock-free side Record() touches) and the sender.
+// Thread-safety: as Client's; Close() serializes on close_mu_.
+class Client::Impl {
+ public:
+  explicit Impl(const ClientOptions& options)
+      : intake_(options.capacity), sender_(options, &intake_) {}
+
+  void Start() { sender_.Start(); }
+
+  bool Record(Step&& step) {
+    if (step.time_unix_nanos == 0) step.time_unix_nanos = NowUnixNanos();
+    return intake_.OfferStep(std::move(step));
+  }
+
+  bool RecordEvent(EventKind kind, uint64_t step, std::string detail) {
+    return intake_.OfferEvent(internal::EventItem{
+        kind, step, std::move(detail), NowUnixNanos()});
+  }
+
+  absl::Status Flush(std::chrono::milliseconds timeout) {
+    // Items are counted, not steps: an event recorded before the call must be
+    // acked too, and a step Record() dropped was never admitted.
+    const uint64_t target = intake_.admitted();
+    if (sender_.WaitResolved(target, absl::Now() + absl::FromChrono(timeout))) {
+      return absl::OkStatus();
+    }
+    const ClientStats stats = Stats();
+    return absl::DeadlineExceededError(absl::StrCat(
+        "flush timed out after ", timeout.count(), " ms: ",
+        sender_.resolved(), " of ", target,
+        " recorded items acknowledged or dropped (steps recorded ",
+        stats.recorded, ", sent ", stats.sent, ", acked ", stats.acked,
+        ", dropped ", stats.dropped, ", reconnects ", stats.reconnects, ")"));
+  }
+
+  absl::Status Close(std::chrono::milliseconds timeout) {
+    absl::MutexLock lock(&close_mu_);
+    if (closed_) return close_status_;
+    close_status_ = Flush(timeout);
+    intake_.Close();
+    sender_.Stop(kStopGrace);
+    closed_ = true;
+    return close_status_;
+  }
+
+  bool closed() {
+    absl::MutexLock lock(&close_mu_);
+    return closed_;
+  }
+
+  ClientStats Stats() const {
+    ClientStats stats;
+    stats.recorded = intake_.recorded();
+    stats.sent = sender_.sent();
+    stats.acked = sender_.acked();
+    stats.dropped = intake_.dropped();
+    stats.reconnects = sender_.reconnects();
+    return stats;
+  }
+
+  std::optional<double> RecommendedMaxNorm() const {
+    return sender_.recommended_max_norm();
+  }
+
+ private:
+  internal::Intake intake_;
+  internal::Sender sender_;
+  absl::Mutex close_mu_;
+  bool closed_ ABSL_GUARDED_BY(close_mu_) = false;
+  absl::Status close_status_ ABSL_GUARDED_BY(close_mu_);
+};
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+  if (absl::Status status = ValidateOptions(options); !status.ok()) {
+    return status;
+  }
+  auto impl = std::make_unique<Impl>(options);
+  impl->Start();
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() {
+  if (impl_->closed()) return;  // the caller has seen Close()'s status
+  // Nobody else will see this status: say what was lost.
+  if (absl::Status status = impl_->Close(kDestructorFlush); !status.ok()) {
+    std::fprintf(stderr, "trainwatch: closing: %s\n",
+                 std::string(status.message()).c_str());
+  }
+}
+
+bool Client::Record(Step step) { return impl_->Record(std::move(step)); }
+
+bool Client::RecordEvent(EventKind kind, uint64_t step, std::string detail) {
+  return impl_->RecordEvent(kind, step, std::move(detail));
+}
+
+absl::Status Client::Flush(std::chrono::milliseconds timeout) {
+  return impl_->Flush(timeout);
+}
+
+absl::Status Client::Close(std::chrono::milliseconds timeout) {
+  return impl_->Close(timeout);
+}
+
+ClientStats Client::Stats() const { return impl_->Stats(); }
+
+std::optional<double> Client::RecommendedMaxNorm() const {
+  return impl_->RecommendedMaxNorm();
+}
+
+}  // namespace trainwatch

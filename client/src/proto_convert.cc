@@ -1,0 +1,102 @@
+#include "proto_convert.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace trainwatch::internal {
+namespace {
+
+v1::Precision ToProto(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32:
+      return v1::FP32;
+    case Precision::kBf16:
+      return v1::BF16;
+    case Precision::kFp16:
+      return v1::FP16;
+    case Precision::kUnspecified:
+      break;
+  }
+  return v1::PRECISION_UNSPECIFIED;
+}
+
+v1::EventKind ToProto(EventKind kind) {
+  switch (kind) {
+    case EventKind::kCheckpointSaved:
+      return v1::CHECKPOINT_SAVED;
+    case EventKind::kRunFinished:
+      return v1::RUN_FINISHED;
+    case EventKind::kRunFailed:
+      return v1::RUN_FAILED;
+  }
+  return v1::EVENT_KIND_UNSPECIFIED;
+}
+
+// clip_grad_norm_ divides by (norm + 1e-6) so a zero norm does not divide by 0.
+constexpr double kClipEpsilon = 1e-6;
+
+}  // namespace
+
+v1::RunStart MakeRunStart(const ClientOptions& options) {
+  v1::RunStart start;
+  start.set_run_id(options.run_id);
+  start.set_rank(options.rank);
+  start.set_world_size(options.world_size);
+  start.set_attempt(options.attempt);
+  start.set_precision(ToProto(options.precision));
+  start.set_max_norm(options.max_norm);
+  start.set_warmup_steps(options.warmup_steps);
+  start.set_scaler_growth_interval(options.scaler_growth_interval);
+  if (options.adam_eps) start.set_adam_eps(*options.adam_eps);
+  if (options.adam_beta2) start.set_adam_beta2(*options.adam_beta2);
+  start.mutable_labels()->insert(options.labels.begin(), options.labels.end());
+  return start;
+}
+
+void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out) {
+  const double norm = step.grad_norm;
+  out->set_step(step.step);
+  out->set_grad_norm(norm);
+
+  if (step.clipped) {
+    out->set_clipped(*step.clipped);
+  } else if (max_norm > 0) {
+    // +Inf is clipped (to zero); NaN compares false: clip_grad_norm_ turns it
+    // into a NaN coefficient, which scales nothing down.
+    out->set_clipped(norm > max_norm);
+  }
+  if (step.clip_coef) {
+    out->set_clip_coef(*step.clip_coef);
+  } else if (max_norm > 0) {
+    if (std::isfinite(norm)) {
+      out->set_clip_coef(std::min(1.0, max_norm / (norm + kClipEpsilon)));
+    } else if (norm > 0) {
+      out->set_clip_coef(0.0);  // max_norm / +Inf
+    }  // NaN: no meaningful coefficient, leave it absent.
+  }
+
+  if (step.loss_scale) out->set_loss_scale(*step.loss_scale);
+  out->set_skipped(step.skipped);
+  if (step.max_attn_logit) out->set_max_attn_logit(*step.max_attn_logit);
+  if (step.log_z) out->set_log_z(*step.log_z);
+  if (step.loss) out->set_loss(*step.loss);
+  if (step.lr) out->set_lr(*step.lr);
+  out->set_time_unix_nanos(step.time_unix_nanos);
+  out->mutable_batch_ids()->Add(step.batch_ids.begin(), step.batch_ids.end());
+  if (step.shard_sq_sum) out->set_shard_sq_sum(*step.shard_sq_sum);
+  for (const auto& [layer, stat] : step.layer_stats) {
+    v1::LayerStats& proto = (*out->mutable_layer_stats())[layer];
+    proto.set_grad_norm(stat.grad_norm);
+    proto.set_grad_rms(stat.grad_rms);
+    proto.set_g_over_sqrt_v_rms(stat.g_over_sqrt_v_rms);
+  }
+}
+
+void FillRunEvent(const EventItem& event, v1::RunEvent* out) {
+  out->set_step(event.step);
+  out->set_kind(ToProto(event.kind));
+  out->set_detail(event.detail);
+  out->set_time_unix_nanos(event.time_unix_nanos);
+}
+
+}  // namespace trainwatch::internal

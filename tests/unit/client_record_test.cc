@@ -1,0 +1,113 @@
+#include <cmath>
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "proto_convert.h"
+
+namespace trainwatch::internal {
+namespace {
+
+v1::StepRecord Convert(const Step& step, double max_norm) {
+  v1::StepRecord record;
+  FillStepRecord(step, max_norm, &record);
+  return record;
+}
+
+TEST(FillStepRecord, DerivesClippingFromMaxNorm) {
+  const v1::StepRecord below = Convert({.step = 1, .grad_norm = 0.5}, 1.0);
+  EXPECT_FALSE(below.clipped());
+  EXPECT_EQ(below.clip_coef(), 1.0);
+
+  const v1::StepRecord above = Convert({.step = 2, .grad_norm = 4.0}, 1.0);
+  EXPECT_TRUE(above.has_clipped());
+  EXPECT_TRUE(above.clipped());
+  EXPECT_DOUBLE_EQ(above.clip_coef(), 1.0 / (4.0 + 1e-6));
+}
+
+TEST(FillStepRecord, NonFiniteNorms) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const v1::StepRecord infinite = Convert({.grad_norm = inf}, 1.0);
+  EXPECT_TRUE(infinite.clipped());
+  ASSERT_TRUE(infinite.has_clip_coef());
+  EXPECT_EQ(infinite.clip_coef(), 0.0);
+
+  const v1::StepRecord nan =
+      Convert({.grad_norm = std::numeric_limits<double>::quiet_NaN()}, 1.0);
+  ASSERT_TRUE(nan.has_clipped());
+  EXPECT_FALSE(nan.clipped());
+  EXPECT_FALSE(nan.has_clip_coef());
+  EXPECT_TRUE(std::isnan(nan.grad_norm()));  // data, passed through
+}
+
+TEST(FillStepRecord, NoDerivationWithoutMaxNorm) {
+  const v1::StepRecord record = Convert({.grad_norm = 4.0}, 0.0);
+  EXPECT_FALSE(record.has_clipped());
+  EXPECT_FALSE(record.has_clip_coef());
+}
+
+TEST(FillStepRecord, ReportedClippingWins) {
+  const v1::StepRecord record =
+      Convert({.grad_norm = 4.0, .clipped = false, .clip_coef = 0.75}, 1.0);
+  EXPECT_FALSE(record.clipped());
+  EXPECT_EQ(record.clip_coef(), 0.75);
+}
+
+TEST(FillStepRecord, SetsOnlyPresentOptionalFields) {
+  const v1::StepRecord bare = Convert({.step = 7, .grad_norm = 1.0}, 0.0);
+  EXPECT_FALSE(bare.has_loss_scale());
+  EXPECT_FALSE(bare.has_max_attn_logit());
+  EXPECT_FALSE(bare.has_log_z());
+  EXPECT_FALSE(bare.has_loss());
+  EXPECT_FALSE(bare.has_lr());
+  EXPECT_FALSE(bare.has_shard_sq_sum());
+
+  Step full{.step = 8,
+            .grad_norm = 2.0,
+            .loss_scale = 65536.0,
+            .skipped = true,
+            .max_attn_logit = 30.0,
+            .log_z = 10.5,
+            .loss = 2.25,
+            .lr = 3e-4,
+            .time_unix_nanos = 123,
+            .batch_ids = {4, 5},
+            .shard_sq_sum = 1.5,
+            .layer_stats = {{"attn.0", {0.1, 0.01, 1.2}}}};
+  const v1::StepRecord record = Convert(full, 0.0);
+  EXPECT_EQ(record.step(), 8u);
+  EXPECT_EQ(record.loss_scale(), 65536.0);
+  EXPECT_TRUE(record.skipped());
+  EXPECT_EQ(record.max_attn_logit(), 30.0);
+  EXPECT_EQ(record.log_z(), 10.5);
+  EXPECT_EQ(record.loss(), 2.25);
+  EXPECT_EQ(record.lr(), 3e-4);
+  EXPECT_EQ(record.time_unix_nanos(), 123);
+  ASSERT_EQ(record.batch_ids_size(), 2);
+  EXPECT_EQ(record.batch_ids(1), 5);
+  EXPECT_EQ(record.shard_sq_sum(), 1.5);
+  ASSERT_EQ(record.layer_stats().count("attn.0"), 1u);
+  EXPECT_EQ(record.layer_stats().at("attn.0").g_over_sqrt_v_rms(), 1.2);
+}
+
+TEST(MakeRunStart, CopiesOptions) {
+  ClientOptions options;
+  options.run_id = "run-1";
+  options.rank = 1;
+  options.world_size = 2;
+  options.precision = Precision::kBf16;
+  options.max_norm = 1.0;
+  options.adam_beta2 = 0.95;
+  options.labels = {{"model", "llama"}};
+  const v1::RunStart start = MakeRunStart(options);
+  EXPECT_EQ(start.run_id(), "run-1");
+  EXPECT_EQ(start.rank(), 1u);
+  EXPECT_EQ(start.world_size(), 2u);
+  EXPECT_EQ(start.precision(), v1::BF16);
+  EXPECT_EQ(start.max_norm(), 1.0);
+  EXPECT_FALSE(start.has_adam_eps());
+  EXPECT_EQ(start.adam_beta2(), 0.95);
+  EXPECT_EQ(start.labels().at("model"), "llama");
+}
+
+}  // namespace
+}  // namespace trainwatch::internal

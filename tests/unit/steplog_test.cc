@@ -1,0 +1,318 @@
+// Tests of trainwatchctl's JSONL step-log reader and JSON writer.
+#include "steplog.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "json_out.h"
+
+namespace trainwatch::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+// Reads every entry of `text`; fails the test on an error.
+std::vector<StepLogEntry> ReadAll(const std::string& text) {
+  std::istringstream in(text);
+  StepLogReader reader(&in, "run.jsonl");
+  std::vector<StepLogEntry> entries;
+  while (true) {
+    absl::StatusOr<std::optional<StepLogEntry>> next = reader.Next();
+    EXPECT_TRUE(next.ok()) << next.status();
+    if (!next.ok() || !next->has_value()) break;
+    entries.push_back(**next);
+  }
+  return entries;
+}
+
+// The first error reading `text` produces (OK if there is none).
+absl::Status FirstError(const std::string& text) {
+  std::istringstream in(text);
+  StepLogReader reader(&in, "run.jsonl");
+  while (true) {
+    absl::StatusOr<std::optional<StepLogEntry>> next = reader.Next();
+    if (!next.ok()) return next.status();
+    if (!next->has_value()) return absl::OkStatus();
+  }
+}
+
+TEST(StepLogReader, ParsesRunStartWithLabelsAndPrecision) {
+  std::vector<StepLogEntry> entries =
+      ReadAll(R"({"run_start": {"run_id": "r1", "rank": 1, "world_size": 4, )"
+              R"("precision": "FP16", "max_norm": 1.5, "warmup_steps": 10, )"
+              R"("labels": {"model": "tiny", "owner": "ana"}}})"
+              "\n");
+  ASSERT_EQ(entries.size(), 1u);
+  const auto* start = std::get_if<v1::RunStart>(&entries[0]);
+  ASSERT_NE(start, nullptr);
+  EXPECT_EQ(start->run_id(), "r1");
+  EXPECT_EQ(start->rank(), 1u);
+  EXPECT_EQ(start->world_size(), 4u);
+  EXPECT_EQ(start->precision(), v1::FP16);
+  EXPECT_EQ(start->max_norm(), 1.5);
+  EXPECT_EQ(start->warmup_steps(), 10u);
+  EXPECT_EQ(start->labels().at("model"), "tiny");
+  EXPECT_EQ(start->labels().at("owner"), "ana");
+
+  ClientOptions options;
+  ApplyRunStart(*start, &options);
+  EXPECT_EQ(options.run_id, "r1");
+  EXPECT_EQ(options.precision, Precision::kFp16);
+  EXPECT_EQ(options.world_size, 4u);
+  EXPECT_EQ(options.labels.size(), 2u);
+}
+
+TEST(StepLogReader, ParsesNonFiniteValuesInAStepLine) {
+  std::vector<StepLogEntry> entries =
+      ReadAll(R"({"step": 12, "grad_norm": "Infinity", "loss": "NaN", )"
+              R"("log_z": "-Infinity", "loss_scale": 65536, "skipped": true, )"
+              R"("batch_ids": [24, 25]})");
+  ASSERT_EQ(entries.size(), 1u);
+  const auto* record = std::get_if<v1::StepRecord>(&entries[0]);
+  ASSERT_NE(record, nullptr);
+  EXPECT_EQ(record->step(), 12u);
+  EXPECT_TRUE(std::isinf(record->grad_norm()) && record->grad_norm() > 0);
+  EXPECT_TRUE(std::isnan(record->loss()));
+  EXPECT_TRUE(std::isinf(record->log_z()) && record->log_z() < 0);
+  EXPECT_EQ(record->loss_scale(), 65536.0);
+  EXPECT_TRUE(record->skipped());
+  EXPECT_THAT(record->batch_ids(), ::testing::ElementsAre(24, 25));
+}
+
+TEST(StepLogReader, ParsesAnEventLine) {
+  std::vector<StepLogEntry> entries = ReadAll(
+      R"({"event": {"step": 100, "kind": "CHECKPOINT_SAVED", "detail": "ckpt-100"}})");
+  ASSERT_EQ(entries.size(), 1u);
+  const auto* event = std::get_if<v1::RunEvent>(&entries[0]);
+  ASSERT_NE(event, nullptr);
+  EXPECT_EQ(event->step(), 100u);
+  EXPECT_EQ(event->kind(), v1::CHECKPOINT_SAVED);
+  EXPECT_EQ(event->detail(), "ckpt-100");
+  EXPECT_EQ(*ToClientEventKind(event->kind()), EventKind::kCheckpointSaved);
+}
+
+TEST(StepLogReader, SkipsBlankLinesAndCountsThem) {
+  std::istringstream in("\n{\"step\": 1}\n   \n\r\n{\"step\": 2}\r\n\n");
+  StepLogReader reader(&in, "run.jsonl");
+  auto first = reader.Next();
+  ASSERT_TRUE(first.ok() && first->has_value());
+  EXPECT_EQ(std::get<v1::StepRecord>(**first).step(), 1u);
+  EXPECT_EQ(reader.line_number(), 2);
+  auto second = reader.Next();
+  ASSERT_TRUE(second.ok() && second->has_value());
+  EXPECT_EQ(std::get<v1::StepRecord>(**second).step(), 2u);
+  EXPECT_EQ(reader.line_number(), 5);
+  auto end = reader.Next();
+  ASSERT_TRUE(end.ok());
+  EXPECT_FALSE(end->has_value());
+}
+
+TEST(StepLogReader, UnknownFieldIsAnErrorWithItsLineNumber) {
+  absl::Status status = FirstError(
+      "{\"step\": 0, \"grad_norm\": 0.3}\n\n{\"step\": 1, \"gradnorm\": "
+      "0.3}\n");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), StartsWith("run.jsonl:3: "));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("gradnorm"));
+}
+
+TEST(StepLogReader, MalformedJsonNamesTheLineAndStopsThere) {
+  std::istringstream in(
+      "{\"step\": 0, \"grad_norm\": 0.3}\n"
+      "{\"step\": 1, \"grad_norm\": oops}\n"
+      "{\"step\": 2, \"grad_norm\": 0.3}\n");
+  StepLogReader reader(&in, "run.jsonl");
+  ASSERT_TRUE(reader.Next().ok());
+  absl::StatusOr<std::optional<StepLogEntry>> bad = reader.Next();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              StartsWith("run.jsonl:2: invalid JSON"));
+  EXPECT_THAT(std::string(bad.status().message()), Not(HasSubstr("\n")));
+  // The error is sticky: line 3 is never handed out.
+  EXPECT_EQ(reader.Next().status(), bad.status());
+}
+
+TEST(StepLogReader, WrapperLineWithBothKeysIsAnError) {
+  absl::Status status = FirstError(
+      R"({"event": {"step": 1, "kind": "RUN_FINISHED"}, "run_start": {"run_id": "r"}})");
+  EXPECT_THAT(std::string(status.message()), StartsWith("run.jsonl:1: "));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("exactly one"));
+}
+
+TEST(StepLogReader, EventWithoutKindIsAnError) {
+  absl::Status status = FirstError(R"({"event": {"step": 5}})");
+  EXPECT_THAT(std::string(status.message()), StartsWith("run.jsonl:1: "));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("kind"));
+}
+
+TEST(StepLogReader, AcceptsLowerCasePrecisionAsThePythonApiSpellsIt) {
+  std::vector<StepLogEntry> entries =
+      ReadAll(R"({"run_start": {"run_id": "r", "precision": "bf16"}})");
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(std::get<v1::RunStart>(entries[0]).precision(), v1::BF16);
+}
+
+TEST(StepLogReader, LineThatIsNotAnObjectIsAnError) {
+  absl::Status status = FirstError("{\"step\": 1}\n[1, 2]\n");
+  EXPECT_THAT(std::string(status.message()),
+              StartsWith("run.jsonl:2: invalid JSON"));
+}
+
+TEST(StepLogReader, StepsGoingBackwardsAreNotItsBusiness) {
+  std::vector<StepLogEntry> entries =
+      ReadAll("{\"step\": 40}\n{\"step\": 12}\n{\"step\": 12}\n");
+  EXPECT_EQ(entries.size(), 3u);
+}
+
+TEST(ToClientStep, KeepsOptionalFieldPresence) {
+  v1::StepRecord record;
+  record.set_step(7);
+  record.set_grad_norm(0.5);
+  record.set_loss_scale(1024);
+  record.set_clip_coef(0.0);  // present although zero
+  record.add_batch_ids(3);
+  (*record.mutable_layer_stats())["attn.0"].set_g_over_sqrt_v_rms(6.0);
+  Step step = ToClientStep(record);
+  EXPECT_EQ(step.step, 7u);
+  EXPECT_EQ(step.grad_norm, 0.5);
+  EXPECT_EQ(step.loss_scale, 1024.0);
+  ASSERT_TRUE(step.clip_coef.has_value());
+  EXPECT_EQ(*step.clip_coef, 0.0);
+  EXPECT_FALSE(step.clipped.has_value());
+  EXPECT_FALSE(step.loss.has_value());
+  EXPECT_FALSE(step.lr.has_value());
+  EXPECT_FALSE(step.max_attn_logit.has_value());
+  EXPECT_FALSE(step.shard_sq_sum.has_value());
+  EXPECT_EQ(step.batch_ids, std::vector<int64_t>{3});
+  EXPECT_EQ(step.layer_stats.at("attn.0").g_over_sqrt_v_rms, 6.0);
+}
+
+TEST(JsonQuote, EscapesQuotesBackslashNewlineAndControlChars) {
+  EXPECT_EQ(JsonQuote("a\"b\\c\nd\x01"
+                      "e"),
+            R"("a\"b\\c\nd\u0001e")");
+  EXPECT_EQ(JsonQuote("tab\there"), R"("tab\there")");
+  EXPECT_EQ(JsonQuote("caf\xc3\xa9"), "\"caf\xc3\xa9\"");
+}
+
+TEST(FormatDouble, RoundTripsAndNamesNonFinite) {
+  EXPECT_EQ(FormatDouble(0.1), "0.1");
+  EXPECT_EQ(FormatDouble(65536.0), "65536");
+  const double third = 1.0 / 3.0;
+  EXPECT_EQ(std::stod(FormatDouble(third)), third);
+  EXPECT_EQ(FormatDouble(std::numeric_limits<double>::quiet_NaN()), "NaN");
+  EXPECT_EQ(FormatDouble(-std::numeric_limits<double>::infinity()),
+            "-Infinity");
+}
+
+TEST(WriteStep, PrintsNumbersBareAndNonFiniteAsStrings) {
+  v1::StepRecord record;
+  record.set_step(12);
+  record.set_grad_norm(std::numeric_limits<double>::infinity());
+  record.set_loss(std::numeric_limits<double>::quiet_NaN());
+  record.set_loss_scale(32768);
+  record.set_skipped(true);
+  record.add_batch_ids(24);
+  record.add_batch_ids(25);
+  std::string out;
+  JsonWriter w(&out);
+  WriteStep(w, record, /*rank=*/2, /*attempt=*/1);
+  EXPECT_EQ(out, R"({"rank":2,"attempt":1,"step":12,"grad_norm":"Infinity",)"
+                 R"("loss_scale":32768,"skipped":true,"loss":"NaN",)"
+                 R"("time_unix_nanos":0,"batch_ids":[24,25]})");
+}
+
+TEST(WriteStep, OmitsAbsentOptionalFieldsButKeepsPresentZeros) {
+  v1::StepRecord record;
+  record.set_step(3);
+  record.set_clipped(false);
+  std::string out;
+  JsonWriter w(&out);
+  WriteStep(w, record, 0, 0);
+  EXPECT_THAT(out, HasSubstr(R"("clipped":false)"));
+  EXPECT_THAT(out, Not(HasSubstr("clip_coef")));
+  EXPECT_THAT(out, Not(HasSubstr("loss_scale")));
+  EXPECT_THAT(out, Not(HasSubstr("batch_ids")));
+}
+
+TEST(WriteAlert, HasEveryKeyAndNullWhileFiring) {
+  v1::Alert alert;
+  alert.set_alertname("GradNormSpike");
+  alert.set_run("r1");
+  alert.set_severity("warning");
+  alert.set_state("firing");
+  alert.set_started_step(150);
+  alert.set_peak_value(12.5);
+  alert.set_description("norm \"12.5\" is 40x\nthe mean");
+  std::string out;
+  JsonWriter w(&out);
+  WriteAlert(w, alert);
+  for (const char* key :
+       {"alertname", "run", "severity", "state", "started_step",
+        "resolved_step", "peak_value", "description", "likely_cause", "fix",
+        "batch_ids", "summary", "rank", "started_unix_nanos",
+        "resolved_unix_nanos"}) {
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("\"", key, "\":"))) << key;
+  }
+  EXPECT_THAT(out, HasSubstr(R"("started_step":150,"resolved_step":null)"));
+  EXPECT_THAT(out, HasSubstr(R"("batch_ids":[])"));
+  EXPECT_THAT(out, HasSubstr(R"(norm \"12.5\" is 40x\nthe mean)"));
+
+  alert.set_state("resolved");
+  alert.set_resolved_step(400);
+  out.clear();
+  JsonWriter w2(&out);
+  WriteAlert(w2, alert);
+  EXPECT_THAT(out, HasSubstr(R"("resolved_step":400)"));
+}
+
+TEST(JsonWriter, SeparatesNestedValuesAndParsesBackAsAStepRecord) {
+  std::string out;
+  JsonWriter w(&out);
+  w.BeginArray();
+  for (uint64_t step : {uint64_t{1}, uint64_t{1} << 60}) {
+    v1::StepRecord record;
+    record.set_step(step);
+    record.set_lr(3e-4);
+    (*record.mutable_layer_stats())["mlp"].set_grad_rms(0.25);
+    WriteStep(w, record, 0, 0);
+  }
+  w.EndArray();
+  EXPECT_THAT(out, StartsWith(R"([{"rank":0,"attempt":0,"step":1,)"));
+  EXPECT_THAT(
+      out, HasSubstr(R"(},{"rank":0,"attempt":0,"step":1152921504606846976,)"));
+  EXPECT_THAT(
+      out,
+      HasSubstr(R"("layer_stats":{"mlp":{"grad_norm":0,"grad_rms":0.25,)"));
+
+  // The object is the JSONL step-line format plus rank and attempt: strip
+  // those and the reader must take it back unchanged.
+  v1::StepRecord record;
+  record.set_step(9);
+  record.set_grad_norm(std::numeric_limits<double>::quiet_NaN());
+  record.set_lr(3e-4);
+  record.add_batch_ids(-1);
+  std::string line;
+  JsonWriter w3(&line);
+  WriteStep(w3, record, 0, 0);
+  const std::string prefix = R"({"rank":0,"attempt":0,)";
+  ASSERT_THAT(line, StartsWith(prefix));
+  std::vector<StepLogEntry> entries =
+      ReadAll("{" + line.substr(prefix.size()) + "\n");
+  ASSERT_EQ(entries.size(), 1u);
+  const v1::StepRecord& back = std::get<v1::StepRecord>(entries[0]);
+  EXPECT_EQ(back.step(), 9u);
+  EXPECT_TRUE(std::isnan(back.grad_norm()));
+  EXPECT_EQ(back.lr(), 3e-4);
+  EXPECT_THAT(back.batch_ids(), ::testing::ElementsAre(-1));
+}
+
+}  // namespace
+}  // namespace trainwatch::cli
