@@ -1,0 +1,107 @@
+#include "engine/alert_catalog.h"
+
+namespace trainwatch {
+namespace {
+
+using K = AlertKind;
+
+constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
+    {K::kClipFractionHigh, "ClipFractionHigh", "warning",
+     "The clip threshold is acting as a lower learning rate: gradients are "
+     "larger than the threshold on many steps (LR too high, bad data, or a "
+     "threshold set below the run's typical norm).",
+     "Fix the learning rate or the data upstream rather than leaning on "
+     "clipping; set max_norm from trainwatch_recommended_clip_threshold (98th "
+     "percentile of pre-clip norms)."},
+    {K::kGradNormSpike, "GradNormSpike", "warning",
+     "An isolated gradient spike: usually a bad or unusual batch, or an "
+     "out-of-date Adam second moment meeting a large gradient.",
+     "If loss also jumped, restart from the last checkpoint ~100 steps before "
+     "the spike and skip the batches listed (trainwatchctl spikes --run R)."},
+    {K::kGradNormDrift, "GradNormDrift", "warning",
+     "The typical gradient norm has grown steadily since the start of "
+     "training: rising sharpness, a learning rate too high for this phase, or "
+     "growing weights.",
+     "Lower the learning rate or add warmup/decay; check weight decay and "
+     "data mixture changes around the step it started."},
+    {K::kLossScaleCollapse, "LossScaleCollapse", "critical",
+     "The fp16 loss scale falls step after step: gradients overflow on every "
+     "step, which usually means the run is diverging.",
+     "Restart from an earlier checkpoint with a lower learning rate, or move "
+     "to bf16."},
+    {K::kSkipRateHigh, "SkipRateHigh", "warning",
+     "Many optimizer steps are skipped for inf/NaN gradients: the fp16 range "
+     "is exceeded often (activations or gradients too large).",
+     "Lower the learning rate, check for overflow-prone layers, or use bf16."},
+    {K::kScalerStuck, "ScalerStuck", "critical",
+     "Steps are skipped but the loss scale never drops: scaler.update() is "
+     "only called on clean steps, so the scaler cannot recover.",
+     "Call scaler.update() after every scaler.step(), including skipped ones."},
+    {K::kNonFiniteUpdate, "NonFiniteUpdate", "critical",
+     "A NaN or Inf gradient norm or loss on a step that was applied: the "
+     "weights may now be corrupted.",
+     "Stop and restart from the last good checkpoint; make sure inf/NaN "
+     "steps are skipped (GradScaler, or a check before optimizer.step())."},
+    {K::kClipBeforeUnscale, "ClipBeforeUnscale", "critical",
+     "Clipping runs on the scaled fp16 gradients: the norm tracks the loss "
+     "scale and every step is clipped, so the effective learning rate is tiny.",
+     "Call scaler.unscale_(optimizer) before clip_grad_norm_."},
+    {K::kPostClipNormReported, "PostClipNormReported", "warning",
+     "The reported norm is the post-clip norm (it never exceeds max_norm and "
+     "piles up at exactly max_norm), so clipping and spikes are invisible.",
+     "Report the value returned by clip_grad_norm_ (the pre-clip norm)."},
+    {K::kAttentionLogitGrowth, "AttentionLogitGrowth", "warning",
+     "Attention logits are growing (query/key norms blow up), a known path to "
+     "loss spikes and divergence in large models.",
+     "Add qk-layernorm or logit soft-capping (QK-clip), or lower the learning "
+     "rate."},
+    {K::kLogZDrift, "LogZDrift", "warning",
+     "The output softmax normalizer log Z is drifting: output logits grow or "
+     "shrink without bound.",
+     "Add a z-loss (e.g. 1e-4 * log Z^2) and check weight decay on the output "
+     "layer."},
+    {K::kRankNormMismatch, "RankNormMismatch", "critical",
+     "Ranks report different gradient norms or clip coefficients for one "
+     "step: clipping uses each shard's local norm (per-shard clipping).",
+     "Compute the norm over all ranks before clipping (clip_grad_norm_ on the "
+     "FSDP/DDP module, or all-reduce the squared norm)."},
+    {K::kShardNormMismatch, "ShardNormMismatch", "critical",
+     "The shards' squared sums do not add up to the reported norm: squares "
+     "not reduced across a group, or replicated parameters counted more than "
+     "once.",
+     "Reduce squared norms over the right process groups and count "
+     "replicated (tensor-parallel-duplicated) parameters once."},
+    {K::kFp16WithoutScaler, "Fp16WithoutScaler", "warning",
+     "An fp16 run without dynamic loss scaling: small gradients flush to "
+     "zero and large ones overflow.",
+     "Use torch.cuda.amp.GradScaler (or bf16), and report its scale."},
+    {K::kAdamStaleSecondMoment, "AdamStaleSecondMoment", "warning",
+     "A layer's g/sqrt(v) is far above 1: its Adam second moment is out of "
+     "date, and a loss spike tends to follow within a few steps.",
+     "Lower beta2 (e.g. 0.95), or clip the update (update clipping)."},
+    {K::kLayerUpdateStall, "LayerUpdateStall", "warning",
+     "A layer's gradient RMS is near Adam's eps: its updates vanish.",
+     "Use a smaller eps (e.g. 1e-15 for large models)."},
+    {K::kRunSilent, "RunSilent", "warning",
+     "No step arrived for a while from a run that has not finished: the job "
+     "hung, crashed, or lost its connection to trainwatch.",
+     "Check the job's processes and logs; if it crashed, restart from the "
+     "last checkpoint."},
+}};
+
+}  // namespace
+
+const AlertSpec& Spec(AlertKind kind) {
+  return kSpecs[static_cast<size_t>(kind)];
+}
+
+const std::array<AlertSpec, kAlertKindCount>& AllAlertSpecs() { return kSpecs; }
+
+std::optional<AlertKind> AlertKindByName(std::string_view name) {
+  for (const AlertSpec& s : kSpecs) {
+    if (s.name == name) return s.kind;
+  }
+  return std::nullopt;
+}
+
+}  // namespace trainwatch

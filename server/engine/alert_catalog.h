@@ -1,0 +1,47 @@
+// Every alert trainwatch raises (DESIGN.md §4): its name, severity, and what
+// to tell the person it wakes up: the likely cause and the fix.
+#ifndef TRAINWATCH_SERVER_ENGINE_ALERT_CATALOG_H_
+#define TRAINWATCH_SERVER_ENGINE_ALERT_CATALOG_H_
+
+#include <array>
+#include <optional>
+#include <string_view>
+
+namespace trainwatch {
+
+enum class AlertKind {
+  kClipFractionHigh,
+  kGradNormSpike,
+  kGradNormDrift,
+  kLossScaleCollapse,
+  kSkipRateHigh,
+  kScalerStuck,
+  kNonFiniteUpdate,
+  kClipBeforeUnscale,
+  kPostClipNormReported,
+  kAttentionLogitGrowth,
+  kLogZDrift,
+  kRankNormMismatch,
+  kShardNormMismatch,
+  kFp16WithoutScaler,
+  kAdamStaleSecondMoment,
+  kLayerUpdateStall,
+  kRunSilent,
+};
+inline constexpr size_t kAlertKindCount = 17;
+
+struct AlertSpec {
+  AlertKind kind;
+  std::string_view name;      // the alertname label
+  std::string_view severity;  // warning | critical
+  std::string_view likely_cause;
+  std::string_view fix;
+};
+
+const AlertSpec& Spec(AlertKind kind);
+const std::array<AlertSpec, kAlertKindCount>& AllAlertSpecs();
+std::optional<AlertKind> AlertKindByName(std::string_view name);
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_ENGINE_ALERT_CATALOG_H_

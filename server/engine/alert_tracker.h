@@ -1,0 +1,96 @@
+// The alert lifecycle of one run: turns what detectors report into fire and
+// resolve transitions (DESIGN.md §4). A windowed alert fires on the first step
+// its condition holds and resolves once the condition has been false for
+// resolve_after_steps; an event alert fires once per episode and resolves
+// after resolve_after_steps without another event.
+//
+// Not thread-safe: owned by the run's shard.
+#ifndef TRAINWATCH_SERVER_ENGINE_ALERT_TRACKER_H_
+#define TRAINWATCH_SERVER_ENGINE_ALERT_TRACKER_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/detector.h"
+
+namespace trainwatch {
+
+// One alert episode, as stored and exported.
+struct AlertEpisode {
+  AlertKind kind = AlertKind::kClipFractionHigh;
+  bool firing = false;
+  uint64_t started_step = 0;
+  uint64_t resolved_step = 0;  // when !firing
+  int64_t started_unix_nanos = 0;
+  int64_t resolved_unix_nanos = 0;
+  double peak_value = 0.0;
+  AlertText text;
+  std::vector<int64_t> batch_ids;
+  uint32_t rank = 0;
+};
+
+class AlertTracker final : public AlertSink {
+ public:
+  // Called on every fire and resolve (and not while replaying history).
+  using Listener = std::function<void(const AlertEpisode&)>;
+  using SpikeListener = std::function<void(const SpikeInfo&)>;
+
+  AlertTracker(const HealthConfig& config, Listener on_transition,
+               SpikeListener on_spike);
+
+  // The time stamped on transitions of the step being processed.
+  void BeginStep(uint64_t step, int64_t now_unix_nanos);
+  // Resolves alerts whose condition has been false long enough.
+  void EndStep(uint64_t step);
+
+  void Condition(AlertKind kind, uint64_t step, bool holds, double value,
+                 const std::function<AlertText()>& text) override;
+  void Event(AlertKind kind, uint64_t step, double value,
+             const std::vector<int64_t>& batch_ids,
+             const std::function<AlertText()>& text) override;
+  void Spike(const SpikeInfo& spike) override;
+
+  // Fires or resolves `kind` directly (RunSilent, which is about time).
+  void Fire(AlertKind kind, uint64_t step, double value, AlertText text);
+  void Resolve(AlertKind kind, uint64_t step);
+
+  // Marks an alert as firing without telling the listener: its fire was
+  // stored before a server restart and must not be sent again.
+  void Restore(const AlertEpisode& episode);
+
+  // While muted (rebuilding windows from history) nothing reaches the
+  // listeners and nothing fires.
+  void set_muted(bool muted) { muted_ = muted; }
+
+  const AlertEpisode& episode(AlertKind kind) const {
+    return states_[static_cast<size_t>(kind)].episode;
+  }
+  bool firing(AlertKind kind) const { return episode(kind).firing; }
+  int active_count() const;
+
+  // Batch ids kept per episode, at most.
+  static constexpr size_t kMaxBatchIds = 256;
+
+ private:
+  struct State {
+    AlertEpisode episode;
+    uint64_t last_true_step = 0;
+  };
+  bool Enabled(AlertKind kind) const;
+  void FireNow(State& s, AlertKind kind, uint64_t step, double value,
+               AlertText text, const std::vector<int64_t>& batch_ids);
+
+  const HealthConfig& config_;
+  Listener on_transition_;
+  SpikeListener on_spike_;
+  std::array<State, kAlertKindCount> states_;
+  int64_t now_unix_nanos_ = 0;
+  bool muted_ = false;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_ENGINE_ALERT_TRACKER_H_

@@ -1,0 +1,120 @@
+// The detector seam: one small class per failure of DESIGN.md §4.
+//
+// The engine calls every detector of a run, in step order, on the run's
+// shard thread (so detectors need no locks):
+//  - OnStep() for each record of the run's lead stream (lowest rank, latest
+//    attempt), warmup steps included (ctx.post_warmup says which), after the
+//    windows and baselines took the record in;
+//  - OnRankRecord() for each record of every rank (for cross-rank checks).
+// A detector reports through AlertSink; the engine's alert tracker turns
+// that into fire / resolve transitions, storage and metrics.
+#ifndef TRAINWATCH_SERVER_ENGINE_DETECTOR_H_
+#define TRAINWATCH_SERVER_ENGINE_DETECTOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/alert_catalog.h"
+#include "engine/health_config.h"
+#include "engine/window.h"
+#include "trainwatch/v1/trainwatch.pb.h"
+
+namespace trainwatch {
+
+// What a run said about itself in its RunStart (lead stream).
+struct RunInfo {
+  std::string run_id;
+  v1::Precision precision = v1::PRECISION_UNSPECIFIED;
+  double max_norm = 0.0;  // 0: no clipping configured
+  uint64_t warmup_steps = 0;
+  uint32_t world_size = 1;
+  uint32_t scaler_growth_interval = 2000;
+  std::optional<double> adam_eps;
+  std::optional<double> adam_beta2;
+};
+
+// The human text of one alert transition; likely_cause and fix come from the
+// catalog. The description carries the numbers that fired it.
+struct AlertText {
+  std::string summary;
+  std::string description;
+};
+
+// A gradient spike, for `trainwatchctl spikes` and its restart plan.
+struct SpikeInfo {
+  uint64_t step = 0;
+  double grad_norm = 0.0;
+  double ratio_to_ema = 0.0;    // norm / EMA geometric mean
+  double sigmas = 0.0;          // (log norm - EMA mean) / EMA sd
+  std::vector<int64_t> batch_ids;
+};
+
+// Where detectors report. Implemented by the engine's alert tracker (and by a
+// recording fake in tests). Only called from the run's shard thread.
+class AlertSink {
+ public:
+  virtual ~AlertSink() = default;
+
+  // A windowed condition, evaluated at `step`. The alert fires on the first
+  // step it holds and resolves once it has been false for
+  // resolve_after_steps. `value` feeds the alert's peak (the largest value
+  // while firing). `text` is called only when the alert fires (and to refresh
+  // the text while firing), so building it may be slow.
+  virtual void Condition(AlertKind kind, uint64_t step, bool holds,
+                         double value,
+                         const std::function<AlertText()>& text) = 0;
+
+  // An event (a spike, a non-finite update): fires now unless the alert is
+  // already firing, in which case the episode is extended (peak, batch ids).
+  // The alert resolves after resolve_after_steps without another event.
+  virtual void Event(AlertKind kind, uint64_t step, double value,
+                     const std::vector<int64_t>& batch_ids,
+                     const std::function<AlertText()>& text) = 0;
+
+  // Records a spike for the spike list (in addition to Event()).
+  virtual void Spike(const SpikeInfo& spike) = 0;
+};
+
+// What a detector sees for one lead-stream record.
+struct StepContext {
+  const v1::StepRecord& record;
+  const RunInfo& run;
+  const HealthConfig& config;
+  // Windows over the last W post-warmup steps, this record included if it is
+  // post-warmup.
+  const RunWindow& window;
+  const Baselines& baselines;
+  bool post_warmup = false;
+  // Lead-stream records seen so far in this attempt, this one included.
+  uint64_t records_seen = 0;
+};
+
+// What a detector sees for a record of any rank.
+struct RankRecordContext {
+  const v1::StepRecord& record;
+  uint32_t rank = 0;
+  uint32_t attempt = 0;
+  const RunInfo& run;
+  const HealthConfig& config;
+};
+
+class Detector {
+ public:
+  virtual ~Detector() = default;
+  virtual void OnStep(const StepContext& ctx, AlertSink& sink) {}
+  virtual void OnRankRecord(const RankRecordContext& ctx, AlertSink& sink) {}
+  // The job restarted from a checkpoint: forget state of steps >= `step`.
+  virtual void OnRewind(uint64_t step) {}
+};
+
+// Every detector of DESIGN.md §4 except RunSilent (a timer in the engine),
+// for one run.
+std::vector<std::unique_ptr<Detector>> MakeDetectors(const HealthConfig& config);
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_ENGINE_DETECTOR_H_

@@ -1,0 +1,7 @@
+#include "engine/detectors_internal.h"
+
+namespace trainwatch {
+
+void AddFp16Detectors(const HealthConfig& config, Detectors* out) {}
+
+}  // namespace trainwatch

@@ -1,0 +1,99 @@
+// Detector thresholds (DESIGN.md §4). The defaults here are the documented
+// defaults; a deployment changes them in the YAML file given with --config.
+#ifndef TRAINWATCH_SERVER_ENGINE_HEALTH_CONFIG_H_
+#define TRAINWATCH_SERVER_ENGINE_HEALTH_CONFIG_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+namespace trainwatch {
+
+struct HealthConfig {
+  // Window length W in post-warmup steps; also the baseline length.
+  uint32_t window_steps = 1000;
+  // A windowed alert resolves after its condition was false this many steps.
+  uint32_t resolve_after_steps = 100;
+  // Alertnames switched off in this deployment.
+  std::set<std::string> disabled;
+
+  struct {
+    double threshold = 0.05;   // clipped fraction over W
+    uint32_t min_steps = 100;  // steps in W before it may fire
+  } clip_fraction;
+
+  struct {
+    double sigmas = 6.0;       // log norm >= EMA mean + sigmas * sd ...
+    double min_ratio = 5.0;    // ... and norm >= min_ratio * EMA geometric mean
+    double hard_ratio = 10.0;  // or norm >= hard_ratio * EMA geometric mean
+    double ema_beta = 0.99;
+    uint32_t min_steps = 100;  // post-warmup steps before the EMA is trusted
+  } spike;
+
+  struct {
+    double ratio = 2.0;  // window median >= ratio * baseline median
+  } drift;
+
+  struct {
+    uint32_t halvings = 4;        // decreases of the scale ...
+    uint32_t within_steps = 100;  // ... within this many steps, no growth between
+    double min_scale = 1.0;       // or a scale below this
+  } loss_scale;
+
+  struct {
+    double threshold = 0.01;   // skipped fraction over W
+    uint32_t min_steps = 100;  // steps in W before it may fire
+  } skip_rate;
+
+  struct {
+    uint32_t consecutive = 5;  // skipped steps in a row with an unchanged scale
+  } scaler_stuck;
+
+  struct {
+    uint32_t steps = 100;             // recent fp16 steps looked at
+    double clip_fraction = 0.9;       // clipped on at least this share of them
+    double min_norm_to_scale = 1e-3;  // median norm / loss scale at least this
+  } clip_before_unscale;
+
+  struct {
+    uint32_t min_steps = 100;    // steps in W before it may fire
+    double pile_fraction = 0.02; // share of W exactly at max_norm ...
+    uint32_t min_pile = 5;       // ... and at least this many
+  } post_clip;
+
+  struct {
+    double ratio = 2.0;  // window median >= ratio * baseline median
+    double cap = 100.0;  // or any value >= cap
+  } attention;
+
+  struct {
+    double nats = 5.0;  // |window median - baseline median| >= nats
+  } log_z;
+
+  struct {
+    double relative_spread = 1e-3;  // (max - min) / max over ranks of one step
+    uint32_t horizon_steps = 256;   // steps kept waiting for other ranks
+  } rank_mismatch;
+
+  struct {
+    double relative_error = 1e-3;  // |sqrt(sum shard_sq_sum) - norm| / norm
+  } shard_mismatch;
+
+  struct {
+    uint32_t steps = 100;  // first steps of an fp16 run checked for a scale
+  } fp16_scaler;
+
+  struct {
+    double g_over_sqrt_v = 5.0;  // a layer's RMS of g/sqrt(v) at least this
+    double eps_multiple = 10.0;  // a layer's grad RMS at most this * adam_eps ...
+    uint32_t stall_reports = 3;  // ... on this many reports in a row
+  } adam;
+
+  struct {
+    int64_t seconds = 300;  // no step for this long from an unfinished run
+  } silent;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_ENGINE_HEALTH_CONFIG_H_

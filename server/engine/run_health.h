@@ -1,0 +1,63 @@
+// The health of one run: its windows, baselines, detectors and alert
+// lifecycle. The engine feeds it the run's records in commit order.
+//
+// Not thread-safe: owned by the run's shard.
+#ifndef TRAINWATCH_SERVER_ENGINE_RUN_HEALTH_H_
+#define TRAINWATCH_SERVER_ENGINE_RUN_HEALTH_H_
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/alert_tracker.h"
+#include "engine/detector.h"
+#include "engine/window.h"
+
+namespace trainwatch {
+
+class RunHealth {
+ public:
+  RunHealth(RunInfo info, const HealthConfig& config,
+            AlertTracker::Listener on_transition,
+            AlertTracker::SpikeListener on_spike);
+  RunHealth(const RunHealth&) = delete;
+  RunHealth& operator=(const RunHealth&) = delete;
+
+  // A record of the lead stream (lowest rank, latest attempt), in step order.
+  void OnLeadRecord(const v1::StepRecord& record, int64_t now_unix_nanos);
+  // A record of any rank (the lead's included), for cross-rank checks.
+  void OnRankRecord(uint32_t rank, uint32_t attempt,
+                    const v1::StepRecord& record);
+  // The job restarted from a checkpoint at `step`: forget steps >= step.
+  void Rewind(uint64_t step);
+  // The lead stream's RunStart changed (a new attempt or a lower rank).
+  void set_info(RunInfo info) { info_ = std::move(info); }
+
+  const RunInfo& info() const { return info_; }
+  const RunWindow& window() const { return window_; }
+  const Baselines& baselines() const { return baselines_; }
+  AlertTracker& tracker() { return tracker_; }
+  const AlertTracker& tracker() const { return tracker_; }
+  // Post-warmup records seen (this attempt's history included).
+  uint64_t post_warmup_seen() const { return post_warmup_seen_; }
+  std::optional<uint64_t> last_step() const { return last_step_; }
+
+  // The 98th percentile of post-warmup pre-clip norms over the window: the
+  // measured way to set max_norm. nullopt until the window has min_steps.
+  std::optional<double> RecommendedMaxNorm() const;
+
+ private:
+  RunInfo info_;
+  const HealthConfig& config_;
+  RunWindow window_;
+  Baselines baselines_;
+  uint64_t post_warmup_seen_ = 0;
+  uint64_t records_seen_ = 0;
+  std::optional<uint64_t> last_step_;
+  std::vector<std::unique_ptr<Detector>> detectors_;
+  AlertTracker tracker_;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_ENGINE_RUN_HEALTH_H_
