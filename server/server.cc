@@ -25,7 +25,6 @@ using ServiceBase =
 
 // The gRPC service: thin adapters over Ingest (callback API, never blocks)
 // and Query (sync API: reads may wait on disk, on gRPC's sync thread pool).
-// RPCs not overridden here answer UNIMPLEMENTED.
 class Server::Service final : public ServiceBase {
  public:
   Service(Ingest* ingest, const Query* query) : ingest_(ingest), query_(query) {}
@@ -39,6 +38,24 @@ class Server::Service final : public ServiceBase {
                         const v1::ListRunsRequest* request,
                         v1::ListRunsResponse* response) override {
     absl::StatusOr<v1::ListRunsResponse> r = query_->ListRuns(*request);
+    if (!r.ok()) return ToGrpc(r.status());
+    *response = std::move(*r);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetRunHealth(grpc::ServerContext* context,
+                            const v1::GetRunHealthRequest* request,
+                            v1::GetRunHealthResponse* response) override {
+    absl::StatusOr<v1::GetRunHealthResponse> r = query_->GetRunHealth(*request);
+    if (!r.ok()) return ToGrpc(r.status());
+    *response = std::move(*r);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListAlerts(grpc::ServerContext* context,
+                          const v1::ListAlertsRequest* request,
+                          v1::ListAlertsResponse* response) override {
+    absl::StatusOr<v1::ListAlertsResponse> r = query_->ListAlerts(*request);
     if (!r.ok()) return ToGrpc(r.status());
     *response = std::move(*r);
     return grpc::Status::OK;
@@ -91,6 +108,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
   EngineOptions engine_options;
   engine_options.shards = options.engine_threads;
   engine_options.max_active_runs = options.max_active_runs;
+  engine_options.health = options.health;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
       engine_options, server->store_.get(), m, Clock::Real());
   if (!engine.ok()) return engine.status();
@@ -100,7 +118,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
   ingest_options.limits = options.limits;
   server->ingest_ = std::make_unique<Ingest>(ingest_options,
                                              server->engine_.get(), m);
-  server->query_ = std::make_unique<Query>(server->store_.get());
+  server->query_ = std::make_unique<Query>(server->store_.get(),
+                                           server->engine_.get());
   server->service_ = std::make_unique<Service>(server->ingest_.get(),
                                                server->query_.get());
 

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/validate.h"
+#include "engine/health_config.h"
 
 namespace trainwatch {
 
@@ -36,6 +37,8 @@ struct ServerOptions {
   // Runs that have not finished, at most.
   size_t max_active_runs = 10000;
   ValidationLimits limits;
+  // Detector thresholds (--config).
+  HealthConfig health;
 };
 
 class Server {

@@ -1,26 +1,104 @@
 #include "engine/engine.h"
 
 #include <cmath>
+#include <future>
 #include <limits>
+#include <optional>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/alert_catalog.h"
+#include "engine/run_health.h"
 
 namespace trainwatch {
 
 // Per-run state. `finished` is guarded by Engine::mu_; everything else is
-// touched only by the run's shard thread.
+// touched only by the run's shard thread (or by Create before serving).
 struct RunState {
   std::string run_id;
   std::unique_ptr<RunMetrics> metrics;
   bool finished = false;
-  // Run-level health follows the lowest rank that has reported (DESIGN.md §3).
+  // The lead stream (DESIGN.md §3): lowest rank, latest attempt of it.
   uint32_t lead_rank = std::numeric_limits<uint32_t>::max();
+  uint32_t lead_attempt = 0;
+  // The attempt whose records the health last took in.
+  std::optional<uint32_t> health_attempt;
+  std::unique_ptr<RunHealth> health;
+  int64_t last_record_unix_nanos = 0;  // server clock
+  uint64_t last_step = 0;
 };
+
+namespace {
+
+RunInfo InfoFrom(const v1::RunStart& s) {
+  RunInfo info;
+  info.run_id = s.run_id();
+  info.precision = s.precision();
+  info.max_norm = s.max_norm();
+  info.warmup_steps = s.warmup_steps();
+  info.world_size = s.world_size() == 0 ? 1 : s.world_size();
+  info.scaler_growth_interval =
+      s.scaler_growth_interval() == 0 ? 2000 : s.scaler_growth_interval();
+  if (s.has_adam_eps()) info.adam_eps = s.adam_eps();
+  if (s.has_adam_beta2()) info.adam_beta2 = s.adam_beta2();
+  return info;
+}
+
+v1::Alert ToProto(const std::string& run, const AlertEpisode& e) {
+  const AlertSpec& spec = Spec(e.kind);
+  v1::Alert a;
+  a.set_alertname(std::string(spec.name));
+  a.set_run(run);
+  a.set_severity(std::string(spec.severity));
+  a.set_state(e.firing ? "firing" : "resolved");
+  a.set_started_step(e.started_step);
+  a.set_started_unix_nanos(e.started_unix_nanos);
+  if (!e.firing) {
+    a.set_resolved_step(e.resolved_step);
+    a.set_resolved_unix_nanos(e.resolved_unix_nanos);
+  }
+  a.set_peak_value(e.peak_value);
+  a.set_summary(e.text.summary);
+  a.set_description(e.text.description);
+  a.set_likely_cause(std::string(spec.likely_cause));
+  a.set_fix(std::string(spec.fix));
+  a.mutable_batch_ids()->Add(e.batch_ids.begin(), e.batch_ids.end());
+  a.set_rank(e.rank);
+  return a;
+}
+
+AlertEpisode FromProto(const v1::Alert& a) {
+  AlertEpisode e;
+  e.kind = *AlertKindByName(a.alertname());
+  e.firing = a.state() == "firing";
+  e.started_step = a.started_step();
+  e.resolved_step = a.resolved_step();
+  e.started_unix_nanos = a.started_unix_nanos();
+  e.resolved_unix_nanos = a.resolved_unix_nanos();
+  e.peak_value = a.peak_value();
+  e.text = AlertText{a.summary(), a.description()};
+  e.batch_ids.assign(a.batch_ids().begin(), a.batch_ids().end());
+  e.rank = a.rank();
+  return e;
+}
+
+std::vector<std::pair<std::string, std::string>> AlertLabels() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const AlertSpec& s : AllAlertSpecs()) {
+    out.emplace_back(std::string(s.name), std::string(s.severity));
+  }
+  return out;
+}
+
+}  // namespace
 
 Engine::Engine(EngineOptions options, Store* store, Metrics* metrics,
                const Clock* clock)
-    : options_(options), store_(store), metrics_(metrics), clock_(clock) {
+    : options_(std::move(options)),
+      store_(store),
+      metrics_(metrics),
+      clock_(clock) {
   size_t n = options_.shards == 0 ? 1 : options_.shards;
   for (size_t i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
 }
@@ -29,20 +107,27 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
                                                        Store* store,
                                                        Metrics* metrics,
                                                        const Clock* clock) {
-  std::unique_ptr<Engine> engine(new Engine(options, store, metrics, clock));
+  std::unique_ptr<Engine> engine(
+      new Engine(std::move(options), store, metrics, clock));
   absl::StatusOr<std::vector<v1::RunSummary>> runs = store->ListRuns();
   if (!runs.ok()) return runs.status();
-  std::lock_guard<std::mutex> lock(engine->mu_);
   for (const v1::RunSummary& summary : *runs) {
     if (summary.state() != "running") continue;
-    bool added = false;
-    RunState* run = engine->FindOrAddRunLocked(summary.run_id(), &added);
-    run->metrics->last_step.Set(static_cast<double>(summary.last_step()));
-    run->metrics->last_step_timestamp.Set(
-        static_cast<double>(summary.last_seen_unix_nanos()) * 1e-9);
-    if (summary.max_norm() > 0) {
-      run->metrics->clip_threshold.Set(summary.max_norm());
+    RunState* run;
+    {
+      std::lock_guard<std::mutex> lock(engine->mu_);
+      bool added = false;
+      run = engine->FindOrAddRunLocked(summary.run_id(), &added);
     }
+    // No shard touches the run yet: rebuilding here, before serving, is safe.
+    if (absl::Status s = engine->Rebuild(*run, summary); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("rebuilding run ",
+                                                 summary.run_id(), ": ",
+                                                 s.message()));
+    }
+  }
+  if (engine->options_.silence_check_interval.count() > 0) {
+    engine->silence_thread_ = std::thread([e = engine.get()] { e->SilenceLoop(); });
   }
   return engine;
 }
@@ -50,6 +135,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
 Engine::~Engine() { Stop(); }
 
 void Engine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  if (silence_thread_.joinable()) silence_thread_.join();
   for (auto& shard : shards_) shard->Stop();
 }
 
@@ -69,13 +160,92 @@ RunState* Engine::FindOrAddRunLocked(const std::string& run_id, bool* added) {
   }
   auto run = std::make_unique<RunState>();
   run->run_id = run_id;
-  run->metrics = metrics_->AddRun(run_id);
+  run->metrics = metrics_->AddRun(run_id, AlertLabels());
+  run->last_record_unix_nanos = clock_->NowUnixNanos();
   RunState* raw = run.get();
   runs_.emplace(run_id, std::move(run));
   ++active_runs_;
   metrics_->runs_active.Set(static_cast<double>(active_runs_));
   *added = true;
   return raw;
+}
+
+void Engine::EnsureHealth(RunState& run, const v1::RunStart& start) {
+  if (run.health != nullptr) {
+    run.health->set_info(InfoFrom(start));
+    return;
+  }
+  RunState* r = &run;
+  run.health = std::make_unique<RunHealth>(
+      InfoFrom(start), options_.health,
+      [this, r](const AlertEpisode& e) {
+        v1::Alert alert = ToProto(r->run_id, e);
+        size_t i = static_cast<size_t>(e.kind);
+        r->metrics->alert_active[i].Set(e.firing ? 1 : 0);
+        if (e.firing) r->metrics->alerts_fired[i].Get().Increment();
+        store_->Submit(WriteOp{.kind = WriteOp::Kind::kAlert,
+                               .key = {r->run_id, 0, 0},
+                               .alert = std::move(alert)});
+      },
+      [this, r](const SpikeInfo& s) {
+        v1::Spike spike;
+        spike.set_step(s.step);
+        spike.set_grad_norm(s.grad_norm);
+        spike.set_ratio_to_ema(s.ratio_to_ema);
+        spike.set_sigmas(s.sigmas);
+        spike.mutable_batch_ids()->Add(s.batch_ids.begin(), s.batch_ids.end());
+        store_->Submit(WriteOp{.kind = WriteOp::Kind::kSpike,
+                               .key = {r->run_id, 0, 0},
+                               .spike = std::move(spike)});
+      });
+}
+
+absl::Status Engine::Rebuild(RunState& run, const v1::RunSummary& summary) {
+  RunMetrics& m = *run.metrics;
+  m.last_step.Set(static_cast<double>(summary.last_step()));
+  m.last_step_timestamp.Set(static_cast<double>(summary.last_seen_unix_nanos()) * 1e-9);
+  if (summary.max_norm() > 0) m.clip_threshold.Set(summary.max_norm());
+  run.last_step = summary.last_step();
+
+  absl::StatusOr<v1::RunStart> start = store_->GetLeadStart(summary.run_id());
+  if (!start.ok()) return start.status();
+  run.lead_rank = start->rank();
+  run.lead_attempt = start->attempt();
+  EnsureHealth(run, *start);
+  absl::StatusOr<std::vector<v1::Alert>> firing =
+      store_->ListAlerts(summary.run_id(), /*active_only=*/true);
+  if (!firing.ok()) return firing.status();
+  for (const v1::Alert& a : *firing) {
+    if (!AlertKindByName(a.alertname()).has_value()) continue;
+    AlertEpisode e = FromProto(a);
+    run.health->tracker().Restore(e);
+    m.alert_active[static_cast<size_t>(e.kind)].Set(1);
+  }
+  // Replay history muted: the first W post-warmup steps give the baselines,
+  // the last 2W steps the windows and the EMA. Alerts already stored as
+  // firing stay firing; nothing fires again.
+  run.health->tracker().set_muted(true);
+  const uint64_t w = options_.health.window_steps;
+  const uint64_t baseline_end = start->warmup_steps() + w;
+  const uint64_t tail_from = summary.last_step() > 2 * w ? summary.last_step() - 2 * w : 0;
+  auto feed = [&](v1::StepRecords& chunk) {
+    for (const v1::StepRecords::Item& item : chunk.items()) {
+      if (item.attempt() > run.lead_attempt) continue;
+      FeedLead(run, item.attempt(), item.record());
+    }
+    return true;
+  };
+  absl::Status s = store_->ReadSteps(summary.run_id(), 0, baseline_end,
+                                     run.lead_rank, 4096, feed);
+  if (s.ok() && tail_from > baseline_end) {
+    s = store_->ReadSteps(summary.run_id(), tail_from, 0, run.lead_rank, 4096, feed);
+  } else if (s.ok()) {
+    s = store_->ReadSteps(summary.run_id(), baseline_end + 1, 0, run.lead_rank, 4096, feed);
+  }
+  run.health->tracker().set_muted(false);
+  if (!s.ok()) return s;
+  UpdateWindowMetrics(run);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
@@ -98,11 +268,6 @@ absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
     metrics_->runs_active.Set(static_cast<double>(active_runs_));
   }
   metrics_->streams_active.Increment();
-  RunState* run = stream->run;
-  double max_norm = start.max_norm();
-  stream->shard->Post([run, max_norm] {
-    if (max_norm > 0) run->metrics->clip_threshold.Set(max_norm);
-  });
   store_->Submit(WriteOp{
       .kind = WriteOp::Kind::kStart,
       .key = stream->key,
@@ -158,6 +323,19 @@ void Engine::CloseStream(const StreamHandle& stream) {
   metrics_->streams_active.Decrement();
 }
 
+void Engine::FeedLead(RunState& run, uint32_t attempt, const v1::StepRecord& r) {
+  RunHealth& h = *run.health;
+  if (run.health_attempt != attempt) {
+    // A restart from a checkpoint: forget what came after its first step.
+    if (run.health_attempt.has_value() && h.last_step().has_value() &&
+        r.step() <= *h.last_step()) {
+      h.Rewind(r.step());
+    }
+    run.health_attempt = attempt;
+  }
+  h.OnLeadRecord(r, clock_->NowUnixNanos());
+}
+
 void Engine::ProcessRecords(RunState& run, const Stream& stream,
                             const std::vector<v1::StepRecord>& records,
                             uint64_t client_dropped) {
@@ -169,9 +347,23 @@ void Engine::ProcessRecords(RunState& run, const Stream& stream,
     m.client_dropped_steps.Increment(static_cast<double>(client_dropped));
   }
   if (records.empty()) return;
-  if (stream.key.rank < run.lead_rank) run.lead_rank = stream.key.rank;
-  if (stream.key.rank != run.lead_rank) return;  // stored; cross-rank checks later
+  const uint32_t rank = stream.key.rank, attempt = stream.key.attempt;
+  if (rank < run.lead_rank || (rank == run.lead_rank && attempt > run.lead_attempt)) {
+    run.lead_rank = rank;
+    run.lead_attempt = attempt;
+    EnsureHealth(run, stream.start);
+    if (stream.start.max_norm() > 0) m.clip_threshold.Set(stream.start.max_norm());
+  }
+  const bool lead = rank == run.lead_rank && attempt == run.lead_attempt;
+  RunHealth& health = *run.health;
+  run.last_record_unix_nanos = clock_->NowUnixNanos();
+  if (health.tracker().firing(AlertKind::kRunSilent)) {
+    health.tracker().Resolve(AlertKind::kRunSilent, records.front().step());
+  }
   for (const v1::StepRecord& r : records) {
+    health.OnRankRecord(rank, attempt, r);
+    if (!lead) continue;
+    FeedLead(run, attempt, r);
     m.steps.Increment();
     if (r.clipped()) m.clipped_steps.Increment();
     if (r.skipped()) m.skipped_steps.Increment();
@@ -186,23 +378,123 @@ void Engine::ProcessRecords(RunState& run, const Stream& stream,
     if (r.has_loss()) m.loss.Set(r.loss());
     if (r.has_lr()) m.learning_rate.Set(r.lr());
   }
+  if (!lead) return;
   const v1::StepRecord& last = records.back();
+  run.last_step = last.step();
   m.last_step.Set(static_cast<double>(last.step()));
   int64_t t = last.time_unix_nanos() != 0 ? last.time_unix_nanos()
                                           : clock_->NowUnixNanos();
   m.last_step_timestamp.Set(static_cast<double>(t) * 1e-9);
   m.grad_norm.Set(last.grad_norm());
+  UpdateWindowMetrics(run);
+}
+
+void Engine::UpdateWindowMetrics(RunState& run) {
+  const RunHealth& h = *run.health;
+  RunMetrics& m = *run.metrics;
+  const RunWindow& w = h.window();
+  if (w.grad_norm.ranked() > 0) {
+    m.grad_norm_p50.Set(*w.grad_norm.Quantile(0.50));
+    m.grad_norm_p90.Set(*w.grad_norm.Quantile(0.90));
+    m.grad_norm_p99.Set(*w.grad_norm.Quantile(0.99));
+  }
+  if (w.clipped.size() > 0) m.clip_fraction.Set(w.clipped.fraction());
+  if (w.skipped.size() > 0) m.skip_fraction.Set(w.skipped.fraction());
+  if (std::optional<double> rec = h.RecommendedMaxNorm()) {
+    m.recommended_clip_threshold.Set(*rec);
+  }
 }
 
 void Engine::ProcessEvent(RunState& run, const v1::RunEvent& event) {
   if (event.kind() != v1::RUN_FINISHED && event.kind() != v1::RUN_FAILED) {
     return;
   }
+  if (run.health != nullptr && run.health->tracker().firing(AlertKind::kRunSilent)) {
+    run.health->tracker().Resolve(AlertKind::kRunSilent, event.step());
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!run.finished) {
     run.finished = true;
     --active_runs_;
     metrics_->runs_active.Set(static_cast<double>(active_runs_));
+  }
+}
+
+absl::StatusOr<HealthSnapshot> Engine::GetHealth(const std::string& run_id) {
+  RunState* run;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "run \"", run_id, "\" has no live health on this server"));
+    }
+    run = it->second.get();
+  }
+  std::promise<HealthSnapshot> result;
+  ShardFor(run_id)->Post([&] {
+    HealthSnapshot snap;
+    if (run->health != nullptr) {
+      const RunHealth& h = *run->health;
+      const RunWindow& w = h.window();
+      v1::WindowStats& ws = snap.window;
+      ws.set_steps(static_cast<uint32_t>(w.grad_norm.slots()));
+      if (w.grad_norm.ranked() > 0) {
+        ws.set_grad_norm_p50(*w.grad_norm.Quantile(0.5));
+        ws.set_grad_norm_p90(*w.grad_norm.Quantile(0.9));
+        ws.set_grad_norm_p99(*w.grad_norm.Quantile(0.99));
+      }
+      ws.set_clip_fraction(w.clipped.fraction());
+      ws.set_skip_fraction(w.skipped.fraction());
+      if (h.baselines().grad_norm_median.has_value()) {
+        ws.set_baseline_grad_norm_median(*h.baselines().grad_norm_median);
+      }
+      for (const AlertSpec& spec : AllAlertSpecs()) {
+        const AlertEpisode& e = h.tracker().episode(spec.kind);
+        if (e.firing) snap.active_alerts.push_back(ToProto(run_id, e));
+      }
+      snap.recommended_max_norm = h.RecommendedMaxNorm();
+    }
+    result.set_value(std::move(snap));
+  });
+  return result.get_future().get();
+}
+
+void Engine::CheckSilence() {
+  const int64_t now = clock_->NowUnixNanos();
+  const int64_t limit = options_.health.silent.seconds * 1'000'000'000;
+  std::vector<RunState*> runs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, run] : runs_) {
+      if (!run->finished) runs.push_back(run.get());
+    }
+  }
+  for (RunState* run : runs) {
+    ShardFor(run->run_id)->Post([run, now, limit] {
+      if (run->health == nullptr || now - run->last_record_unix_nanos < limit) {
+        return;
+      }
+      double seconds = static_cast<double>(now - run->last_record_unix_nanos) * 1e-9;
+      run->health->tracker().BeginStep(run->last_step, now);
+      run->health->tracker().Fire(
+          AlertKind::kRunSilent, run->last_step, seconds,
+          AlertText{absl::StrCat("run ", run->run_id, " is silent"),
+                    absl::StrFormat("no step from run %s for %.0f s (last step %d); "
+                                    "the run has not reported RUN_FINISHED",
+                                    run->run_id, seconds, run->last_step)});
+    });
+  }
+}
+
+void Engine::SilenceLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    stop_cv_.wait_for(lock, options_.silence_check_interval);
+    if (stopping_) break;
+    lock.unlock();
+    CheckSilence();
+    lock.lock();
   }
 }
 

@@ -3,29 +3,37 @@
 // Records reach it after the store has committed them (the engine asks the
 // store to write, and processes what the store reports as fresh), so a record
 // resent after a reconnect or a crash is counted once, and a record's effect
-// is on /metrics before the trainer gets its ack.
+// (counters, windows, alerts) is on /metrics before the trainer gets its ack.
 //
-// Today the engine keeps counters and last values per run (the metrics of
-// DESIGN.md §5 that need no window); windows and detectors plug in at
-// ProcessRecords().
+// Each run has a RunHealth (windows, baselines, detectors, alert lifecycle)
+// fed by the run's lead stream: the lowest rank reporting, and of that rank
+// the latest attempt. Every rank's records also feed the cross-rank checks.
+// A new attempt whose first step is at or below the last step seen rewinds
+// the windows to that step. Alert fires and resolves are stored and
+// exported. At start the engine rebuilds the windows, baselines and alert
+// states of unfinished runs from the store, without firing again.
 //
-// Threads: OpenStream/SubmitBatch/SubmitEvent/CloseStream may be called from
-// any thread (gRPC reactors). A run's state is touched only by its shard.
+// Threads: OpenStream/SubmitBatch/SubmitEvent/CloseStream/GetHealth may be
+// called from any thread. A run's state is touched only by its shard.
 // Completion callbacks run on the run's shard thread and must not block.
 #ifndef TRAINWATCH_SERVER_ENGINE_ENGINE_H_
 #define TRAINWATCH_SERVER_ENGINE_ENGINE_H_
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "engine/health_config.h"
 #include "engine/shard.h"
 #include "metrics/metrics.h"
 #include "store/store.h"
@@ -38,6 +46,10 @@ struct EngineOptions {
   size_t shards = 2;
   // Runs that have not finished; a new one past this is RESOURCE_EXHAUSTED.
   size_t max_active_runs = 10000;
+  HealthConfig health;
+  // How often RunSilent is checked; 0 disables the timer (tests call
+  // CheckSilence() themselves).
+  std::chrono::milliseconds silence_check_interval{1000};
 };
 
 struct RunState;
@@ -52,10 +64,15 @@ struct Stream {
 using StreamHandle = std::shared_ptr<const Stream>;
 using DoneCallback = std::function<void(absl::Status)>;
 
+// What GetRunHealth reports from memory.
+struct HealthSnapshot {
+  v1::WindowStats window;
+  std::vector<v1::Alert> active_alerts;
+  std::optional<double> recommended_max_norm;
+};
+
 class Engine {
  public:
-  // Registers the runs the store knows that have not finished, so their last
-  // step is on /metrics after a restart.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(EngineOptions options,
                                                         Store* store,
                                                         Metrics* metrics,
@@ -74,6 +91,14 @@ class Engine {
                    DoneCallback done);
   void CloseStream(const StreamHandle& stream);
 
+  // The run's live health (waits for its shard). NOT_FOUND for a run this
+  // engine does not hold (finished before a restart, or unknown).
+  absl::StatusOr<HealthSnapshot> GetHealth(const std::string& run_id);
+
+  // Fires RunSilent for unfinished runs whose last step is older than the
+  // configured silence (server clock). Called by the timer.
+  void CheckSilence();
+
   // Finishes queued work; later callbacks run inline. Call after the store
   // has closed, so every commit's callback has been posted.
   void Stop();
@@ -84,10 +109,17 @@ class Engine {
   RunState* FindOrAddRunLocked(const std::string& run_id, bool* added)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Shard* ShardFor(const std::string& run_id);
+  void EnsureHealth(RunState& run, const v1::RunStart& start);
+  // Feeds one lead-stream record to the run's health (rewinding on a new
+  // attempt that restarts at or before the last step).
+  void FeedLead(RunState& run, uint32_t attempt, const v1::StepRecord& r);
   void ProcessRecords(RunState& run, const Stream& stream,
                       const std::vector<v1::StepRecord>& records,
                       uint64_t client_dropped);
   void ProcessEvent(RunState& run, const v1::RunEvent& event);
+  void UpdateWindowMetrics(RunState& run);
+  absl::Status Rebuild(RunState& run, const v1::RunSummary& summary);
+  void SilenceLoop();
 
   const EngineOptions options_;
   Store* const store_;
@@ -99,6 +131,9 @@ class Engine {
   absl::flat_hash_map<std::string, std::unique_ptr<RunState>> runs_
       ABSL_GUARDED_BY(mu_);
   size_t active_runs_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::condition_variable stop_cv_;
+  std::thread silence_thread_;
 };
 
 }  // namespace trainwatch

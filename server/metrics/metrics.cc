@@ -25,9 +25,17 @@ prometheus::Family<prometheus::Gauge>& Gauge(prometheus::Registry& r,
   return BuildGauge().Name(name).Help(help).Register(r);
 }
 
+prometheus::Labels With(prometheus::Labels labels, const char* key,
+                        const std::string& value) {
+  labels[key] = value;
+  return labels;
+}
+
 }  // namespace
 
-RunMetrics::RunMetrics(Metrics& m, const prometheus::Labels& labels)
+RunMetrics::RunMetrics(
+    Metrics& m, const prometheus::Labels& labels,
+    const std::vector<std::pair<std::string, std::string>>& alerts)
     : steps(m.steps_total.Add(labels)),
       clipped_steps(m.clipped_steps_total.Add(labels)),
       skipped_steps(m.skipped_steps_total.Add(labels)),
@@ -43,7 +51,20 @@ RunMetrics::RunMetrics(Metrics& m, const prometheus::Labels& labels)
       log_z(&m.log_z, labels),
       loss(&m.loss, labels),
       learning_rate(&m.learning_rate, labels),
-      metrics_(m) {}
+      grad_norm_p50(&m.grad_norm_window, With(labels, "percentile", "50")),
+      grad_norm_p90(&m.grad_norm_window, With(labels, "percentile", "90")),
+      grad_norm_p99(&m.grad_norm_window, With(labels, "percentile", "99")),
+      clip_fraction(&m.clip_fraction, labels),
+      skip_fraction(&m.skip_fraction, labels),
+      recommended_clip_threshold(&m.recommended_clip_threshold, labels),
+      metrics_(m) {
+  for (const auto& [name, severity] : alerts) {
+    prometheus::Labels l = With(labels, "alertname", name);
+    alerts_fired.emplace_back(&m.alerts_fired_total, l);
+    l["severity"] = severity;
+    alert_active.emplace_back(&m.alert_active, l);
+  }
+}
 
 RunMetrics::~RunMetrics() {
   metrics_.steps_total.Remove(&steps);
@@ -55,9 +76,13 @@ RunMetrics::~RunMetrics() {
   metrics_.last_step_timestamp_seconds.Remove(&last_step_timestamp);
   for (LazyGauge* g : {&grad_norm, &clip_coefficient, &clip_threshold,
                        &loss_scale, &max_attention_logit, &log_z, &loss,
-                       &learning_rate}) {
+                       &learning_rate, &grad_norm_p50, &grad_norm_p90,
+                       &grad_norm_p99, &clip_fraction, &skip_fraction,
+                       &recommended_clip_threshold}) {
     g->Remove();
   }
+  for (LazyGauge& g : alert_active) g.Remove();
+  for (LazyCounter& c : alerts_fired) c.Remove();
 }
 
 Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
@@ -120,7 +145,22 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
                   "Mean log Z of the output softmax, last step.")),
       loss(Gauge(*registry_, "trainwatch_loss", "Loss of the last step.")),
       learning_rate(Gauge(*registry_, "trainwatch_learning_rate",
-                          "Learning rate of the last step.")) {}
+                          "Learning rate of the last step.")),
+      grad_norm_window(Gauge(*registry_, "trainwatch_grad_norm_window",
+                             "Percentile of post-warmup pre-clip norms over "
+                             "the window (W steps).")),
+      clip_fraction(Gauge(*registry_, "trainwatch_clip_fraction",
+                          "Share of the window's steps that were clipped.")),
+      skip_fraction(Gauge(*registry_, "trainwatch_skip_fraction",
+                          "Share of the window's steps that were skipped.")),
+      recommended_clip_threshold(
+          Gauge(*registry_, "trainwatch_recommended_clip_threshold",
+                "98th percentile of the window's pre-clip norms: the measured "
+                "way to set max_norm.")),
+      alert_active(Gauge(*registry_, "trainwatch_alert_active",
+                         "1 while the alert is firing for the run.")),
+      alerts_fired_total(Counter(*registry_, "trainwatch_alerts_fired_total",
+                                 "Times the alert fired for the run.")) {}
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
     const std::string& listen) {
@@ -138,8 +178,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
   return m;
 }
 
-std::unique_ptr<RunMetrics> Metrics::AddRun(const std::string& run_id) {
-  return std::unique_ptr<RunMetrics>(new RunMetrics(*this, {{"run", run_id}}));
+std::unique_ptr<RunMetrics> Metrics::AddRun(
+    const std::string& run_id,
+    const std::vector<std::pair<std::string, std::string>>& alerts) {
+  return std::unique_ptr<RunMetrics>(
+      new RunMetrics(*this, {{"run", run_id}}, alerts));
 }
 
 int Metrics::ListeningPort() const {

@@ -16,6 +16,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -23,27 +25,31 @@ namespace trainwatch {
 
 class Metrics;
 
-// A gauge whose series is added on its first value, so a run that never
-// reports e.g. a loss scale exports no loss_scale series rather than a 0.
-class LazyGauge {
+// A series added on its first update, so a run that never reports e.g. a
+// loss scale exports no loss_scale series rather than a 0.
+template <typename T>
+class LazySeries {
  public:
-  LazyGauge(prometheus::Family<prometheus::Gauge>* family,
-            prometheus::Labels labels)
+  LazySeries(prometheus::Family<T>* family, prometheus::Labels labels)
       : family_(family), labels_(std::move(labels)) {}
-  void Set(double v) {
-    if (gauge_ == nullptr) gauge_ = &family_->Add(labels_);
-    gauge_->Set(v);
+  T& Get() {
+    if (series_ == nullptr) series_ = &family_->Add(labels_);
+    return *series_;
   }
+  void Set(double v) { Get().Set(v); }
+  bool exists() const { return series_ != nullptr; }
   void Remove() {
-    if (gauge_ != nullptr) family_->Remove(gauge_);
-    gauge_ = nullptr;
+    if (series_ != nullptr) family_->Remove(series_);
+    series_ = nullptr;
   }
 
  private:
-  prometheus::Family<prometheus::Gauge>* family_;
+  prometheus::Family<T>* family_;
   prometheus::Labels labels_;
-  prometheus::Gauge* gauge_ = nullptr;
+  T* series_ = nullptr;
 };
+using LazyGauge = LazySeries<prometheus::Gauge>;
+using LazyCounter = LazySeries<prometheus::Counter>;
 
 // The per-run series. Not thread-safe: updated by the engine shard that owns
 // the run. Removes its series when destroyed.
@@ -62,10 +68,17 @@ class RunMetrics {
   prometheus::Gauge& last_step_timestamp;
   LazyGauge grad_norm, clip_coefficient, clip_threshold, loss_scale,
       max_attention_logit, log_z, loss, learning_rate;
+  // Windowed series (health engine).
+  LazyGauge grad_norm_p50, grad_norm_p90, grad_norm_p99, clip_fraction,
+      skip_fraction, recommended_clip_threshold;
+  // Per alertname, indexed like AllAlertSpecs(): 1 while firing.
+  std::vector<LazyGauge> alert_active;
+  std::vector<LazyCounter> alerts_fired;
 
  private:
   friend class Metrics;
-  RunMetrics(Metrics& m, const prometheus::Labels& labels);
+  RunMetrics(Metrics& m, const prometheus::Labels& labels,
+             const std::vector<std::pair<std::string, std::string>>& alerts);
   Metrics& metrics_;
 };
 
@@ -81,7 +94,11 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  std::unique_ptr<RunMetrics> AddRun(const std::string& run_id);
+  // `alerts` lists (alertname, severity) pairs, in the order RunMetrics'
+  // alert_active and alerts_fired use.
+  std::unique_ptr<RunMetrics> AddRun(
+      const std::string& run_id,
+      const std::vector<std::pair<std::string, std::string>>& alerts);
 
   // The port /metrics is served on (resolves a requested port 0); 0 if none.
   int ListeningPort() const;
@@ -114,6 +131,12 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& log_z;
   prometheus::Family<prometheus::Gauge>& loss;
   prometheus::Family<prometheus::Gauge>& learning_rate;
+  prometheus::Family<prometheus::Gauge>& grad_norm_window;  // {percentile}
+  prometheus::Family<prometheus::Gauge>& clip_fraction;
+  prometheus::Family<prometheus::Gauge>& skip_fraction;
+  prometheus::Family<prometheus::Gauge>& recommended_clip_threshold;
+  prometheus::Family<prometheus::Gauge>& alert_active;       // {alertname,severity}
+  prometheus::Family<prometheus::Counter>& alerts_fired_total;  // {alertname}
 
  private:
   explicit Metrics(std::shared_ptr<prometheus::Registry> registry);

@@ -30,4 +30,58 @@ absl::Status Query::QuerySteps(
                            [&](v1::StepRecords& chunk) { return sink(chunk); });
 }
 
+absl::StatusOr<v1::GetRunHealthResponse> Query::GetRunHealth(
+    const v1::GetRunHealthRequest& request) const {
+  if (absl::Status s = ValidateRunId(request.run_id()); !s.ok()) return s;
+  absl::StatusOr<v1::RunSummary> run = store_->GetRun(request.run_id());
+  if (!run.ok()) return run.status();
+  v1::GetRunHealthResponse response;
+  absl::StatusOr<HealthSnapshot> live = engine_->GetHealth(request.run_id());
+  if (live.ok()) {
+    *response.mutable_window() = live->window;
+    for (v1::Alert& a : live->active_alerts) response.add_active_alerts()->Swap(&a);
+    if (live->recommended_max_norm.has_value()) {
+      response.set_recommended_max_norm(*live->recommended_max_norm);
+    }
+  } else if (!absl::IsNotFound(live.status())) {
+    return live.status();
+  }
+  run->set_active_alerts(static_cast<uint32_t>(response.active_alerts_size()));
+  *response.mutable_run() = std::move(*run);
+
+  absl::StatusOr<std::vector<v1::Spike>> spikes = store_->ListSpikes(request.run_id());
+  if (!spikes.ok()) return spikes.status();
+  absl::StatusOr<std::vector<v1::RunEvent>> events = store_->ListEvents(request.run_id());
+  if (!events.ok()) return events.status();
+  for (v1::Spike& spike : *spikes) {
+    // The last checkpoint at least kRestartLeadSteps before the spike.
+    const v1::RunEvent* checkpoint = nullptr;
+    for (const v1::RunEvent& e : *events) {
+      if (e.kind() == v1::CHECKPOINT_SAVED &&
+          e.step() + kRestartLeadSteps <= spike.step()) {
+        checkpoint = &e;
+      }
+    }
+    if (checkpoint != nullptr) {
+      spike.set_restart_from_step(checkpoint->step());
+      spike.set_restart_checkpoint(checkpoint->detail());
+    }
+    response.add_spikes()->Swap(&spike);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::ListAlertsResponse> Query::ListAlerts(
+    const v1::ListAlertsRequest& request) const {
+  if (!request.run_id().empty()) {
+    if (absl::Status s = ValidateRunId(request.run_id()); !s.ok()) return s;
+  }
+  absl::StatusOr<std::vector<v1::Alert>> alerts =
+      store_->ListAlerts(request.run_id(), request.active_only());
+  if (!alerts.ok()) return alerts.status();
+  v1::ListAlertsResponse response;
+  for (v1::Alert& a : *alerts) response.add_alerts()->Swap(&a);
+  return response;
+}
+
 }  // namespace trainwatch

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "absl/status/statusor.h"
+#include "engine/engine.h"
 #include "store/store.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
@@ -14,7 +15,7 @@ namespace trainwatch {
 
 class Query {
  public:
-  explicit Query(const Store* store) : store_(store) {}
+  Query(const Store* store, Engine* engine) : store_(store), engine_(engine) {}
 
   absl::StatusOr<v1::ListRunsResponse> ListRuns(
       const v1::ListRunsRequest& request) const;
@@ -24,10 +25,22 @@ class Query {
       const v1::QueryStepsRequest& request,
       const std::function<bool(const v1::StepRecords&)>& sink) const;
 
+  // The run from the store, its live windows and active alerts from the
+  // engine, and every spike with its restart plan.
+  absl::StatusOr<v1::GetRunHealthResponse> GetRunHealth(
+      const v1::GetRunHealthRequest& request) const;
+
+  absl::StatusOr<v1::ListAlertsResponse> ListAlerts(
+      const v1::ListAlertsRequest& request) const;
+
   static constexpr size_t kRecordsPerMessage = 2048;
+  // A restart plan starts from a checkpoint at least this many steps before
+  // the spike (DESIGN.md §4).
+  static constexpr uint64_t kRestartLeadSteps = 100;
 
  private:
   const Store* const store_;
+  Engine* const engine_;
 };
 
 }  // namespace trainwatch

@@ -51,6 +51,38 @@ CREATE TABLE events (
 ) WITHOUT ROWID;
 )sql";
 
+// Version 2: the alert history and the spike list of the health engine.
+constexpr const char* kSchemaV2 = R"sql(
+CREATE TABLE alerts (
+  run_key       INTEGER NOT NULL,
+  alertname     TEXT NOT NULL,
+  started_step  INTEGER NOT NULL,
+  severity      TEXT NOT NULL,
+  state         TEXT NOT NULL,     -- firing | resolved
+  resolved_step INTEGER,
+  started_ns    INTEGER NOT NULL,
+  resolved_ns   INTEGER,
+  peak_value    REAL,
+  summary       TEXT NOT NULL,
+  description   TEXT NOT NULL,
+  likely_cause  TEXT NOT NULL,
+  fix           TEXT NOT NULL,
+  batch_ids     BLOB NOT NULL,     -- packed little-endian int64s
+  rank          INTEGER NOT NULL,
+  PRIMARY KEY (run_key, alertname, started_step)
+) WITHOUT ROWID;
+CREATE INDEX alerts_firing ON alerts (state) WHERE state = 'firing';
+CREATE TABLE spikes (
+  run_key      INTEGER NOT NULL,
+  step         INTEGER NOT NULL,
+  grad_norm    REAL NOT NULL,
+  ratio_to_ema REAL NOT NULL,
+  sigmas       REAL NOT NULL,
+  batch_ids    BLOB NOT NULL,
+  PRIMARY KEY (run_key, step)
+) WITHOUT ROWID;
+)sql";
+
 absl::StatusOr<int> UserVersion(sqlite3* db) {
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
   if (!s.ok()) return s.status();
@@ -75,7 +107,9 @@ absl::Status MigrateSchema(sqlite3* db, int target_version) {
     if (*version < 1) {
       if (absl::Status s = sqlite::Exec(db, kSchemaV1); !s.ok()) return s;
     }
-    // Later versions add their steps here, each guarded by `*version < N`.
+    if (*version < 2 && target_version >= 2) {
+      if (absl::Status s = sqlite::Exec(db, kSchemaV2); !s.ok()) return s;
+    }
     return sqlite::Exec(
         db, absl::StrCat("PRAGMA user_version = ", target_version).c_str());
   }();

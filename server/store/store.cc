@@ -1,6 +1,8 @@
 #include "store/store.h"
 
 #include <atomic>
+#include <cmath>
+#include <cstring>
 #include <chrono>
 #include <utility>
 
@@ -36,6 +38,13 @@ v1::RunSummary RunFromRow(const sqlite::Stmt& s) {
   run.set_steps(static_cast<uint64_t>(s.Int(6)));
   run.set_state(std::string(s.Text(7)));
   return run;
+}
+
+template <typename Repeated>
+void UnpackIds(std::string_view blob, Repeated* out) {
+  size_t n = blob.size() / sizeof(int64_t);
+  out->Resize(static_cast<int>(n), 0);
+  if (n > 0) std::memcpy(out->mutable_data(), blob.data(), n * sizeof(int64_t));
 }
 
 }  // namespace
@@ -186,6 +195,25 @@ absl::StatusOr<v1::RunSummary> Store::GetRun(const std::string& run_id) const {
   return RunFromRow(*s);
 }
 
+absl::StatusOr<v1::RunStart> Store::GetLeadStart(
+    const std::string& run_id) const {
+  absl::StatusOr<sqlite::DbPtr> db = OpenReader();
+  if (!db.ok()) return db.status();
+  absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(
+      db->get(), "SELECT start FROM runs WHERE run_id = ?1");
+  if (!s.ok()) return s.status();
+  s->Bind(1, run_id);
+  absl::StatusOr<bool> row = s->Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return absl::NotFoundError(absl::StrCat("no run \"", run_id, "\""));
+  v1::RunStart start;
+  std::string_view blob = s->Blob(0);
+  if (!start.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
+    return absl::DataLossError(absl::StrCat("the RunStart of ", run_id, " does not parse"));
+  }
+  return start;
+}
+
 absl::Status Store::ReadSteps(
     const std::string& run_id, uint64_t from_step, uint64_t to_step,
     std::optional<uint32_t> rank, size_t chunk_records,
@@ -242,6 +270,75 @@ absl::Status Store::ReadSteps(
     if (!run.ok()) return run.status();
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::Alert>> Store::ListAlerts(
+    const std::string& run_id, bool active_only) const {
+  absl::StatusOr<sqlite::DbPtr> db = OpenReader();
+  if (!db.ok()) return db.status();
+  absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(
+      db->get(),
+      "SELECT r.run_id, a.alertname, a.severity, a.state, a.started_step, "
+      "a.resolved_step, a.started_ns, a.resolved_ns, a.peak_value, a.summary, "
+      "a.description, a.likely_cause, a.fix, a.batch_ids, a.rank FROM alerts a "
+      "JOIN runs r ON r.run_key = a.run_key WHERE (?1 = '' OR r.run_id = ?1) "
+      "AND (?2 = 0 OR a.state = 'firing') "
+      "ORDER BY a.started_ns DESC, a.started_step DESC");
+  if (!s.ok()) return s.status();
+  s->Bind(1, run_id).Bind(2, int64_t{active_only ? 1 : 0});
+  std::vector<v1::Alert> alerts;
+  while (true) {
+    absl::StatusOr<bool> row = s->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    v1::Alert& a = alerts.emplace_back();
+    a.set_run(std::string(s->Text(0)));
+    a.set_alertname(std::string(s->Text(1)));
+    a.set_severity(std::string(s->Text(2)));
+    a.set_state(std::string(s->Text(3)));
+    a.set_started_step(static_cast<uint64_t>(s->Int(4)));
+    if (!s->IsNull(5)) a.set_resolved_step(static_cast<uint64_t>(s->Int(5)));
+    a.set_started_unix_nanos(s->Int(6));
+    if (!s->IsNull(7)) a.set_resolved_unix_nanos(s->Int(7));
+    a.set_peak_value(s->IsNull(8) ? std::nan("") : s->Double(8));
+    a.set_summary(std::string(s->Text(9)));
+    a.set_description(std::string(s->Text(10)));
+    a.set_likely_cause(std::string(s->Text(11)));
+    a.set_fix(std::string(s->Text(12)));
+    UnpackIds(s->Blob(13), a.mutable_batch_ids());
+    a.set_rank(static_cast<uint32_t>(s->Int(14)));
+  }
+  if (alerts.empty() && !run_id.empty()) {
+    absl::StatusOr<v1::RunSummary> run = GetRun(run_id);
+    if (!run.ok()) return run.status();
+  }
+  return alerts;
+}
+
+absl::StatusOr<std::vector<v1::Spike>> Store::ListSpikes(
+    const std::string& run_id) const {
+  absl::StatusOr<sqlite::DbPtr> db = OpenReader();
+  if (!db.ok()) return db.status();
+  absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(
+      db->get(),
+      "SELECT s.step, s.grad_norm, s.ratio_to_ema, s.sigmas, s.batch_ids "
+      "FROM spikes s JOIN runs r ON r.run_key = s.run_key WHERE r.run_id = ?1 "
+      "ORDER BY s.step");
+  if (!s.ok()) return s.status();
+  s->Bind(1, run_id);
+  std::vector<v1::Spike> spikes;
+  while (true) {
+    absl::StatusOr<bool> row = s->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    v1::Spike& sp = spikes.emplace_back();
+    sp.set_step(static_cast<uint64_t>(s->Int(0)));
+    sp.set_grad_norm(s->Double(1));
+    sp.set_ratio_to_ema(s->Double(2));
+    sp.set_sigmas(s->Double(3));
+    UnpackIds(s->Blob(4), sp.mutable_batch_ids());
+  }
+  return spikes;
 }
 
 absl::StatusOr<std::vector<v1::RunEvent>> Store::ListEvents(

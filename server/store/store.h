@@ -82,12 +82,14 @@ struct WriteResult {
 
 // One unit of work for the writer.
 struct WriteOp {
-  enum class Kind { kStart, kBatch, kEvent };
+  enum class Kind { kStart, kBatch, kEvent, kAlert, kSpike };
   Kind kind = Kind::kBatch;
   StreamKey key;
   v1::RunStart start;                   // kStart
   std::vector<v1::StepRecord> records;  // kBatch, in arrival order
   v1::RunEvent event;                   // kEvent
+  v1::Alert alert;                      // kAlert: upserted by (run, alertname, started_step)
+  v1::Spike spike;                      // kSpike
   int64_t received_unix_nanos = 0;
   // Runs on the writer thread once the op's transaction ended; must not block.
   std::function<void(WriteResult)> done;
@@ -113,6 +115,8 @@ class Store {
   // Runs, newest first.
   absl::StatusOr<std::vector<v1::RunSummary>> ListRuns() const;
   absl::StatusOr<v1::RunSummary> GetRun(const std::string& run_id) const;
+  // The RunStart of the run's lead stream (lowest rank, its latest attempt).
+  absl::StatusOr<v1::RunStart> GetLeadStart(const std::string& run_id) const;
 
   // Streams the stored records of run_id with from <= step <= to (to == 0:
   // no upper bound), ordered by rank, attempt, step, in chunks of about
@@ -123,11 +127,19 @@ class Store {
                          size_t chunk_records,
                          const std::function<bool(v1::StepRecords&)>& sink) const;
 
+  // Alert episodes, newest first; run_id "" for all runs.
+  absl::StatusOr<std::vector<v1::Alert>> ListAlerts(const std::string& run_id,
+                                                    bool active_only) const;
+
+  // Spikes of a run, in step order (without restart plans).
+  absl::StatusOr<std::vector<v1::Spike>> ListSpikes(
+      const std::string& run_id) const;
+
   // Events of a run, in step order.
   absl::StatusOr<std::vector<v1::RunEvent>> ListEvents(
       const std::string& run_id) const;
 
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
  private:
   explicit Store(StoreOptions options);

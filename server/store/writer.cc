@@ -3,6 +3,7 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,12 @@ int64_t ToDb(uint64_t step) {
 }
 
 }  // namespace
+
+static std::string PackIds(const google::protobuf::RepeatedField<int64_t>& ids) {
+  std::string out(ids.size() * sizeof(int64_t), '\0');
+  if (!ids.empty()) std::memcpy(out.data(), ids.data(), out.size());
+  return out;
+}
 
 std::string EncodeRecords(const std::vector<v1::StepRecord>& records) {
   std::string out;
@@ -74,6 +81,18 @@ absl::Status StoreWriter::Prepare() {
       {&insert_chunk_,
        "INSERT INTO step_chunks (run_key, rank, attempt, first_step, "
        "last_step, n, records) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
+      {&upsert_alert_,
+       "INSERT INTO alerts (run_key, alertname, started_step, severity, state, "
+       "resolved_step, started_ns, resolved_ns, peak_value, summary, "
+       "description, likely_cause, fix, batch_ids, rank) VALUES (?1, ?2, ?3, "
+       "?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) "
+       "ON CONFLICT (run_key, alertname, started_step) DO UPDATE SET "
+       "state = excluded.state, resolved_step = excluded.resolved_step, "
+       "resolved_ns = excluded.resolved_ns, peak_value = excluded.peak_value, "
+       "description = excluded.description, batch_ids = excluded.batch_ids"},
+      {&insert_spike_,
+       "INSERT OR IGNORE INTO spikes (run_key, step, grad_norm, ratio_to_ema, "
+       "sigmas, batch_ids) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"},
       {&insert_event_,
        "INSERT OR IGNORE INTO events (run_key, rank, attempt, step, kind, "
        "detail, time_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
@@ -89,26 +108,18 @@ absl::Status StoreWriter::Prepare() {
 absl::StatusOr<int64_t> StoreWriter::EnsureRun(const WriteOp& op) {
   const v1::RunStart& start = op.start;
   std::string blob = start.SerializeAsString();
-  auto it = run_keys_.find(op.key.run_id);
-  int64_t run_key;
-  if (it != run_keys_.end()) {
-    run_key = it->second;
-  } else {
-    select_run_.Bind(1, op.key.run_id);
-    absl::StatusOr<bool> row = select_run_.Step();
-    run_key = (row.ok() && *row) ? select_run_.Int(0) : -1;
-    select_run_.Reset();
-    if (!row.ok()) return row.status();
-    if (run_key < 0) {
-      insert_run_.Bind(1, op.key.run_id).BindBlob(2, blob)
-          .Bind(3, int64_t{op.key.rank}).Bind(4, int64_t{op.key.attempt})
-          .Bind(5, op.received_unix_nanos);
-      if (absl::Status s = insert_run_.Run(); !s.ok()) return s;
-      run_keys_[op.key.run_id] = sqlite3_last_insert_rowid(db_.get());
-      return run_keys_[op.key.run_id];
-    }
+  absl::StatusOr<std::optional<int64_t>> found = LookupRun(op.key.run_id);
+  if (!found.ok()) return found.status();
+  if (!found->has_value()) {
+    insert_run_.Bind(1, op.key.run_id).BindBlob(2, blob)
+        .Bind(3, int64_t{op.key.rank}).Bind(4, int64_t{op.key.attempt})
+        .Bind(5, op.received_unix_nanos);
+    if (absl::Status s = insert_run_.Run(); !s.ok()) return s;
+    int64_t run_key = sqlite3_last_insert_rowid(db_.get());
     run_keys_[op.key.run_id] = run_key;
+    return run_key;
   }
+  int64_t run_key = **found;
   update_run_start_.Bind(1, run_key).BindBlob(2, blob)
       .Bind(3, int64_t{op.key.rank}).Bind(4, int64_t{op.key.attempt})
       .Bind(5, op.received_unix_nanos);
@@ -116,22 +127,29 @@ absl::StatusOr<int64_t> StoreWriter::EnsureRun(const WriteOp& op) {
   return run_key;
 }
 
+absl::StatusOr<std::optional<int64_t>> StoreWriter::LookupRun(
+    const std::string& run_id) {
+  auto it = run_keys_.find(run_id);
+  if (it != run_keys_.end()) return it->second;
+  select_run_.Bind(1, run_id);
+  absl::StatusOr<bool> row = select_run_.Step();
+  int64_t found = (row.ok() && *row) ? select_run_.Int(0) : -1;
+  select_run_.Reset();
+  if (!row.ok()) return row.status();
+  if (found < 0) return std::nullopt;
+  run_keys_.emplace(run_id, found);
+  return found;
+}
+
 absl::StatusOr<StoreWriter::StreamState*> StoreWriter::LoadStream(
     const StreamKey& key, std::optional<int64_t> run_key) {
   auto it = streams_.find(key);
   if (it != streams_.end()) return &it->second;
   if (!run_key.has_value()) {
-    auto rk = run_keys_.find(key.run_id);
-    if (rk == run_keys_.end()) {
-      select_run_.Bind(1, key.run_id);
-      absl::StatusOr<bool> row = select_run_.Step();
-      int64_t found = (row.ok() && *row) ? select_run_.Int(0) : -1;
-      select_run_.Reset();
-      if (!row.ok()) return row.status();
-      if (found < 0) return nullptr;
-      rk = run_keys_.emplace(key.run_id, found).first;
-    }
-    run_key = rk->second;
+    absl::StatusOr<std::optional<int64_t>> found = LookupRun(key.run_id);
+    if (!found.ok()) return found.status();
+    if (!found->has_value()) return nullptr;
+    run_key = **found;
   }
   select_stream_.Bind(1, *run_key).Bind(2, int64_t{key.rank})
       .Bind(3, int64_t{key.attempt});
@@ -224,6 +242,35 @@ absl::Status StoreWriter::ApplyOne(
         if (absl::Status s = set_run_state_.Run(); !s.ok()) return s;
       }
       return absl::OkStatus();
+    }
+    case WriteOp::Kind::kAlert:
+    case WriteOp::Kind::kSpike: {
+      absl::StatusOr<std::optional<int64_t>> run_key = LookupRun(op.key.run_id);
+      if (!run_key.ok()) return run_key.status();
+      if (!run_key->has_value()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("no RunStart stored for run ", op.key.run_id));
+      }
+      if (op.kind == WriteOp::Kind::kSpike) {
+        const v1::Spike& sp = op.spike;
+        insert_spike_.Bind(1, **run_key).Bind(2, ToDb(sp.step()))
+            .Bind(3, sp.grad_norm()).Bind(4, sp.ratio_to_ema())
+            .Bind(5, sp.sigmas()).BindBlob(6, PackIds(sp.batch_ids()));
+        return insert_spike_.Run();
+      }
+      const v1::Alert& a = op.alert;
+      upsert_alert_.Bind(1, **run_key).Bind(2, a.alertname())
+          .Bind(3, ToDb(a.started_step())).Bind(4, a.severity())
+          .Bind(5, a.state()).Bind(7, a.started_unix_nanos())
+          .Bind(9, a.peak_value()).Bind(10, a.summary())
+          .Bind(11, a.description()).Bind(12, a.likely_cause())
+          .Bind(13, a.fix()).BindBlob(14, PackIds(a.batch_ids()))
+          .Bind(15, int64_t{a.rank()});
+      if (a.state() == "resolved") {
+        upsert_alert_.Bind(6, ToDb(a.resolved_step()))
+            .Bind(8, a.resolved_unix_nanos());
+      }
+      return upsert_alert_.Run();
     }
   }
   return absl::InternalError("unknown write op");

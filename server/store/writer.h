@@ -47,13 +47,15 @@ class StoreWriter {
   absl::Status ApplyOne(WriteOp& op, WriteResult& result,
                         absl::flat_hash_map<int64_t, RunProgress>& progress);
   absl::StatusOr<int64_t> EnsureRun(const WriteOp& op);
+  // The run's key, or nullopt for a run never started.
+  absl::StatusOr<std::optional<int64_t>> LookupRun(const std::string& run_id);
   absl::StatusOr<StreamState*> LoadStream(const StreamKey& key,
                                           std::optional<int64_t> run_key);
 
   sqlite::DbPtr db_;
   sqlite::Stmt select_run_, insert_run_, update_run_start_, set_run_state_,
       update_run_progress_, select_stream_, insert_stream_, update_stream_,
-      insert_chunk_, insert_event_;
+      insert_chunk_, insert_event_, upsert_alert_, insert_spike_;
   // Caches of what is committed; cleared when a transaction fails.
   absl::flat_hash_map<std::string, int64_t> run_keys_;
   // node_hash_map: StreamState pointers stay valid while the map grows.

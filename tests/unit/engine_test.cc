@@ -1,0 +1,249 @@
+// Engine tests: a real store (in memory or a temp file), metrics without an
+// exposer, and a fake clock.
+#include "engine/engine.h"
+
+#include <cmath>
+#include <future>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainwatch {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::RunStart Start(const std::string& run, uint32_t rank = 0,
+                   uint32_t attempt = 0, uint64_t warmup = 0) {
+  v1::RunStart s;
+  s.set_run_id(run);
+  s.set_rank(rank);
+  s.set_world_size(2);
+  s.set_attempt(attempt);
+  s.set_precision(v1::BF16);
+  s.set_max_norm(1.0);
+  s.set_warmup_steps(warmup);
+  return s;
+}
+
+v1::StepBatch Batch(uint64_t from, uint64_t to, double norm = 0.5) {
+  v1::StepBatch b;
+  for (uint64_t i = from; i < to; ++i) {
+    v1::StepRecord* r = b.add_records();
+    r->set_step(i);
+    r->set_grad_norm(norm);
+    r->set_clipped(norm > 1.0);
+  }
+  return b;
+}
+
+// Scrapes one series' value; NaN when absent.
+double Value(const Metrics& m, const std::string& series) {
+  std::string text = m.Serialize();
+  size_t pos = text.find("\n" + series + " ");
+  if (pos == std::string::npos) return std::nan("");
+  return std::strtod(text.c_str() + pos + series.size() + 2, nullptr);
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(":memory:"); }
+
+  void Open(const std::string& path) {
+    engine_.reset();
+    store_.reset();
+    auto store = Store::Open({.path = path});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    auto metrics = Metrics::Create("");
+    ASSERT_TRUE(metrics.ok());
+    metrics_ = std::move(*metrics);
+    EngineOptions options;
+    options.silence_check_interval = std::chrono::milliseconds(0);
+    options.max_active_runs = 3;
+    auto engine = Engine::Create(options, store_.get(), metrics_.get(), &clock_);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+  }
+
+  StreamHandle OpenStream(const v1::RunStart& s) {
+    std::promise<absl::Status> done;
+    auto h = engine_->OpenStream(s, [&](absl::Status st) { done.set_value(st); });
+    EXPECT_TRUE(h.ok()) << h.status();
+    EXPECT_TRUE(done.get_future().get().ok());
+    return *h;
+  }
+  void Submit(const StreamHandle& h, v1::StepBatch b) {
+    std::promise<absl::Status> done;
+    engine_->SubmitBatch(h, std::move(b), [&](absl::Status st) { done.set_value(st); });
+    ASSERT_TRUE(done.get_future().get().ok());
+  }
+  void Event(const StreamHandle& h, v1::EventKind kind, uint64_t step) {
+    v1::RunEvent e;
+    e.set_kind(kind);
+    e.set_step(step);
+    std::promise<absl::Status> done;
+    engine_->SubmitEvent(h, e, [&](absl::Status st) { done.set_value(st); });
+    ASSERT_TRUE(done.get_future().get().ok());
+  }
+  // Waits until the run's shard has run everything posted so far.
+  HealthSnapshot Health(const std::string& run) {
+    auto h = engine_->GetHealth(run);
+    EXPECT_TRUE(h.ok()) << h.status();
+    return h.ok() ? *h : HealthSnapshot{};
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineTest, CountersAndWindowsReflectACommittedBatchBeforeItsAck) {
+  StreamHandle h = OpenStream(Start("r"));
+  v1::StepBatch b = Batch(0, 200);
+  b.mutable_records(150)->set_grad_norm(2.0);
+  b.mutable_records(150)->set_clipped(true);
+  Submit(h, b);
+  // The ack callback ran: the metrics already show the batch.
+  EXPECT_EQ(Value(*metrics_, "trainwatch_steps_total{run=\"r\"}"), 200);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_clipped_steps_total{run=\"r\"}"), 1);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_clip_fraction{run=\"r\"}"), 1.0 / 200);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_grad_norm_window{percentile=\"50\",run=\"r\"}"), 0.5);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_grad_norm_window{percentile=\"99\",run=\"r\"}"), 0.5);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_recommended_clip_threshold{run=\"r\"}"), 0.5);
+}
+
+TEST_F(EngineTest, AResentBatchIsCountedOnce) {
+  StreamHandle h = OpenStream(Start("r"));
+  Submit(h, Batch(0, 100));
+  Submit(h, Batch(0, 100));
+  Submit(h, Batch(50, 150));
+  EXPECT_EQ(Value(*metrics_, "trainwatch_steps_total{run=\"r\"}"), 150);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_ingest_records_total"), 150);
+  EXPECT_EQ(Health("r").window.steps(), 150u);
+}
+
+TEST_F(EngineTest, RunLevelHealthFollowsTheLowestRank) {
+  StreamHandle r1 = OpenStream(Start("r", 1));
+  Submit(r1, Batch(0, 10, 0.9));
+  StreamHandle r0 = OpenStream(Start("r", 0));
+  Submit(r0, Batch(0, 10, 0.3));
+  Submit(r1, Batch(10, 20, 0.9));  // stored, but rank 0 leads now
+  EXPECT_EQ(Value(*metrics_, "trainwatch_grad_norm{run=\"r\"}"), 0.3);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_last_step{run=\"r\"}"), 9);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_ingest_records_total"), 30);
+}
+
+TEST_F(EngineTest, ANewAttemptFromACheckpointRewindsTheWindows) {
+  StreamHandle a0 = OpenStream(Start("r", 0, 0));
+  Submit(a0, Batch(0, 500, 0.5));
+  EXPECT_EQ(Health("r").window.steps(), 500u);
+  // The job restarts from the checkpoint at step 300: steps 300.. come again.
+  StreamHandle a1 = OpenStream(Start("r", 0, 1));
+  Submit(a1, Batch(300, 310, 0.7));
+  HealthSnapshot s = Health("r");
+  EXPECT_EQ(s.window.steps(), 310u);  // 0..299 from attempt 0, 300..309 again
+  EXPECT_EQ(Value(*metrics_, "trainwatch_last_step{run=\"r\"}"), 309);
+  // Records of the old attempt arriving late no longer lead.
+  Submit(a0, Batch(500, 510, 5.0));
+  EXPECT_EQ(Health("r").window.steps(), 310u);
+}
+
+TEST_F(EngineTest, TooManyActiveRunsIsResourceExhausted) {
+  for (const char* run : {"a", "b", "c"}) OpenStream(Start(run));
+  auto h = engine_->OpenStream(Start("d"), [](absl::Status) {});
+  EXPECT_TRUE(absl::IsResourceExhausted(h.status())) << h.status();
+  EXPECT_THAT(std::string(h.status().message()), HasSubstr("3 active runs"));
+  // A finished run frees its slot; a known run can always reopen.
+  StreamHandle a = OpenStream(Start("a"));
+  Event(a, v1::RUN_FINISHED, 0);
+  EXPECT_TRUE(engine_->OpenStream(Start("d"), [](absl::Status) {}).ok());
+}
+
+TEST_F(EngineTest, RunSilentFiresAfterTheSilenceAndResolvesOnTheNextStep) {
+  StreamHandle h = OpenStream(Start("r"));
+  Submit(h, Batch(0, 10));
+  clock_.Advance(std::chrono::seconds(299));
+  engine_->CheckSilence();
+  EXPECT_TRUE(Health("r").active_alerts.empty());
+  clock_.Advance(std::chrono::seconds(2));
+  engine_->CheckSilence();
+  HealthSnapshot s = Health("r");
+  ASSERT_EQ(s.active_alerts.size(), 1u);
+  EXPECT_EQ(s.active_alerts[0].alertname(), "RunSilent");
+  EXPECT_THAT(s.active_alerts[0].description(), HasSubstr("for 301 s"));
+  EXPECT_EQ(Value(*metrics_, "trainwatch_alert_active{alertname=\"RunSilent\",run=\"r\",severity=\"warning\"}"), 1);
+  Submit(h, Batch(10, 11));
+  EXPECT_TRUE(Health("r").active_alerts.empty());
+  EXPECT_EQ(Value(*metrics_, "trainwatch_alert_active{alertname=\"RunSilent\",run=\"r\",severity=\"warning\"}"), 0);
+  // Both transitions are in the history.
+  store_->Close();
+  auto alerts = store_->ListAlerts("r", false);
+  ASSERT_TRUE(alerts.ok());
+  ASSERT_EQ(alerts->size(), 1u);
+  EXPECT_EQ((*alerts)[0].state(), "resolved");
+  EXPECT_EQ((*alerts)[0].resolved_step(), 10u);
+}
+
+TEST_F(EngineTest, AFinishedRunIsNeverSilent) {
+  StreamHandle h = OpenStream(Start("r"));
+  Submit(h, Batch(0, 10));
+  Event(h, v1::RUN_FINISHED, 9);
+  clock_.Advance(std::chrono::hours(1));
+  engine_->CheckSilence();
+  EXPECT_TRUE(Health("r").active_alerts.empty());
+}
+
+TEST(EngineRestartTest, ARestartKeepsBaselineWindowsAndFiringAlertsWithoutRefiring) {
+  std::string path = ::testing::TempDir() + "/engine_restart_test.db";
+  std::remove(path.c_str());
+  FakeClock clock;
+  EngineOptions options;
+  options.silence_check_interval = std::chrono::milliseconds(0);
+  v1::RunStart start = Start("r", 0, 0, /*warmup=*/100);
+  for (int round = 0; round < 2; ++round) {
+    auto store = Store::Open({.path = path});
+    ASSERT_TRUE(store.ok());
+    auto metrics = Metrics::Create("");
+    auto engine = Engine::Create(options, store->get(), metrics->get(), &clock);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    if (round == 0) {
+      std::promise<absl::Status> opened;
+      auto h = (*engine)->OpenStream(start, [&](absl::Status s) { opened.set_value(s); });
+      ASSERT_TRUE(opened.get_future().get().ok());
+      // Warmup at 0.9, then 1,000 baseline steps at 0.4, then 500 at 0.6.
+      for (auto [from, to, norm] : {std::tuple{0, 100, 0.9}, {100, 1100, 0.4}, {1100, 1600, 0.6}}) {
+        std::promise<absl::Status> done;
+        (*engine)->SubmitBatch(*h, Batch(from, to, norm), [&](absl::Status s) { done.set_value(s); });
+        ASSERT_TRUE(done.get_future().get().ok());
+      }
+      clock.Advance(std::chrono::seconds(400));
+      (*engine)->CheckSilence();
+      ASSERT_EQ((*engine)->GetHealth("r")->active_alerts.size(), 1u);
+      EXPECT_NE(Value(**metrics, "trainwatch_alerts_fired_total{alertname=\"RunSilent\",run=\"r\"}"), 0);
+    } else {
+      auto health = (*engine)->GetHealth("r");
+      ASSERT_TRUE(health.ok()) << health.status();
+      EXPECT_EQ(health->window.baseline_grad_norm_median(), 0.4);
+      EXPECT_EQ(health->window.steps(), 1000u);
+      EXPECT_EQ(health->window.grad_norm_p50(), 0.4);  // 500 x 0.4, 500 x 0.6
+      EXPECT_EQ(health->window.grad_norm_p90(), 0.6);
+      ASSERT_EQ(health->active_alerts.size(), 1u);
+      EXPECT_EQ(health->active_alerts[0].alertname(), "RunSilent");
+      // Still firing, and not fired again by this process.
+      EXPECT_EQ(Value(**metrics, "trainwatch_alert_active{alertname=\"RunSilent\",run=\"r\",severity=\"warning\"}"), 1);
+      EXPECT_TRUE(std::isnan(Value(**metrics, "trainwatch_alerts_fired_total{alertname=\"RunSilent\",run=\"r\"}")));
+      EXPECT_EQ(Value(**metrics, "trainwatch_last_step{run=\"r\"}"), 1599);
+    }
+    (*engine)->Stop();
+    (*store)->Close();
+  }
+  auto store = Store::Open({.path = path});
+  auto alerts = (*store)->ListAlerts("r", false);
+  ASSERT_TRUE(alerts.ok());
+  EXPECT_EQ(alerts->size(), 1u) << "one episode, stored once";
+}
+
+}  // namespace
+}  // namespace trainwatch
