@@ -49,7 +49,7 @@ void AlertTracker::Condition(AlertKind kind, uint64_t step, bool holds,
     return;
   }
   s.last_true_step = step;
-  if (value > s.episode.peak_value) s.episode.peak_value = value;
+  if (!muted_ && value > s.episode.peak_value) s.episode.peak_value = value;
 }
 
 void AlertTracker::Event(AlertKind kind, uint64_t step, double value,
@@ -62,6 +62,8 @@ void AlertTracker::Event(AlertKind kind, uint64_t step, double value,
     return;
   }
   s.last_true_step = step;
+  // Replaying history: the stored episode already has this step's numbers.
+  if (muted_) return;
   AlertEpisode& e = s.episode;
   if (value > e.peak_value || std::isnan(e.peak_value)) e.peak_value = value;
   for (int64_t id : batch_ids) {
