@@ -36,7 +36,7 @@ Commands:
   alerts [--run R] [--active] [--json]
       Alert history, of one run or all; --active: only those firing.
   spikes --run R [--json]
-      Gradient-norm spikes of a run with their steps and batch ids.
+      Gradient-norm spikes of a run: steps, batch ids and restart plans.
 
 Options (before or after the command):
   --server ADDR      server address (default 127.0.0.1:50051)

@@ -295,6 +295,31 @@ void WriteAlert(JsonWriter& w, const v1::Alert& a) {
   w.EndObject();
 }
 
+void WriteSpike(JsonWriter& w, const v1::Spike& spike) {
+  w.BeginObject();
+  w.Key("step");
+  w.Uint(spike.step());
+  w.Key("grad_norm");
+  w.Double(spike.grad_norm());
+  w.Key("ratio_to_ema");
+  w.Double(spike.ratio_to_ema());
+  w.Key("sigmas");
+  w.Double(spike.sigmas());
+  w.Key("batch_ids");
+  Int64Array(w, spike.batch_ids());
+  w.Key("restart_from_step");
+  if (spike.has_restart_from_step()) {
+    w.Uint(spike.restart_from_step());
+  } else {
+    w.Null();
+  }
+  w.Key("restart_checkpoint");
+  w.String(spike.restart_checkpoint());
+  w.Key("skip_batch_ids");
+  Int64Array(w, spike.batch_ids());
+  w.EndObject();
+}
+
 void WriteHealth(JsonWriter& w, const v1::GetRunHealthResponse& health) {
   const v1::WindowStats& win = health.window();
   w.BeginObject();
@@ -326,6 +351,10 @@ void WriteHealth(JsonWriter& w, const v1::GetRunHealthResponse& health) {
   w.Key("active_alerts");
   w.BeginArray();
   for (const v1::Alert& a : health.active_alerts()) WriteAlert(w, a);
+  w.EndArray();
+  w.Key("spikes");
+  w.BeginArray();
+  for (const v1::Spike& spike : health.spikes()) WriteSpike(w, spike);
   w.EndArray();
   w.EndObject();
 }

@@ -74,6 +74,13 @@ void WriteRun(JsonWriter& w, const v1::RunSummary& run);
 // while the alert is firing.
 void WriteAlert(JsonWriter& w, const v1::Alert& alert);
 
+// One spike with its restart plan. Every key is always present:
+// restart_from_step is null when no checkpoint is early enough, and
+// skip_batch_ids (the batches the plan skips) repeats batch_ids.
+void WriteSpike(JsonWriter& w, const v1::Spike& spike);
+
+// The run, window, recommendation, active alerts and every spike (oldest
+// first).
 void WriteHealth(JsonWriter& w, const v1::GetRunHealthResponse& health);
 
 }  // namespace trainwatch::cli

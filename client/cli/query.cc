@@ -2,6 +2,7 @@
 // query RPC rendered as a table or, with --json, as the JSON of json_out.h.
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <vector>
 
@@ -21,7 +22,6 @@ constexpr std::chrono::milliseconds kUnaryDeadline{30'000};
 constexpr std::chrono::milliseconds kStreamDeadline{600'000};
 // Output is written in chunks of about this size while a stream runs.
 constexpr size_t kFlushBytes = 1 << 16;
-constexpr absl::string_view kSpikeAlert = "GradNormSpike";
 
 std::string Labels(const google::protobuf::Map<std::string, std::string>& m) {
   if (m.empty()) return "-";
@@ -95,7 +95,74 @@ std::string RenderHealth(const v1::GetRunHealthResponse& h) {
   return absl::StrCat(out, "active alerts\n", RenderAlerts(alerts));
 }
 
-// ListAlerts, shared by `alerts` and `spikes`.
+// "27.4x": a spike's norm over the EMA's geometric mean.
+std::string Ratio(double ratio) {
+  if (!std::isfinite(ratio)) return Num(ratio) + "x";
+  return absl::StrFormat("%.1fx", ratio);
+}
+
+std::string Sigmas(double sigmas) {
+  if (!std::isfinite(sigmas)) return Num(sigmas);
+  return absl::StrFormat("%.1f", sigmas);
+}
+
+// Every id, unabridged: the plan is what an operator copies.
+std::string SkipBatches(const v1::Spike& spike) {
+  if (spike.batch_ids().empty()) return "no batch ids were recorded to skip";
+  return absl::StrCat("skip batches ", absl::StrJoin(spike.batch_ids(), ","));
+}
+
+// One line: where to resume after the spike and which batches to skip.
+std::string RestartPlan(const v1::Spike& spike) {
+  if (!spike.has_restart_from_step()) {
+    return absl::StrCat(
+        "restart plan for step ", spike.step(),
+        ": no checkpoint at least 100 steps before it; restart from the start "
+        "or the nearest earlier checkpoint you have, and ",
+        SkipBatches(spike), "\n");
+  }
+  std::string checkpoint =
+      spike.restart_checkpoint().empty()
+          ? "the checkpoint"
+          : absl::StrCat("checkpoint ", spike.restart_checkpoint());
+  return absl::StrCat("restart plan for step ", spike.step(), ": resume from ",
+                      checkpoint, " (step ", spike.restart_from_step(),
+                      ") and ", SkipBatches(spike), "\n");
+}
+
+std::string RenderSpikes(const v1::GetRunHealthResponse& h) {
+  Table table({"STEP", "GRAD_NORM", "RATIO", "SIGMAS", "BATCH_IDS",
+               "RESTART_FROM", "CHECKPOINT"});
+  std::string plans;
+  for (const v1::Spike& s : h.spikes()) {
+    const bool plan = s.has_restart_from_step();
+    table.AddRow({absl::StrCat(s.step()), Num(s.grad_norm()),
+                  Ratio(s.ratio_to_ema()), Sigmas(s.sigmas()),
+                  BatchIds(s.batch_ids()),
+                  plan ? absl::StrCat(s.restart_from_step()) : "-",
+                  plan && !s.restart_checkpoint().empty()
+                      ? s.restart_checkpoint()
+                      : "-"});
+    plans += RestartPlan(s);
+  }
+  return table.Render() + plans;
+}
+
+// GetRunHealth, shared by `health` and `spikes`.
+absl::StatusOr<v1::GetRunHealthResponse> GetRunHealth(
+    const GlobalOptions& global, absl::string_view command,
+    std::string run_id) {
+  v1::GetRunHealthRequest request;
+  request.set_run_id(std::move(run_id));
+  v1::GetRunHealthResponse response;
+  auto context = NewContext(global, kUnaryDeadline);
+  grpc::Status status =
+      NewStub(global)->GetRunHealth(context.get(), request, &response);
+  if (!status.ok()) return RpcError(command, "GetRunHealth", status);
+  return response;
+}
+
+// ListAlerts, for `alerts`.
 absl::StatusOr<v1::ListAlertsResponse> ListAlerts(const GlobalOptions& global,
                                                   absl::string_view command,
                                                   std::string run_id,
@@ -193,20 +260,16 @@ absl::Status RunHealth(const GlobalOptions& global, const ParsedArgs& args) {
   if (absl::Status s = NoArguments(args); !s.ok()) return s;
   absl::StatusOr<std::string> run = RequiredFlag(args, "run");
   if (!run.ok()) return run.status();
-  v1::GetRunHealthRequest request;
-  request.set_run_id(*run);
-  v1::GetRunHealthResponse response;
-  auto context = NewContext(global, kUnaryDeadline);
-  grpc::Status status =
-      NewStub(global)->GetRunHealth(context.get(), request, &response);
-  if (!status.ok()) return RpcError("health", "GetRunHealth", status);
+  absl::StatusOr<v1::GetRunHealthResponse> response =
+      GetRunHealth(global, "health", *run);
+  if (!response.ok()) return response.status();
   if (!args.Has("json")) {
-    WriteStdout(RenderHealth(response));
+    WriteStdout(RenderHealth(*response));
     return absl::OkStatus();
   }
   std::string out;
   JsonWriter w(&out);
-  WriteHealth(w, response);
+  WriteHealth(w, *response);
   WriteStdout(out + "\n");
   return absl::OkStatus();
 }
@@ -226,23 +289,19 @@ absl::Status RunSpikes(const GlobalOptions& global, const ParsedArgs& args) {
   if (absl::Status s = NoArguments(args); !s.ok()) return s;
   absl::StatusOr<std::string> run = RequiredFlag(args, "run");
   if (!run.ok()) return run.status();
-  absl::StatusOr<v1::ListAlertsResponse> response =
-      ListAlerts(global, "spikes", *run, /*active_only=*/false);
+  absl::StatusOr<v1::GetRunHealthResponse> response =
+      GetRunHealth(global, "spikes", *run);
   if (!response.ok()) return response.status();
-  std::vector<const v1::Alert*> spikes;
-  for (const v1::Alert& a : response->alerts()) {
-    if (a.alertname() == kSpikeAlert) spikes.push_back(&a);
-  }
-  if (args.Has("json")) {
-    WriteStdout(AlertsJson(spikes));
+  if (!args.Has("json")) {
+    WriteStdout(RenderSpikes(*response));
     return absl::OkStatus();
   }
-  Table table({"STEP", "RANK", "PEAK", "STATE", "BATCH_IDS"});
-  for (const v1::Alert* a : spikes) {
-    table.AddRow({absl::StrCat(a->started_step()), absl::StrCat(a->rank()),
-                  Num(a->peak_value()), a->state(), BatchIds(a->batch_ids())});
-  }
-  WriteStdout(table.Render());
+  std::string out;
+  JsonWriter w(&out);
+  w.BeginArray();
+  for (const v1::Spike& spike : response->spikes()) WriteSpike(w, spike);
+  w.EndArray();
+  WriteStdout(out + "\n");
   return absl::OkStatus();
 }
 

@@ -95,6 +95,22 @@ class FakeServer final : public v1::TrainingHealth::Service {
     v1::Alert* alert = response->add_active_alerts();
     alert->set_alertname("LossScaleCollapse");
     alert->set_state("firing");
+    // Oldest first: one too early for any checkpoint, one with a plan.
+    v1::Spike* early = response->add_spikes();
+    early->set_step(90);
+    early->set_grad_norm(12);
+    early->set_ratio_to_ema(11.5);
+    early->set_sigmas(7.5);
+    early->add_batch_ids(7);
+    v1::Spike* planned = response->add_spikes();
+    planned->set_step(150);
+    planned->set_grad_norm(42.5);
+    planned->set_ratio_to_ema(27.4);
+    planned->set_sigmas(8.3);
+    planned->add_batch_ids(300);
+    planned->add_batch_ids(301);
+    planned->set_restart_from_step(40);
+    planned->set_restart_checkpoint("ckpt/step-40");
     return grpc::Status::OK;
   }
 
@@ -292,18 +308,39 @@ TEST_F(CtlTest, AlertsJsonHasTheDesignKeysAndPassesFilters) {
   EXPECT_TRUE(fake_.last_alerts_request().active_only());
 }
 
-TEST_F(CtlTest, SpikesShowsOnlyGradNormSpikesWithBatchIds) {
+TEST_F(CtlTest, SpikesTableHasEachSpikeAndItsRestartPlan) {
   Result r = Ctl({"spikes", "--run", "r1"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("150"));
-  EXPECT_THAT(r.out, HasSubstr("42.5"));
-  EXPECT_THAT(r.out, HasSubstr("300,301"));
-  EXPECT_THAT(r.out, Not(HasSubstr("ClipFractionHigh")));
-  EXPECT_FALSE(fake_.last_alerts_request().active_only());
+  EXPECT_EQ(
+      r.out,
+      "STEP  GRAD_NORM  RATIO  SIGMAS  BATCH_IDS  RESTART_FROM  CHECKPOINT\n"
+      "90    12         11.5x  7.5     7          -             -\n"
+      "150   42.5       27.4x  8.3     300,301    40            ckpt/step-40\n"
+      "restart plan for step 90: no checkpoint at least 100 steps before it; "
+      "restart from the start or the nearest earlier checkpoint you have, and "
+      "skip batches 7\n"
+      "restart plan for step 150: resume from checkpoint ckpt/step-40 (step "
+      "40) and skip batches 300,301\n");
+}
 
-  Result json = Ctl({"spikes", "--run", "r1", "--json"});
-  EXPECT_THAT(json.out, HasSubstr("GradNormSpike"));
-  EXPECT_THAT(json.out, Not(HasSubstr("ClipFractionHigh")));
+TEST_F(CtlTest, SpikesJsonIsAnArrayOfSpikesWithRestartPlans) {
+  Result r = Ctl({"spikes", "--run", "r1", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            R"([{"step":90,"grad_norm":12,"ratio_to_ema":11.5,"sigmas":7.5,)"
+            R"("batch_ids":[7],"restart_from_step":null,)"
+            R"("restart_checkpoint":"","skip_batch_ids":[7]},)"
+            R"({"step":150,"grad_norm":42.5,"ratio_to_ema":27.4,"sigmas":8.3,)"
+            R"("batch_ids":[300,301],"restart_from_step":40,)"
+            R"("restart_checkpoint":"ckpt/step-40",)"
+            R"("skip_batch_ids":[300,301]}])"
+            "\n");
+}
+
+TEST_F(CtlTest, SpikesServerErrorNamesTheCommand) {
+  Result r = Ctl({"spikes", "--run", "nope"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "trainwatchctl: spikes: NOT_FOUND: no run \"nope\"\n");
 }
 
 TEST_F(CtlTest, HealthPrintsWindowRecommendationAndActiveAlerts) {
@@ -322,6 +359,12 @@ TEST_F(CtlTest, HealthPrintsWindowRecommendationAndActiveAlerts) {
       json.out,
       HasSubstr(
           R"("recommended_max_norm":1.5,"active_alerts":[{"alertname":"LossScaleCollapse",)"));
+  EXPECT_THAT(json.out, HasSubstr(R"(}],"spikes":[{"step":90,)"));
+  EXPECT_THAT(json.out,
+              HasSubstr(R"("restart_from_step":40,)"
+                        R"("restart_checkpoint":"ckpt/step-40",)"
+                        R"("skip_batch_ids":[300,301]}]})"
+                        "\n"));
 }
 
 TEST_F(CtlTest, ServerErrorNamesCommandAndCode) {
@@ -336,7 +379,7 @@ TEST(Ctl, UnimplementedRpcIsNamed) {
   std::string address = CtlTest::Start(&bare, &server);
   for (const auto& [command, rpc] :
        {std::pair{"health", "GetRunHealth"}, std::pair{"alerts", "ListAlerts"},
-        std::pair{"spikes", "ListAlerts"}}) {
+        std::pair{"spikes", "GetRunHealth"}}) {
     ::testing::internal::CaptureStderr();
     int code = RunCli({"--server", address, command, "--run", "r1"});
     EXPECT_EQ(code, 1);
