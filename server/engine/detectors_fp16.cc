@@ -1,7 +1,300 @@
+// FP16 loss-scaling detectors (DESIGN.md §4): LossScaleCollapse, SkipRateHigh,
+// ScalerStuck, NonFiniteUpdate, ClipBeforeUnscale, Fp16WithoutScaler. They
+// read the lead stream only (OnStep).
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
 #include "engine/detectors_internal.h"
 
 namespace trainwatch {
+namespace {
 
-void AddFp16Detectors(const HealthConfig& config, Detectors* out) {}
+// Whether the run scales its loss: it said FP16, or the record carries a scale.
+bool IsFp16(const StepContext& ctx) {
+  return ctx.run.precision == v1::FP16 || ctx.record.has_loss_scale();
+}
+
+// Whether clipping fired; derived from max_norm when the client left it out.
+bool Clipped(const StepContext& ctx) {
+  if (ctx.record.has_clipped()) return ctx.record.clipped();
+  return ctx.run.max_norm > 0 && ctx.record.grad_norm() > ctx.run.max_norm;
+}
+
+// Catches a diverging fp16 run: gradients overflow at every scale, so the
+// scaler cuts the loss scale step after step. Holds while >= halvings
+// decreases happened within the last within_steps steps with no growth
+// between, or while the scale is below min_scale. Decreases in warmup before
+// the run's first clean step are the scaler searching for its starting scale
+// (65536 is usually too high), not a collapse, and do not count.
+class LossScaleCollapse final : public Detector {
+ public:
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    const v1::StepRecord& r = ctx.record;
+    if (!r.has_loss_scale() || std::isnan(r.loss_scale())) return;
+    const auto& cfg = ctx.config.loss_scale;
+    const uint64_t step = r.step();
+    const double scale = r.loss_scale();
+    const bool calibrating = !seen_clean_step_ && !ctx.post_warmup;
+    if (last_.has_value()) {
+      if (scale < last_->scale && !calibrating) {
+        halvings_.push_back({.from = *last_, .to = {step, scale}});
+      } else if (scale > last_->scale) {
+        halvings_.clear();
+      }
+    }
+    last_ = Point{step, scale};
+    if (!r.skipped()) seen_clean_step_ = true;
+    while (!halvings_.empty() &&
+           halvings_.front().to.step + cfg.within_steps <= step) {
+      halvings_.pop_front();
+    }
+
+    const bool too_many = halvings_.size() >= cfg.halvings;
+    const bool too_low = scale < cfg.min_scale;
+    const double value =
+        too_many ? static_cast<double>(halvings_.size()) : scale;
+    sink.Condition(
+        AlertKind::kLossScaleCollapse, step, too_many || too_low, value, [&] {
+          std::string d;
+          if (too_many) {
+            const Point& from = halvings_.front().from;
+            const Point& to = halvings_.back().to;
+            d = absl::StrFormat(
+                "loss scale fell %g -> %g in %d halvings over %d "
+                "steps (steps %d..%d), no growth between",
+                from.scale, to.scale, halvings_.size(), to.step - from.step,
+                from.step, to.step);
+          }
+          if (too_low) {
+            if (!d.empty()) d += "; ";
+            d += absl::StrFormat("loss scale %g at step %d is below %g", scale,
+                                 step, cfg.min_scale);
+          }
+          return AlertText{"FP16 loss scale collapsing", d};
+        });
+  }
+
+  void OnRewind(uint64_t step) override {
+    while (!halvings_.empty() && halvings_.back().to.step >= step) {
+      halvings_.pop_back();
+    }
+    // The restored scaler's scale is not a change from the pre-rewind one.
+    last_.reset();
+  }
+
+ private:
+  struct Point {
+    uint64_t step;
+    double scale;
+  };
+  struct Halving {
+    Point from;  // the last scale before the decrease
+    Point to;
+  };
+
+  std::optional<Point> last_;
+  std::deque<Halving> halvings_;  // since the last growth, oldest first
+  bool seen_clean_step_ = false;
+};
+
+// Catches fp16 overflow on many steps: the optimizer skips them, so the run
+// silently trains on fewer steps. Holds when the skipped share of the
+// post-warmup window exceeds skip_rate.threshold, once it has min_steps.
+class SkipRateHigh final : public Detector {
+ public:
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    if (!IsFp16(ctx) || !ctx.post_warmup) return;
+    const auto& cfg = ctx.config.skip_rate;
+    const FlagWindow& w = ctx.window.skipped;
+    const bool holds =
+        w.size() >= cfg.min_steps && w.fraction() > cfg.threshold;
+    sink.Condition(
+        AlertKind::kSkipRateHigh, ctx.record.step(), holds, w.fraction(), [&] {
+          return AlertText{
+              "Many fp16 steps skipped",
+              absl::StrFormat("skipped %d of the last %d post-warmup "
+                              "steps (%.3g%%, above %.3g%%)",
+                              w.count(), w.size(), 100 * w.fraction(),
+                              100 * cfg.threshold)};
+        });
+  }
+};
+
+// Catches scaler.update() being called only on clean steps: the steps keep
+// overflowing but the scale never drops, so the run cannot recover. Holds on
+// >= scaler_stuck.consecutive skipped steps in a row carrying the same scale.
+class ScalerStuck final : public Detector {
+ public:
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    const v1::StepRecord& r = ctx.record;
+    if (!r.skipped() || !r.has_loss_scale()) {
+      run_length_ = 0;
+      return;
+    }
+    if (run_length_ > 0 && r.loss_scale() == run_scale_) {
+      ++run_length_;
+    } else {
+      run_start_ = r.step();
+      run_scale_ = r.loss_scale();
+      run_length_ = 1;
+    }
+    sink.Condition(
+        AlertKind::kScalerStuck, r.step(),
+        run_length_ >= ctx.config.scaler_stuck.consecutive, run_length_, [&] {
+          return AlertText{
+              "FP16 loss scale stuck while steps overflow",
+              absl::StrFormat("%d skipped steps in a row (steps %d..%d) with "
+                              "the loss scale stuck at %g",
+                              run_length_, run_start_, r.step(), run_scale_)};
+        });
+  }
+
+  void OnRewind(uint64_t step) override { run_length_ = 0; }
+
+ private:
+  uint64_t run_start_ = 0;
+  double run_scale_ = 0.0;
+  uint32_t run_length_ = 0;  // skipped steps in a row with run_scale_
+};
+
+// Catches a NaN/Inf gradient or loss that reached the weights: the step was
+// applied, not skipped. One event per such step; skipped inf steps are normal
+// fp16 behaviour and stay silent.
+class NonFiniteUpdate final : public Detector {
+ public:
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    const v1::StepRecord& r = ctx.record;
+    const bool bad_norm = !std::isfinite(r.grad_norm());
+    const bool bad_loss = r.has_loss() && !std::isfinite(r.loss());
+    if (r.skipped() || (!bad_norm && !bad_loss)) return;
+    const std::vector<int64_t> batch_ids(r.batch_ids().begin(),
+                                         r.batch_ids().end());
+    sink.Event(AlertKind::kNonFiniteUpdate, r.step(), 1.0, batch_ids, [&] {
+      std::string loss = r.has_loss() ? absl::StrFormat("%g", r.loss()) : "-";
+      return AlertText{
+          "Non-finite update applied",
+          absl::StrFormat("step %d was applied (not skipped) with grad_norm "
+                          "%g and loss %s",
+                          r.step(), r.grad_norm(), loss)};
+    });
+  }
+};
+
+// Catches clip_grad_norm_ running on scaled fp16 gradients (no
+// scaler.unscale_ first): nearly every step is clipped and the norm tracks
+// the loss scale. Holds when, over the last clip_before_unscale.steps applied
+// steps carrying a scale, the clipped share is >= clip_fraction and the median
+// norm / scale is >= min_norm_to_scale (healthy: ~1e-5; scaled: the true norm).
+class ClipBeforeUnscale final : public Detector {
+ public:
+  explicit ClipBeforeUnscale(const HealthConfig& config)
+      : clipped_(config.clip_before_unscale.steps),
+        ratio_(config.clip_before_unscale.steps),
+        norm_(config.clip_before_unscale.steps),
+        scale_(config.clip_before_unscale.steps) {}
+
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    const v1::StepRecord& r = ctx.record;
+    // An overflowed step says nothing about the clip order.
+    if (!r.has_loss_scale() || r.skipped() || !std::isfinite(r.grad_norm()) ||
+        !std::isfinite(r.loss_scale()) || !(r.loss_scale() > 0)) {
+      return;
+    }
+    const uint64_t step = r.step();
+    clipped_.Push(step, Clipped(ctx));
+    ratio_.Push(step, r.grad_norm() / r.loss_scale());
+    norm_.Push(step, r.grad_norm());
+    scale_.Push(step, r.loss_scale());
+
+    const auto& cfg = ctx.config.clip_before_unscale;
+    if (clipped_.size() < cfg.steps) return;
+    const double median_ratio = ratio_.Median().value_or(0.0);
+    const bool holds = clipped_.fraction() >= cfg.clip_fraction &&
+                       median_ratio >= cfg.min_norm_to_scale;
+    sink.Condition(
+        AlertKind::kClipBeforeUnscale, step, holds, median_ratio, [&] {
+          return AlertText{
+              "Gradients clipped before unscaling",
+              absl::StrFormat(
+                  "clipped on %.3g%% of the last %d fp16 steps; median "
+                  "grad_norm %.3g at a median loss scale %.3g: norm/scale "
+                  "%.3g (healthy ~1e-5), so clipping sees scaled gradients",
+                  100 * clipped_.fraction(), clipped_.size(),
+                  norm_.Median().value_or(0.0), scale_.Median().value_or(0.0),
+                  median_ratio)};
+        });
+  }
+
+  void OnRewind(uint64_t step) override {
+    clipped_.RewindTo(step);
+    ratio_.RewindTo(step);
+    norm_.RewindTo(step);
+    scale_.RewindTo(step);
+  }
+
+ private:
+  FlagWindow clipped_;
+  OrderStatWindow ratio_;  // grad_norm / loss_scale
+  OrderStatWindow norm_;
+  OrderStatWindow scale_;
+};
+
+// Catches an fp16 run without dynamic loss scaling (no GradScaler, or a
+// scale fixed at 1): small gradients flush to zero. Holds from the
+// fp16_scaler.steps-th record of the attempt for as long as no record has
+// carried a scale other than 1.
+class Fp16WithoutScaler final : public Detector {
+ public:
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    if (ctx.run.precision != v1::FP16) return;
+    const v1::StepRecord& r = ctx.record;
+    if (!attempt_.first_step.has_value()) attempt_.first_step = r.step();
+    if (r.has_loss_scale()) {
+      attempt_.scale_seen = true;
+      if (r.loss_scale() != 1.0) attempt_.scaled = true;
+    }
+    const bool holds =
+        !attempt_.scaled && ctx.records_seen >= ctx.config.fp16_scaler.steps;
+    sink.Condition(
+        AlertKind::kFp16WithoutScaler, r.step(), holds,
+        static_cast<double>(ctx.records_seen), [&] {
+          const char* what = attempt_.scale_seen
+                                 ? "kept the loss scale fixed at 1"
+                                 : "carried no loss scale";
+          return AlertText{
+              "FP16 run without a loss scaler",
+              absl::StrFormat("fp16 run: all of its first %d steps (steps "
+                              "%d..%d) %s",
+                              ctx.records_seen, *attempt_.first_step, r.step(),
+                              what)};
+        });
+  }
+
+  // RunHealth counts records_seen from the rewind on: check the new attempt.
+  void OnRewind(uint64_t step) override { attempt_ = {}; }
+
+ private:
+  struct {
+    std::optional<uint64_t> first_step;
+    bool scale_seen = false;  // a record carried a loss scale
+    bool scaled = false;      // a record carried a scale other than 1
+  } attempt_;
+};
+
+}  // namespace
+
+void AddFp16Detectors(const HealthConfig& config, Detectors* out) {
+  out->push_back(std::make_unique<LossScaleCollapse>());
+  out->push_back(std::make_unique<SkipRateHigh>());
+  out->push_back(std::make_unique<ScalerStuck>());
+  out->push_back(std::make_unique<NonFiniteUpdate>());
+  out->push_back(std::make_unique<ClipBeforeUnscale>(config));
+  out->push_back(std::make_unique<Fp16WithoutScaler>());
+}
 
 }  // namespace trainwatch

@@ -1,7 +1,136 @@
+// Per-layer Adam detectors (DESIGN.md §4): AdamStaleSecondMoment,
+// LayerUpdateStall. They read the layer_stats the clients send every N steps
+// on the lead stream; records without layer_stats leave them unchanged.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
 #include "engine/detectors_internal.h"
 
 namespace trainwatch {
+namespace {
 
-void AddLayerDetectors(const HealthConfig& config, Detectors* out) {}
+// Layers named in a description, at most.
+constexpr size_t kLayersNamed = 5;
+
+// "name value, name value, ..." for the first kLayersNamed layers, then
+// "and N more".
+std::string NameLayers(
+    const std::vector<std::pair<std::string, double>>& layers) {
+  std::string out;
+  for (size_t i = 0; i < layers.size() && i < kLayersNamed; ++i) {
+    if (i > 0) out += ", ";
+    out += absl::StrFormat("%s %.3g", layers[i].first, layers[i].second);
+  }
+  if (layers.size() > kLayersNamed) {
+    out += absl::StrFormat(" and %d more", layers.size() - kLayersNamed);
+  }
+  return out;
+}
+
+// Catches a layer whose Adam second moment is out of date: its gradient is
+// far above what v has seen (RMS of g/sqrt(v) >= adam.g_over_sqrt_v, ~1 in
+// steady state), and a loss spike tends to follow within a few steps. Holds on
+// each post-warmup report naming such a layer; in warmup v is still filling
+// up from 0 (g/sqrt(v) is huge on the first steps by construction).
+class AdamStaleSecondMoment final : public Detector {
+ public:
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    const v1::StepRecord& r = ctx.record;
+    if (r.layer_stats().empty() || !ctx.post_warmup) return;
+    const double threshold = ctx.config.adam.g_over_sqrt_v;
+    std::vector<std::pair<std::string, double>> stale;
+    for (const auto& [layer, stats] : r.layer_stats()) {
+      // NaN compares false: no evidence either way.
+      if (stats.g_over_sqrt_v_rms() >= threshold) {
+        stale.emplace_back(layer, stats.g_over_sqrt_v_rms());
+      }
+    }
+    std::sort(stale.begin(), stale.end(), [](const auto& a, const auto& b) {
+      return a.second != b.second ? a.second > b.second : a.first < b.first;
+    });
+    const double largest = stale.empty() ? 0.0 : stale.front().second;
+    sink.Condition(AlertKind::kAdamStaleSecondMoment, r.step(), !stale.empty(),
+                   largest, [&] {
+                     return AlertText{
+                         "Adam second moment out of date",
+                         absl::StrFormat("step %d: g/sqrt(v) RMS >= %g in %d "
+                                         "layer(s): %s",
+                                         r.step(), threshold, stale.size(),
+                                         NameLayers(stale))};
+                   });
+  }
+};
+
+// Catches layers whose gradients are so small that Adam's eps dominates
+// sqrt(v): their updates vanish. Holds while some layer's grad RMS is in
+// (0, adam.eps_multiple x adam_eps] on adam.stall_reports reports of it in a
+// row (a zero gradient is a frozen or unused layer, not an eps problem).
+class LayerUpdateStall final : public Detector {
+ public:
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    const v1::StepRecord& r = ctx.record;
+    if (!ctx.run.adam_eps.has_value() || r.layer_stats().empty()) return;
+    const auto& cfg = ctx.config.adam;
+    const double limit = cfg.eps_multiple * *ctx.run.adam_eps;
+    for (const auto& [layer, stats] : r.layer_stats()) {
+      const double rms = stats.grad_rms();
+      if (!(rms > 0 && rms <= limit)) {
+        stalls_.erase(layer);
+        continue;
+      }
+      auto it = stalls_.find(layer);
+      if (it == stalls_.end()) {
+        if (stalls_.size() >= kMaxLayers) continue;
+        it = stalls_.emplace(layer, Stall{}).first;
+      }
+      ++it->second.reports;
+      it->second.last_rms = rms;
+    }
+
+    std::vector<std::pair<std::string, double>> stalled;
+    for (const auto& [layer, stall] : stalls_) {
+      if (stall.reports >= cfg.stall_reports) {
+        stalled.emplace_back(layer, stall.last_rms);
+      }
+    }
+    sink.Condition(
+        AlertKind::kLayerUpdateStall, r.step(), !stalled.empty(),
+        static_cast<double>(stalled.size()), [&] {
+          return AlertText{
+              "Layer updates vanish under Adam eps",
+              absl::StrFormat("step %d: %d layer(s) with grad RMS <= %g x "
+                              "adam_eps (%g) on %d reports in a row: %s",
+                              r.step(), stalled.size(), cfg.eps_multiple,
+                              *ctx.run.adam_eps, cfg.stall_reports,
+                              NameLayers(stalled))};
+        });
+  }
+
+  // Reports are not kept, so the runs of them restart after a rewind.
+  void OnRewind(uint64_t step) override { stalls_.clear(); }
+
+ private:
+  // Layers tracked at once, at most (bounds memory on huge models).
+  static constexpr size_t kMaxLayers = 4096;
+
+  struct Stall {
+    uint32_t reports = 0;  // in a row at or below the limit
+    double last_rms = 0.0;
+  };
+  std::map<std::string, Stall> stalls_;  // only layers currently at the limit
+};
+
+}  // namespace
+
+void AddLayerDetectors(const HealthConfig& config, Detectors* out) {
+  out->push_back(std::make_unique<AdamStaleSecondMoment>());
+  out->push_back(std::make_unique<LayerUpdateStall>());
+}
 
 }  // namespace trainwatch
