@@ -1,0 +1,256 @@
+// OrderStatSet, OrderStatWindow and FlagWindow against brute force.
+#include "engine/window.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <optional>
+#include <random>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "engine/order_stat_set.h"
+
+namespace trainwatch {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The nearest-rank q-quantile of `values`, by sorting.
+std::optional<double> BruteQuantile(std::vector<double> values, double q) {
+  if (values.empty()) return std::nullopt;
+  std::sort(values.begin(), values.end());
+  size_t rank = static_cast<size_t>(std::ceil(q * values.size()));
+  return values[rank == 0 ? 0 : rank - 1];
+}
+
+// A window kept the slow way: every (step, value) in order.
+class BruteWindow {
+ public:
+  explicit BruteWindow(size_t capacity) : capacity_(capacity) {}
+  void Push(uint64_t step, double value) {
+    entries_.emplace_back(step, value);
+    if (entries_.size() > capacity_) entries_.pop_front();
+  }
+  void RewindTo(uint64_t step) {
+    while (!entries_.empty() && entries_.back().first >= step) {
+      entries_.pop_back();
+    }
+  }
+  std::vector<double> Finite() const {
+    std::vector<double> out;
+    for (const auto& [step, value] : entries_) {
+      if (std::isfinite(value)) out.push_back(value);
+    }
+    return out;
+  }
+  size_t slots() const { return entries_.size(); }
+
+ private:
+  size_t capacity_;
+  std::deque<std::pair<uint64_t, double>> entries_;
+};
+
+void ExpectSame(const OrderStatWindow& window, const BruteWindow& brute) {
+  std::vector<double> finite = brute.Finite();
+  ASSERT_EQ(window.slots(), brute.slots());
+  ASSERT_EQ(window.ranked(), finite.size());
+  for (double q : {0.0, 0.01, 0.25, 0.5, 0.75, 0.98, 1.0}) {
+    EXPECT_EQ(window.Quantile(q), BruteQuantile(finite, q)) << "q=" << q;
+  }
+  EXPECT_EQ(window.Median(), BruteQuantile(finite, 0.5));
+  EXPECT_EQ(window.Max(), BruteQuantile(finite, 1.0));
+}
+
+TEST(OrderStatSet, KthMatchesSortedMultisetUnderInsertAndErase) {
+  std::mt19937_64 rng(7);
+  // Few distinct values, so equal values with different ids are common.
+  std::uniform_int_distribution<int> value_of(0, 50);
+  OrderStatSet set;
+  std::multiset<std::pair<double, uint64_t>> brute;
+  uint64_t next_id = 0;
+  for (int i = 0; i < 20000; ++i) {
+    if (brute.empty() || rng() % 3 != 0) {
+      double v = value_of(rng) * 0.5;
+      set.Insert(v, next_id);
+      brute.emplace(v, next_id);
+      ++next_id;
+    } else {
+      auto it = brute.begin();
+      std::advance(it, rng() % brute.size());
+      EXPECT_TRUE(set.Erase(it->first, it->second));
+      brute.erase(it);
+    }
+    ASSERT_EQ(set.size(), brute.size());
+    if (i % 97 == 0 && !brute.empty()) {
+      size_t k = 0;
+      for (const auto& [value, id] : brute) EXPECT_EQ(set.Kth(k++), value);
+    }
+  }
+  EXPECT_FALSE(set.Erase(1000.0, 0));  // never inserted
+  EXPECT_FALSE(set.Erase(0.0, next_id));
+  set.Clear();
+  EXPECT_TRUE(set.empty());
+  EXPECT_EQ(set.size(), 0u);
+}
+
+TEST(OrderStatWindow, QuantilesAreNearestRank) {
+  OrderStatWindow window(10);
+  EXPECT_EQ(window.Median(), std::nullopt);
+  EXPECT_EQ(window.Max(), std::nullopt);
+  for (uint64_t step = 0; step < 4; ++step) window.Push(step, 4.0 - step);
+  // Values 1 2 3 4: the median is the 2nd smallest (ceil(0.5 * 4) = 2).
+  EXPECT_EQ(window.Median(), 2.0);
+  EXPECT_EQ(window.Quantile(0.0), 1.0);
+  EXPECT_EQ(window.Quantile(0.26), 2.0);
+  EXPECT_EQ(window.Quantile(1.0), 4.0);
+  EXPECT_EQ(window.Quantile(-1.0), 1.0);  // q is clamped to [0, 1]
+  EXPECT_EQ(window.Quantile(2.0), 4.0);
+  window.Push(4, 5.0);
+  EXPECT_EQ(window.Median(), 3.0);  // 1 2 3 4 5
+}
+
+TEST(OrderStatWindow, NonFiniteValuesTakeASlotButAreNotRanked) {
+  OrderStatWindow window(3);
+  window.Push(0, kNaN);
+  EXPECT_EQ(window.slots(), 1u);
+  EXPECT_EQ(window.ranked(), 0u);
+  EXPECT_EQ(window.Median(), std::nullopt);
+  window.Push(1, 2.0);
+  window.Push(2, kInf);
+  EXPECT_EQ(window.slots(), 3u);
+  EXPECT_EQ(window.ranked(), 1u);
+  EXPECT_EQ(window.Max(), 2.0);
+  // Pushing evicts the NaN (oldest), not a ranked value.
+  window.Push(3, 1.0);
+  EXPECT_EQ(window.slots(), 3u);
+  EXPECT_EQ(window.ranked(), 2u);
+  EXPECT_EQ(window.Quantile(0.0), 1.0);
+  window.Push(4, -kInf);
+  window.Push(5, kNaN);
+  EXPECT_EQ(window.ranked(), 1u);  // 1.0, -Inf, NaN
+  EXPECT_EQ(window.Max(), 1.0);
+  window.Push(6, kNaN);
+  EXPECT_EQ(window.slots(), 3u);
+  EXPECT_EQ(window.ranked(), 0u);
+  EXPECT_EQ(window.Max(), std::nullopt);
+}
+
+TEST(OrderStatWindow, MatchesBruteForceWithEvictionAndRewind) {
+  std::mt19937_64 rng(42);
+  std::lognormal_distribution<double> norm(std::log(0.35), 0.4);
+  const size_t kCapacity = 64;
+  OrderStatWindow window(kCapacity);
+  BruteWindow brute(kCapacity);
+  uint64_t step = 0;
+  int rewinds = 0;
+  for (int i = 0; i < 5000; ++i) {
+    const uint64_t r = rng() % 100;
+    if (r < 2 && step > 0) {
+      // A restart from a checkpoint up to 100 steps back, then resume there.
+      uint64_t back = 1 + rng() % std::min<uint64_t>(step, 100);
+      step -= back;
+      window.RewindTo(step);
+      brute.RewindTo(step);
+      ++rewinds;
+    } else {
+      double v;
+      if (r < 6) {
+        v = kNaN;
+      } else if (r < 8) {
+        v = (r % 2 ? 1 : -1) * kInf;
+      } else if (r < 20) {
+        v = 1.0;  // repeated values: ties broken by step
+      } else {
+        v = norm(rng);
+      }
+      window.Push(step, v);
+      brute.Push(step, v);
+      ++step;
+    }
+    ExpectSame(window, brute);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_GT(rewinds, 50);
+  window.Clear();
+  EXPECT_EQ(window.slots(), 0u);
+  EXPECT_EQ(window.ranked(), 0u);
+  window.Push(step, 3.0);
+  EXPECT_EQ(window.Median(), 3.0);
+}
+
+TEST(OrderStatWindow, RewindBeforeEveryStepEmptiesIt) {
+  OrderStatWindow window(10);
+  for (uint64_t step = 100; step < 120; ++step) window.Push(step, step * 1.0);
+  window.RewindTo(115);
+  EXPECT_EQ(window.slots(), 5u);  // 110..114
+  EXPECT_EQ(window.Max(), 114.0);
+  EXPECT_EQ(window.Quantile(0.0), 110.0);
+  window.RewindTo(0);
+  EXPECT_EQ(window.slots(), 0u);
+  EXPECT_EQ(window.ranked(), 0u);
+}
+
+TEST(OrderStatWindow, ZeroCapacityHoldsNothing) {
+  OrderStatWindow window(0);
+  window.Push(0, 1.0);
+  EXPECT_EQ(window.slots(), 0u);
+  EXPECT_EQ(window.Median(), std::nullopt);
+}
+
+TEST(FlagWindow, CountMatchesBruteForceWithEvictionAndRewind) {
+  std::mt19937_64 rng(3);
+  const size_t kCapacity = 100;
+  FlagWindow window(kCapacity);
+  std::deque<std::pair<uint64_t, bool>> brute;
+  uint64_t step = 0;
+  for (int i = 0; i < 20000; ++i) {
+    if (rng() % 100 == 0 && step > 0) {
+      step -= 1 + rng() % std::min<uint64_t>(step, 150);
+      window.RewindTo(step);
+      while (!brute.empty() && brute.back().first >= step) brute.pop_back();
+    } else {
+      bool flag = rng() % 10 < 3;
+      window.Push(step, flag);
+      brute.emplace_back(step, flag);
+      if (brute.size() > kCapacity) brute.pop_front();
+      ++step;
+    }
+    size_t count = std::count_if(brute.begin(), brute.end(),
+                                 [](const auto& e) { return e.second; });
+    ASSERT_EQ(window.size(), brute.size());
+    ASSERT_EQ(window.count(), count);
+    ASSERT_DOUBLE_EQ(window.fraction(),
+                     brute.empty() ? 0.0 : double(count) / brute.size());
+  }
+  window.Clear();
+  EXPECT_EQ(window.size(), 0u);
+  EXPECT_EQ(window.count(), 0u);
+  EXPECT_EQ(window.fraction(), 0.0);
+}
+
+TEST(RunWindow, RewindToRewindsEverySeries) {
+  RunWindow w(10);
+  for (uint64_t step = 0; step < 10; ++step) {
+    w.grad_norm.Push(step, 1.0);
+    w.clipped.Push(step, true);
+    w.skipped.Push(step, true);
+    w.max_attn_logit.Push(step, 2.0);
+    w.log_z.Push(step, 3.0);
+  }
+  w.RewindTo(6);
+  EXPECT_EQ(w.grad_norm.slots(), 6u);
+  EXPECT_EQ(w.clipped.count(), 6u);
+  EXPECT_EQ(w.skipped.count(), 6u);
+  EXPECT_EQ(w.max_attn_logit.slots(), 6u);
+  EXPECT_EQ(w.log_z.slots(), 6u);
+}
+
+}  // namespace
+}  // namespace trainwatch
