@@ -2,12 +2,14 @@
 // SIGINT, drains and exits 0.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
 
 #include "absl/strings/numbers.h"
+#include "config/config.h"
 #include "server.h"
 
 namespace {
@@ -20,7 +22,7 @@ constexpr const char* kUsage = R"(usage: trainwatch-server [flags]
   --synchronous MODE       SQLite synchronous: NORMAL (default) or FULL
   --engine-threads N       health-engine threads (default 2)
   --max-active-runs N      runs that have not finished, at most (default 10000)
-  --config FILE            YAML detector config          (not available yet)
+  --config FILE            YAML detector thresholds (see deploy/trainwatch.yaml)
   --alertmanager-url URL   Alertmanager v2 API           (not available yet)
   --webhook-url URL        JSON webhook for alerts       (not available yet)
   --auth-token-file FILE   bearer tokens                 (not available yet)
@@ -45,13 +47,15 @@ size_t ParseCount(const std::string& flag, const std::string& value) {
 
 int main(int argc, char** argv) {
   trainwatch::ServerOptions options;
+  std::string config_path;
   const std::map<std::string, std::string*> string_flags = {
       {"--listen", &options.listen},
       {"--metrics-listen", &options.metrics_listen},
       {"--db", &options.db},
       {"--synchronous", &options.synchronous},
+      {"--config", &config_path},
   };
-  const char* later[] = {"--config", "--alertmanager-url", "--webhook-url",
+  const char* later[] = {"--alertmanager-url", "--webhook-url",
                          "--auth-token-file", "--tls-cert", "--tls-key"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -84,6 +88,16 @@ int main(int argc, char** argv) {
   }
   if (options.synchronous != "NORMAL" && options.synchronous != "FULL") {
     UsageError("--synchronous must be NORMAL or FULL");
+  }
+  if (!config_path.empty()) {
+    absl::StatusOr<trainwatch::HealthConfig> health =
+        trainwatch::LoadHealthConfig(config_path);
+    if (!health.ok()) {
+      fprintf(stderr, "trainwatch-server: --config %s\n",
+              std::string(health.status().message()).c_str());
+      return 2;
+    }
+    options.health = *std::move(health);
   }
 
   // Block the stop signals in every thread; main waits for them below.

@@ -16,7 +16,9 @@ void RunHealth::OnLeadRecord(const v1::StepRecord& r, int64_t now_unix_nanos) {
   const bool post_warmup = r.step() >= info_.warmup_steps;
   if (post_warmup) {
     window_.grad_norm.Push(r.step(), r.grad_norm());
-    window_.clipped.Push(r.step(), r.clipped());
+    // A skipped step applied no update, so it was not clipped either (its
+    // norm is usually Inf, which would otherwise read as clipped).
+    window_.clipped.Push(r.step(), r.clipped() && !r.skipped());
     window_.skipped.Push(r.step(), r.skipped());
     if (r.has_max_attn_logit()) {
       window_.max_attn_logit.Push(r.step(), r.max_attn_logit());

@@ -1,0 +1,386 @@
+#include "config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "engine/alert_catalog.h"
+
+namespace trainwatch {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The values a setting may take. `lo`/`hi` are inclusive unless `*_open`.
+struct Range {
+  double lo;
+  bool lo_open;
+  double hi;
+  bool hi_open;
+  const char* text;  // as the error message says it
+};
+
+constexpr Range kFraction = {0, true, 1, false, "in (0, 1]"};
+constexpr Range kOpenFraction = {0, true, 1, true, "in (0, 1)"};
+constexpr Range kPositive = {0, true, kInf, true, "> 0"};
+constexpr Range kAboveOne = {1, true, kInf, true, "> 1"};
+constexpr Range kCount = {1, false, std::numeric_limits<uint32_t>::max(), false,
+                          "an integer >= 1"};
+// Each run keeps W values per series: a typo must not cost gigabytes.
+constexpr Range kWindow = {10, false, 1'000'000, false,
+                           "an integer in [10, 1000000]"};
+constexpr Range kSeconds = {1, false, 365.0 * 24 * 3600, false,
+                            "an integer in [1, 31536000]"};
+
+bool InRange(double v, const Range& r) {
+  const bool lo_ok = r.lo_open ? v > r.lo : v >= r.lo;
+  const bool hi_ok = r.hi_open ? v < r.hi : v <= r.hi;
+  return lo_ok && hi_ok;
+}
+
+using FieldRef = std::variant<double*, uint32_t*, int64_t*>;
+
+// One settable value: its place in the YAML file and in the struct.
+struct Field {
+  absl::string_view group;  // "" at the top level
+  absl::string_view key;
+  Range range;
+  FieldRef ref;
+
+  std::string Dotted() const {
+    return group.empty() ? std::string(key) : absl::StrCat(group, ".", key);
+  }
+};
+
+// Every numeric setting of HealthConfig, in the struct's order. A field added
+// to HealthConfig without a line here is not settable; config_test checks
+// each one.
+std::vector<Field> Fields(HealthConfig& c) {
+  return {
+      {"", "window_steps", kWindow, &c.window_steps},
+      {"", "resolve_after_steps", kCount, &c.resolve_after_steps},
+      {"clip_fraction", "threshold", kFraction, &c.clip_fraction.threshold},
+      {"clip_fraction", "min_steps", kCount, &c.clip_fraction.min_steps},
+      {"spike", "sigmas", kPositive, &c.spike.sigmas},
+      {"spike", "min_ratio", kAboveOne, &c.spike.min_ratio},
+      {"spike", "hard_ratio", kAboveOne, &c.spike.hard_ratio},
+      {"spike", "ema_beta", kOpenFraction, &c.spike.ema_beta},
+      {"spike", "min_steps", kCount, &c.spike.min_steps},
+      {"drift", "ratio", kAboveOne, &c.drift.ratio},
+      {"loss_scale", "halvings", kCount, &c.loss_scale.halvings},
+      {"loss_scale", "within_steps", kCount, &c.loss_scale.within_steps},
+      {"loss_scale", "min_scale", kPositive, &c.loss_scale.min_scale},
+      {"skip_rate", "threshold", kFraction, &c.skip_rate.threshold},
+      {"skip_rate", "min_steps", kCount, &c.skip_rate.min_steps},
+      {"scaler_stuck", "consecutive", kCount, &c.scaler_stuck.consecutive},
+      {"clip_before_unscale", "steps", kCount, &c.clip_before_unscale.steps},
+      {"clip_before_unscale", "clip_fraction", kFraction,
+       &c.clip_before_unscale.clip_fraction},
+      {"clip_before_unscale", "min_norm_to_scale", kPositive,
+       &c.clip_before_unscale.min_norm_to_scale},
+      {"post_clip", "min_steps", kCount, &c.post_clip.min_steps},
+      {"post_clip", "pile_fraction", kFraction, &c.post_clip.pile_fraction},
+      {"post_clip", "min_pile", kCount, &c.post_clip.min_pile},
+      {"attention", "ratio", kAboveOne, &c.attention.ratio},
+      {"attention", "cap", kPositive, &c.attention.cap},
+      {"log_z", "nats", kPositive, &c.log_z.nats},
+      {"rank_mismatch", "relative_spread", kOpenFraction,
+       &c.rank_mismatch.relative_spread},
+      {"rank_mismatch", "horizon_steps", kCount, &c.rank_mismatch.horizon_steps},
+      {"shard_mismatch", "relative_error", kOpenFraction,
+       &c.shard_mismatch.relative_error},
+      {"fp16_scaler", "steps", kCount, &c.fp16_scaler.steps},
+      {"adam", "g_over_sqrt_v", kAboveOne, &c.adam.g_over_sqrt_v},
+      {"adam", "eps_multiple", kPositive, &c.adam.eps_multiple},
+      {"adam", "stall_reports", kCount, &c.adam.stall_reports},
+      {"silent", "seconds", kSeconds, &c.silent.seconds},
+  };
+}
+
+constexpr absl::string_view kDisabledKey = "disabled";
+
+// Builds "NAME:LINE: message" errors. yaml-cpp counts lines from 0.
+class Errors {
+ public:
+  explicit Errors(const std::string& name) : name_(name) {}
+
+  absl::Status At(const YAML::Mark& mark, absl::string_view message) const {
+    if (mark.is_null() || mark.line < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": ", message));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ":", mark.line + 1, ": ", message));
+  }
+
+ private:
+  const std::string& name_;
+};
+
+absl::string_view NodeKind(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      return "nothing";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a map";
+    default:
+      return "a scalar";
+  }
+}
+
+// A value's mark, or its key's when the value is empty (yaml-cpp places an
+// empty value where the next token starts, often on the next line).
+YAML::Mark MarkOf(const YAML::Node& value, const YAML::Node& key) {
+  const YAML::Mark m = value.Mark();
+  return value.IsNull() || m.is_null() || m.line < 0 ? key.Mark() : m;
+}
+
+absl::Status SetField(const Field& field, const YAML::Node& key,
+                      const YAML::Node& value, const Errors& errors) {
+  const YAML::Mark mark = MarkOf(value, key);
+  const std::string name = field.Dotted();
+  const bool integer = !std::holds_alternative<double*>(field.ref);
+  const char* wanted = integer ? "an integer" : "a number";
+  // A quoted scalar is a string in YAML, even "0.05".
+  if (!value.IsScalar() || value.Tag() == "!") {
+    return errors.At(mark, absl::StrCat(name, ": expected ", wanted, ", got ",
+                                        value.IsScalar() ? "a string"
+                                                         : NodeKind(value)));
+  }
+  const std::string& text = value.Scalar();
+  double v = 0;
+  if (integer) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(text, &n)) {
+      return errors.At(mark, absl::StrCat(name, ": expected ", wanted,
+                                          ", got '", text, "'"));
+    }
+    v = static_cast<double>(n);
+  } else if (!absl::SimpleAtod(text, &v) || !std::isfinite(v)) {
+    return errors.At(mark, absl::StrCat(name, ": expected ", wanted, ", got '",
+                                        text, "'"));
+  }
+  if (!InRange(v, field.range)) {
+    return errors.At(mark, absl::StrCat(name, " must be ", field.range.text,
+                                        ", got ", text));
+  }
+  std::visit(
+      [v](auto* p) { *p = static_cast<std::remove_pointer_t<decltype(p)>>(v); },
+      field.ref);
+  return absl::OkStatus();
+}
+
+std::string KnownAlertnames() {
+  std::vector<std::string> names;
+  for (const AlertSpec& spec : AllAlertSpecs()) names.emplace_back(spec.name);
+  return absl::StrJoin(names, ", ");
+}
+
+absl::Status SetDisabled(const YAML::Node& key, const YAML::Node& value,
+                         const Errors& errors, std::set<std::string>* out) {
+  if (value.IsNull()) return absl::OkStatus();
+  if (!value.IsSequence()) {
+    return errors.At(MarkOf(value, key),
+                     absl::StrCat("disabled: expected a list of alertnames, got ",
+                                  NodeKind(value)));
+  }
+  for (const YAML::Node& item : value) {
+    if (!item.IsScalar()) {
+      return errors.At(MarkOf(item, key),
+                       absl::StrCat("disabled: expected an alertname, got ",
+                                    NodeKind(item)));
+    }
+    if (!AlertKindByName(item.Scalar()).has_value()) {
+      return errors.At(item.Mark(),
+                       absl::StrCat("disabled: unknown alertname '",
+                                    item.Scalar(), "' (known: ",
+                                    KnownAlertnames(), ")"));
+    }
+    out->insert(item.Scalar());
+  }
+  return absl::OkStatus();
+}
+
+// Parses a parsed document into `config`. `lines` gets the 1-based line of
+// every key set, by dotted name, for the checks across keys.
+absl::Status Apply(const YAML::Node& root, const Errors& errors,
+                   HealthConfig* config, std::map<std::string, int>* lines) {
+  if (root.IsNull()) return absl::OkStatus();
+  if (!root.IsMap()) {
+    return errors.At(root.Mark(),
+                     absl::StrCat("expected a map of settings at the top level, "
+                                  "got ",
+                                  NodeKind(root)));
+  }
+  const std::vector<Field> fields = Fields(*config);
+  auto find = [&](absl::string_view group, absl::string_view key) -> const Field* {
+    for (const Field& f : fields) {
+      if (f.group == group && f.key == key) return &f;
+    }
+    return nullptr;
+  };
+  // The keys allowed in `group` ("" for the top level), for error messages.
+  auto known_in = [&](absl::string_view group) {
+    std::vector<absl::string_view> names;
+    for (const Field& f : fields) {
+      if (f.group == group) names.push_back(f.key);
+    }
+    if (group.empty()) {
+      names.push_back(kDisabledKey);
+      for (const Field& f : fields) {
+        if (!f.group.empty() &&
+            std::find(names.begin(), names.end(), f.group) == names.end()) {
+          names.push_back(f.group);
+        }
+      }
+    }
+    return absl::StrJoin(names, ", ");
+  };
+  // Records a key, refusing one given twice (yaml-cpp keeps both).
+  auto note = [&](const std::string& dotted,
+                  const YAML::Node& key) -> absl::Status {
+    const int line = key.Mark().line + 1;
+    auto [it, inserted] = lines->emplace(dotted, line);
+    if (!inserted) {
+      return errors.At(key.Mark(), absl::StrCat("duplicate key '", dotted,
+                                               "' (first at line ",
+                                               it->second, ")"));
+    }
+    return absl::OkStatus();
+  };
+
+  for (const auto& top : root) {
+    const YAML::Node& key = top.first;
+    const YAML::Node& value = top.second;
+    if (!key.IsScalar()) {
+      return errors.At(key.Mark(), "keys must be plain names");
+    }
+    const std::string& name = key.Scalar();
+    if (absl::Status s = note(name, key); !s.ok()) return s;
+    if (name == kDisabledKey) {
+      if (absl::Status s = SetDisabled(key, value, errors, &config->disabled);
+          !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    if (const Field* field = find("", name); field != nullptr) {
+      if (absl::Status s = SetField(*field, key, value, errors); !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    const bool is_group =
+        std::any_of(fields.begin(), fields.end(),
+                    [&](const Field& f) { return f.group == name; });
+    if (!is_group) {
+      return errors.At(key.Mark(), absl::StrCat("unknown key '", name,
+                                               "' (known: ", known_in(""),
+                                               ")"));
+    }
+    if (value.IsNull()) continue;  // every key of the group commented out
+    if (!value.IsMap()) {
+      return errors.At(MarkOf(value, key),
+                       absl::StrCat(name, ": expected a map of settings, got ",
+                                    NodeKind(value)));
+    }
+    for (const auto& inner : value) {
+      const YAML::Node& sub = inner.first;
+      if (!sub.IsScalar()) {
+        return errors.At(sub.Mark(), "keys must be plain names");
+      }
+      const std::string dotted = absl::StrCat(name, ".", sub.Scalar());
+      const Field* f = find(name, sub.Scalar());
+      if (f == nullptr) {
+        return errors.At(sub.Mark(), absl::StrCat("unknown key '", dotted,
+                                                 "' (", name, " has: ",
+                                                 known_in(name), ")"));
+      }
+      if (absl::Status s = note(dotted, sub); !s.ok()) return s;
+      if (absl::Status s = SetField(*f, sub, inner.second, errors); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Settings that are each in range but together make an alert impossible.
+absl::Status CheckAcrossKeys(const HealthConfig& c,
+                             const std::map<std::string, int>& lines,
+                             const std::string& name) {
+  const std::pair<const char*, uint32_t> needs_window[] = {
+      {"clip_fraction.min_steps", c.clip_fraction.min_steps},
+      {"skip_rate.min_steps", c.skip_rate.min_steps},
+      {"post_clip.min_steps", c.post_clip.min_steps},
+  };
+  for (const auto& [key, min_steps] : needs_window) {
+    if (min_steps <= c.window_steps) continue;
+    // Blame the key the file set (one of the two was set: defaults agree).
+    auto it = lines.find(key);
+    if (it == lines.end()) it = lines.find("window_steps");
+    const int line = it == lines.end() ? 0 : it->second;
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ":", line, ": ", key, " (", min_steps,
+        ") exceeds window_steps (", c.window_steps,
+        "): the alert could never fire"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HealthConfig> ParseHealthConfig(
+    const std::string& yaml_text, const std::string& name_for_errors) {
+  const Errors errors(name_for_errors);
+  HealthConfig config;
+  std::map<std::string, int> lines;
+  // yaml-cpp reports through exceptions; none leaves this function.
+  try {
+    const YAML::Node root = YAML::Load(yaml_text);
+    if (absl::Status s = Apply(root, errors, &config, &lines); !s.ok()) {
+      return s;
+    }
+  } catch (const YAML::Exception& e) {
+    return errors.At(e.mark, e.msg);
+  }
+  if (absl::Status s = CheckAcrossKeys(config, lines, name_for_errors);
+      !s.ok()) {
+    return s;
+  }
+  return config;
+}
+
+absl::StatusOr<HealthConfig> LoadHealthConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read config ", path, ": ", std::strerror(errno)));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat("read error in config ", path));
+  }
+  return ParseHealthConfig(text.str(), path);
+}
+
+}  // namespace trainwatch

@@ -1,0 +1,976 @@
+#!/usr/bin/python3
+"""Writes the scenario suite: synthetic training runs as JSONL step logs.
+
+Each scenario is one run made with a fixed seed: healthy runs of several
+kinds, and runs with one failure each of DESIGN.md §4. The manifest
+(expected.json) lists, per scenario, its run id, its files as "replay"
+stages (a stage holds one file per rank, streamed together; a restarted job
+has one stage per attempt, streamed in order), the alerts it must raise with
+the step where each becomes true, and the alerts it may raise without
+counting as a false alarm. tests/integration/scenario_test.cc replays every
+scenario through the real server and compares.
+
+  generate.py --out DIR [NAME ...]   write the named scenarios (default: all)
+                                     and DIR/expected.json (of those)
+  generate.py --manifest-only --out DIR
+  generate.py --list
+
+The committed tests/testdata/scenarios/expected.json is what --manifest-only
+writes; the test checks they agree. Standard library only; the output depends
+on nothing but this file (random.Random with a fixed seed per scenario).
+
+Realism, shared by all scenarios unless a scenario says otherwise:
+- steps count from 1; an LR warmup (short, to keep the files small) with
+  norms several times higher at the start, then a cosine LR decay with the
+  typical norm falling slowly;
+- norms are lognormal around that trend: an AR(1) wander plus white noise in
+  log space, 3% of steps drawn from a 2.2x wider distribution (mild heavy
+  tails);
+- loss falls from about log V = 10.8; lr, two batch ids per step, a
+  timestamp every 0.4 s; CHECKPOINT_SAVED every 1000 steps; RUN_FINISHED (or
+  RUN_FAILED after a divergence) at the end;
+- fp16 runs follow torch.cuda.amp.GradScaler: init 65536, halve on overflow
+  (the step is skipped, its norm is inf), double after growth_interval clean
+  steps; loss_scale is the scale after the step's update;
+- self-checks stop the generator if a seed makes a run other than it claims:
+  a norm 5x its trailing median where no spike is meant, a healthy fp16 run
+  whose scale collapses, a skip rate off target.
+
+"onset_step" of an expected alert is the first step at which the generating
+process itself meets the alert's documented condition (for a windowed mean
+or median, the step where the underlying quantity crosses the threshold; for
+a rule that needs N steps, the N-th step): the detection delay is the alert's
+started_step minus it, so a windowed median's lag of about W/2 shows in it. "failure_step" is
+where the failure begins; an expected alert starting before it is a false
+alarm.
+"""
+
+import argparse
+import bisect
+import json
+import math
+import os
+import random
+import sys
+import zlib
+
+BASE_TIME_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z
+STEP_TIME_NS = 400_000_000
+WINDOW = 1000  # DESIGN.md §4 default W
+MANIFEST = "expected.json"
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def num(x, digits=8):
+    """A float as the JSONL log carries it (proto3 JSON for non-finite)."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return float(f"{x:.{digits}g}")
+
+
+class RankLog:
+    """One rank's JSONL step log. On close it checks that no step's norm is
+    5x the median of the 200 before it (a spike by GradNormSpike's own
+    min_ratio), except at the steps in `spikes`: a scenario only spikes
+    where it says so, whatever the seed."""
+
+    SPIKE_RATIO = 5.0
+    TRAILING = 200
+
+    def __init__(self, path, run_start):
+        self.path = path or run_start["run_id"]
+        self.out = open(path, "w") if path else None
+        self.spikes = set()
+        self.norms = []  # (step, finite grad_norm)
+        self._write({"run_start": run_start})
+
+    def _write(self, obj):
+        if self.out:
+            self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+    def step(self, record):
+        norm = record["grad_norm"]
+        if isinstance(norm, float) and math.isfinite(norm):
+            self.norms.append((record["step"], norm))
+        self._write(record)
+
+    def check_no_spike(self):
+        trailing, window = [], []
+        for step, norm in self.norms:
+            if len(window) == self.TRAILING and step not in self.spikes:
+                median = window[len(window) // 2]
+                check(norm < self.SPIKE_RATIO * median,
+                      f"{self.path}: step {step}: norm {norm:.4g} is "
+                      f"{norm / median:.1f}x the trailing median (change the seed "
+                      "or the noise)")
+            bisect.insort(window, norm)
+            trailing.append(norm)
+            if len(trailing) > self.TRAILING:
+                window.pop(bisect.bisect_left(window, trailing.pop(0)))
+
+    def event(self, step, kind, detail=""):
+        ev = {"step": step, "kind": kind}
+        if detail:
+            ev["detail"] = detail
+        self._write({"event": ev})
+
+    def close(self):
+        self.check_no_spike()
+        if self.out:
+            self.out.close()
+
+
+# ------------------------------------------------------------- the trainer
+
+
+class LogNoise:
+    """Log-space deviation of a norm from its trend: AR(1) plus white noise
+    with a mild heavy tail (3% of steps from a 2.2x wider gaussian)."""
+
+    TAIL_P = 0.03
+    TAIL_X = 2.2
+    AR = 0.9
+
+    def __init__(self, rng, sigma, ar_sigma=0.03):
+        self.rng = rng
+        self.sigma = sigma
+        self.ar_sigma = ar_sigma
+        self.a = 0.0
+
+    def next(self):
+        self.a = self.AR * self.a + self.rng.gauss(0.0, self.ar_sigma)
+        s = self.sigma * (self.TAIL_X if self.rng.random() < self.TAIL_P else 1.0)
+        return self.a + self.rng.gauss(0.0, s)
+
+    def prob_above(self, log_margin):
+        """P(deviation > log_margin) under the stationary distribution."""
+        ar_var = self.ar_sigma**2 / (1 - self.AR**2)
+
+        def q(sd):
+            return 0.5 * math.erfc(log_margin / (sd * math.sqrt(2)))
+
+        core = math.sqrt(self.sigma**2 + ar_var)
+        tail = math.sqrt((self.TAIL_X * self.sigma) ** 2 + ar_var)
+        return (1 - self.TAIL_P) * q(core) + self.TAIL_P * q(tail)
+
+
+class Run:
+    """Shape of one training run: its schedule and typical norm."""
+
+    def __init__(self, steps, warmup, m0, m_end=None, peak_lr=3e-4):
+        self.steps = steps
+        self.warmup = warmup
+        self.m0 = m0  # typical post-warmup norm at the end of warmup
+        self.m_end = m0 * 0.85 if m_end is None else m_end
+        self.peak_lr = peak_lr
+
+    def progress(self, step):
+        return min(1.0, max(0.0, (step - self.warmup) / max(1, self.steps - self.warmup)))
+
+    def median(self, step):
+        """Typical norm: high at the start, falling fast through warmup, then
+        slowly with the LR decay."""
+        early = 1.0 + 5.0 * math.exp(-4.0 * step / max(1, self.warmup))
+        return early * self.m0 * (self.m_end / self.m0) ** self.progress(step)
+
+    def lr(self, step):
+        if step < self.warmup:
+            return self.peak_lr * step / self.warmup
+        p = self.progress(step)
+        return self.peak_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+    def loss(self, rng, step):
+        return 2.1 + 8.7 * math.exp(-step / 700.0) + 0.4 * (1 - self.progress(step)) + rng.gauss(0, 0.03)
+
+    def base(self, rng, step, grad_norm):
+        """A step record with the fields every scenario carries."""
+        return {
+            "step": step,
+            "grad_norm": num(grad_norm),
+            "loss": num(self.loss(rng, step), 5),
+            "lr": num(self.lr(step), 4),
+            "time_unix_nanos": BASE_TIME_NS + step * STEP_TIME_NS,
+            "batch_ids": [2 * (step - 1), 2 * (step - 1) + 1],
+        }
+
+
+class Scaler:
+    """torch.cuda.amp.GradScaler's update rule. `update_on_skip=False` is the
+    ScalerStuck bug: update() is only called on clean steps."""
+
+    def __init__(self, scale=65536.0, growth_interval=2000, update_on_skip=True):
+        self.scale = scale
+        self.growth_interval = growth_interval
+        self.update_on_skip = update_on_skip
+        self.clean = 0
+        self.history = []  # (step, scale after update)
+
+    def update(self, step, overflow):
+        if overflow:
+            if self.update_on_skip:
+                self.scale *= 0.5
+            self.clean = 0
+        else:
+            self.clean += 1
+            if self.clean == self.growth_interval:
+                self.scale *= 2.0
+                self.clean = 0
+        self.history.append((step, self.scale))
+        return self.scale
+
+
+def max_halvings_without_growth(history, within=100):
+    """Most scale decreases inside `within` steps with no increase between:
+    the LossScaleCollapse condition, for self-checks of healthy parts."""
+    best, run = 0, []
+    prev = None
+    for step, scale in history:
+        if prev is not None:
+            if scale > prev:
+                run = []
+            elif scale < prev:
+                run.append(step)
+                run = [s for s in run if s > step - within]
+                best = max(best, len(run))
+        prev = scale
+    return best
+
+
+def check(condition, message):
+    if not condition:
+        sys.exit(f"generate.py: self-check failed: {message}")
+
+
+def checkpoints(log, step, every=1000):
+    if step % every == 0:
+        log.event(step, "CHECKPOINT_SAVED", f"ckpt-{step:06d}")
+
+
+LAYERS = [
+    # name, share of the squared global norm, parameter count
+    ("embed", 0.20, 51_200_000),
+    ("layers.0.attn.qkv", 0.10, 2_359_296),
+    ("layers.0.mlp.up", 0.12, 4_194_304),
+    ("layers.1.attn.qkv", 0.10, 2_359_296),
+    ("layers.1.mlp.up", 0.12, 4_194_304),
+    ("layers.2.attn.qkv", 0.10, 2_359_296),
+    ("layers.2.mlp.up", 0.12, 4_194_304),
+    ("lm_head", 0.14, 51_200_000),
+]
+
+
+def layer_stats(rng, norm, overrides=None):
+    """Per-layer stats consistent with the global norm; g/sqrt(v) about 1."""
+    out = {}
+    for name, share, numel in LAYERS:
+        g = norm * math.sqrt(share) * math.exp(rng.gauss(0, 0.05))
+        stats = {
+            "grad_norm": num(g, 6),
+            "grad_rms": num(g / math.sqrt(numel), 6),
+            "g_over_sqrt_v_rms": num(math.exp(rng.gauss(0.0, 0.08)), 4),
+        }
+        stats.update((overrides or {}).get(name, {}))
+        out[name] = stats
+    return out
+
+
+# ---------------------------------------------------------------- scenarios
+#
+# A scenario function takes (rng, out_dir or None) and returns its manifest
+# entry. With out_dir None nothing is written (the manifest alone).
+
+
+SCENARIOS = []
+
+
+def scenario(fn):
+    SCENARIOS.append(fn)
+    return fn
+
+
+def run_start(name, **fields):
+    start = {
+        "run_id": f"scenario/{name}",
+        "world_size": 1,
+        "max_norm": 1.0,
+        "labels": {"model": "gpt-350m", "suite": "scenarios"},
+    }
+    start.update(fields)
+    return start
+
+
+def entry(name, description, files, run, expected=(), allowed=(), failure_step=None,
+          world_size=1, replay=None):
+    """A manifest entry. `files` (one per rank) are streamed together;
+    `replay` instead gives stages streamed one after the other (a restart)."""
+    return {
+        "name": name,
+        "description": description,
+        "run_id": f"scenario/{name}",
+        "replay": replay or [files],
+        "world_size": world_size,
+        "steps": run.steps,
+        "warmup_steps": run.warmup,
+        "failure_step": failure_step,
+        "expected": [{"alertname": a, "onset_step": s} for a, s in expected],
+        "allowed": sorted(allowed),
+    }
+
+
+def open_logs(out, name, world_size, start):
+    """One RankLog per rank; returns (logs, file names)."""
+    if world_size == 1:
+        files = [f"{name}.jsonl"]
+    else:
+        files = [f"{name}.rank{r}.jsonl" for r in range(world_size)]
+    logs = []
+    for rank, f in enumerate(files):
+        s = dict(start, rank=rank, world_size=world_size)
+        logs.append(RankLog(os.path.join(out, f) if out else None, s))
+    return logs, files
+
+
+def finish(logs, step, failed=False):
+    for log in logs:
+        log.event(step, "RUN_FAILED" if failed else "RUN_FINISHED",
+                  "diverged" if failed else "")
+        log.close()
+
+
+def plain_run(name, description, seed_run, out, precision="BF16", sigma=0.15,
+              with_layers=False, attn_logz=False, extra_start=None, expected=(),
+              failure_step=None):
+    """A run with nothing wrong in its records (the failure, if any, is in
+    its RunStart)."""
+    rng, run = seed_run
+    start = run_start(name, precision=precision, warmup_steps=run.warmup,
+                      **(extra_start or {}))
+    logs, files = open_logs(out, name, 1, start)
+    noise = LogNoise(rng, sigma)
+    for step in range(1, run.steps + 1):
+        norm = run.median(step) * math.exp(noise.next())
+        rec = run.base(rng, step, norm)
+        if with_layers and step % 100 == 0:
+            rec["layer_stats"] = layer_stats(rng, norm)
+        if attn_logz:
+            rec["max_attn_logit"] = num(attn_logit(rng, step, run.warmup), 5)
+            rec["log_z"] = num(10.8 - 0.4 * run.progress(step) + rng.gauss(0, 0.05), 5)
+        logs[0].step(rec)
+        checkpoints(logs[0], step)
+    finish(logs, run.steps)
+    return entry(name, description, files, run, expected, failure_step=failure_step)
+
+
+def attn_logit(rng, step, warmup, level=15.0):
+    """Max attention logit: about 5 at init, settling at `level` in warmup."""
+    settle = 1.0 - math.exp(-3.0 * step / max(1, warmup))
+    return (5.0 + (level - 5.0) * settle) * math.exp(rng.gauss(0, 0.03))
+
+
+@scenario
+def healthy_bf16_a(rng, out):
+    return plain_run("healthy-bf16-a", "bf16, 6000 steps, typical norm 0.45 falling to 0.38",
+                     (rng, Run(6000, 200, 0.45, 0.38)), out)
+
+
+@scenario
+def healthy_bf16_b(rng, out):
+    return plain_run(
+        "healthy-bf16-b",
+        "bf16, 12000 steps, longer warmup, noisier norms (sigma 0.18), layer_stats "
+        "every 100 steps with adam_eps 1e-8",
+        (rng, Run(12000, 500, 0.3, 0.24)), out, sigma=0.18, with_layers=True,
+        extra_start={"adam_eps": 1e-8, "adam_beta2": 0.95})
+
+
+@scenario
+def healthy_attn_logz(rng, out):
+    return plain_run(
+        "healthy-attn-logz",
+        "bf16 with max attention logit flat at ~15 and log Z ~10.8, slowly "
+        "falling by 0.4 nats",
+        (rng, Run(8000, 300, 0.4)), out, attn_logz=True)
+
+
+def fp16_run(name, rng, out, run, overflow_at, description, expected=(),
+             allowed=(), failure_step=None, scaler=None, norm_of=None,
+             extra_start=None, failed=False):
+    """An fp16 run with GradScaler. overflow_at(step, scale) says whether the
+    step overflows; norm_of(step, healthy_norm, scale) gives the reported norm
+    of a clean step (default: the healthy norm, unscaled correctly)."""
+    scaler = scaler or Scaler()
+    start = run_start(name, precision="FP16", warmup_steps=run.warmup,
+                      scaler_growth_interval=scaler.growth_interval,
+                      **(extra_start or {}))
+    logs, files = open_logs(out, name, 1, start)
+    noise = LogNoise(rng, 0.15)
+    skipped = []
+    for step in range(1, run.steps + 1):
+        norm = run.median(step) * math.exp(noise.next())
+        overflow = overflow_at(step, scaler.scale)
+        scale = scaler.update(step, overflow)
+        if overflow:
+            rec = run.base(rng, step, math.inf)
+            rec["skipped"] = True
+        else:
+            rec = run.base(rng, step, norm_of(step, norm, scale) if norm_of else norm)
+        rec["loss_scale"] = scale
+        skipped.append(overflow)
+        logs[0].step(rec)
+        checkpoints(logs[0], step)
+    finish(logs, run.steps, failed)
+    e = entry(name, description, files, run, expected, allowed, failure_step)
+    return e, scaler, skipped
+
+
+def first_full(run, min_steps):
+    """The step at which the window first holds `min_steps` post-warmup steps
+    (step warmup_steps is the first post-warmup step, as in the server)."""
+    return run.warmup + min_steps - 1
+
+
+def window_max_fraction(flags, start, end, w=WINDOW):
+    """Largest fraction of set flags over any full window of steps in
+    [start, end) (1-based steps; flags[i] is step i + 1)."""
+    best, count = 0.0, 0
+    for i in range(start - 1, end - 1):
+        count += flags[i]
+        if i - w >= start - 1:
+            count -= flags[i - w]
+        if i - (start - 1) + 1 >= 100:
+            best = max(best, count / min(w, i - (start - 1) + 1))
+    return best
+
+
+def early_overflows(step, scale, steps=(1, 2, 5)):
+    """The first steps overflow at the initial scale (three halvings, as
+    GradScaler often does when 65536 is too high for a fresh model)."""
+    return step in steps
+
+
+def ceiling_overflow(rng, ceiling, p):
+    """After the early ones, a scale above `ceiling` overflows with
+    probability p per step (the scaler grew past what the gradients allow)."""
+    def f(step, scale):
+        return early_overflows(step, scale) or (scale > ceiling and rng.random() < p)
+    return f
+
+
+@scenario
+def healthy_fp16(rng, out):
+    run = Run(9000, 300, 0.4)
+    e, scaler, skipped = fp16_run(
+        "healthy-fp16", rng, out, run, ceiling_overflow(rng, 2**14.5, 0.004),
+        "fp16, GradScaler from 65536: three overflows in the first steps, growth "
+        "every 2000 clean steps, an overflow a few hundred steps after a growth "
+        "past 2^14.5 halves the scale back")
+    check(max_halvings_without_growth(scaler.history) < 4, "healthy-fp16 collapses")
+    check(sum(skipped[run.warmup:]) >= 2, "healthy-fp16 has no post-growth overflow")
+    check(window_max_fraction(skipped, run.warmup, run.steps) <= 0.005,
+          "healthy-fp16 skips too often")
+    return e
+
+
+@scenario
+def healthy_fsdp_2rank(rng, out):
+    name = "healthy-fsdp-2rank"
+    run = Run(6000, 200, 0.5)
+    start = run_start(name, precision="BF16", warmup_steps=run.warmup)
+    logs, files = open_logs(out, name, 2, start)
+    noise = LogNoise(rng, 0.15)
+    for step in range(1, run.steps + 1):
+        norm = num(run.median(step) * math.exp(noise.next()))
+        rec = run.base(rng, step, norm)
+        # Each rank holds half of the parameters (ZeRO-2 / FSDP): its local
+        # sum of squares is its share of norm^2; the norm is global on both.
+        share = min(0.6, max(0.4, rng.gauss(0.5, 0.02)))
+        sq0 = num(norm * norm * share)
+        for rank, log in enumerate(logs):
+            r = dict(rec)
+            r["shard_sq_sum"] = sq0 if rank == 0 else num(norm * norm - sq0)
+            log.step(r)
+            checkpoints(log, step)
+    finish(logs, run.steps)
+    return entry(name, "2-rank FSDP bf16: the same global norm on both ranks, "
+                 "shard_sq_sum halves summing to norm^2", files, run, world_size=2)
+
+
+@scenario
+def spike(rng, out):
+    name = "spike"
+    run = Run(5000, 200, 0.45)
+    at = 3000
+    start = run_start(name, precision="BF16", warmup_steps=run.warmup)
+    logs, files = open_logs(out, name, 1, start)
+    logs[0].spikes.add(at)
+    noise = LogNoise(rng, 0.15)
+    for step in range(1, run.steps + 1):
+        norm = run.median(step) * math.exp(noise.next())
+        if step == at:
+            norm = 25.0 * run.median(step)
+        rec = run.base(rng, step, norm)
+        if step in (at, at + 1):
+            rec["loss"] = num(rec["loss"] + 0.6, 5)
+        logs[0].step(rec)
+        checkpoints(logs[0], step)
+    finish(logs, run.steps)
+    return entry(name, f"bf16, one gradient spike of 25x the typical norm at step {at}",
+                 files, run, [("GradNormSpike", at)], failure_step=at)
+
+
+def restarted_run(name, rng, out, run, crash_at, resume_from, spike_at=None):
+    """A bf16 run that stops at `crash_at` (no final event: the job died) and
+    is restarted from the checkpoint at `resume_from` as attempt 1, which
+    runs to the end. A spike at `spike_at` happens in attempt 0 only; the
+    restart skips its batches."""
+    stages, noise = [], LogNoise(rng, 0.15)
+    for attempt, (first, last) in enumerate([(1, crash_at), (resume_from + 1, run.steps)]):
+        start = run_start(name, precision="BF16", warmup_steps=run.warmup,
+                          attempt=attempt)
+        f = f"{name}.attempt{attempt}.jsonl"
+        log = RankLog(os.path.join(out, f) if out else None, dict(start, rank=0))
+        log.spikes.add(spike_at)
+        stages.append([f])
+        for step in range(first, last + 1):
+            norm = run.median(step) * math.exp(noise.next())
+            if step == spike_at and attempt == 0:
+                norm = 25.0 * run.median(step)
+            rec = run.base(rng, step, norm)
+            if attempt == 1 and spike_at is not None and step >= spike_at:
+                rec["batch_ids"] = [b + 2 for b in rec["batch_ids"]]
+            log.step(rec)
+            checkpoints(log, step)
+        if attempt == 1:
+            log.event(run.steps, "RUN_FINISHED")
+        log.close()
+    return stages
+
+
+@scenario
+def healthy_restart(rng, out):
+    name = "healthy-restart"
+    run = Run(6000, 200, 0.45)
+    stages = restarted_run(name, rng, out, run, crash_at=3500, resume_from=3000)
+    return entry(name, "bf16; the job dies at step 3500 and restarts from the "
+                 "step-3000 checkpoint as attempt 1", None, run, replay=stages)
+
+
+@scenario
+def spike_then_restart(rng, out):
+    name = "spike-then-restart"
+    run = Run(5000, 200, 0.45)
+    at = 3000
+    stages = restarted_run(name, rng, out, run, crash_at=at + 50, resume_from=2000,
+                           spike_at=at)
+    return entry(name, f"bf16, a 25x spike at step {at}; 50 steps later the job is "
+                 "restarted from the step-2000 checkpoint (the restart plan), "
+                 "skipping the spike's batches, and runs clean",
+                 None, run, [("GradNormSpike", at)], failure_step=at, replay=stages)
+
+
+@scenario
+def drift(rng, out):
+    name = "drift"
+    warmup, creep_from, creep_steps = 200, 200 + WINDOW, 20000
+    run = Run(creep_from + creep_steps, warmup, 0.35, 0.35)
+    lo, hi = 0.35, 1.3
+    sigma = 0.15
+    noise = LogNoise(rng, sigma)
+
+    def median(step):
+        if step < creep_from:
+            return run.median(step)
+        return lo * (hi / lo) ** ((step - creep_from) / creep_steps)
+
+    # Onsets: the typical norm reaches 2x the baseline; more than 5% of the
+    # steps clip (P(norm > max_norm = 1) > 0.05).
+    drift_on = next(s for s in range(creep_from, run.steps + 1) if median(s) >= 2 * lo)
+    clip_on = next(s for s in range(creep_from, run.steps + 1)
+                   if noise.prob_above(math.log(1.0 / median(s))) > 0.05)
+    start = run_start(name, precision="BF16", warmup_steps=warmup)
+    logs, files = open_logs(out, name, 1, start)
+    for step in range(1, run.steps + 1):
+        rec = run.base(rng, step, median(step) * math.exp(noise.next()))
+        logs[0].step(rec)
+        checkpoints(logs[0], step)
+    finish(logs, run.steps)
+    return entry(name, f"bf16, max_norm 1: the typical norm creeps from {lo} to {hi} "
+                 f"over {creep_steps} steps from step {creep_from}",
+                 files, run, [("ClipFractionHigh", clip_on), ("GradNormDrift", drift_on)],
+                 failure_step=creep_from)
+
+
+@scenario
+def loss_scale_collapse(rng, out):
+    run = Run(2700, 200, 0.4)
+    at = 2500
+
+    def overflow(step, scale):
+        return early_overflows(step, scale) or step >= at
+
+    # The scale halves on every step from `at`: the 4th halving is at+3,
+    # and the skipped fraction over W passes 1% at the 11th skip.
+    e, scaler, _ = fp16_run(
+        "loss-scale-collapse", rng, out, run, overflow,
+        f"fp16, the run diverges at step {at}: every step overflows and the "
+        "scale halves step after step", expected=[
+            ("LossScaleCollapse", at + 3), ("SkipRateHigh", at + 10)],
+        allowed=["ClipFractionHigh"], failure_step=at, failed=True)
+    check(max_halvings_without_growth(
+        [h for h in scaler.history if h[0] < at]) < 4, "collapse before the failure")
+    return e
+
+
+@scenario
+def skip_rate_high(rng, out):
+    run = Run(5000, 200, 0.4)
+    ceiling = 2.0**15
+
+    def overflow(step, scale):
+        # The scale probes a ceiling: at it, an overflow is likely; half of
+        # it is safe. With growth every 32 clean steps that is a sawtooth
+        # skipping about 3% of the steps, and the scale always recovers.
+        return scale >= ceiling * math.exp(rng.gauss(0, 0.25))
+
+    e, scaler, skipped = fp16_run(
+        "skip-rate-high", rng, out, run, overflow,
+        "fp16 with an aggressive scaler (growth every 32 clean steps) probing "
+        "an overflow ceiling at 2^15: about 3% of steps skipped, the scale "
+        "recovers every time", expected=[("SkipRateHigh", first_full(run, 100))],
+        allowed=["ClipFractionHigh"], failure_step=run.warmup,
+        scaler=Scaler(growth_interval=32))
+    rate = sum(skipped[run.warmup:]) / (run.steps - run.warmup)
+    check(0.02 <= rate <= 0.04, f"skip-rate-high skips {rate:.3f}")
+    check(max_halvings_without_growth(scaler.history) < 4, "skip-rate-high collapses")
+    return e
+
+
+@scenario
+def scaler_stuck(rng, out):
+    run = Run(2700, 200, 0.4)
+    at = 2500
+
+    def overflow(step, scale):
+        return early_overflows(step, scale) or step >= at
+
+    e, _, _ = fp16_run(
+        "scaler-stuck", rng, out, run, overflow,
+        f"fp16, scaler.update() only on clean steps: from step {at} every step "
+        "overflows and the scale never changes",
+        expected=[("ScalerStuck", at + 4), ("SkipRateHigh", at + 10)],
+        allowed=["ClipFractionHigh"], failure_step=at,
+        scaler=StuckAfter(at), failed=True)
+    return e
+
+
+class StuckAfter(Scaler):
+    """A scaler whose update() is not called on skipped steps from `step` on:
+    the training loop calls it only after a clean step (the early overflows
+    before `step` went through a code path that did call it)."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.stuck_from = step
+
+    def update(self, step, overflow):
+        self.update_on_skip = step < self.stuck_from
+        return super().update(step, overflow)
+
+
+@scenario
+def nonfinite_update(rng, out):
+    name = "nonfinite-update"
+    run = Run(2530, 200, 0.45)
+    at = 2500
+    start = run_start(name, precision="BF16", warmup_steps=run.warmup)
+    logs, files = open_logs(out, name, 1, start)
+    noise = LogNoise(rng, 0.15)
+    for step in range(1, run.steps + 1):
+        rec = run.base(rng, step, run.median(step) * math.exp(noise.next()))
+        if step >= at:
+            # A NaN loss; the update is applied (no guard), so the weights and
+            # every later loss and norm are NaN too.
+            rec["loss"] = "NaN"
+            rec["grad_norm"] = "NaN"
+        logs[0].step(rec)
+        checkpoints(logs[0], step)
+    finish(logs, run.steps, failed=True)
+    return entry(name, f"bf16, NaN loss and norm from step {at} on steps that were "
+                 "not skipped", files, run, [("NonFiniteUpdate", at)],
+                 failure_step=at)
+
+
+@scenario
+def clip_before_unscale(rng, out):
+    run = Run(4000, 200, 0.4)
+    e, scaler, _ = fp16_run(
+        "clip-before-unscale", rng, out, run, early_overflows,
+        "fp16, clip_grad_norm_ called before scaler.unscale_: the reported norm "
+        "is loss scale x the true norm (thousands), clipped on every step",
+        expected=[("ClipBeforeUnscale", 100)],
+        allowed=["ClipFractionHigh", "GradNormDrift"], failure_step=1,
+        norm_of=lambda step, norm, scale: norm * scale)
+    return e
+
+
+def post_clip_run(name, rng, out, reported, description):
+    run = Run(4000, 200, 0.8)
+    start = run_start(name, precision="BF16", warmup_steps=run.warmup)
+    logs, files = open_logs(out, name, 1, start)
+    noise = LogNoise(rng, 0.2)
+    above = 0
+    for step in range(1, run.steps + 1):
+        pre = run.median(step) * math.exp(noise.next())
+        above += step >= run.warmup and pre > 1.0
+        logs[0].step(run.base(rng, step, reported(pre)))
+        checkpoints(logs[0], step)
+    finish(logs, run.steps)
+    check(above / (run.steps - run.warmup) > 0.05, f"{name}: pre-clip norm rarely above 1")
+    return entry(name, description, files, run,
+                 [("PostClipNormReported", first_full(run, 100))],
+                 allowed=["ClipFractionHigh"], failure_step=1)
+
+
+@scenario
+def post_clip_norm(rng, out):
+    return post_clip_run(
+        "post-clip-norm", rng, out, lambda pre: min(pre, 1.0),
+        "bf16, max_norm 1: the trainer logs min(norm, max_norm); the pre-clip "
+        "norm (typical 0.8) is above 1 on ~15% of steps")
+
+
+@scenario
+def post_clip_norm_recomputed(rng, out):
+    return post_clip_run(
+        "post-clip-norm-recomputed", rng, out,
+        lambda pre: pre * 1.0 / (pre + 1e-6) if pre > 1.0 else pre,
+        "bf16, max_norm 1: the trainer logs the norm of the clipped gradients "
+        "(max_norm * n / (n + 1e-6), just below 1, never exactly 1)")
+
+
+@scenario
+def attention_logit_growth(rng, out):
+    run = Run(7000, 200, 0.45)
+    grow_from, grow_to, lo, hi = 2000, 6000, 15.0, 40.0
+
+    def level(step):
+        f = min(1.0, max(0.0, (step - grow_from) / (grow_to - grow_from)))
+        return lo + (hi - lo) * f
+
+    onset = next(s for s in range(grow_from, run.steps) if level(s) >= 2 * lo)
+    return logit_logz_run(
+        "attention-logit-growth", rng, out, run,
+        lambda step: attn_logit(rng, step, run.warmup, level(step)),
+        lambda step: 10.8 + rng.gauss(0, 0.05),
+        f"bf16, the max attention logit grows from {lo:g} to {hi:g} between steps "
+        f"{grow_from} and {grow_to}", [("AttentionLogitGrowth", onset)], grow_from)
+
+
+@scenario
+def logz_drift(rng, out):
+    run = Run(8500, 200, 0.45)
+    drift_from, drift_to, lo, hi = 2000, 8000, 10.8, 2.0
+
+    def level(step):
+        f = min(1.0, max(0.0, (step - drift_from) / (drift_to - drift_from)))
+        return lo + (hi - lo) * f
+
+    onset = next(s for s in range(drift_from, run.steps) if lo - level(s) >= 5.0)
+    return logit_logz_run(
+        "logz-drift", rng, out, run,
+        lambda step: attn_logit(rng, step, run.warmup),
+        lambda step: level(step) + rng.gauss(0, 0.05),
+        f"bf16, log Z drifts from {lo} to {hi} between steps {drift_from} and "
+        f"{drift_to} (no z-loss)", [("LogZDrift", onset)], drift_from)
+
+
+def logit_logz_run(name, rng, out, run, logit, logz, description, expected, failure):
+    start = run_start(name, precision="BF16", warmup_steps=run.warmup)
+    logs, files = open_logs(out, name, 1, start)
+    noise = LogNoise(rng, 0.15)
+    for step in range(1, run.steps + 1):
+        rec = run.base(rng, step, run.median(step) * math.exp(noise.next()))
+        rec["max_attn_logit"] = num(logit(step), 5)
+        rec["log_z"] = num(logz(step), 5)
+        logs[0].step(rec)
+        checkpoints(logs[0], step)
+    finish(logs, run.steps)
+    return entry(name, description, files, run, expected, failure_step=failure)
+
+
+def multi_rank_run(name, rng, out, world, record_of, description, expected):
+    """record_of(base_record, global_norm, rank) -> the rank's record."""
+    run = Run(3000, 200, 0.5)
+    start = run_start(name, precision="BF16", warmup_steps=run.warmup)
+    logs, files = open_logs(out, name, world, start)
+    noise = LogNoise(rng, 0.15)
+    for step in range(1, run.steps + 1):
+        norm = num(run.median(step) * math.exp(noise.next()))
+        rec = run.base(rng, step, norm)
+        for rank, log in enumerate(logs):
+            log.step(record_of(rec, norm, rank))
+            checkpoints(log, step)
+    finish(logs, run.steps)
+    return entry(name, description, files, run, expected, failure_step=1,
+                 world_size=world)
+
+
+@scenario
+def rank_norm_mismatch(rng, out):
+    # Per-shard clipping: each rank clips by the norm of its own shard
+    # (sqrt of its share of norm^2) instead of the global norm.
+    def record_of(rec, norm, rank):
+        share = 0.5 + (0.06 if rank == 0 else -0.06) + rng.gauss(0, 0.01)
+        local = norm * math.sqrt(share)
+        r = dict(rec, grad_norm=num(local))
+        r["clip_coef"] = num(min(1.0, 1.0 / (local + 1e-6)))
+        r["clipped"] = local > 1.0
+        return r
+
+    return multi_rank_run(
+        "rank-norm-mismatch", rng, out, 2, record_of,
+        "2 ranks clipping by their own shard's norm: grad_norm and clip_coef "
+        "differ by ~10% between ranks on every step",
+        [("RankNormMismatch", 1)])
+
+
+@scenario
+def shard_norm_mismatch(rng, out):
+    # The squares of replicated parameters are counted on every rank: the
+    # shard sums add up to 4 norm^2 while the reported (global) norm is right.
+    shares = {}
+
+    def record_of(rec, norm, rank):
+        if rank == 0:
+            w = [rng.uniform(0.8, 1.2) for _ in range(4)]
+            shares["w"] = [x / sum(w) for x in w]
+        return dict(rec, shard_sq_sum=num(4 * norm * norm * shares["w"][rank]))
+
+    return multi_rank_run(
+        "shard-norm-mismatch", rng, out, 4, record_of,
+        "4 ranks whose shard_sq_sum add up to 4 x norm^2 (replicated parameters "
+        "counted on every rank); grad_norm is the same on all ranks",
+        [("ShardNormMismatch", 1)])
+
+
+@scenario
+def fp16_without_scaler(rng, out):
+    return plain_run("fp16-without-scaler",
+                     "precision FP16 without a GradScaler: no loss_scale field at all",
+                     (rng, Run(3000, 200, 0.4)), out, precision="FP16",
+                     expected=[("Fp16WithoutScaler", 100)], failure_step=1)
+
+
+@scenario
+def adam_stale_second_moment(rng, out):
+    name = "adam-stale-second-moment"
+    run = Run(5000, 200, 0.45)
+    at, layer = 3000, "layers.1.attn.qkv"
+    start = run_start(name, precision="BF16", warmup_steps=run.warmup,
+                      adam_eps=1e-8, adam_beta2=0.999)
+    logs, files = open_logs(out, name, 1, start)
+    noise = LogNoise(rng, 0.15)
+    for step in range(1, run.steps + 1):
+        norm = run.median(step) * math.exp(noise.next())
+        if step == at + 3:
+            norm *= 3.0  # the spike that tends to follow, small here
+        rec = run.base(rng, step, norm)
+        if step % 100 == 0:
+            over = {}
+            if step == at:
+                over = {layer: {"g_over_sqrt_v_rms": 8.0}}
+            elif step == at + 100:
+                over = {layer: {"g_over_sqrt_v_rms": 1.6}}
+            rec["layer_stats"] = layer_stats(rng, norm, over)
+        logs[0].step(rec)
+        checkpoints(logs[0], step)
+    finish(logs, run.steps)
+    return entry(name, f"bf16, beta2 0.999: at step {at} {layer}'s g/sqrt(v) RMS "
+                 "jumps to 8 (layer_stats every 100 steps), a 3x norm bump follows",
+                 files, run, [("AdamStaleSecondMoment", at)],
+                 allowed=["GradNormSpike"], failure_step=at)
+
+
+@scenario
+def layer_update_stall(rng, out):
+    name = "layer-update-stall"
+    run = Run(5000, 200, 0.45)
+    fade_from, dead_from, layer = 2000, 3000, "layers.2.mlp.up"
+    start = run_start(name, precision="BF16", warmup_steps=run.warmup,
+                      adam_eps=1e-8, adam_beta2=0.95)
+    logs, files = open_logs(out, name, 1, start)
+    noise = LogNoise(rng, 0.15)
+    for step in range(1, run.steps + 1):
+        norm = run.median(step) * math.exp(noise.next())
+        rec = run.base(rng, step, norm)
+        if step % 100 == 0:
+            over = {}
+            if step >= dead_from:
+                rms = 5e-8 * math.exp(rng.gauss(0, 0.1))
+            elif step >= fade_from:  # 3e-6 fading to 1.5e-7, still above 10 eps
+                f = (step - fade_from) / (dead_from - fade_from)
+                rms = 3e-6 * (0.05**f)
+            else:
+                rms = None
+            if rms is not None:
+                over = {layer: {"grad_rms": num(rms, 4),
+                                "grad_norm": num(rms * math.sqrt(4_194_304), 4)}}
+            rec["layer_stats"] = layer_stats(rng, norm, over)
+        logs[0].step(rec)
+        checkpoints(logs[0], step)
+    finish(logs, run.steps)
+    return entry(name, f"bf16, adam_eps 1e-8: {layer}'s gradient RMS fades from 3e-6 "
+                 f"and sits at 5e-8 (< 10 eps) from step {dead_from}",
+                 files, run, [("LayerUpdateStall", dead_from + 200)],
+                 failure_step=dead_from)
+
+
+# --------------------------------------------------------------------- main
+
+
+def generate(out, names=None):
+    """Runs the scenarios in `names` (all when None), writing their files
+    into `out` (nothing when out is None); returns their manifest entries."""
+    manifest = []
+    for fn in SCENARIOS:
+        name = fn.__name__.replace("_", "-")
+        if names is not None and name not in names:
+            continue
+        # Seeded by name: adding a scenario leaves the others as they were.
+        rng = random.Random(zlib.crc32(name.encode()))
+        e = fn(rng, out)
+        check(e["name"] == name, f"{fn.__name__} names itself {e['name']}")
+        manifest.append(e)
+    return manifest
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="directory for the JSONL files and expected.json")
+    ap.add_argument("--manifest-only", action="store_true")
+    ap.add_argument("--list", action="store_true", help="print the scenario names")
+    ap.add_argument("names", nargs="*")
+    args = ap.parse_args()
+    known = [fn.__name__.replace("_", "-") for fn in SCENARIOS]
+    if args.list:
+        print("\n".join(known))
+        return
+    if not args.out:
+        ap.error("--out is required")
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        ap.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    os.makedirs(args.out, exist_ok=True)
+    write_dir = None if args.manifest_only else args.out
+    manifest = generate(write_dir, set(args.names) if args.names else None)
+    with open(os.path.join(args.out, MANIFEST), "w") as f:
+        json.dump({"window_steps": WINDOW, "scenarios": manifest}, f, indent=2)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+#include "config/config.h"
+
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "engine/alert_catalog.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainwatch {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+const std::string kShipped = TW_DEPLOY_DIR "/trainwatch.yaml";
+
+// Every field of HealthConfig, compared one by one (operator== would hide
+// which one differs).
+void ExpectSameConfig(const HealthConfig& a, const HealthConfig& b) {
+  EXPECT_EQ(a.window_steps, b.window_steps);
+  EXPECT_EQ(a.resolve_after_steps, b.resolve_after_steps);
+  EXPECT_EQ(a.disabled, b.disabled);
+  EXPECT_EQ(a.clip_fraction.threshold, b.clip_fraction.threshold);
+  EXPECT_EQ(a.clip_fraction.min_steps, b.clip_fraction.min_steps);
+  EXPECT_EQ(a.spike.sigmas, b.spike.sigmas);
+  EXPECT_EQ(a.spike.min_ratio, b.spike.min_ratio);
+  EXPECT_EQ(a.spike.hard_ratio, b.spike.hard_ratio);
+  EXPECT_EQ(a.spike.ema_beta, b.spike.ema_beta);
+  EXPECT_EQ(a.spike.min_steps, b.spike.min_steps);
+  EXPECT_EQ(a.drift.ratio, b.drift.ratio);
+  EXPECT_EQ(a.loss_scale.halvings, b.loss_scale.halvings);
+  EXPECT_EQ(a.loss_scale.within_steps, b.loss_scale.within_steps);
+  EXPECT_EQ(a.loss_scale.min_scale, b.loss_scale.min_scale);
+  EXPECT_EQ(a.skip_rate.threshold, b.skip_rate.threshold);
+  EXPECT_EQ(a.skip_rate.min_steps, b.skip_rate.min_steps);
+  EXPECT_EQ(a.scaler_stuck.consecutive, b.scaler_stuck.consecutive);
+  EXPECT_EQ(a.clip_before_unscale.steps, b.clip_before_unscale.steps);
+  EXPECT_EQ(a.clip_before_unscale.clip_fraction,
+            b.clip_before_unscale.clip_fraction);
+  EXPECT_EQ(a.clip_before_unscale.min_norm_to_scale,
+            b.clip_before_unscale.min_norm_to_scale);
+  EXPECT_EQ(a.post_clip.min_steps, b.post_clip.min_steps);
+  EXPECT_EQ(a.post_clip.pile_fraction, b.post_clip.pile_fraction);
+  EXPECT_EQ(a.post_clip.min_pile, b.post_clip.min_pile);
+  EXPECT_EQ(a.attention.ratio, b.attention.ratio);
+  EXPECT_EQ(a.attention.cap, b.attention.cap);
+  EXPECT_EQ(a.log_z.nats, b.log_z.nats);
+  EXPECT_EQ(a.rank_mismatch.relative_spread, b.rank_mismatch.relative_spread);
+  EXPECT_EQ(a.rank_mismatch.horizon_steps, b.rank_mismatch.horizon_steps);
+  EXPECT_EQ(a.shard_mismatch.relative_error, b.shard_mismatch.relative_error);
+  EXPECT_EQ(a.fp16_scaler.steps, b.fp16_scaler.steps);
+  EXPECT_EQ(a.adam.g_over_sqrt_v, b.adam.g_over_sqrt_v);
+  EXPECT_EQ(a.adam.eps_multiple, b.adam.eps_multiple);
+  EXPECT_EQ(a.adam.stall_reports, b.adam.stall_reports);
+  EXPECT_EQ(a.silent.seconds, b.silent.seconds);
+}
+
+// Each settable key, a value other than its default, and where it lands.
+struct Override {
+  std::string group;  // "" at the top level
+  std::string key;
+  std::string value;
+  std::function<void(HealthConfig&)> expect;  // applies the same change
+};
+
+std::vector<Override> AllOverrides() {
+  return {
+      {"", "window_steps", "500", [](HealthConfig& c) { c.window_steps = 500; }},
+      {"", "resolve_after_steps", "7",
+       [](HealthConfig& c) { c.resolve_after_steps = 7; }},
+      {"", "disabled", "[RunSilent, LogZDrift]",
+       [](HealthConfig& c) { c.disabled = {"RunSilent", "LogZDrift"}; }},
+      {"clip_fraction", "threshold", "0.2",
+       [](HealthConfig& c) { c.clip_fraction.threshold = 0.2; }},
+      {"clip_fraction", "min_steps", "50",
+       [](HealthConfig& c) { c.clip_fraction.min_steps = 50; }},
+      {"spike", "sigmas", "4.5", [](HealthConfig& c) { c.spike.sigmas = 4.5; }},
+      {"spike", "min_ratio", "3", [](HealthConfig& c) { c.spike.min_ratio = 3; }},
+      {"spike", "hard_ratio", "20",
+       [](HealthConfig& c) { c.spike.hard_ratio = 20; }},
+      {"spike", "ema_beta", "0.95",
+       [](HealthConfig& c) { c.spike.ema_beta = 0.95; }},
+      {"spike", "min_steps", "10", [](HealthConfig& c) { c.spike.min_steps = 10; }},
+      {"drift", "ratio", "1.5", [](HealthConfig& c) { c.drift.ratio = 1.5; }},
+      {"loss_scale", "halvings", "6",
+       [](HealthConfig& c) { c.loss_scale.halvings = 6; }},
+      {"loss_scale", "within_steps", "200",
+       [](HealthConfig& c) { c.loss_scale.within_steps = 200; }},
+      {"loss_scale", "min_scale", "0.5",
+       [](HealthConfig& c) { c.loss_scale.min_scale = 0.5; }},
+      {"skip_rate", "threshold", "0.03",
+       [](HealthConfig& c) { c.skip_rate.threshold = 0.03; }},
+      {"skip_rate", "min_steps", "300",
+       [](HealthConfig& c) { c.skip_rate.min_steps = 300; }},
+      {"scaler_stuck", "consecutive", "9",
+       [](HealthConfig& c) { c.scaler_stuck.consecutive = 9; }},
+      {"clip_before_unscale", "steps", "64",
+       [](HealthConfig& c) { c.clip_before_unscale.steps = 64; }},
+      {"clip_before_unscale", "clip_fraction", "0.8",
+       [](HealthConfig& c) { c.clip_before_unscale.clip_fraction = 0.8; }},
+      {"clip_before_unscale", "min_norm_to_scale", "1e-4",
+       [](HealthConfig& c) { c.clip_before_unscale.min_norm_to_scale = 1e-4; }},
+      {"post_clip", "min_steps", "200",
+       [](HealthConfig& c) { c.post_clip.min_steps = 200; }},
+      {"post_clip", "pile_fraction", "0.1",
+       [](HealthConfig& c) { c.post_clip.pile_fraction = 0.1; }},
+      {"post_clip", "min_pile", "20",
+       [](HealthConfig& c) { c.post_clip.min_pile = 20; }},
+      {"attention", "ratio", "3", [](HealthConfig& c) { c.attention.ratio = 3; }},
+      {"attention", "cap", "50", [](HealthConfig& c) { c.attention.cap = 50; }},
+      {"log_z", "nats", "2.5", [](HealthConfig& c) { c.log_z.nats = 2.5; }},
+      {"rank_mismatch", "relative_spread", "0.01",
+       [](HealthConfig& c) { c.rank_mismatch.relative_spread = 0.01; }},
+      {"rank_mismatch", "horizon_steps", "1024",
+       [](HealthConfig& c) { c.rank_mismatch.horizon_steps = 1024; }},
+      {"shard_mismatch", "relative_error", "0.05",
+       [](HealthConfig& c) { c.shard_mismatch.relative_error = 0.05; }},
+      {"fp16_scaler", "steps", "30",
+       [](HealthConfig& c) { c.fp16_scaler.steps = 30; }},
+      {"adam", "g_over_sqrt_v", "8",
+       [](HealthConfig& c) { c.adam.g_over_sqrt_v = 8; }},
+      {"adam", "eps_multiple", "100",
+       [](HealthConfig& c) { c.adam.eps_multiple = 100; }},
+      {"adam", "stall_reports", "5",
+       [](HealthConfig& c) { c.adam.stall_reports = 5; }},
+      {"silent", "seconds", "900", [](HealthConfig& c) { c.silent.seconds = 900; }},
+  };
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << "cannot read " << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// `text` with the value of `group.key` replaced (its comment kept), or "" when
+// the file has no such key: the shipped file is edited the way a user would.
+std::string WithValue(const std::string& text, const Override& o) {
+  std::istringstream in(text);
+  std::string line, out, group;
+  bool found = false;
+  while (std::getline(in, line)) {
+    const bool top = !line.empty() && line[0] != ' ' && line[0] != '#';
+    if (top) {
+      const size_t colon = line.find(':');
+      const std::string name = line.substr(0, colon);
+      const std::string rest =
+          std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+      // A group header has nothing but a comment after its colon.
+      group = rest.empty() || rest[0] == '#' ? name : "";
+    }
+    const std::string prefix =
+        o.group.empty() ? o.key + ":" : "  " + o.key + ":";
+    const bool in_place = o.group.empty() ? top : !top && group == o.group;
+    if (in_place && absl::StartsWith(line, prefix)) {
+      const size_t comment = line.find('#');
+      line = absl::StrCat(prefix, " ", o.value, "  ",
+                          comment == std::string::npos ? "" : line.substr(comment));
+      found = true;
+    }
+    out += line + "\n";
+  }
+  return found ? out : "";
+}
+
+TEST(HealthConfigFile, ShippedFileParsesToExactlyTheDefaults) {
+  absl::StatusOr<HealthConfig> config = LoadHealthConfig(kShipped);
+  ASSERT_TRUE(config.ok()) << config.status();
+  ExpectSameConfig(*config, HealthConfig{});
+}
+
+TEST(HealthConfigFile, ShippedFileListsEveryKeyAndEachSetsItsField) {
+  const std::string shipped = ReadFile(kShipped);
+  for (const Override& o : AllOverrides()) {
+    SCOPED_TRACE(o.group + "." + o.key);
+    const std::string edited = WithValue(shipped, o);
+    ASSERT_FALSE(edited.empty()) << "deploy/trainwatch.yaml lacks the key";
+    absl::StatusOr<HealthConfig> config = ParseHealthConfig(edited, "edited.yaml");
+    ASSERT_TRUE(config.ok()) << config.status();
+    HealthConfig want;
+    o.expect(want);
+    ExpectSameConfig(*config, want);
+  }
+}
+
+TEST(HealthConfigFile, OverridesChangeOnlyTheirKeys) {
+  absl::StatusOr<HealthConfig> config = ParseHealthConfig(
+      "window_steps: 2000\n"
+      "disabled:\n"
+      "  - RunSilent\n"
+      "clip_fraction:\n"
+      "  threshold: 0.1\n"
+      "spike: {sigmas: 5, ema_beta: 0.995}\n",
+      "t.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  HealthConfig want;
+  want.window_steps = 2000;
+  want.disabled = {"RunSilent"};
+  want.clip_fraction.threshold = 0.1;
+  want.spike.sigmas = 5;
+  want.spike.ema_beta = 0.995;
+  ExpectSameConfig(*config, want);
+}
+
+TEST(HealthConfigFile, EmptyOrCommentedOutTextGivesDefaults) {
+  for (const char* text : {"", "# nothing here\n", "spike:\n  # sigmas: 3\n",
+                           "disabled: []\n"}) {
+    absl::StatusOr<HealthConfig> config = ParseHealthConfig(text, "t.yaml");
+    ASSERT_TRUE(config.ok()) << text << ": " << config.status();
+    ExpectSameConfig(*config, HealthConfig{});
+  }
+}
+
+// The message of a parse that must fail.
+std::string ErrorOf(const std::string& text) {
+  absl::StatusOr<HealthConfig> config = ParseHealthConfig(text, "trainwatch.yaml");
+  EXPECT_FALSE(config.ok()) << "accepted:\n" << text;
+  if (config.ok()) return "";
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(config.status().message());
+}
+
+TEST(HealthConfigFile, UnknownKeyIsNamedWithItsLine) {
+  EXPECT_THAT(ErrorOf("window_steps: 1000\n"
+                      "clip_fraction:\n"
+                      "  threshold: 0.05\n"
+                      "  treshold: 0.1\n"),
+              StartsWith("trainwatch.yaml:4: unknown key "
+                         "'clip_fraction.treshold' (clip_fraction has: "
+                         "threshold, min_steps)"));
+  EXPECT_THAT(ErrorOf("\nwindow_step: 1000\n"),
+              StartsWith("trainwatch.yaml:2: unknown key 'window_step' (known: "
+                         "window_steps,"));
+  // A key of one group put in another.
+  EXPECT_THAT(ErrorOf("drift:\n  sigmas: 4\n"),
+              StartsWith("trainwatch.yaml:2: unknown key 'drift.sigmas'"));
+}
+
+TEST(HealthConfigFile, WrongTypeIsNamedWithItsLine) {
+  EXPECT_EQ(ErrorOf("window_steps: 1000.5\n"),
+            "trainwatch.yaml:1: window_steps: expected an integer, got '1000.5'");
+  EXPECT_EQ(ErrorOf("spike:\n  min_ratio: 5\n  sigmas: six\n"),
+            "trainwatch.yaml:3: spike.sigmas: expected a number, got 'six'");
+  EXPECT_EQ(ErrorOf("spike:\n  sigmas: \"6\"\n"),
+            "trainwatch.yaml:2: spike.sigmas: expected a number, got a string");
+  EXPECT_EQ(ErrorOf("drift:\n  ratio: [2, 3]\n"),
+            "trainwatch.yaml:2: drift.ratio: expected a number, got a list");
+  EXPECT_EQ(ErrorOf("log_z:\n  nats: .nan\n"),
+            "trainwatch.yaml:2: log_z.nats: expected a number, got '.nan'");
+  EXPECT_EQ(ErrorOf("# groups are maps\nclip_fraction: 0.05\n"),
+            "trainwatch.yaml:2: clip_fraction: expected a map of settings, "
+            "got a scalar");
+  EXPECT_EQ(ErrorOf("disabled: RunSilent\n"),
+            "trainwatch.yaml:1: disabled: expected a list of alertnames, got a "
+            "scalar");
+  EXPECT_EQ(ErrorOf("resolve_after_steps:\n"),
+            "trainwatch.yaml:1: resolve_after_steps: expected an integer, got "
+            "nothing");
+  EXPECT_THAT(ErrorOf("- window_steps\n"),
+              HasSubstr("expected a map of settings at the top level, got a list"));
+}
+
+TEST(HealthConfigFile, OutOfRangeValueIsNamedWithItsLine) {
+  EXPECT_EQ(ErrorOf("clip_fraction:\n  threshold: 1.5\n"),
+            "trainwatch.yaml:2: clip_fraction.threshold must be in (0, 1], got 1.5");
+  EXPECT_EQ(ErrorOf("clip_fraction:\n  threshold: 0\n"),
+            "trainwatch.yaml:2: clip_fraction.threshold must be in (0, 1], got 0");
+  EXPECT_EQ(ErrorOf("window_steps: 5\n"),
+            "trainwatch.yaml:1: window_steps must be an integer in [10, "
+            "1000000], got 5");
+  EXPECT_EQ(ErrorOf("scaler_stuck:\n  consecutive: 0\n"),
+            "trainwatch.yaml:2: scaler_stuck.consecutive must be an integer >= "
+            "1, got 0");
+  EXPECT_EQ(ErrorOf("loss_scale:\n  halvings: -2\n"),
+            "trainwatch.yaml:2: loss_scale.halvings must be an integer >= 1, got -2");
+  EXPECT_EQ(ErrorOf("spike:\n  ema_beta: 1\n"),
+            "trainwatch.yaml:2: spike.ema_beta must be in (0, 1), got 1");
+  EXPECT_EQ(ErrorOf("attention:\n  ratio: 0.5\n"),
+            "trainwatch.yaml:2: attention.ratio must be > 1, got 0.5");
+  EXPECT_EQ(ErrorOf("log_z:\n  nats: -1\n"),
+            "trainwatch.yaml:2: log_z.nats must be > 0, got -1");
+  EXPECT_EQ(ErrorOf("resolve_after_steps: 99999999999\n"),
+            "trainwatch.yaml:1: resolve_after_steps must be an integer >= 1, got "
+            "99999999999");
+}
+
+TEST(HealthConfigFile, MinStepsBeyondTheWindowIsRefused) {
+  EXPECT_EQ(ErrorOf("window_steps: 100\nskip_rate:\n  min_steps: 200\n"),
+            "trainwatch.yaml:3: skip_rate.min_steps (200) exceeds window_steps "
+            "(100): the alert could never fire");
+  EXPECT_EQ(ErrorOf("\nwindow_steps: 50\n"),
+            "trainwatch.yaml:2: clip_fraction.min_steps (100) exceeds "
+            "window_steps (50): the alert could never fire");
+}
+
+TEST(HealthConfigFile, UnknownAlertnameIsNamedWithItsLine) {
+  EXPECT_THAT(ErrorOf("disabled:\n  - RunSilent\n  - ClipFractionHi\n"),
+              StartsWith("trainwatch.yaml:3: disabled: unknown alertname "
+                         "'ClipFractionHi' (known: ClipFractionHigh, "));
+  EXPECT_THAT(ErrorOf("disabled: [RunSilent, runsilent]\n"),
+              StartsWith("trainwatch.yaml:1: disabled: unknown alertname "
+                         "'runsilent'"));
+}
+
+TEST(HealthConfigFile, EveryCatalogAlertCanBeDisabled) {
+  std::string text = "disabled:\n";
+  std::set<std::string> want;
+  for (const AlertSpec& spec : AllAlertSpecs()) {
+    absl::StrAppend(&text, "  - ", std::string(spec.name), "\n");
+    want.emplace(spec.name);
+  }
+  absl::StatusOr<HealthConfig> config = ParseHealthConfig(text, "t.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->disabled, want);
+}
+
+TEST(HealthConfigFile, DuplicateKeyIsRefused) {
+  EXPECT_EQ(ErrorOf("spike:\n  sigmas: 5\n  sigmas: 7\n"),
+            "trainwatch.yaml:3: duplicate key 'spike.sigmas' (first at line 2)");
+  EXPECT_EQ(ErrorOf("spike: {sigmas: 5}\nwindow_steps: 10\nspike: {}\n"),
+            "trainwatch.yaml:3: duplicate key 'spike' (first at line 1)");
+}
+
+TEST(HealthConfigFile, YamlSyntaxErrorHasItsLine) {
+  EXPECT_THAT(ErrorOf("window_steps: 1000\nspike:\n  sigmas: [5\n"),
+              StartsWith("trainwatch.yaml:"));
+  EXPECT_THAT(ErrorOf("a: b: c\n"), StartsWith("trainwatch.yaml:1: "));
+}
+
+TEST(HealthConfigFile, MissingFileIsNotFound) {
+  absl::StatusOr<HealthConfig> config = LoadHealthConfig("/nonexistent/tw.yaml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(config.status().message(), HasSubstr("/nonexistent/tw.yaml"));
+}
+
+}  // namespace
+}  // namespace trainwatch
