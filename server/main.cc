@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "absl/strings/numbers.h"
+#include "alerting/notifier.h"
 #include "config/config.h"
 #include "server.h"
 
@@ -23,8 +25,10 @@ constexpr const char* kUsage = R"(usage: trainwatch-server [flags]
   --engine-threads N       health-engine threads (default 2)
   --max-active-runs N      runs that have not finished, at most (default 10000)
   --config FILE            YAML detector thresholds (see deploy/trainwatch.yaml)
-  --alertmanager-url URL   Alertmanager v2 API           (not available yet)
-  --webhook-url URL        JSON webhook for alerts       (not available yet)
+  --alertmanager-url URL   send alerts to Alertmanager (POST URL/api/v2/alerts)
+  --alertmanager-resend-interval SECONDS
+                           re-send firing alerts this often (default 60)
+  --webhook-url URL        POST each alert fire and resolve as JSON to URL
   --auth-token-file FILE   bearer tokens                 (not available yet)
   --tls-cert FILE, --tls-key FILE   TLS for gRPC         (not available yet)
   --help                   this text
@@ -54,9 +58,10 @@ int main(int argc, char** argv) {
       {"--db", &options.db},
       {"--synchronous", &options.synchronous},
       {"--config", &config_path},
+      {"--alertmanager-url", &options.alertmanager_url},
+      {"--webhook-url", &options.webhook_url},
   };
-  const char* later[] = {"--alertmanager-url", "--webhook-url",
-                         "--auth-token-file", "--tls-cert", "--tls-key"};
+  const char* later[] = {"--auth-token-file", "--tls-cert", "--tls-key"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -79,6 +84,14 @@ int main(int argc, char** argv) {
       options.engine_threads = ParseCount(arg, value);
     } else if (arg == "--max-active-runs") {
       options.max_active_runs = ParseCount(arg, value);
+    } else if (arg == "--alertmanager-resend-interval") {
+      double seconds = 0;
+      if (!absl::SimpleAtod(value, &seconds) || !(seconds >= 0.001) ||
+          seconds > 86400) {
+        UsageError(arg + " wants seconds in [0.001, 86400], got \"" + value + "\"");
+      }
+      options.alertmanager_resend_interval =
+          std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
     } else if (std::find(std::begin(later), std::end(later), arg) !=
                std::end(later)) {
       UsageError(arg + " is not available in this version yet");
@@ -88,6 +101,14 @@ int main(int argc, char** argv) {
   }
   if (options.synchronous != "NORMAL" && options.synchronous != "FULL") {
     UsageError("--synchronous must be NORMAL or FULL");
+  }
+  for (const auto& [flag, url] :
+       {std::pair{"--alertmanager-url", &options.alertmanager_url},
+        std::pair{"--webhook-url", &options.webhook_url}}) {
+    if (url->empty()) continue;
+    if (absl::Status s = trainwatch::Notifier::CheckUrl(flag, *url); !s.ok()) {
+      UsageError(std::string(s.message()));
+    }
   }
   if (!config_path.empty()) {
     absl::StatusOr<trainwatch::HealthConfig> health =

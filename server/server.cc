@@ -3,6 +3,8 @@
 #include <prometheus/exposer.h>
 
 #include "absl/strings/str_cat.h"
+#include "alerting/http_sender.h"
+#include "alerting/notifier.h"
 #include "engine/engine.h"
 #include "ingest/ingest.h"
 #include "metrics/metrics.h"
@@ -105,7 +107,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
   }
   server->store_ = std::move(*store);
 
+  if (!options.alertmanager_url.empty() || !options.webhook_url.empty()) {
+    NotifierOptions notifier_options;
+    notifier_options.alertmanager_url = options.alertmanager_url;
+    notifier_options.webhook_url = options.webhook_url;
+    notifier_options.resend_interval = options.alertmanager_resend_interval;
+    absl::StatusOr<std::unique_ptr<Notifier>> notifier = Notifier::Create(
+        notifier_options, Clock::Real(),
+        NewCurlSender(std::chrono::seconds(10)),
+        NotifierFamilies{.sent = &m->notifications_sent_total,
+                         .failures = &m->notification_failures_total,
+                         .dropped = &m->notifications_dropped_total});
+    if (!notifier.ok()) return notifier.status();
+    server->notifier_ = std::move(*notifier);
+  }
+
   EngineOptions engine_options;
+  engine_options.notifier = server->notifier_.get();
   engine_options.shards = options.engine_threads;
   engine_options.max_active_runs = options.max_active_runs;
   engine_options.health = options.health;
@@ -166,6 +184,9 @@ void Server::Shutdown(std::chrono::milliseconds drain_timeout) {
   // 3. Commit what is queued, then run the engine work it produced.
   if (store_ != nullptr) store_->Close();
   if (engine_ != nullptr) engine_->Stop();
+  // 4. The engine has sent its last transition: deliver what is waiting
+  // (one attempt, bounded), then stop.
+  if (notifier_ != nullptr) notifier_->Stop();
 }
 
 }  // namespace trainwatch

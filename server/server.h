@@ -1,5 +1,5 @@
-// trainwatch-server: owns and wires every part (store, metrics, engine,
-// ingest, query) and the gRPC server in front of them.
+// trainwatch-server: owns and wires every part (store, metrics, notifier,
+// engine, ingest, query) and the gRPC server in front of them.
 //
 // Threads: BuildAndStart() and Shutdown() from the main thread.
 #ifndef TRAINWATCH_SERVER_SERVER_H_
@@ -22,6 +22,7 @@ class Metrics;
 class Engine;
 class Ingest;
 class Query;
+class Notifier;
 
 struct ServerOptions {
   // gRPC address; port 0 picks a free port (see grpc_port()).
@@ -39,6 +40,12 @@ struct ServerOptions {
   ValidationLimits limits;
   // Detector thresholds (--config).
   HealthConfig health;
+  // Alertmanager base URL (alerts are POSTed to URL/api/v2/alerts); "" = none.
+  std::string alertmanager_url;
+  // Plain JSON webhook, one POST per fire or resolve; "" = none.
+  std::string webhook_url;
+  // How often a firing alert is re-sent to Alertmanager (Prometheus' default).
+  std::chrono::milliseconds alertmanager_resend_interval{60'000};
 };
 
 class Server {
@@ -64,6 +71,7 @@ class Server {
   ServerOptions options_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Notifier> notifier_;  // null without a receiver URL
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Ingest> ingest_;
   std::unique_ptr<Query> query_;

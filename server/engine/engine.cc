@@ -3,6 +3,7 @@
 #include <cmath>
 #include <future>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "absl/hash/hash.h"
@@ -27,6 +28,8 @@ struct RunState {
   std::unique_ptr<RunHealth> health;
   int64_t last_record_unix_nanos = 0;  // server clock
   uint64_t last_step = 0;
+  // The lead stream's RunStart labels, sent with every notification.
+  std::map<std::string, std::string> labels;
 };
 
 namespace {
@@ -81,6 +84,27 @@ AlertEpisode FromProto(const v1::Alert& a) {
   e.batch_ids.assign(a.batch_ids().begin(), a.batch_ids().end());
   e.rank = a.rank();
   return e;
+}
+
+AlertNotice ToNotice(const v1::Alert& a,
+                     const std::map<std::string, std::string>& run_labels) {
+  AlertNotice n;
+  n.alertname = a.alertname();
+  n.run = a.run();
+  n.severity = a.severity();
+  n.firing = a.state() == "firing";
+  n.run_labels = run_labels;
+  n.summary = a.summary();
+  n.description = a.description();
+  n.likely_cause = a.likely_cause();
+  n.fix = a.fix();
+  n.started_step = a.started_step();
+  n.resolved_step = a.resolved_step();
+  n.peak_value = a.peak_value();
+  n.batch_ids.assign(a.batch_ids().begin(), a.batch_ids().end());
+  n.started_unix_nanos = a.started_unix_nanos();
+  n.resolved_unix_nanos = a.resolved_unix_nanos();
+  return n;
 }
 
 std::vector<std::pair<std::string, std::string>> AlertLabels() {
@@ -171,6 +195,8 @@ RunState* Engine::FindOrAddRunLocked(const std::string& run_id, bool* added) {
 }
 
 void Engine::EnsureHealth(RunState& run, const v1::RunStart& start) {
+  run.labels = std::map<std::string, std::string>(start.labels().begin(),
+                                                  start.labels().end());
   if (run.health != nullptr) {
     run.health->set_info(InfoFrom(start));
     return;
@@ -183,6 +209,10 @@ void Engine::EnsureHealth(RunState& run, const v1::RunStart& start) {
         size_t i = static_cast<size_t>(e.kind);
         r->metrics->alert_active[i].Set(e.firing ? 1 : 0);
         if (e.firing) r->metrics->alerts_fired[i].Get().Increment();
+        // Only enqueues: the notifier's threads do the network.
+        if (options_.notifier != nullptr) {
+          options_.notifier->Notify(ToNotice(alert, r->labels));
+        }
         store_->Submit(WriteOp{.kind = WriteOp::Kind::kAlert,
                                .key = {r->run_id, 0, 0},
                                .alert = std::move(alert)});
@@ -220,6 +250,11 @@ absl::Status Engine::Rebuild(RunState& run, const v1::RunSummary& summary) {
     AlertEpisode e = FromProto(a);
     run.health->tracker().Restore(e);
     m.alert_active[static_cast<size_t>(e.kind)].Set(1);
+    // Alertmanager forgets an alert that is not re-sent (endsAt passes):
+    // keep re-sending what was firing when the server stopped.
+    if (options_.notifier != nullptr) {
+      options_.notifier->Restore(ToNotice(a, run.labels));
+    }
   }
   // Replay history muted: the first W post-warmup steps give the baselines,
   // the last 2W steps the windows and the EMA. Alerts already stored as
@@ -365,7 +400,8 @@ void Engine::ProcessRecords(RunState& run, const Stream& stream,
     if (!lead) continue;
     FeedLead(run, attempt, r);
     m.steps.Increment();
-    if (r.clipped()) m.clipped_steps.Increment();
+    // A skipped step applied no update, so nothing was clipped.
+    if (r.clipped() && !r.skipped()) m.clipped_steps.Increment();
     if (r.skipped()) m.skipped_steps.Increment();
     if (!std::isfinite(r.grad_norm()) || (r.has_loss() && !std::isfinite(r.loss()))) {
       m.nonfinite_steps.Increment();

@@ -9,8 +9,8 @@
 // fed by the run's lead stream: the lowest rank reporting, and of that rank
 // the latest attempt. Every rank's records also feed the cross-rank checks.
 // A new attempt whose first step is at or below the last step seen rewinds
-// the windows to that step. Alert fires and resolves are stored and
-// exported. At start the engine rebuilds the windows, baselines and alert
+// the windows to that step. Alert fires and resolves are stored, exported
+// and handed to the notifier. At start the engine rebuilds the windows, baselines and alert
 // states of unfinished runs from the store, without firing again.
 //
 // Threads: OpenStream/SubmitBatch/SubmitEvent/CloseStream/GetHealth may be
@@ -32,6 +32,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "alerting/notifier.h"
 #include "common/clock.h"
 #include "engine/health_config.h"
 #include "engine/shard.h"
@@ -50,6 +51,9 @@ struct EngineOptions {
   // How often RunSilent is checked; 0 disables the timer (tests call
   // CheckSilence() themselves).
   std::chrono::milliseconds silence_check_interval{1000};
+  // Where fires and resolves go besides the store and /metrics (Alertmanager,
+  // webhook); borrowed, may be null. Must outlive the engine's Stop().
+  Notifier* notifier = nullptr;
 };
 
 struct RunState;

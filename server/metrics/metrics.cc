@@ -114,6 +114,17 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
                            "Store transactions that failed (nothing of them "
                            "was acknowledged).")
                        .Add({})),
+      notifications_sent_total(
+          Counter(*registry_, "trainwatch_notifications_sent_total",
+                  "Alert notifications delivered (each alert of an "
+                  "Alertmanager post counts, re-sends included).")),
+      notification_failures_total(
+          Counter(*registry_, "trainwatch_notification_failures_total",
+                  "Notification posts that failed (each retry counts).")),
+      notifications_dropped_total(
+          Counter(*registry_, "trainwatch_notifications_dropped_total",
+                  "Alert notifications lost: the receiver's queue was full, "
+                  "every retry failed, or the receiver refused them.")),
       steps_total(Counter(*registry_, "trainwatch_steps_total",
                           "Optimizer steps recorded (lead rank).")),
       clipped_steps_total(Counter(*registry_, "trainwatch_clipped_steps_total",

@@ -114,6 +114,11 @@ class Metrics {
   prometheus::Gauge& store_queue_depth;
   prometheus::Histogram& store_commit_seconds;
   prometheus::Counter& store_errors;
+  // Alert delivery, by receiver (alertmanager | webhook); the notifier adds
+  // the series of the receivers it has.
+  prometheus::Family<prometheus::Counter>& notifications_sent_total;
+  prometheus::Family<prometheus::Counter>& notification_failures_total;
+  prometheus::Family<prometheus::Counter>& notifications_dropped_total;
 
   // Per-run families (label `run`), used by RunMetrics.
   prometheus::Family<prometheus::Counter>& steps_total;
