@@ -1,0 +1,464 @@
+"""trainwatch: stream one health record per optimizer step to a trainwatch server.
+
+    import trainwatch
+    with trainwatch.Client("127.0.0.1:50051", run="llama/run-42",
+                           precision="bf16", max_norm=1.0) as tw:
+        for step in ...:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            tw.record(step, grad_norm=norm, loss=loss, lr=lr)
+        tw.event("run_finished", step)
+
+A binding of the C++ client (client/include/trainwatch/client.h): record()
+puts the step into a bounded lock-free queue and returns; a background thread
+batches, streams, reconnects and resends whatever the server has not
+acknowledged. record() never blocks and never waits for the GPU:
+
+* floats, ints, bools (and numpy.float64) go straight to the C++ queue in
+  one call (about 0.5 us);
+* other numpy scalars and CPU tensors are converted first (``.item()`` on a
+  CPU tensor reads memory, no sync; about 0.5 us per tensor);
+* CUDA tensors are copied with ``non_blocking=True`` into pinned host memory
+  behind a ``torch.cuda.Event``; the step waits in a small pending list and
+  is handed to the C++ queue by a later record(), event(), flush() or close()
+  once its event has completed. Steps and events keep their order.
+
+Thread-safety: a Client may be used from one thread at a time (the training
+loop). stats may be read from any thread.
+"""
+
+import atexit
+import sys
+import time
+import weakref
+from typing import NamedTuple
+
+from . import _trainwatch
+
+__all__ = ["Client", "Stats", "EVENT_KINDS"]
+
+_RECORDED = _trainwatch.RECORDED
+_DEFERRED = _trainwatch.DEFERRED
+
+# RunEvent kinds (DESIGN.md §2), as the C++ EventKind values.
+EVENT_KINDS = {"checkpoint_saved": 1, "run_finished": 2, "run_failed": 3}
+
+# StepRecord fields record() takes after step, in the binding's order.
+_FIELDS = ("grad_norm", "loss", "loss_scale", "skipped", "clipped", "clip_coef",
+           "max_attn_logit", "log_z", "lr", "batch_ids", "shard_sq_sum",
+           "layer_stats")
+_BOOL_FIELDS = frozenset(("skipped", "clipped"))
+_BOOL_POSITIONS = frozenset(_FIELDS.index(f) for f in _BOOL_FIELDS)
+_LAST_SCALAR = _FIELDS.index("batch_ids")  # fields before it are scalars
+
+# Steps waiting for their device-to-host copies, at most. Past it the oldest
+# is dropped (and counted), never waited for: a GPU this far behind the host
+# is a loop with no sync at all, and record() must not become one.
+_MAX_PENDING = 1024
+
+
+class Stats(NamedTuple):
+    """Counters of one Client (see ClientStats in client.h)."""
+    recorded: int    # steps accepted into the C++ queue
+    sent: int        # steps written to a stream (a resend counts again)
+    acked: int       # steps the server acknowledged as durable
+    dropped: int     # steps dropped: buffer full, or pending list overflow
+    reconnects: int
+    pending: int     # steps still waiting for a CUDA copy
+
+
+_open_clients = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_clients():
+    # Close before interpreter teardown rather than in a destructor run
+    # while modules are being torn down.
+    for client in list(_open_clients):
+        try:
+            client.close(timeout=2.0)
+        except Exception:  # nothing to report to at exit
+            pass
+
+
+class Client:
+    """One trainer process's (rank's) stream to a trainwatch server.
+
+    address: "host:port" of trainwatch-server's gRPC listener.
+    run: run id, 1..128 chars of [A-Za-z0-9._:/-].
+    rank, world_size, attempt: this process's rank, the job's size, and the
+        restart count (a restart from a checkpoint is a new attempt).
+    precision: "fp32", "bf16" or "fp16".
+    max_norm: the clip threshold (0: clipping not configured). Records
+        without clipped/clip_coef get them derived from it.
+    warmup_steps: LR warmup length; windows start after it.
+    labels: dict of str -> str (model, owner, cluster ...).
+    adam_eps, adam_beta2: the optimizer's, for the layer-stat detectors.
+    capacity: records held in memory (queued + unacknowledged) before
+        record() drops.
+    scaler_growth_interval: FP16 scaler growth interval (0: the server's
+        default, 2000).
+
+    Raises ValueError for invalid arguments. Does not wait for the server:
+    an unreachable one is retried in the background while records buffer.
+    """
+
+    def __init__(self, address, run, rank=0, world_size=1, precision="bf16",
+                 max_norm=0.0, warmup_steps=0, labels=None, attempt=0,
+                 adam_eps=None, adam_beta2=None, capacity=100000,
+                 scaler_growth_interval=0):
+        if not isinstance(address, str) or not address:
+            raise ValueError("address must be a non-empty 'host:port' string")
+        if not isinstance(run, str):
+            raise ValueError("run must be a string")
+        if not isinstance(precision, str):
+            raise ValueError('precision must be "fp32", "bf16" or "fp16"')
+        labels = {} if labels is None else labels
+        if not all(isinstance(k, str) and isinstance(v, str)
+                   for k, v in labels.items()):
+            raise ValueError("labels must map str to str")
+        for name, value in (("rank", rank), ("world_size", world_size),
+                            ("attempt", attempt), ("warmup_steps", warmup_steps),
+                            ("capacity", capacity),
+                            ("scaler_growth_interval", scaler_growth_interval)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        try:
+            max_norm = float(max_norm)
+            adam_eps = None if adam_eps is None else float(adam_eps)
+            adam_beta2 = None if adam_beta2 is None else float(adam_beta2)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"max_norm, adam_eps and adam_beta2 must be numbers: {e}") from None
+        self._c = _trainwatch.Client(address, run, rank, world_size, attempt,
+                                     precision, max_norm, warmup_steps,
+                                     scaler_growth_interval, adam_eps, adam_beta2,
+                                     labels, capacity)
+        self._record = self._c.record
+        self.run = run
+        self.rank = rank
+        # FIFO of ("step", args, host_buffers, cuda_event) and
+        # ("event", args) waiting for a device-to-host copy to finish.
+        self._pending = []
+        self._pending_dropped = 0
+        self._closed = False
+        self._last_step = None
+        _open_clients.add(self)
+
+    # -- the hot path ---------------------------------------------------------
+
+    def record(self, step, grad_norm, loss=None, loss_scale=None, skipped=False,
+               clipped=None, clip_coef=None, max_attn_logit=None, log_z=None,
+               lr=None, batch_ids=None, shard_sq_sum=None, layer_stats=None):
+        """Records one optimizer step; never blocks.
+
+        Every value may be a float/int/bool, a numpy scalar or a torch tensor
+        (CPU or CUDA; one element, batch_ids any shape). grad_norm is the
+        pre-clip global norm (what clip_grad_norm_ returns). batch_ids: ints
+        (list, tuple, numpy array or tensor). layer_stats: dict of layer name
+        to (grad_norm, grad_rms, g_over_sqrt_v_rms), each entry a tuple, a
+        dict with those keys, or a 3-element tensor.
+
+        Returns False when the step was dropped (buffer full, or the client
+        is closed); True otherwise, including a step queued behind a CUDA copy.
+        """
+        if not self._pending:
+            r = self._record(step, grad_norm, loss, loss_scale, skipped, clipped,
+                             clip_coef, max_attn_logit, log_z, lr, batch_ids,
+                             shard_sq_sum, layer_stats, 0)
+            if r != _DEFERRED:
+                if r == _RECORDED:
+                    self._last_step = step
+                return r == _RECORDED
+        return self._record_slow(step, (grad_norm, loss, loss_scale, skipped,
+                                        clipped, clip_coef, max_attn_logit,
+                                        log_z, lr, batch_ids, shard_sq_sum,
+                                        layer_stats))
+
+    # -- events, flush, close -------------------------------------------------
+
+    def event(self, kind, step, detail=""):
+        """Records a run event: "checkpoint_saved", "run_finished" or
+        "run_failed". Ordered after every step recorded before it."""
+        code = EVENT_KINDS.get(kind.lower() if isinstance(kind, str) else kind)
+        if code is None:
+            raise ValueError(f"event kind must be one of {sorted(EVENT_KINDS)}, got {kind!r}")
+        step = _step_index(step)
+        if not isinstance(detail, str):
+            raise ValueError("detail must be a string")
+        if self._closed:
+            return False
+        if self._pending:
+            self._resolve(wait=False)
+        if self._pending:
+            self._pending.append(("event", (code, step, detail)))
+            return True
+        return self._c.event(code, step, detail)
+
+    def flush(self, timeout=10.0):
+        """Waits (up to timeout seconds) until everything recorded so far,
+        pending CUDA copies included, is acknowledged by the server.
+        Raises TimeoutError otherwise. Releases the GIL while waiting."""
+        deadline = time.monotonic() + timeout
+        self._resolve(wait=True)
+        self._c.flush(max(0.0, deadline - time.monotonic()))
+
+    def close(self, timeout=10.0):
+        """Flushes (up to timeout seconds), then ends the stream. Idempotent.
+        Returns True when everything was acknowledged; never raises for an
+        unreachable server (a trainer should not die at exit for that)."""
+        if self._closed:
+            return True
+        deadline = time.monotonic() + timeout
+        try:
+            self._resolve(wait=True)
+        finally:
+            self._closed = True
+            _open_clients.discard(self)
+            try:
+                self._c.close(max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return False
+            except RuntimeError:
+                return False
+        return True
+
+    @property
+    def stats(self):
+        """Stats(recorded, sent, acked, dropped, reconnects, pending)."""
+        recorded, sent, acked, dropped, reconnects = self._c.stats()
+        return Stats(recorded, sent, acked, dropped + self._pending_dropped,
+                     reconnects, len(self._pending))
+
+    @property
+    def recommended_max_norm(self):
+        """The server's latest recommended clip threshold, or None."""
+        return self._c.recommended_max_norm()
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        # A loop that dies inside the block is a failed run; a normal exit
+        # only closes (call event("run_finished", step) when training ends:
+        # the block may also end for a restart).
+        if exc_type is not None and not self._closed and self._last_step is not None:
+            detail = f"{exc_type.__name__}: {exc}"[:1024]
+            try:
+                self.event("run_failed", self._last_step, detail)
+            except Exception:
+                pass
+        self.close()
+        return False
+
+    def __repr__(self):
+        return f"trainwatch.Client(run={self.run!r}, rank={self.rank}, closed={self._closed})"
+
+    # -- everything off the fast path -----------------------------------------
+
+    def _record_slow(self, step, values):
+        if self._closed:
+            return False
+        step = _step_index(step)
+        torch = sys.modules.get("torch")
+        devices = []  # ((position, key), tensor) of values still on a GPU
+        tensor = torch.Tensor if torch is not None else None
+        converted = list(values)
+        for i, value in enumerate(values):
+            cls = value.__class__
+            if value is None or cls is float or cls is bool:
+                continue
+            if cls is tensor and i < _LAST_SCALAR and value.is_cpu:
+                # The common CPU-tensor case, inline: item() reads memory.
+                try:
+                    v = value.item()
+                except (ValueError, RuntimeError):  # not one element
+                    pass
+                else:
+                    converted[i] = bool(v) if i in _BOOL_POSITIONS else v
+                    continue
+            converted[i] = _host_value(_FIELDS[i], value, torch, devices, i)
+        if self._pending:
+            self._resolve(wait=False)
+        if devices:
+            self._queue_copy(step, converted, devices, time.time_ns())
+            return True
+        if self._pending:  # keep order behind earlier CUDA steps
+            self._pending.append(("step", (step, converted, time.time_ns()), None, None))
+            return True
+        return self._submit(step, converted, 0)  # 0: stamped on the C++ side
+
+    def _submit(self, step, values, stamp):
+        r = self._record(step, *values, stamp)
+        if r == _DEFERRED:
+            bad = [f"{n}={v!r}" for n, v in zip(_FIELDS, values) if not _plain(n, v)]
+            raise TypeError(f"record(): cannot read {', '.join(bad) or 'a field'} as plain numbers")
+        if r == _RECORDED:
+            self._last_step = step
+        return r == _RECORDED
+
+    def _queue_copy(self, step, values, devices, stamp):
+        """Starts the device-to-host copies of `devices` and queues the step."""
+        torch = sys.modules["torch"]
+        with torch.no_grad():
+            floats = [t for _, t in devices if not _is_ids(t, torch)]
+            ids = [t for _, t in devices if _is_ids(t, torch)]
+            host_f = host_i = None
+            if floats:
+                dev = floats[0].device
+                flat = torch.cat([t.detach().reshape(-1).to(dev, torch.float64) for t in floats])
+                host_f = torch.empty(flat.shape, dtype=torch.float64, pin_memory=True)
+                host_f.copy_(flat, non_blocking=True)
+            if ids:
+                dev = ids[0].device
+                flat = torch.cat([t.detach().reshape(-1).to(dev, torch.int64) for t in ids])
+                host_i = torch.empty(flat.shape, dtype=torch.int64, pin_memory=True)
+                host_i.copy_(flat, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        if len(self._pending) >= _MAX_PENDING:
+            self._pending.pop(0)
+            self._pending_dropped += 1
+        layout = [(pos, key, _is_ids(t, torch), t.numel()) for (pos, key), t in devices]
+        self._pending.append(("step", (step, values, stamp), (host_f, host_i, layout), event))
+
+    def _resolve(self, wait):
+        """Hands finished pending entries, in order, to the C++ queue. With
+        wait, waits for every CUDA copy first (flush/close only)."""
+        pending = self._pending
+        while pending:
+            entry = pending[0]
+            if entry[0] == "event":
+                self._c.event(*entry[1])
+                pending.pop(0)
+                continue
+            _, (step, values, stamp), buffers, event = entry
+            if event is not None:
+                if wait:
+                    event.synchronize()
+                elif not event.query():
+                    return
+                _fill_from_host(values, buffers)
+            pending.pop(0)
+            self._submit(step, values, stamp)
+
+
+# -- conversion helpers (slow path) -----------------------------------------
+
+
+def _step_index(step):
+    try:
+        step = int(step.__index__()) if not isinstance(step, int) else step
+    except AttributeError:
+        raise TypeError(f"step must be an int, got {type(step).__name__}") from None
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return step
+
+
+def _plain(name, v):
+    if v is None:
+        return name != "grad_norm"
+    return isinstance(v, (int, float, list, tuple, dict))
+
+
+def _is_ids(t, torch):
+    return not (t.is_floating_point() or t.dtype == torch.bool)
+
+
+def _host_value(name, value, torch, devices, pos, key=None):
+    """Returns `value` as plain Python data. Accelerator tensors are left in
+    place, noted in `devices` as ((pos, key), tensor), and later filled in by
+    _fill_from_host."""
+    if value is None or isinstance(value, float) or (
+            isinstance(value, (int, bool)) and name != "batch_ids"):
+        return value
+    if torch is not None and isinstance(value, torch.Tensor):
+        # Cheap attributes only: .device builds an object (~0.4 us).
+        if value.is_cuda:
+            devices.append(((pos, key), value))
+            return None
+        if not value.is_cpu:  # e.g. xla, mps: no async copy here (syncs)
+            value = value.detach().cpu()
+        if name == "batch_ids":
+            return [int(x) for x in value.reshape(-1).tolist()]
+        if name == "layer_stats" and key is not None:
+            return tuple(float(x) for x in value.reshape(-1).tolist())
+        try:
+            v = value.item()  # CPU tensor: reads memory, no sync
+        except (ValueError, RuntimeError):
+            raise ValueError(f"record(): {name} must have one element, "
+                             f"got shape {tuple(value.shape)}") from None
+        return bool(v) if name in _BOOL_FIELDS else float(v)
+    if name == "batch_ids":
+        if hasattr(value, "tolist"):  # numpy array
+            value = value.tolist()
+        if isinstance(value, int):
+            value = [value]
+        out = []
+        for x in value:
+            if torch is not None and isinstance(x, torch.Tensor):
+                x = x.item() if x.device.type == "cpu" else x.cpu().item()
+            out.append(int(x))
+        return out
+    if name == "layer_stats":
+        if not isinstance(value, dict):
+            raise TypeError("record(): layer_stats must be a dict of layer name -> stats")
+        out = {}
+        for layer, stat in value.items():
+            if isinstance(stat, dict):
+                stat = (stat.get("grad_norm", 0.0), stat.get("grad_rms", 0.0),
+                        stat.get("g_over_sqrt_v_rms", float("nan")))
+            if torch is not None and isinstance(stat, torch.Tensor):
+                if stat.numel() != 3:
+                    raise ValueError(f"record(): layer_stats[{layer!r}] must have 3 elements")
+                out[str(layer)] = _host_value(name, stat, torch, devices, pos, str(layer))
+                continue
+            if len(stat) != 3:
+                raise ValueError(f"record(): layer_stats[{layer!r}] must be "
+                                 "(grad_norm, grad_rms, g_over_sqrt_v_rms)")
+            out[str(layer)] = tuple(
+                _host_value("layer_stat", s, torch, devices, pos, (str(layer), j))
+                for j, s in enumerate(stat))
+        return out
+    if name in _BOOL_FIELDS:
+        try:
+            return bool(value)  # numpy.bool_
+        except Exception:
+            raise TypeError(f"record(): {name} must be a bool, got {type(value).__name__}") from None
+    try:
+        return float(value)  # numpy scalars, Decimal, ...
+    except (TypeError, ValueError):
+        raise TypeError(f"record(): {name} must be a number, got {type(value).__name__}") from None
+
+
+def _fill_from_host(values, buffers):
+    """Puts the copied values (now in pinned host memory) into `values`."""
+    host_f, host_i, layout = buffers
+    fl = host_f.tolist() if host_f is not None else []
+    il = host_i.tolist() if host_i is not None else []
+    fi = ii = 0
+    for pos, key, is_ids, n in layout:
+        if is_ids:
+            chunk, ii = il[ii:ii + n], ii + n
+        else:
+            chunk, fi = fl[fi:fi + n], fi + n
+        name = _FIELDS[pos]
+        if key is None:  # a whole field
+            if name == "batch_ids":
+                values[pos] = [int(x) for x in chunk]
+            elif name in _BOOL_FIELDS:
+                values[pos] = bool(chunk[0])
+            else:
+                values[pos] = float(chunk[0])
+        elif isinstance(key, str):  # a layer's 3-element tensor
+            values[pos][key] = tuple(float(x) for x in chunk)
+        else:  # one element of a layer's tuple
+            layer, j = key
+            stat = list(values[pos][layer])
+            stat[j] = float(chunk[0])
+            values[pos][layer] = tuple(stat)

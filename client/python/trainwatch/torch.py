@@ -1,0 +1,305 @@
+"""trainwatch.torch: fill trainwatch records from a PyTorch training loop.
+
+    from trainwatch.torch import StepHook, log_z
+
+    hook = StepHook(tw, max_norm=1.0, optimizer=opt, scaler=scaler,
+                    model=model, layer_stats_every=100)
+    for step, (x, ids) in enumerate(loader):
+        logits = model(x)
+        loss = F.cross_entropy(...)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        hook.pre_step(step)              # before opt.step(): scale, layer stats
+        scaler.step(opt); scaler.update()
+        hook.post_step(step, norm, loss=loss, log_z=log_z(logits), batch_ids=ids)
+        opt.zero_grad()
+
+Nothing here calls .item() or synchronizes on a CUDA tensor: values stay
+tensors and trainwatch.Client copies them to the host asynchronously. The
+exceptions are named where they occur (a CUDA-capturable optimizer's step
+count, read every layer_stats_every steps only).
+"""
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["StepHook", "LayerStats", "log_z", "max_attention_logit",
+           "AttentionLogitProbe", "clip_fields"]
+
+_CLIP_EPS = 1e-6  # clip_grad_norm_'s: coef = max_norm / (norm + 1e-6)
+
+
+def clip_fields(grad_norm, max_norm):
+    """(clipped, clip_coef) for a pre-clip norm, as clip_grad_norm_ computes
+    them. Tensors in, tensors out (no sync); floats in, floats out."""
+    if isinstance(grad_norm, torch.Tensor):
+        coef = torch.clamp(max_norm / (grad_norm.detach().float() + _CLIP_EPS), max=1.0)
+        return coef < 1.0, coef
+    coef = min(1.0, max_norm / (float(grad_norm) + _CLIP_EPS))
+    return coef < 1.0, coef
+
+
+def log_z(logits, dim=-1):
+    """Mean log Z (logsumexp over the vocabulary dim) of output logits, detached;
+    a 0-d float32 tensor on the logits' device."""
+    with torch.no_grad():
+        return torch.logsumexp(logits.detach().float(), dim=dim).mean()
+
+
+def max_attention_logit(q, k, scale=None, mask=None):
+    """Largest attention logit max(q @ k^T * scale) for custom attention code,
+    detached. q: [..., L, d], k: [..., S, d]; scale defaults to 1/sqrt(d).
+    mask (optional, broadcastable to [..., L, S]): bool, True where a pair is
+    masked out (PyTorch's attn_mask convention), e.g. the causal future.
+    Materialises the [L, S] logits: use it every N steps on long sequences."""
+    with torch.no_grad():
+        if scale is None:
+            scale = 1.0 / math.sqrt(q.shape[-1])
+        logits = torch.matmul(q.detach().float(), k.detach().float().transpose(-2, -1)) * scale
+        if mask is not None:
+            logits = logits.masked_fill(mask, float("-inf"))
+        return logits.amax()
+
+
+class AttentionLogitProbe:
+    """Max attention logit of nn.MultiheadAttention modules, by recomputation.
+
+    MHA (fused or not) never exposes its pre-softmax logits, so a forward
+    pre-hook recomputes q and k from the module's input projections
+    (in_proj_weight, or q/k_proj_weight) and takes max(q_h @ k_h^T)/sqrt(d_h)
+    over heads. Limits: inputs must be passed positionally (torch < 2.0
+    hooks do not see keyword arguments); masks and add_bias_kv/add_zero_attn
+    key columns are ignored (the value is the max over all query/key pairs,
+    an upper bound under a mask); it costs one extra Q/K projection and QK^T
+    per module per probed forward, so enable it every N steps:
+
+        probe = AttentionLogitProbe(model)
+        probe.active = step % 100 == 0
+        out = model(x)
+        hook.post_step(step, norm, max_attn_logit=probe.pop())
+    """
+
+    def __init__(self, model_or_modules, active=True):
+        modules = ([m for m in model_or_modules.modules() if isinstance(m, nn.MultiheadAttention)]
+                   if isinstance(model_or_modules, nn.Module) else list(model_or_modules))
+        if not modules:
+            raise ValueError("AttentionLogitProbe: no nn.MultiheadAttention module found")
+        self.active = active
+        self._max = None
+        self._handles = [m.register_forward_pre_hook(self._hook) for m in modules]
+
+    def pop(self):
+        """The max logit seen since the last pop (a 0-d tensor), or None."""
+        value, self._max = self._max, None
+        return value
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _hook(self, module, args):
+        if not self.active or len(args) < 2:
+            return
+        value = _mha_max_logit(module, args[0], args[1])
+        self._max = value if self._max is None else torch.maximum(self._max, value)
+
+
+def _mha_max_logit(m, query, key):
+    with torch.no_grad():
+        e, h = m.embed_dim, m.num_heads
+        hd = e // h
+        if m._qkv_same_embed_dim:
+            w_q, w_k = m.in_proj_weight[:e], m.in_proj_weight[e:2 * e]
+        else:
+            w_q, w_k = m.q_proj_weight, m.k_proj_weight
+        b_q = b_k = None
+        if m.in_proj_bias is not None:
+            b_q, b_k = m.in_proj_bias[:e], m.in_proj_bias[e:2 * e]
+        if query.dim() == 2:  # unbatched
+            query, key = query.unsqueeze(1), key.unsqueeze(1)
+        elif m.batch_first:
+            query, key = query.transpose(0, 1), key.transpose(0, 1)
+        # [L, N, E] -> [N, H, L, hd]
+        q = F.linear(query.float(), w_q.float(), None if b_q is None else b_q.float())
+        k = F.linear(key.float(), w_k.float(), None if b_k is None else b_k.float())
+        q = q.reshape(q.shape[0], q.shape[1], h, hd).permute(1, 2, 0, 3)
+        k = k.reshape(k.shape[0], k.shape[1], h, hd).permute(1, 2, 0, 3)
+        return max_attention_logit(q, k)
+
+
+class LayerStats:
+    """Per-layer gradient statistics every `every` steps (DESIGN.md §2
+    layer_stats): for each module that owns parameters, by its qualified
+    name, the gradient L2 norm, the gradient RMS, and for Adam-family
+    optimizers the RMS of g / (sqrt(v_hat) + eps), where v_hat is the
+    bias-corrected second moment exp_avg_sq BEFORE this step's update
+    (v_{t-1}): about 1 in steady state, far above it when v is out of date.
+    NaN where there is no second moment (other optimizers, the first step).
+
+    Call collect(step) after clip_grad_norm_ (and after scaler.unscale_)
+    and BEFORE optimizer.step(): the stats are of the gradients the optimizer
+    is about to apply. Steps in between cost one modulo; on a collected step
+    the values stay on the device (no sync), except the step count of a
+    capturable Adam, which lives on the GPU and is read there as a tensor.
+    """
+
+    def __init__(self, model, optimizer=None, every=100):
+        if every < 1:
+            raise ValueError("every must be >= 1")
+        self.every = every
+        self.optimizer = optimizer
+        layers = {}
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                layers.setdefault(name.rpartition(".")[0] or name, []).append(p)
+        self._layers = layers
+        self._group_of = {}
+        if optimizer is not None:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    self._group_of[p] = group
+
+    def due(self, step):
+        return step % self.every == 0
+
+    def collect(self, step, force=False):
+        """{layer: tensor([grad_norm, grad_rms, g_over_sqrt_v_rms])} on a
+        collected step, else None."""
+        if not force and step % self.every != 0:
+            return None
+        out = {}
+        with torch.no_grad():
+            for layer, params in self._layers.items():
+                sq = n = ratio_sq = None
+                have_v = True
+                for p in params:
+                    if p.grad is None:
+                        continue
+                    g = p.grad.detach().float()
+                    s = g.pow(2).sum()
+                    sq = s if sq is None else sq + s
+                    n = g.numel() if n is None else n + g.numel()
+                    r = self._ratio_sq(p, g)
+                    if r is None:
+                        have_v = False
+                    elif have_v:
+                        ratio_sq = r if ratio_sq is None else ratio_sq + r
+                if sq is None:
+                    continue
+                gv = (torch.sqrt(ratio_sq / n) if have_v and ratio_sq is not None
+                      else torch.full((), float("nan"), device=sq.device))
+                out[layer] = torch.stack([torch.sqrt(sq), torch.sqrt(sq / n), gv])
+        return out
+
+    def _ratio_sq(self, p, g):
+        """sum((g / (sqrt(v_hat) + eps))^2) for p, or None without Adam state."""
+        if self.optimizer is None:
+            return None
+        state = self.optimizer.state.get(p)
+        group = self._group_of.get(p)
+        if not state or group is None or "exp_avg_sq" not in state or "betas" not in group:
+            return None
+        t = state.get("step", 0)
+        if not isinstance(t, torch.Tensor) and t == 0:
+            return None
+        beta2 = group["betas"][1]
+        eps = group.get("eps", 1e-8)
+        v = state["exp_avg_sq"].detach().float()
+        if isinstance(t, torch.Tensor):
+            t = t.to(v.device, torch.float32)
+        correction = 1.0 - beta2 ** t
+        denom = torch.sqrt(v / correction) + eps
+        return (g / denom).pow(2).sum()
+
+
+class StepHook:
+    """Builds and records one step from what the loop already has.
+
+    client: a trainwatch.Client. max_norm: the clip threshold passed to
+    clip_grad_norm_. optimizer: for lr (param_groups[0]["lr"]) and Adam
+    state. scaler: a torch.cuda.amp.GradScaler, or any object with
+    get_scale() (and optionally a `found_inf` attribute) for a custom
+    dynamic loss scaler. model + layer_stats_every: per-layer stats every N
+    steps (see LayerStats).
+
+    pre_step(step) goes right before optimizer.step()/scaler.step() (it
+    snapshots the loss scale and collects layer stats); post_step(step,
+    grad_norm, ...) after scaler.update(). Without a scaler and layer stats,
+    post_step alone is enough.
+
+    skipped: the loss scale went down across update() (GradScaler halves it
+    exactly when it found inf/NaN and skipped the step), or the scaler's
+    found_inf attribute is set. With torch's GradScaler the scale is read
+    from its private `_scale` tensor, so it stays on the device; get_scale()
+    (which syncs) is the fallback.
+    """
+
+    def __init__(self, client, max_norm, optimizer=None, scaler=None, model=None,
+                 layer_stats_every=100):
+        self.client = client
+        self.max_norm = float(max_norm)
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.layer_stats = (LayerStats(model, optimizer, layer_stats_every)
+                            if model is not None else None)
+        self._scale_before = None
+        self._pending_layers = None
+
+    def pre_step(self, step):
+        if self.scaler is not None:
+            self._scale_before = self._scale()
+        if self.layer_stats is not None:
+            self._pending_layers = self.layer_stats.collect(step)
+
+    def post_step(self, step, grad_norm, loss=None, lr=None, **fields):
+        """Records the step; extra keyword fields (log_z, max_attn_logit,
+        batch_ids, shard_sq_sum ...) pass through to Client.record()."""
+        clipped, clip_coef = clip_fields(grad_norm, self.max_norm)
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach()
+        if lr is None and self.optimizer is not None:
+            lr = self.optimizer.param_groups[0]["lr"]
+        if self.scaler is not None:
+            scale = self._scale()
+            if scale is not None:
+                fields.setdefault("loss_scale", scale)
+                fields.setdefault("skipped", self._skipped(scale))
+        if self._pending_layers:
+            fields.setdefault("layer_stats", self._pending_layers)
+        self._pending_layers = None
+        self._scale_before = None
+        return self.client.record(step, grad_norm=_detach(grad_norm), loss=loss, lr=lr,
+                                  clipped=clipped, clip_coef=clip_coef, **fields)
+
+    def _scale(self):
+        s = self.scaler
+        if hasattr(s, "is_enabled") and not s.is_enabled():
+            return None
+        t = getattr(s, "_scale", None)
+        if isinstance(t, torch.Tensor):
+            return t.detach().clone().reshape(())
+        return float(s.get_scale())
+
+    def _skipped(self, scale_after):
+        before = self._scale_before
+        found = getattr(self.scaler, "found_inf", None)
+        if before is None:
+            down = False
+        elif isinstance(scale_after, torch.Tensor):
+            down = scale_after < before
+        else:
+            down = scale_after < before
+        if found is None:
+            return down
+        if isinstance(down, torch.Tensor) or isinstance(found, torch.Tensor):
+            return torch.logical_or(torch.as_tensor(down), torch.as_tensor(found))
+        return bool(down) or bool(found)
+
+
+def _detach(x):
+    return x.detach() if isinstance(x, torch.Tensor) else x

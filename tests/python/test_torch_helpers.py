@@ -1,0 +1,147 @@
+"""trainwatch.torch: the values its helpers compute, against direct math."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import trainwatch
+from trainwatch.torch import (AttentionLogitProbe, LayerStats, StepHook, clip_fields,
+                              log_z, max_attention_logit)
+
+
+def test_clip_fields_match_clip_grad_norm():
+    p = nn.Parameter(torch.zeros(10))
+    p.grad = torch.full((10,), 2.0)
+    norm = torch.nn.utils.clip_grad_norm_([p], 1.0)
+    clipped, coef = clip_fields(norm, 1.0)
+    assert bool(clipped) and float(coef) == pytest.approx(1.0 / (math.sqrt(40) + 1e-6))
+    assert p.grad.norm().item() == pytest.approx(1.0, rel=1e-5)
+    assert clip_fields(0.5, 1.0) == (False, 1.0)
+
+
+def test_log_z_is_mean_logsumexp_detached():
+    logits = torch.randn(2, 5, 7, requires_grad=True)
+    z = log_z(logits)
+    assert not z.requires_grad and z.dim() == 0
+    expect = torch.log(torch.exp(logits.detach()).sum(-1)).mean()
+    assert float(z) == pytest.approx(float(expect), rel=1e-5)
+
+
+def test_max_attention_logit_with_and_without_mask():
+    q, k = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(8)
+    assert float(max_attention_logit(q, k)) == pytest.approx(float(scores.max()), rel=1e-5)
+    mask = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    expect = scores.masked_fill(mask, -math.inf).max()
+    assert float(max_attention_logit(q, k, mask=mask)) == pytest.approx(float(expect), rel=1e-5)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_attention_probe_recomputes_mha_logits(batch_first):
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=batch_first).eval()
+    x = torch.randn(5, 2, 16)  # [L, N, E]
+    inp = x.transpose(0, 1) if batch_first else x
+    probe = AttentionLogitProbe(nn.Sequential(mha))
+    mha(inp, inp, inp)
+    got = probe.pop()
+    assert probe.pop() is None
+    # Reference: the projections by hand, per head.
+    w, b = mha.in_proj_weight, mha.in_proj_bias
+    q = (x @ w[:16].T + b[:16]).reshape(5, 2, 4, 4).permute(1, 2, 0, 3)
+    k = (x @ w[16:32].T + b[16:32]).reshape(5, 2, 4, 4).permute(1, 2, 0, 3)
+    expect = (q @ k.transpose(-2, -1) / 2.0).max()
+    assert float(got) == pytest.approx(float(expect), rel=1e-5)
+    probe.active = False
+    mha(inp, inp, inp)
+    assert probe.pop() is None
+    probe.remove()
+
+
+def test_layer_stats_g_over_sqrt_v_uses_bias_corrected_previous_v():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, betas=(0.9, 0.99), eps=1e-8)
+    stats = LayerStats(model, opt, every=2)
+
+    def backward():
+        opt.zero_grad()
+        model(torch.randn(8, 4)).pow(2).sum().backward()
+
+    backward()
+    first = stats.collect(0)
+    assert set(first) == {"0", "1"}
+    assert math.isnan(float(first["0"][2]))  # no second moment yet
+    opt.step()
+    backward()
+    assert stats.collect(1) is None  # not a collected step
+    opt.step()
+    backward()
+    got = stats.collect(2)  # before the third step: v after two updates
+    params = list(model[0].parameters())
+    g = torch.cat([p.grad.reshape(-1) for p in params])
+    v = torch.cat([opt.state[p]["exp_avg_sq"].reshape(-1) for p in params])
+    v_hat = v / (1 - 0.99 ** 2)
+    expect = torch.sqrt(((g / (v_hat.sqrt() + 1e-8)) ** 2).mean())
+    assert float(got["0"][0]) == pytest.approx(float(g.norm()), rel=1e-5)
+    assert float(got["0"][1]) == pytest.approx(float(g.norm() / math.sqrt(g.numel())), rel=1e-5)
+    assert float(got["0"][2]) == pytest.approx(float(expect), rel=1e-4)
+
+
+class FakeClient:
+    def __init__(self):
+        self.records = []
+
+    def record(self, step, **fields):
+        self.records.append((step, fields))
+        return True
+
+
+class HalvingScaler:
+    """GradScaler-shaped: a CPU `_scale` tensor, halved on inf."""
+
+    def __init__(self):
+        self._scale = torch.tensor(1024.0)
+
+    def is_enabled(self):
+        return True
+
+    def update(self, found_inf):
+        if found_inf:
+            self._scale = self._scale * 0.5
+
+
+def test_step_hook_fills_clip_scale_and_skipped():
+    tw = FakeClient()
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = HalvingScaler()
+    hook = StepHook(tw, max_norm=1.0, optimizer=opt, scaler=scaler)
+    for step, found_inf in enumerate([False, True, False]):
+        hook.pre_step(step)
+        scaler.update(found_inf)
+        hook.post_step(step, torch.tensor(3.0 if found_inf else 0.5), loss=torch.tensor(1.0))
+    skipped = [bool(f["skipped"]) for _, f in tw.records]
+    scales = [float(f["loss_scale"]) for _, f in tw.records]
+    assert skipped == [False, True, False]
+    assert scales == [1024.0, 512.0, 512.0]
+    step1 = tw.records[1][1]
+    assert bool(step1["clipped"]) and float(step1["clip_coef"]) == pytest.approx(1 / 3, rel=1e-5)
+    assert step1["lr"] == 0.1
+
+
+def test_step_hook_records_through_a_real_client():
+    tw = trainwatch.Client("127.0.0.1:1", run="r", max_norm=1.0)
+    model = nn.Linear(3, 3)
+    opt = torch.optim.AdamW(model.parameters())
+    hook = StepHook(tw, max_norm=1.0, optimizer=opt, model=model, layer_stats_every=1)
+    model(torch.randn(4, 3)).sum().backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    hook.pre_step(0)
+    opt.step()
+    assert hook.post_step(0, norm, loss=torch.tensor(2.0), log_z=torch.tensor(1.0),
+                          batch_ids=[1, 2])
+    assert tw.stats.recorded == 1
+    tw.close(timeout=0.1)

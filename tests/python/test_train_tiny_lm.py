@@ -1,0 +1,51 @@
+"""End to end: the example trains a real (tiny) PyTorch LM against the real
+server, a corrupted batch is injected, and the server raises GradNormSpike
+naming that batch's ids."""
+
+import re
+import subprocess
+import sys
+import time
+
+from conftest import REPO
+
+EXAMPLE = REPO / "client" / "examples" / "train_tiny_lm.py"
+
+
+def test_corrupted_batch_raises_grad_norm_spike_with_its_batch_ids(server):
+    run = "e2e/tiny-lm"
+    # The spike detector trusts its EMA after 100 post-warmup steps.
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--server", server.address, "--run", run,
+         "--steps", "170", "--warmup-steps", "10", "--corrupt-batch-at", "150",
+         "--checkpoint-every", "25", "--threads", "2"],
+        capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"CORRUPTED step=150 batch_ids=([\d,]+)", r.stdout)
+    assert m, r.stdout
+    corrupted = [int(x) for x in m.group(1).split(",")]
+    assert "acked 170, dropped 0" in r.stdout, r.stdout
+
+    deadline = time.monotonic() + 10
+    while True:  # alerts are evaluated as records arrive; allow for commit lag
+        alerts = server.ctl_json("alerts", "--run", run)
+        spikes = [a for a in alerts if a["alertname"] == "GradNormSpike"]
+        if spikes or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(spikes) == 1, alerts
+    assert spikes[0]["started_step"] == 150
+    assert spikes[0]["batch_ids"] == corrupted
+
+    listed = server.ctl_json("spikes", "--run", run)
+    assert [s["step"] for s in listed] == [150]
+    assert listed[0]["skip_batch_ids"] == corrupted
+    # The restart plan points at the last checkpoint >= 100 steps before.
+    assert listed[0]["restart_from_step"] == 50
+
+    runs = {x["run_id"]: x for x in server.ctl_json("runs")}
+    assert runs[run]["state"] == "finished" and runs[run]["steps"] == 170
+    step = server.ctl_json("steps", "--run", run, "--from", "100", "--to", "100")[0]
+    assert step["batch_ids"] == list(range(800, 808))
+    assert step["max_attn_logit"] > 0 and step["log_z"] > 0 and step["lr"] > 0
+    assert len(step["layer_stats"]) >= 10  # every 50 steps, by module name
