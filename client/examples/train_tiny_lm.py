@@ -21,7 +21,10 @@ Faults to inject, to see the alerts fire:
   --fp16-scaler          emulate fp16 dynamic loss scaling (GradScaler's policy,
                          in Python, since GradScaler needs CUDA): report
                          precision fp16, loss_scale and skipped steps
-  --lr 0.05              too high a learning rate: clipping on most steps
+  --lr 0.5               too high a learning rate: clipping on most steps
+                         (ClipFractionHigh) and attention logits past the cap
+                         (AttentionLogitGrowth); --lr 0.05 is not enough for
+                         this model
 
     build/bin/trainwatch-server &
     PYTHONPATH=build/python /usr/bin/python3 client/examples/train_tiny_lm.py \\
