@@ -3,6 +3,7 @@
 #include <prometheus/exposer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "alerting/http_sender.h"
 #include "alerting/notifier.h"
 #include "engine/engine.h"
@@ -14,11 +15,6 @@
 
 namespace trainwatch {
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                      std::string(s.message()));
-}
 
 using ServiceBase =
     v1::TrainingHealth::WithCallbackMethod_Report<v1::TrainingHealth::Service>;
@@ -40,7 +36,7 @@ class Server::Service final : public ServiceBase {
                         const v1::ListRunsRequest* request,
                         v1::ListRunsResponse* response) override {
     absl::StatusOr<v1::ListRunsResponse> r = query_->ListRuns(*request);
-    if (!r.ok()) return ToGrpc(r.status());
+    if (!r.ok()) return ToGrpcStatus(r.status());
     *response = std::move(*r);
     return grpc::Status::OK;
   }
@@ -49,7 +45,7 @@ class Server::Service final : public ServiceBase {
                             const v1::GetRunHealthRequest* request,
                             v1::GetRunHealthResponse* response) override {
     absl::StatusOr<v1::GetRunHealthResponse> r = query_->GetRunHealth(*request);
-    if (!r.ok()) return ToGrpc(r.status());
+    if (!r.ok()) return ToGrpcStatus(r.status());
     *response = std::move(*r);
     return grpc::Status::OK;
   }
@@ -58,7 +54,7 @@ class Server::Service final : public ServiceBase {
                           const v1::ListAlertsRequest* request,
                           v1::ListAlertsResponse* response) override {
     absl::StatusOr<v1::ListAlertsResponse> r = query_->ListAlerts(*request);
-    if (!r.ok()) return ToGrpc(r.status());
+    if (!r.ok()) return ToGrpcStatus(r.status());
     *response = std::move(*r);
     return grpc::Status::OK;
   }
@@ -66,7 +62,7 @@ class Server::Service final : public ServiceBase {
   grpc::Status QuerySteps(grpc::ServerContext* context,
                           const v1::QueryStepsRequest* request,
                           grpc::ServerWriter<v1::StepRecords>* writer) override {
-    return ToGrpc(query_->QuerySteps(*request, [&](const v1::StepRecords& c) {
+    return ToGrpcStatus(query_->QuerySteps(*request, [&](const v1::StepRecords& c) {
       return !context->IsCancelled() && writer->Write(c);
     }));
   }

@@ -4,17 +4,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 
 namespace trainwatch {
-namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                      std::string(s.message()));
-}
-
-}  // namespace
-
 // One Report stream. Lifetime: gRPC owns it; it deletes itself in OnDone,
 // which gRPC calls only after Finish. Finish is called only once no engine
 // callback is outstanding (pending_ == 0) and no write is in flight, so a
@@ -46,7 +38,7 @@ class ReportReactor final
       absl::Status s = HandleLocked();
       if (!s.ok()) {
         ingest_->CountRejected(s);
-        EndLocked(ToGrpc(s));
+        EndLocked(ToGrpcStatus(s));
       }
     }
     Progress(std::move(lock));
