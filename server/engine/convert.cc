@@ -1,0 +1,89 @@
+#include "engine/convert.h"
+
+#include "engine/alert_catalog.h"
+
+namespace trainwatch {
+
+RunInfo InfoFrom(const v1::RunStart& s) {
+  RunInfo info;
+  info.run_id = s.run_id();
+  info.precision = s.precision();
+  info.max_norm = s.max_norm();
+  info.warmup_steps = s.warmup_steps();
+  info.world_size = s.world_size() == 0 ? 1 : s.world_size();
+  info.scaler_growth_interval =
+      s.scaler_growth_interval() == 0 ? 2000 : s.scaler_growth_interval();
+  if (s.has_adam_eps()) info.adam_eps = s.adam_eps();
+  if (s.has_adam_beta2()) info.adam_beta2 = s.adam_beta2();
+  return info;
+}
+
+v1::Alert ToProto(const std::string& run, const AlertEpisode& e) {
+  const AlertSpec& spec = Spec(e.kind);
+  v1::Alert a;
+  a.set_alertname(std::string(spec.name));
+  a.set_run(run);
+  a.set_severity(std::string(spec.severity));
+  a.set_state(e.firing ? "firing" : "resolved");
+  a.set_started_step(e.started_step);
+  a.set_started_unix_nanos(e.started_unix_nanos);
+  if (!e.firing) {
+    a.set_resolved_step(e.resolved_step);
+    a.set_resolved_unix_nanos(e.resolved_unix_nanos);
+  }
+  a.set_peak_value(e.peak_value);
+  a.set_summary(e.text.summary);
+  a.set_description(e.text.description);
+  a.set_likely_cause(std::string(spec.likely_cause));
+  a.set_fix(std::string(spec.fix));
+  a.mutable_batch_ids()->Add(e.batch_ids.begin(), e.batch_ids.end());
+  a.set_rank(e.rank);
+  return a;
+}
+
+AlertEpisode FromProto(const v1::Alert& a) {
+  AlertEpisode e;
+  e.kind = *AlertKindByName(a.alertname());
+  e.firing = a.state() == "firing";
+  e.started_step = a.started_step();
+  e.resolved_step = a.resolved_step();
+  e.started_unix_nanos = a.started_unix_nanos();
+  e.resolved_unix_nanos = a.resolved_unix_nanos();
+  e.peak_value = a.peak_value();
+  e.text = AlertText{a.summary(), a.description()};
+  e.batch_ids.assign(a.batch_ids().begin(), a.batch_ids().end());
+  e.rank = a.rank();
+  return e;
+}
+
+AlertNotice ToNotice(const v1::Alert& a,
+                     const std::map<std::string, std::string>& run_labels) {
+  AlertNotice n;
+  n.alertname = a.alertname();
+  n.run = a.run();
+  n.severity = a.severity();
+  n.firing = a.state() == "firing";
+  n.run_labels = run_labels;
+  n.summary = a.summary();
+  n.description = a.description();
+  n.likely_cause = a.likely_cause();
+  n.fix = a.fix();
+  n.started_step = a.started_step();
+  n.resolved_step = a.resolved_step();
+  n.peak_value = a.peak_value();
+  n.batch_ids.assign(a.batch_ids().begin(), a.batch_ids().end());
+  n.started_unix_nanos = a.started_unix_nanos();
+  n.resolved_unix_nanos = a.resolved_unix_nanos();
+  return n;
+}
+
+std::vector<std::pair<std::string, std::string>> AlertLabels() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const AlertSpec& s : AllAlertSpecs()) {
+    out.emplace_back(std::string(s.name), std::string(s.severity));
+  }
+  return out;
+}
+
+
+}  // namespace trainwatch
