@@ -1,0 +1,148 @@
+// The health engine's cost per record: RunHealth::OnRankRecord + OnLeadRecord
+// (what the engine calls for a lead-stream record) with every detector, on a
+// realistic FP16 stream: lognormal norms (~1% clipped), a constant loss scale,
+// attention logit and log Z. Measured in steady state (windows full,
+// baselines taken). Then each detector group alone against a no-op sink, with
+// the windows updated as RunHealth does.
+//
+//   build/bin/bench_detectors --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "engine/detectors_internal.h"
+#include "engine/run_health.h"
+
+namespace {
+
+using namespace trainwatch;  // NOLINT: a benchmark file
+
+constexpr size_t kStream = 1 << 16;  // records, cycled with increasing steps
+
+std::vector<v1::StepRecord> Stream() {
+  std::mt19937_64 rng(1);
+  std::lognormal_distribution<double> norm(std::log(0.5), 0.3);
+  std::normal_distribution<double> noise(0.0, 1.0);
+  std::vector<v1::StepRecord> out(kStream);
+  for (size_t i = 0; i < kStream; ++i) {
+    v1::StepRecord& r = out[i];
+    const double g = norm(rng);
+    r.set_grad_norm(g);
+    r.set_clipped(g > 1.0);
+    r.set_clip_coef(std::min(1.0, 1.0 / (g + 1e-6)));
+    r.set_loss_scale(65536.0);
+    r.set_max_attn_logit(30.0 + 0.5 * noise(rng));
+    r.set_log_z(2.0 + 0.05 * noise(rng));
+    r.set_loss(2.5 + 0.01 * noise(rng));
+    r.set_lr(3e-4);
+  }
+  return out;
+}
+
+RunInfo Info() {
+  return RunInfo{.run_id = "bench/run",
+                 .precision = v1::FP16,
+                 .max_norm = 1.0,
+                 .warmup_steps = 0,
+                 .world_size = 1};
+}
+
+void BM_RunHealthAllDetectors(benchmark::State& state) {
+  HealthConfig config;
+  config.window_steps = static_cast<uint32_t>(state.range(0));
+  std::vector<v1::StepRecord> stream = Stream();
+  uint64_t transitions = 0;
+  RunHealth health(Info(), config,
+                   [&transitions](const AlertEpisode&) { ++transitions; },
+                   [](const SpikeInfo&) {});
+  uint64_t step = 0;
+  int64_t now = 1'700'000'000'000'000'000;
+  auto feed = [&] {
+    v1::StepRecord& r = stream[step % kStream];
+    r.set_step(step);
+    r.set_time_unix_nanos(now);
+    health.OnRankRecord(0, 0, r);
+    health.OnLeadRecord(r, now);
+    ++step;
+    now += 1'000'000;
+  };
+  // Steady state: windows full and baselines taken.
+  while (step < 2ull * config.window_steps + 200) feed();
+  for (auto _ : state) feed();
+  state.SetItemsProcessed(state.iterations());
+  state.counters["alert_transitions"] = static_cast<double>(transitions);
+}
+BENCHMARK(BM_RunHealthAllDetectors)->Arg(1000)->Arg(10000)->ArgName("W");
+
+// A sink that only counts calls (the detector's own cost, no tracker).
+class NullSink final : public AlertSink {
+ public:
+  void Condition(AlertKind, uint64_t, bool holds, double,
+                 const std::function<AlertText()>&) override {
+    calls += holds ? 2 : 1;
+  }
+  void Event(AlertKind, uint64_t, double, const std::vector<int64_t>&,
+             const std::function<AlertText()>&) override {
+    ++calls;
+  }
+  void Spike(const SpikeInfo&) override { ++calls; }
+  uint64_t calls = 0;
+};
+
+enum Group { kNorm = 0, kFp16 = 1, kRanks = 2, kLayers = 3, kWindowsOnly = 4 };
+
+void BM_DetectorGroup(benchmark::State& state) {
+  HealthConfig config;
+  const RunInfo info = Info();
+  Detectors detectors;
+  switch (state.range(0)) {
+    case kNorm: AddNormDetectors(config, &detectors); state.SetLabel("norm"); break;
+    case kFp16: AddFp16Detectors(config, &detectors); state.SetLabel("fp16"); break;
+    case kRanks: AddRankDetectors(config, &detectors); state.SetLabel("ranks"); break;
+    case kLayers: AddLayerDetectors(config, &detectors); state.SetLabel("layers"); break;
+    default: state.SetLabel("windows only"); break;
+  }
+  std::vector<v1::StepRecord> stream = Stream();
+  RunWindow window(config.window_steps);
+  Baselines baselines;
+  NullSink sink;
+  uint64_t step = 0;
+  auto feed = [&] {
+    v1::StepRecord& r = stream[step % kStream];
+    r.set_step(step);
+    window.grad_norm.Push(step, r.grad_norm());
+    window.clipped.Push(step, r.clipped());
+    window.skipped.Push(step, r.skipped());
+    window.max_attn_logit.Push(step, r.max_attn_logit());
+    window.log_z.Push(step, r.log_z());
+    if (step + 1 == config.window_steps) {
+      baselines.grad_norm_median = window.grad_norm.Median();
+      baselines.max_attn_logit_median = window.max_attn_logit.Median();
+      baselines.log_z_median = window.log_z.Median();
+      baselines.through_step = step;
+    }
+    const RankRecordContext rctx{.record = r, .rank = 0, .attempt = 0,
+                                 .run = info, .config = config};
+    const StepContext ctx{.record = r, .run = info, .config = config,
+                          .window = window, .baselines = baselines,
+                          .post_warmup = true, .records_seen = step + 1};
+    for (auto& d : detectors) {
+      d->OnRankRecord(rctx, sink);
+      d->OnStep(ctx, sink);
+    }
+    ++step;
+  };
+  while (step < 2ull * config.window_steps + 200) feed();
+  for (auto _ : state) feed();
+  state.SetItemsProcessed(state.iterations());
+  benchmark::DoNotOptimize(sink.calls);
+}
+BENCHMARK(BM_DetectorGroup)->DenseRange(kNorm, kWindowsOnly)->ArgName("group");
+
+}  // namespace
+
+BENCHMARK_MAIN();

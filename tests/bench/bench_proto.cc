@@ -1,0 +1,71 @@
+// Parsing and serializing a StepBatch of 1,024 realistic records (what the
+// server's Report reactor parses per batch).
+//
+//   build/bin/bench_proto --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <string>
+
+#include "trainwatch/v1/trainwatch.pb.h"
+
+namespace {
+
+// `n` records with the fields a bf16/fp16 trainer sends (no layer stats).
+trainwatch::v1::StepBatch MakeBatch(int n, bool batch_ids) {
+  std::mt19937_64 rng(7);
+  std::lognormal_distribution<double> norm(0.0, 0.3);
+  trainwatch::v1::StepBatch batch;
+  batch.set_seq(12345);
+  for (int i = 0; i < n; ++i) {
+    trainwatch::v1::StepRecord* r = batch.add_records();
+    const double g = norm(rng);
+    r->set_step(100000 + i);
+    r->set_grad_norm(g);
+    r->set_clipped(g > 1.0);
+    r->set_clip_coef(g > 1.0 ? 1.0 / (g + 1e-6) : 1.0);
+    r->set_loss_scale(65536.0);
+    r->set_max_attn_logit(30.0 + norm(rng));
+    r->set_log_z(2.0 + 0.1 * norm(rng));
+    r->set_loss(2.5 + 0.01 * norm(rng));
+    r->set_lr(3e-4);
+    r->set_time_unix_nanos(1'700'000'000'000'000'000 + i * 1'000'000LL);
+    if (batch_ids) r->add_batch_ids(i * 8);
+  }
+  return batch;
+}
+
+void BM_ParseStepBatch(benchmark::State& state) {
+  const std::string wire =
+      MakeBatch(static_cast<int>(state.range(0)), state.range(1) != 0)
+          .SerializeAsString();
+  trainwatch::v1::StepBatch batch;
+  for (auto _ : state) {
+    if (!batch.ParseFromString(wire)) state.SkipWithError("parse failed");
+    benchmark::DoNotOptimize(batch);
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(wire.size()));
+  state.counters["wire_bytes"] = static_cast<double>(wire.size());
+}
+BENCHMARK(BM_ParseStepBatch)
+    ->Args({1024, 0})
+    ->Args({1024, 1})
+    ->ArgNames({"records", "batch_ids"});
+
+void BM_SerializeStepBatch(benchmark::State& state) {
+  const trainwatch::v1::StepBatch batch =
+      MakeBatch(static_cast<int>(state.range(0)), false);
+  std::string wire;
+  for (auto _ : state) {
+    wire.clear();
+    batch.SerializeToString(&wire);
+    benchmark::DoNotOptimize(wire);
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_SerializeStepBatch)->Arg(1024);
+
+}  // namespace
+
+BENCHMARK_MAIN();
