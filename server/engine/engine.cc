@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <future>
 #include <limits>
@@ -31,7 +32,16 @@ struct RunState {
   uint64_t last_step = 0;
   // The lead stream's RunStart labels, sent with every notification.
   std::map<std::string, std::string> labels;
+  // Per stream (rank << 32 | attempt): the first step not yet processed.
+  // Absent until the engine knows where the stream resumes.
+  absl::flat_hash_map<uint64_t, uint64_t> next_step;
 };
+
+namespace {
+uint64_t StreamSlot(const StreamKey& key) {
+  return (uint64_t{key.rank} << 32) | key.attempt;
+}
+}  // namespace
 
 Engine::Engine(EngineOptions options, Store* store, Metrics* metrics,
                const Clock* clock)
@@ -219,13 +229,48 @@ absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
     metrics_->runs_active.Set(static_cast<double>(active_runs_));
   }
   metrics_->streams_active.Increment();
+  StreamHandle handle(std::move(stream));
   store_->Submit(WriteOp{
       .kind = WriteOp::Kind::kStart,
-      .key = stream->key,
+      .key = handle->key,
       .start = start,
       .received_unix_nanos = clock_->NowUnixNanos(),
-      .done = [done = std::move(done)](WriteResult r) { done(r.status); }});
-  return StreamHandle(std::move(stream));
+      .done = [this, handle, done = std::move(done)](WriteResult r) {
+        absl::Status status = r.status;
+        handle->shard->Post([this, handle, r = std::move(r)] {
+          OnStartCommitted(*handle, r);
+        });
+        done(status);
+      }});
+  return handle;
+}
+
+void Engine::RunInOrder(const StreamHandle& stream,
+                        std::function<void(absl::Status)> work) {
+  stream->shard->Post([this, stream, work = std::move(work)]() mutable {
+    const std::optional<absl::Status>& started = stream->start_result;
+    const bool known = stream->run->next_step.contains(StreamSlot(stream->key));
+    if (!stream->held.empty() || (!known && !started.has_value())) {
+      stream->held.push_back(std::move(work));
+    } else {
+      work(started.has_value() ? *started : absl::OkStatus());
+    }
+  });
+}
+
+void Engine::OnStartCommitted(const Stream& stream, const WriteResult& result) {
+  stream.start_result = result.status;
+  if (result.status.ok()) {
+    // The store can only be behind what this engine processed (records are
+    // processed before their commit), so keep the larger.
+    const uint64_t resume = result.last_step.has_value() ? *result.last_step + 1 : 0;
+    auto [it, added] =
+        stream.run->next_step.try_emplace(StreamSlot(stream.key), resume);
+    if (!added) it->second = std::max(it->second, resume);
+  }
+  std::vector<std::function<void(absl::Status)>> held = std::move(stream.held);
+  stream.held.clear();
+  for (auto& work : held) work(result.status);
 }
 
 void Engine::SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
@@ -235,39 +280,46 @@ void Engine::SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
              .received_unix_nanos = clock_->NowUnixNanos()};
   op.records.assign(std::make_move_iterator(batch.mutable_records()->begin()),
                     std::make_move_iterator(batch.mutable_records()->end()));
-  uint64_t dropped = batch.dropped();
-  op.done = [this, stream, dropped, done = std::move(done)](WriteResult r) {
-    if (!r.status.ok()) {
-      done(r.status);
+  const uint64_t dropped = batch.dropped();
+  op.done = [done = std::move(done)](WriteResult r) { done(r.status); };
+  RunInOrder(stream, [this, stream, dropped,
+                      op = std::move(op)](absl::Status started) mutable {
+    if (!started.ok()) {
+      op.done(WriteResult{.status = started});
       return;
     }
-    stream->shard->Post([this, stream, dropped, done = std::move(done),
-                         fresh = std::move(r.fresh)] {
-      ProcessRecords(*stream->run, *stream, fresh, dropped);
-      done(absl::OkStatus());
-    });
-  };
-  store_->Submit(std::move(op));
+    ProcessRecords(*stream->run, *stream, op.records, dropped);
+    store_->Submit(std::move(op));
+  });
 }
 
 void Engine::SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
                          DoneCallback done) {
-  WriteOp op{.kind = WriteOp::Kind::kEvent,
-             .key = stream->key,
-             .event = event,
-             .received_unix_nanos = clock_->NowUnixNanos()};
-  op.done = [this, stream, event = std::move(event),
-             done = std::move(done)](WriteResult r) {
-    if (!r.status.ok()) {
-      done(r.status);
+  // Through the shard, so the store sees the stream's messages in order (an
+  // event's ack must not overtake an earlier batch's commit).
+  RunInOrder(stream, [this, stream, event = std::move(event),
+                      done = std::move(done)](absl::Status started) mutable {
+    if (!started.ok()) {
+      done(started);
       return;
     }
-    stream->shard->Post([this, stream, event, done] {
-      ProcessEvent(*stream->run, event);
-      done(absl::OkStatus());
-    });
-  };
-  store_->Submit(std::move(op));
+    WriteOp op{.kind = WriteOp::Kind::kEvent,
+               .key = stream->key,
+               .event = event,
+               .received_unix_nanos = clock_->NowUnixNanos()};
+    op.done = [this, stream, event = std::move(event),
+               done = std::move(done)](WriteResult r) {
+      if (!r.status.ok()) {
+        done(r.status);
+        return;
+      }
+      stream->shard->Post([this, stream, event, done] {
+        ProcessEvent(*stream->run, event);
+        done(absl::OkStatus());
+      });
+    };
+    store_->Submit(std::move(op));
+  });
 }
 
 void Engine::CloseStream(const StreamHandle& stream) {
@@ -290,14 +342,18 @@ void Engine::FeedLead(RunState& run, uint32_t attempt, const v1::StepRecord& r) 
 void Engine::ProcessRecords(RunState& run, const Stream& stream,
                             const std::vector<v1::StepRecord>& records,
                             uint64_t client_dropped) {
-  metrics_->ingest_records.Increment(static_cast<double>(records.size()));
+  // A duplicate or a step that went backwards (a resent batch) is skipped,
+  // as the store skips it (DESIGN.md §3).
+  uint64_t& next = run.next_step[StreamSlot(stream.key)];
+  size_t first = 0;
+  while (first < records.size() && records[first].step() < next) ++first;
   RunMetrics& m = *run.metrics;
-  // A resent batch whose records were all stored before reports its drops
+  if (first == records.size()) return;
+  // A resent batch whose records were all seen before reports its drops
   // again; count drops only with a batch that brought something new.
-  if (client_dropped > 0 && !records.empty()) {
+  if (client_dropped > 0) {
     m.client_dropped_steps.Increment(static_cast<double>(client_dropped));
   }
-  if (records.empty()) return;
   const uint32_t rank = stream.key.rank, attempt = stream.key.attempt;
   if (rank < run.lead_rank || (rank == run.lead_rank && attempt > run.lead_attempt)) {
     run.lead_rank = rank;
@@ -309,9 +365,16 @@ void Engine::ProcessRecords(RunState& run, const Stream& stream,
   RunHealth& health = *run.health;
   run.last_record_unix_nanos = clock_->NowUnixNanos();
   if (health.tracker().firing(AlertKind::kRunSilent)) {
-    health.tracker().Resolve(AlertKind::kRunSilent, records.front().step());
+    health.tracker().Resolve(AlertKind::kRunSilent, records[first].step());
   }
-  for (const v1::StepRecord& r : records) {
+  const v1::StepRecord* last = nullptr;
+  size_t fresh = 0;
+  for (size_t i = first; i < records.size(); ++i) {
+    const v1::StepRecord& r = records[i];
+    if (r.step() < next) continue;
+    next = r.step() + 1;
+    last = &r;
+    ++fresh;
     health.OnRankRecord(rank, attempt, r);
     if (!lead) continue;
     FeedLead(run, attempt, r);
@@ -330,14 +393,14 @@ void Engine::ProcessRecords(RunState& run, const Stream& stream,
     if (r.has_loss()) m.loss.Set(r.loss());
     if (r.has_lr()) m.learning_rate.Set(r.lr());
   }
+  metrics_->ingest_records.Increment(static_cast<double>(fresh));
   if (!lead) return;
-  const v1::StepRecord& last = records.back();
-  run.last_step = last.step();
-  m.last_step.Set(static_cast<double>(last.step()));
-  int64_t t = last.time_unix_nanos() != 0 ? last.time_unix_nanos()
-                                          : clock_->NowUnixNanos();
+  run.last_step = last->step();
+  m.last_step.Set(static_cast<double>(last->step()));
+  int64_t t = last->time_unix_nanos() != 0 ? last->time_unix_nanos()
+                                           : clock_->NowUnixNanos();
   m.last_step_timestamp.Set(static_cast<double>(t) * 1e-9);
-  m.grad_norm.Set(last.grad_norm());
+  m.grad_norm.Set(last->grad_norm());
   UpdateWindowMetrics(run);
 }
 

@@ -1,9 +1,13 @@
 // The health engine: per-run state, sharded over threads by run id.
 //
-// Records reach it after the store has committed them (the engine asks the
-// store to write, and processes what the store reports as fresh), so a record
-// resent after a reconnect or a crash is counted once, and a record's effect
-// (counters, windows, alerts) is on /metrics before the trainer gets its ack.
+// Records are processed on the run's shard as they arrive, before their
+// commit, so an alert does not wait behind the store's queue; the shard then
+// hands the batch to the store, and the trainer gets its ack once the batch
+// is committed (so a record's effect is on /metrics before its ack). The
+// engine counts a record once: per stream (rank, attempt) it remembers the
+// last step it processed, starting from the last step the store holds, so a
+// batch resent after a reconnect or a crash is neither counted twice by the
+// engine nor stored twice by the store (which dedups the same way).
 //
 // Each run has a RunHealth (windows, baselines, detectors, alert lifecycle)
 // fed by the run's lead stream: the lowest rank reporting, and of that rank
@@ -25,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,6 +69,12 @@ struct Stream {
   v1::RunStart start;
   RunState* run = nullptr;  // owned by the engine, outlives the stream
   Shard* shard = nullptr;
+  // Touched only on the shard: the stream's work held until the engine knows
+  // where the stream resumes (its RunStart's commit reports the last step
+  // stored), in arrival order.
+  // Each item gets OK to run, or the error that ended the stream's start.
+  mutable std::vector<std::function<void(absl::Status)>> held;
+  mutable std::optional<absl::Status> start_result;
 };
 using StreamHandle = std::shared_ptr<const Stream>;
 using DoneCallback = std::function<void(absl::Status)>;
@@ -88,7 +99,8 @@ class Engine {
   // `start` must be validated. Stores the RunStart; `done` runs once durable.
   absl::StatusOr<StreamHandle> OpenStream(const v1::RunStart& start,
                                           DoneCallback done);
-  // Commits the batch, then updates the run; `done` runs after both.
+  // Updates the run with the records not seen before, then commits the
+  // batch; `done` runs after both.
   void SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
                    DoneCallback done);
   void SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
@@ -117,6 +129,12 @@ class Engine {
   // Feeds one lead-stream record to the run's health (rewinding on a new
   // attempt that restarts at or before the last step).
   void FeedLead(RunState& run, uint32_t attempt, const v1::StepRecord& r);
+  // On the shard: runs `work` now, or holds it until the stream's start is
+  // committed when the engine does not yet know where the stream resumes.
+  void RunInOrder(const StreamHandle& stream,
+                  std::function<void(absl::Status)> work);
+  void OnStartCommitted(const Stream& stream, const WriteResult& result);
+  // Feeds the records above the stream's last processed step.
   void ProcessRecords(RunState& run, const Stream& stream,
                       const std::vector<v1::StepRecord>& records,
                       uint64_t client_dropped);

@@ -1,69 +1,147 @@
 #include "engine/window.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 namespace trainwatch {
 
-void OrderStatWindow::Push(uint64_t step, double value) {
-  if (capacity_ == 0) return;
-  if (entries_.size() == capacity_) PopFront();
-  entries_.emplace_back(step, value);
-  if (std::isfinite(value)) tree_.Insert(value, step);
+namespace {
+constexpr uint64_t kMaxOffset = std::numeric_limits<uint32_t>::max();
+}  // namespace
+
+size_t StepRing::KeptSlot() const { return full() ? Slot(1) : head_; }
+
+bool StepRing::Fits(uint64_t step) const {
+  if (empty() || (full() && capacity_ == 1)) return true;
+  const uint64_t oldest = StepAt(KeptSlot());
+  return step >= oldest && step - oldest <= kMaxOffset;
 }
 
-void OrderStatWindow::PopFront() {
-  auto [step, value] = entries_.front();
-  if (std::isfinite(value)) tree_.Erase(value, step);
-  entries_.pop_front();
+size_t StepRing::Append(uint64_t step) {
+  if (offsets_.empty()) offsets_.resize(capacity_);
+  if (empty() || (full() && capacity_ == 1)) {
+    base_ = step;
+    offsets_[head_] = 0;
+  } else if (step - base_ > kMaxOffset) {
+    // Rebase on the oldest entry that stays; Fits() promised the step fits.
+    const uint32_t shift = offsets_[KeptSlot()];
+    for (size_t i = 0; i < size_; ++i) offsets_[Slot(i)] -= std::min(offsets_[Slot(i)], shift);
+    base_ += shift;
+  }
+  size_t slot;
+  if (full()) {
+    slot = head_;
+    head_ = Slot(1);
+  } else {
+    slot = Slot(size_);
+    ++size_;
+  }
+  offsets_[slot] = static_cast<uint32_t>(step - base_);
+  return slot;
+}
+
+void OrderStatWindow::Push(uint64_t step, double value) {
+  if (ring_.capacity() == 0) return;
+  if (!ring_.Fits(step)) Clear();
+  if (values_.empty()) {
+    values_.resize(ring_.capacity());
+    sorted_.reserve(ring_.capacity());
+  }
+  const bool evicts = ring_.full();
+  const double old_value = evicts ? values_[ring_.oldest_slot()] : 0.0;
+  const bool old_ranked = evicts && std::isfinite(old_value);
+  const bool new_ranked = std::isfinite(value);
+  if (old_ranked && new_ranked) {
+    ReplaceSorted(old_value, value);
+  } else if (old_ranked) {
+    EraseSorted(old_value);
+  } else if (new_ranked) {
+    InsertSorted(value);
+  }
+  values_[ring_.Append(step)] = value;
+}
+
+void OrderStatWindow::ReplaceSorted(double old_value, double new_value) {
+  double* data = sorted_.data();
+  double* end = data + sorted_.size();
+  double* from = std::lower_bound(data, end, old_value);
+  if (new_value >= old_value) {
+    // Entries in (from, to) move one place left; the new value lands before `to`.
+    double* to = std::upper_bound(from + 1, end, new_value);
+    std::memmove(from, from + 1, (to - from - 1) * sizeof(double));
+    *(to - 1) = new_value;
+  } else {
+    // Entries in [to, from) move one place right; the new value lands at `to`.
+    double* to = std::upper_bound(data, from, new_value);
+    std::memmove(to + 1, to, (from - to) * sizeof(double));
+    *to = new_value;
+  }
+}
+
+void OrderStatWindow::EraseSorted(double value) {
+  sorted_.erase(std::lower_bound(sorted_.begin(), sorted_.end(), value));
+}
+
+void OrderStatWindow::InsertSorted(double value) {
+  sorted_.insert(std::upper_bound(sorted_.begin(), sorted_.end(), value), value);
 }
 
 void OrderStatWindow::RewindTo(uint64_t step) {
-  while (!entries_.empty() && entries_.back().first >= step) {
-    auto [s, value] = entries_.back();
-    if (std::isfinite(value)) tree_.Erase(value, s);
-    entries_.pop_back();
+  while (!ring_.empty() && ring_.StepAt(ring_.newest_slot()) >= step) {
+    const double value = values_[ring_.newest_slot()];
+    if (std::isfinite(value)) EraseSorted(value);
+    ring_.PopNewest();
   }
 }
 
 void OrderStatWindow::Clear() {
-  entries_.clear();
-  tree_.Clear();
+  ring_.Clear();
+  sorted_.clear();
 }
 
 std::optional<double> OrderStatWindow::Quantile(double q) const {
-  if (tree_.empty()) return std::nullopt;
+  if (sorted_.empty()) return std::nullopt;
   double clamped = q < 0 ? 0 : (q > 1 ? 1 : q);
   // Nearest rank: the smallest value with at least q of the values at or below it.
-  size_t n = tree_.size();
+  size_t n = sorted_.size();
   size_t rank = static_cast<size_t>(std::ceil(clamped * static_cast<double>(n)));
-  size_t index = rank == 0 ? 0 : rank - 1;
-  return tree_.Kth(index);
+  return sorted_[rank == 0 ? 0 : rank - 1];
 }
 
 std::optional<double> OrderStatWindow::Max() const {
-  if (tree_.empty()) return std::nullopt;
-  return tree_.Kth(tree_.size() - 1);
+  if (sorted_.empty()) return std::nullopt;
+  return sorted_.back();
+}
+
+void FlagWindow::Set(size_t slot, bool flag) {
+  const uint64_t mask = uint64_t{1} << (slot % 64);
+  if (flag) {
+    bits_[slot / 64] |= mask;
+  } else {
+    bits_[slot / 64] &= ~mask;
+  }
 }
 
 void FlagWindow::Push(uint64_t step, bool flag) {
-  if (capacity_ == 0) return;
-  if (entries_.size() == capacity_) {
-    count_ -= entries_.front().second ? 1 : 0;
-    entries_.pop_front();
-  }
-  entries_.emplace_back(step, flag);
+  if (ring_.capacity() == 0) return;
+  if (!ring_.Fits(step)) Clear();
+  if (bits_.empty()) bits_.resize((ring_.capacity() + 63) / 64);
+  if (ring_.full()) count_ -= Get(ring_.oldest_slot()) ? 1 : 0;
+  Set(ring_.Append(step), flag);
   count_ += flag ? 1 : 0;
 }
 
 void FlagWindow::RewindTo(uint64_t step) {
-  while (!entries_.empty() && entries_.back().first >= step) {
-    count_ -= entries_.back().second ? 1 : 0;
-    entries_.pop_back();
+  while (!ring_.empty() && ring_.StepAt(ring_.newest_slot()) >= step) {
+    count_ -= Get(ring_.newest_slot()) ? 1 : 0;
+    ring_.PopNewest();
   }
 }
 
 void FlagWindow::Clear() {
-  entries_.clear();
+  ring_.Clear();
   count_ = 0;
 }
 

@@ -1,4 +1,4 @@
-// OrderStatSet, OrderStatWindow and FlagWindow against brute force.
+// StepRing, OrderStatWindow and FlagWindow against brute force.
 #include "engine/window.h"
 
 #include <gtest/gtest.h>
@@ -10,11 +10,8 @@
 #include <limits>
 #include <optional>
 #include <random>
-#include <set>
 #include <utility>
 #include <vector>
-
-#include "engine/order_stat_set.h"
 
 namespace trainwatch {
 namespace {
@@ -68,36 +65,41 @@ void ExpectSame(const OrderStatWindow& window, const BruteWindow& brute) {
   EXPECT_EQ(window.Max(), BruteQuantile(finite, 1.0));
 }
 
-TEST(OrderStatSet, KthMatchesSortedMultisetUnderInsertAndErase) {
-  std::mt19937_64 rng(7);
-  // Few distinct values, so equal values with different ids are common.
-  std::uniform_int_distribution<int> value_of(0, 50);
-  OrderStatSet set;
-  std::multiset<std::pair<double, uint64_t>> brute;
-  uint64_t next_id = 0;
-  for (int i = 0; i < 20000; ++i) {
-    if (brute.empty() || rng() % 3 != 0) {
-      double v = value_of(rng) * 0.5;
-      set.Insert(v, next_id);
-      brute.emplace(v, next_id);
-      ++next_id;
-    } else {
-      auto it = brute.begin();
-      std::advance(it, rng() % brute.size());
-      EXPECT_TRUE(set.Erase(it->first, it->second));
-      brute.erase(it);
-    }
-    ASSERT_EQ(set.size(), brute.size());
-    if (i % 97 == 0 && !brute.empty()) {
-      size_t k = 0;
-      for (const auto& [value, id] : brute) EXPECT_EQ(set.Kth(k++), value);
-    }
-  }
-  EXPECT_FALSE(set.Erase(1000.0, 0));  // never inserted
-  EXPECT_FALSE(set.Erase(0.0, next_id));
-  set.Clear();
-  EXPECT_TRUE(set.empty());
-  EXPECT_EQ(set.size(), 0u);
+TEST(StepRing, KeepsTheLastStepsOldestFirstAcrossWrapAround) {
+  StepRing ring(4);
+  for (uint64_t step = 10; step < 17; ++step) ring.Append(step);
+  ASSERT_EQ(ring.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(ring.StepAt(ring.Slot(i)), 13 + i);
+  ring.PopNewest();
+  EXPECT_EQ(ring.StepAt(ring.newest_slot()), 15u);
+  EXPECT_EQ(ring.StepAt(ring.Append(20)), 20u);
+  EXPECT_EQ(ring.StepAt(ring.oldest_slot()), 13u);
+}
+
+TEST(StepRing, RebasesWhenStepsPassTwoToThe32) {
+  StepRing ring(3);
+  const uint64_t big = uint64_t{1} << 32;
+  ring.Append(5);
+  ring.Append(6);
+  ASSERT_TRUE(ring.Fits(big + 4));
+  ring.Append(big + 4);  // 2^32 - 1 past the oldest: fits after a rebase
+  EXPECT_EQ(ring.StepAt(ring.Slot(0)), 5u);
+  EXPECT_EQ(ring.StepAt(ring.Slot(2)), big + 4);
+  ring.Append(big + 5);  // evicts 5; rebases on 6
+  EXPECT_EQ(ring.StepAt(ring.Slot(0)), 6u);
+  EXPECT_EQ(ring.StepAt(ring.Slot(2)), big + 5);
+  EXPECT_TRUE(ring.Fits(big + 7));   // evicts 6; big + 4 stays
+  EXPECT_FALSE(ring.Fits(2 * big + 4));  // 2^32 past big + 4
+  EXPECT_FALSE(ring.Fits(3));        // before the oldest
+}
+
+TEST(OrderStatWindow, AStepTooFarFromTheOldestStartsAfresh) {
+  OrderStatWindow window(4);
+  window.Push(1, 1.0);
+  window.Push(2, 2.0);
+  window.Push(uint64_t{1} << 40, 7.0);
+  EXPECT_EQ(window.slots(), 1u);
+  EXPECT_EQ(window.Median(), 7.0);
 }
 
 TEST(OrderStatWindow, QuantilesAreNearestRank) {
