@@ -5,6 +5,8 @@
 //   trainwatch-loadgen --server HOST:PORT --streams N --runs M --batch B
 //                      --seconds S [--inflight K] [--metrics URL]
 //                      [--alert-probes P] [--json]
+//   trainwatch-loadgen --server HOST:PORT --populate-runs M [--records-per-run R]
+//                      [--streams N] [--batch B]
 //
 // Stream i reports run i % M as rank i / M (world_size = ceil(N / M)); each
 // sends pre-built StepBatches of B records with increasing steps and seq,
@@ -19,6 +21,11 @@
 //    showing trainwatch_alert_active{alertname="GradNormSpike",run=...} 1
 //    (polled as fast as /metrics answers).
 // With --json the last line of stdout is one JSON object.
+//
+// --populate-runs M instead makes M runs active (for memory per run and
+// /metrics size): N workers each open one stream per run in turn, send R
+// records (default 1,200: a full window after no warmup), wait for the acks
+// and close the stream without finishing the run.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -59,12 +66,16 @@ struct Options {
   int inflight = 8;
   int alert_probes = 20;
   bool json = false;
+  int populate_runs = 0;
+  int records_per_run = 1200;
 };
 
 const char kUsage[] =
     "usage: trainwatch-loadgen --server HOST:PORT [--streams N] [--runs M]\n"
     "         [--batch B] [--seconds S] [--inflight K] [--metrics URL]\n"
-    "         [--alert-probes P] [--json]\n";
+    "         [--alert-probes P] [--json]\n"
+    "       trainwatch-loadgen --server HOST:PORT --populate-runs M\n"
+    "         [--records-per-run R] [--streams N] [--batch B]\n";
 
 bool ParseArgs(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
@@ -85,11 +96,14 @@ bool ParseArgs(int argc, char** argv, Options* o) {
     else if (a == "--inflight") o->inflight = atoi(value());
     else if (a == "--alert-probes") o->alert_probes = atoi(value());
     else if (a == "--json") o->json = true;
+    else if (a == "--populate-runs") o->populate_runs = atoi(value());
+    else if (a == "--records-per-run") o->records_per_run = atoi(value());
     else if (a == "--help" || a == "-h") { fputs(kUsage, stdout); exit(0); }
     else { fprintf(stderr, "unknown flag %s\n%s", a.c_str(), kUsage); return false; }
   }
   if (o->server.empty() || o->streams < 1 || o->runs < 1 || o->batch < 1 ||
-      o->seconds <= 0 || o->inflight < 1) {
+      o->seconds <= 0 || o->inflight < 1 || o->populate_runs < 0 ||
+      o->records_per_run < 1) {
     fputs(kUsage, stderr);
     return false;
   }
@@ -363,6 +377,63 @@ double AlertProbe(const Options& o, const std::string& run) {
   return latency;
 }
 
+// One run made active: a stream sends `records` steps of run `run`, waits for
+// every ack and ends without RUN_FINISHED. False on any error.
+bool PopulateRun(const Options& o, const std::string& run, v1::TrainingHealth::Stub* stub) {
+  grpc::ClientContext ctx;
+  auto rw = stub->Report(&ctx);
+  bool ok = rw->Write(Start(run, 0, 1));
+  v1::ReportRequest req;
+  uint64_t seq = 0, step = 0;
+  const int64_t now = NowUnixNanos();
+  for (int left = o.records_per_run; ok && left > 0;) {
+    const int n = std::min(left, o.batch);
+    FillBatch(req.mutable_batch(), n, std::hash<std::string>()(run) + seq);
+    req.mutable_batch()->set_seq(++seq);
+    for (v1::StepRecord& r : *req.mutable_batch()->mutable_records()) {
+      r.set_step(step++);
+      r.set_time_unix_nanos(now);
+    }
+    ok = rw->Write(req);
+    left -= n;
+  }
+  rw->WritesDone();
+  v1::ReportResponse resp;
+  uint64_t acked = 0;
+  while (acked < seq && rw->Read(&resp)) acked = resp.acked_seq();
+  const grpc::Status status = rw->Finish();
+  if (!ok || acked < seq) {
+    fprintf(stderr, "populating %s: %d %s\n", run.c_str(),
+            static_cast<int>(status.error_code()), status.error_message().c_str());
+    return false;
+  }
+  return true;
+}
+
+int Populate(const Options& o, const std::string& prefix) {
+  std::atomic<int> next{0}, failed{0};
+  const Clock::time_point start = Clock::now();
+  std::vector<std::thread> workers;
+  for (int w = 0; w < o.streams; ++w) {
+    workers.emplace_back([&] {
+      auto stub = v1::TrainingHealth::NewStub(NewChannel(o.server));
+      for (int i = next++; i < o.populate_runs; i = next++) {
+        if (!PopulateRun(o, prefix + "-run" + std::to_string(i), stub.get())) ++failed;
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  printf("populated %d runs of %d records in %.1f s (%d failed)\n", o.populate_runs,
+         o.records_per_run, elapsed, failed.load());
+  if (o.json) {
+    printf("{\"runs\": %d, \"records_per_run\": %d, \"seconds\": %.3f, "
+           "\"errors\": %d}\n",
+           o.populate_runs, o.records_per_run, elapsed, failed.load());
+  }
+  return failed > 0 ? 1 : 0;
+}
+
 std::string Fmt(double v) {
   char buf[64];
   snprintf(buf, sizeof(buf), "%.3f", v);
@@ -376,6 +447,7 @@ int main(int argc, char** argv) {
   if (!ParseArgs(argc, argv, &o)) return 2;
   const std::string prefix = "lg" + std::to_string(getpid()) + "-" +
                              std::to_string(NowUnixNanos() % 1'000'000'000);
+  if (o.populate_runs > 0) return Populate(o, prefix);
   const uint32_t world = static_cast<uint32_t>((o.streams + o.runs - 1) / o.runs);
 
   std::atomic<uint64_t> acked_records{0};
