@@ -114,6 +114,11 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
                            "Store transactions that failed (nothing of them "
                            "was acknowledged).")
                        .Add({})),
+      store_failing(Gauge(*registry_, "trainwatch_store_failing",
+                          "1 while the store cannot write (disk full, "
+                          "database locked, I/O error) and retries: nothing "
+                          "is acknowledged and clients buffer.")
+                        .Add({})),
       notifications_sent_total(
           Counter(*registry_, "trainwatch_notifications_sent_total",
                   "Alert notifications delivered (each alert of an "
