@@ -50,8 +50,9 @@ void UnpackIds(std::string_view blob, Repeated* out) {
 }  // namespace
 
 std::string DescribeStoreFault(const StoreFault& f) {
-  std::string waiting = absl::StrFormat("%d records in %d write ops",
-                                        f.waiting_records, f.waiting_ops);
+  std::string waiting =
+      absl::StrFormat("%d records in %d write op%s", f.waiting_records,
+                      f.waiting_ops, f.waiting_ops == 1 ? "" : "s");
   switch (f.phase) {
     case StoreFault::Phase::kStarted:
       return absl::StrCat(
