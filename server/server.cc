@@ -95,6 +95,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
     fprintf(stderr, "trainwatch-server: store transaction failed: %s\n",
             std::string(s.message()).c_str());
   };
+  store_options.on_fault = [m](const StoreFault& f) {
+    bool cleared = f.phase == StoreFault::Phase::kCleared;
+    if (!cleared) m->store_errors.Increment();  // one per failed attempt
+    m->store_failing.Set(cleared || f.phase == StoreFault::Phase::kGaveUp ? 0 : 1);
+    m->store_queue_depth.Set(static_cast<double>(f.waiting_ops));
+    if (f.log) {
+      fprintf(stderr, "trainwatch-server: %s\n", DescribeStoreFault(f).c_str());
+    }
+  };
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(store_options);
   if (!store.ok()) {
     return absl::Status(store.status().code(),
@@ -172,13 +181,17 @@ void Server::Shutdown(std::chrono::milliseconds drain_timeout) {
     fprintf(stderr,
             "trainwatch-server: streams still open after the drain timeout\n");
   }
-  // 2. Stop the gRPC server (cancels anything left).
+  // 2. Commit what is queued (a failing store gives up after its
+  // close_timeout and fails the rest). Before the gRPC shutdown: that waits
+  // for every stream to finish, and a stream finishes once its ops have a
+  // result.
+  if (store_ != nullptr) store_->Close();
+  // 3. Stop the gRPC server (cancels anything left), then run the engine
+  // work the last commits produced.
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(std::chrono::system_clock::now() +
                            std::chrono::seconds(2));
   }
-  // 3. Commit what is queued, then run the engine work it produced.
-  if (store_ != nullptr) store_->Close();
   if (engine_ != nullptr) engine_->Stop();
   // 4. The engine has sent its last transition: deliver what is waiting
   // (one attempt, bounded), then stop.

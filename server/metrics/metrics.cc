@@ -111,9 +111,15 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
                            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                            0.1, 0.25, 0.5, 1, 2.5})),
       store_errors(Counter(*registry_, "trainwatch_store_errors_total",
-                           "Store transactions that failed (nothing of them "
-                           "was acknowledged).")
+                           "Store transaction attempts that failed (nothing "
+                           "of them was acknowledged; each retry during a "
+                           "storage fault counts).")
                        .Add({})),
+      store_failing(Gauge(*registry_, "trainwatch_store_failing",
+                          "1 while the store cannot write (disk full, "
+                          "database locked, I/O error) and retries: nothing "
+                          "is acknowledged and clients buffer.")
+                        .Add({})),
       notifications_sent_total(
           Counter(*registry_, "trainwatch_notifications_sent_total",
                   "Alert notifications delivered (each alert of an "

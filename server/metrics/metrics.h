@@ -114,6 +114,7 @@ class Metrics {
   prometheus::Gauge& store_queue_depth;
   prometheus::Histogram& store_commit_seconds;
   prometheus::Counter& store_errors;
+  prometheus::Gauge& store_failing;
   // Alert delivery, by receiver (alertmanager | webhook); the notifier adds
   // the series of the receivers it has.
   prometheus::Family<prometheus::Counter>& notifications_sent_total;

@@ -1,12 +1,25 @@
 #include "store/sqlite.h"
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace trainwatch::sqlite {
+namespace {
+
+constexpr const char* kResultCodeUrl = "trainwatch/sqlite-result-code";
+
+absl::Status WithCode(absl::Status status, int rc) {
+  status.SetPayload(kResultCodeUrl, absl::Cord(absl::StrCat(rc)));
+  return status;
+}
+
+}  // namespace
 
 absl::Status Error(sqlite3* db, int rc, std::string_view what) {
   std::string msg = absl::StrCat(std::string(what), ": ", sqlite3_errstr(rc));
-  if (db != nullptr && sqlite3_errcode(db) == rc) {
+  if (db != nullptr && sqlite3_errcode(db) == rc &&
+      std::string_view(sqlite3_errmsg(db)) != sqlite3_errstr(rc)) {
     absl::StrAppend(&msg, " (", sqlite3_errmsg(db), ")");
   }
   switch (rc & 0xff) {
@@ -14,22 +27,48 @@ absl::Status Error(sqlite3* db, int rc, std::string_view what) {
     case SQLITE_LOCKED:
     case SQLITE_FULL:
     case SQLITE_IOERR:
-      return absl::UnavailableError(msg);
+      return WithCode(absl::UnavailableError(msg), rc);
     case SQLITE_CORRUPT:
     case SQLITE_NOTADB:
-      return absl::DataLossError(msg);
+      return WithCode(absl::DataLossError(msg), rc);
     case SQLITE_CANTOPEN:
     case SQLITE_PERM:
     case SQLITE_READONLY:
-      return absl::FailedPreconditionError(msg);
+      return WithCode(absl::FailedPreconditionError(msg), rc);
     default:
-      return absl::InternalError(msg);
+      return WithCode(absl::InternalError(msg), rc);
   }
 }
 
-absl::StatusOr<DbPtr> Open(const std::string& path, int flags) {
+int ResultCode(const absl::Status& status) {
+  auto payload = status.GetPayload(kResultCodeUrl);
+  int rc = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &rc)) {
+    return 0;
+  }
+  return rc;
+}
+
+bool IsTransient(int rc) {
+  switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+    case SQLITE_CANTOPEN:
+    case SQLITE_READONLY:
+    case SQLITE_NOMEM:
+    case SQLITE_PROTOCOL:
+      return true;
+    default:
+      return false;
+  }
+}
+
+absl::StatusOr<DbPtr> Open(const std::string& path, int flags,
+                           const char* vfs) {
   sqlite3* raw = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &raw, flags | SQLITE_OPEN_URI, nullptr);
+  int rc = sqlite3_open_v2(path.c_str(), &raw, flags | SQLITE_OPEN_URI, vfs);
   DbPtr db(raw);
   if (rc != SQLITE_OK) {
     return Error(raw, rc, absl::StrCat("opening ", path));

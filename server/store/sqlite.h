@@ -25,9 +25,23 @@ struct StmtFinalizer {
 using DbPtr = std::unique_ptr<sqlite3, DbCloser>;
 
 // Maps a SQLite result code to a status; `what` says what was being done.
+// The status carries `rc` (see ResultCode).
 absl::Status Error(sqlite3* db, int rc, std::string_view what);
 
-absl::StatusOr<DbPtr> Open(const std::string& path, int flags);
+// The (extended) SQLite result code a status from Error() carries; 0 for a
+// status that did not come from SQLite.
+int ResultCode(const absl::Status& status);
+
+// Whether `rc` is a fault of the environment that can clear by itself, so a
+// transaction that failed with it is worth retrying unchanged: the disk full,
+// an I/O error, the database locked by another connection past the busy
+// timeout, a file that cannot be opened or is read-only for now, no memory.
+// Not: constraint violations, corruption, misuse, SQL errors.
+bool IsTransient(int rc);
+
+// `vfs`: the name of a registered SQLite VFS; nullptr for the default.
+absl::StatusOr<DbPtr> Open(const std::string& path, int flags,
+                           const char* vfs = nullptr);
 
 // Runs one or more statements that return no rows.
 absl::Status Exec(sqlite3* db, const char* sql);

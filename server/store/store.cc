@@ -1,5 +1,6 @@
 #include "store/store.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -7,13 +8,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "store/schema.h"
 #include "store/writer.h"
 
 namespace trainwatch {
 namespace {
-
-constexpr int kBusyTimeoutMs = 5000;
 
 // Fills a RunSummary from a `runs` row read by the columns of kRunColumns.
 constexpr const char* kRunColumns =
@@ -49,6 +49,37 @@ void UnpackIds(std::string_view blob, Repeated* out) {
 
 }  // namespace
 
+std::string DescribeStoreFault(const StoreFault& f) {
+  std::string waiting =
+      absl::StrFormat("%d records in %d write op%s", f.waiting_records,
+                      f.waiting_ops, f.waiting_ops == 1 ? "" : "s");
+  switch (f.phase) {
+    case StoreFault::Phase::kStarted:
+      return absl::StrCat(
+          "store failing: cannot write to ", f.path, ": ", f.error.message(),
+          "; acknowledgements stop (clients keep their records and resend "
+          "them) and the transaction is retried until it commits; ",
+          waiting, " wait");
+    case StoreFault::Phase::kRetrying:
+      return absl::StrFormat(
+          "store still failing after %.0f s (%d attempts): cannot write to "
+          "%s: %s; %s wait",
+          f.seconds, f.failed_attempts, f.path, f.error.message(), waiting);
+    case StoreFault::Phase::kCleared:
+      return absl::StrFormat(
+          "store recovered after %.1f s (%d failed attempts, last: %s); %s "
+          "that waited are committed and acknowledged",
+          f.seconds, f.failed_attempts, f.error.message(), waiting);
+    case StoreFault::Phase::kGaveUp:
+      return absl::StrFormat(
+          "store still failing at shutdown after %.1f s (%d attempts): cannot "
+          "write to %s: %s; %s are not stored (never acknowledged: clients "
+          "resend them)",
+          f.seconds, f.failed_attempts, f.path, f.error.message(), waiting);
+  }
+  return "store fault";
+}
+
 Store::Store(StoreOptions options) : options_(std::move(options)) {}
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
@@ -61,7 +92,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
     store->uri_ = absl::StrCat("file:trainwatch-mem-", counter++,
                                "?mode=memory&cache=shared");
     absl::StatusOr<sqlite::DbPtr> anchor = sqlite::Open(
-        store->uri_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+        store->uri_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, store->Vfs());
     if (!anchor.ok()) return anchor.status();
     store->memory_anchor_ = std::move(*anchor);
   } else {
@@ -69,9 +100,11 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
   }
   absl::StatusOr<sqlite::DbPtr> db = sqlite::Open(
       store->uri_,
-      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX);
+      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+      store->Vfs());
   if (!db.ok()) return db.status();
-  sqlite3_busy_timeout(db->get(), kBusyTimeoutMs);
+  sqlite3_busy_timeout(db->get(),
+                       static_cast<int>(store->options_.busy_timeout.count()));
   std::string pragmas = absl::StrCat(
       memory ? "" : "PRAGMA journal_mode = WAL;",
       "PRAGMA synchronous = ", store->options_.synchronous, ";",
@@ -96,6 +129,7 @@ void Store::Submit(WriteOp op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!closing_) {
+      queued_records_ += op.records.size();
       queue_.push_back(std::move(op));
       cv_.notify_one();
       return;
@@ -109,6 +143,7 @@ void Store::Submit(WriteOp op) {
 void Store::Close() {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!closing_) close_requested_ = std::chrono::steady_clock::now();
     closing_ = true;
     cv_.notify_one();
   }
@@ -122,45 +157,128 @@ size_t Store::QueueDepth() const {
 
 void Store::WriterLoop() {
   std::vector<WriteOp> ops;
+  std::vector<WriteResult> results;
   while (true) {
-    size_t depth = 0;
+    size_t records = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
       if (queue_.empty()) return;  // closing and drained
-      size_t records = 0;
-      while (!queue_.empty() && records < options_.max_records_per_txn) {
-        records += queue_.front().records.size() + 1;
+      size_t weight = 0;
+      while (!queue_.empty() && weight < options_.max_records_per_txn) {
+        size_t n = queue_.front().records.size();
+        weight += n + 1;
+        records += n;
         ops.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
-      depth = queue_.size();
+      queued_records_ -= records;
     }
-    auto t0 = std::chrono::steady_clock::now();
-    std::vector<WriteResult> results = writer_->Apply(ops);
-    double seconds = std::chrono::duration<double>(
-                         std::chrono::steady_clock::now() - t0)
-                         .count();
-    size_t stored = 0;
-    for (const WriteResult& r : results) stored += r.fresh.size();
-    if (!results.empty() && !results.front().status.ok() &&
-        !absl::IsFailedPrecondition(results.front().status) &&
-        options_.on_error) {
-      options_.on_error(results.front().status);
-    } else if (options_.on_commit) {
-      options_.on_commit(seconds, stored, depth);
-    }
+    bool done = Commit(ops, records, results);
+    // Gave up while closing: what is still queued fails the same way.
+    absl::Status gave_up = done ? absl::OkStatus() : results.front().status;
     for (size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].done) ops[i].done(std::move(results[i]));
     }
     ops.clear();
+    if (!done) {
+      std::deque<WriteOp> left;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        left.swap(queue_);
+        queued_records_ = 0;
+      }
+      for (WriteOp& op : left) {
+        if (op.done) op.done(WriteResult{.status = gave_up});
+      }
+      return;
+    }
+  }
+}
+
+bool Store::Commit(std::vector<WriteOp>& ops, size_t records,
+                   std::vector<WriteResult>& results) {
+  using Clock = std::chrono::steady_clock;
+  StoreFault fault{.path = options_.path};
+  Clock::time_point fault_start, last_log;
+  std::chrono::milliseconds backoff = options_.retry_initial_backoff;
+  auto report = [&](StoreFault::Phase phase, Clock::time_point now,
+                    bool log) {
+    fault.phase = phase;
+    fault.seconds = std::chrono::duration<double>(now - fault_start).count();
+    fault.log = log;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fault.waiting_ops = ops.size() + queue_.size();
+      fault.waiting_records = records + queued_records_;
+    }
+    if (log) last_log = now;
+    if (options_.on_fault) options_.on_fault(fault);
+  };
+  while (true) {
+    Clock::time_point t0 = Clock::now();
+    absl::Status status = writer_->Apply(ops, results);
+    Clock::time_point now = Clock::now();
+    if (status.ok()) {
+      if (fault.failed_attempts > 0) {
+        report(StoreFault::Phase::kCleared, now, /*log=*/true);
+      }
+      if (options_.on_commit) {
+        size_t stored = 0;
+        for (const WriteResult& r : results) stored += r.fresh.size();
+        options_.on_commit(std::chrono::duration<double>(now - t0).count(),
+                           stored, QueueDepth());
+      }
+      return true;
+    }
+    if (!sqlite::IsTransient(sqlite::ResultCode(status))) {
+      if (options_.on_error) options_.on_error(status);
+      return true;
+    }
+    // A transient fault: the ops stay, the transaction is retried.
+    fault.error = status;
+    if (++fault.failed_attempts == 1) fault_start = now;
+    Clock::time_point wake = now + backoff;
+    bool closing = false, give_up = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing = closing_;
+      if (closing) {
+        Clock::time_point give_up_at =
+            std::max(close_requested_, fault_start) + options_.close_timeout;
+        give_up = now >= give_up_at;
+        wake = std::min(wake, give_up_at);
+      }
+    }
+    if (give_up) {
+      absl::Status unavailable = absl::UnavailableError(absl::StrCat(
+          "the server is stopping and its store cannot write to ",
+          options_.path, " (", status.message(),
+          "): not stored and not acknowledged; resend it"));
+      for (WriteResult& r : results) r.status = unavailable;
+      report(StoreFault::Phase::kGaveUp, now, /*log=*/true);
+      return false;
+    }
+    if (fault.failed_attempts == 1) {
+      report(StoreFault::Phase::kStarted, now, /*log=*/true);
+    } else {
+      report(StoreFault::Phase::kRetrying, now,
+             now - last_log >= options_.fault_log_interval);
+    }
+    backoff = std::min(backoff * 2, options_.retry_max_backoff);
+    std::unique_lock<std::mutex> lock(mu_);
+    // Close() wakes the wait: its bounded wait may end before `wake`.
+    cv_.wait_until(lock, wake, [&] { return closing_ && !closing; });
   }
 }
 
 absl::StatusOr<sqlite::DbPtr> Store::OpenReader() const {
   absl::StatusOr<sqlite::DbPtr> db =
-      sqlite::Open(uri_, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX);
-  if (db.ok()) sqlite3_busy_timeout(db->get(), kBusyTimeoutMs);
+      sqlite::Open(uri_, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, Vfs());
+  if (db.ok()) {
+    sqlite3_busy_timeout(db->get(),
+                         static_cast<int>(options_.busy_timeout.count()));
+  }
   return db;
 }
 

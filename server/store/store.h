@@ -14,6 +14,16 @@
 // server crash is stored once. If a transaction fails, that state rolls back
 // with it, so a retry of the same batch is not mistaken for a duplicate.
 //
+// Faults. A transaction that fails with a transient error (sqlite::IsTransient:
+// disk full, I/O error, the database locked past the busy timeout, ...) is
+// rolled back and retried unchanged, with backoff, until it commits: no op
+// fails and no callback runs meanwhile, so nothing is acknowledged and the
+// ingest's backpressure makes clients buffer. Each attempt starts from what
+// is committed (the writer's caches are dropped on a rollback), so a retry
+// stores every record once. Other errors fail the transaction's ops at once.
+// Close() during a fault waits at most `close_timeout`, then fails what is
+// left with UNAVAILABLE. StoreOptions::on_fault reports the fault.
+//
 // Threads. One writer thread owns the write connection and runs batched
 // transactions; Submit() may be called from any thread and never blocks on
 // disk. The read methods open their own connection per call and may be
@@ -21,6 +31,7 @@
 #ifndef TRAINWATCH_SERVER_STORE_STORE_H_
 #define TRAINWATCH_SERVER_STORE_STORE_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -40,6 +51,31 @@
 
 namespace trainwatch {
 
+// A transient store fault, as reported to StoreOptions::on_fault.
+struct StoreFault {
+  enum class Phase {
+    kStarted,   // a transaction failed with a transient error; it is retried
+    kRetrying,  // another attempt failed
+    kCleared,   // the retried transaction committed
+    kGaveUp,    // an attempt failed after Close()'s wait: the waiting ops failed
+  };
+  Phase phase = Phase::kStarted;
+  std::string path;    // the database
+  absl::Status error;  // the latest attempt's error (kCleared: the one before)
+  double seconds = 0;  // since the fault started
+  int failed_attempts = 0;
+  // Not committed (kCleared: committed late; kGaveUp: failed): ops and the
+  // step records in them, the retried transaction's and the queue's.
+  size_t waiting_ops = 0;
+  size_t waiting_records = 0;
+  // A log line is due: the first report, then one per `fault_log_interval`,
+  // and the last (kCleared or kGaveUp).
+  bool log = false;
+};
+
+// One line for the log, e.g. "store failing: cannot write to /var/lib/...".
+std::string DescribeStoreFault(const StoreFault& fault);
+
 struct StoreOptions {
   // SQLite path; "" or ":memory:" gives a private in-memory database shared
   // by this store's connections (for tests).
@@ -53,8 +89,32 @@ struct StoreOptions {
   // it stored and the queue depth left (for metrics).
   std::function<void(double seconds, size_t records, size_t queue_depth)>
       on_commit;
-  // Called on the writer thread when a transaction fails (for logs/metrics).
+  // Called on the writer thread when a transaction fails with an error that
+  // is not transient and its ops fail (for logs/metrics).
   std::function<void(const absl::Status&)> on_error;
+  // Called on the writer thread at each failed attempt of a transaction that
+  // failed with a transient error (kStarted, kRetrying, kGaveUp) and when the
+  // fault clears (kCleared). Must not block.
+  std::function<void(const StoreFault&)> on_fault;
+
+  // How long SQLite waits for a lock held by another connection before a
+  // statement fails with SQLITE_BUSY.
+  std::chrono::milliseconds busy_timeout{5000};
+  // Backoff between attempts of a transaction that failed with a transient
+  // error: doubles from initial to max.
+  std::chrono::milliseconds retry_initial_backoff{50};
+  std::chrono::milliseconds retry_max_backoff{5000};
+  // During a fault, StoreFault::log is set at most this often.
+  std::chrono::milliseconds fault_log_interval{30000};
+  // Close() during a fault waits this long (from Close() or the fault's
+  // start, whichever is later) for the store to recover, then fails the
+  // waiting ops with UNAVAILABLE (they were never acknowledged: clients
+  // resend them to the next server). An attempt in progress may add up to
+  // `busy_timeout`.
+  std::chrono::milliseconds close_timeout{5000};
+  // The SQLite VFS every connection uses; "" for SQLite's default. A seam for
+  // tests (a VFS that fails writes as a full disk would).
+  std::string vfs;
 };
 
 // The identity of one trainer stream.
@@ -107,7 +167,8 @@ class Store {
   // Queues an op. After Close() the op's callback gets UNAVAILABLE at once.
   void Submit(WriteOp op);
 
-  // Commits everything queued, runs the callbacks, stops the writer.
+  // Commits everything queued, runs the callbacks, stops the writer. During a
+  // fault, fails what is still waiting after `close_timeout`.
   void Close();
 
   size_t QueueDepth() const;
@@ -145,6 +206,14 @@ class Store {
   explicit Store(StoreOptions options);
   absl::StatusOr<sqlite::DbPtr> OpenReader() const;
   void WriterLoop();
+  // Applies `ops` (holding `records` step records), retrying while the
+  // transaction fails with a transient error. Returns false when it gave up
+  // (closing): then `results` carry UNAVAILABLE.
+  bool Commit(std::vector<WriteOp>& ops, size_t records,
+              std::vector<WriteResult>& results);
+  const char* Vfs() const {
+    return options_.vfs.empty() ? nullptr : options_.vfs.c_str();
+  }
 
   const StoreOptions options_;
   std::string uri_;  // what connections open
@@ -155,7 +224,9 @@ class Store {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<WriteOp> queue_ ABSL_GUARDED_BY(mu_);
+  size_t queued_records_ ABSL_GUARDED_BY(mu_) = 0;  // step records in queue_
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point close_requested_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -29,12 +29,14 @@ static std::string PackIds(const google::protobuf::RepeatedField<int64_t>& ids) 
   return out;
 }
 
-std::string EncodeRecords(const std::vector<v1::StepRecord>& records) {
+std::string EncodeRecords(const std::vector<v1::StepRecord>& records,
+                          const std::vector<size_t>& picked) {
   std::string out;
   {
     google::protobuf::io::StringOutputStream stream(&out);
     google::protobuf::io::CodedOutputStream coded(&stream);
-    for (const v1::StepRecord& r : records) {
+    for (size_t i : picked) {
+      const v1::StepRecord& r = records[i];
       coded.WriteTag(kRecordsTag);
       coded.WriteVarint32(static_cast<uint32_t>(r.ByteSizeLong()));
       r.SerializeWithCachedSizes(&coded);
@@ -169,7 +171,7 @@ absl::StatusOr<StoreWriter::StreamState*> StoreWriter::LoadStream(
 }
 
 absl::Status StoreWriter::ApplyOne(
-    WriteOp& op, WriteResult& result,
+    const WriteOp& op, WriteResult& result, std::vector<size_t>& fresh,
     absl::flat_hash_map<int64_t, RunProgress>& progress) {
   switch (op.kind) {
     case WriteOp::Kind::kStart: {
@@ -198,27 +200,29 @@ absl::Status StoreWriter::ApplyOne(
             op.key.rank, " attempt ", op.key.attempt));
       }
       StreamState& st = **stream;
-      for (v1::StepRecord& r : op.records) {
-        int64_t step = ToDb(r.step());
+      // The records stay in the op until the commit: a transaction that
+      // fails is retried with the same ops.
+      for (size_t i = 0; i < op.records.size(); ++i) {
+        int64_t step = ToDb(op.records[i].step());
         if (st.last_step.has_value() && step <= *st.last_step) continue;
         st.last_step = step;
         if (!st.dirty) {
           st.dirty = true;
           dirty_.emplace_back(&streams_.find(op.key)->first, &st);
         }
-        result.fresh.push_back(std::move(r));
+        fresh.push_back(i);
       }
-      if (result.fresh.empty()) return absl::OkStatus();
-      int64_t first = ToDb(result.fresh.front().step());
+      if (fresh.empty()) return absl::OkStatus();
+      int64_t first = ToDb(op.records[fresh.front()].step());
       insert_chunk_.Bind(1, st.run_key).Bind(2, int64_t{op.key.rank})
           .Bind(3, int64_t{op.key.attempt}).Bind(4, first)
           .Bind(5, *st.last_step)
-          .Bind(6, static_cast<int64_t>(result.fresh.size()))
-          .BindBlob(7, EncodeRecords(result.fresh));
+          .Bind(6, static_cast<int64_t>(fresh.size()))
+          .BindBlob(7, EncodeRecords(op.records, fresh));
       if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
       RunProgress& p = progress[st.run_key];
       p.max_step = std::max(p.max_step, *st.last_step);
-      p.added += static_cast<int64_t>(result.fresh.size());
+      p.added += static_cast<int64_t>(fresh.size());
       p.last_seen_ns = std::max(p.last_seen_ns, op.received_unix_nanos);
       return absl::OkStatus();
     }
@@ -276,15 +280,26 @@ absl::Status StoreWriter::ApplyOne(
   return absl::InternalError("unknown write op");
 }
 
-std::vector<WriteResult> StoreWriter::Apply(std::vector<WriteOp>& ops) {
-  std::vector<WriteResult> results(ops.size());
+absl::Status StoreWriter::Apply(std::vector<WriteOp>& ops,
+                               std::vector<WriteResult>& results) {
+  results.assign(ops.size(), WriteResult{});
+  std::vector<std::vector<size_t>> fresh(ops.size());
   absl::flat_hash_map<int64_t, RunProgress> progress;
-  absl::Status status = sqlite::Exec(db_.get(), "BEGIN");
+  absl::Status status = absl::OkStatus();
+  // A failed COMMIT or ROLLBACK can leave the transaction open; end it, or
+  // BEGIN would fail on every retry.
+  if (!sqlite3_get_autocommit(db_.get())) {
+    status = sqlite::Exec(db_.get(), "ROLLBACK");
+  }
+  // IMMEDIATE: take the write lock now, so a lock held by another
+  // connection is waited for (busy timeout) before any work is done.
+  if (status.ok()) status = sqlite::Exec(db_.get(), "BEGIN IMMEDIATE");
   for (size_t i = 0; status.ok() && i < ops.size(); ++i) {
-    status = ApplyOne(ops[i], results[i], progress);
+    status = ApplyOne(ops[i], results[i], fresh[i], progress);
     // An op that cannot apply (no RunStart) fails alone, not the transaction.
-    if (absl::IsFailedPrecondition(status)) {
+    if (absl::IsFailedPrecondition(status) && sqlite::ResultCode(status) == 0) {
       results[i].status = status;
+      fresh[i].clear();
       status = absl::OkStatus();
     }
   }
@@ -304,17 +319,31 @@ std::vector<WriteResult> StoreWriter::Apply(std::vector<WriteOp>& ops) {
   }
   if (status.ok()) status = sqlite::Exec(db_.get(), "COMMIT");
   if (!status.ok()) {
-    sqlite::Exec(db_.get(), "ROLLBACK").IgnoreError();
-    // The caches may hold state of the rolled-back transaction: reload lazily.
+    // SQLite may have rolled back already (disk full, I/O error); then this
+    // fails harmlessly.
+    if (!sqlite3_get_autocommit(db_.get())) {
+      sqlite::Exec(db_.get(), "ROLLBACK").IgnoreError();
+    }
+    // The caches may hold state of the rolled-back transaction: reload lazily
+    // from what is committed.
     run_keys_.clear();
     streams_.clear();
     for (WriteResult& r : results) {
       r.status = status;
-      r.fresh.clear();
       r.last_step.reset();
     }
+    return status;
   }
-  return results;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    std::vector<v1::StepRecord>& records = ops[i].records;
+    if (fresh[i].size() == records.size()) {
+      results[i].fresh = std::move(records);
+      continue;
+    }
+    results[i].fresh.reserve(fresh[i].size());
+    for (size_t j : fresh[i]) results[i].fresh.push_back(std::move(records[j]));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace trainwatch

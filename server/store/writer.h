@@ -16,19 +16,23 @@
 
 namespace trainwatch {
 
-// Encodes records as a serialized StepBatch (field `records` only) without
-// copying them into a StepBatch first.
-std::string EncodeRecords(const std::vector<v1::StepRecord>& records);
+// Encodes records[i] for each i of `picked` as a serialized StepBatch (field
+// `records` only) without copying them into a StepBatch first.
+std::string EncodeRecords(const std::vector<v1::StepRecord>& records,
+                          const std::vector<size_t>& picked);
 
 // Not thread-safe: owned by the writer thread.
 class StoreWriter {
  public:
   static absl::StatusOr<std::unique_ptr<StoreWriter>> Create(sqlite::DbPtr db);
 
-  // Applies `ops` in one transaction and returns one result per op. When the
-  // transaction fails every result carries the error and the exactly-once
-  // state is as it was before.
-  std::vector<WriteResult> Apply(std::vector<WriteOp>& ops);
+  // Applies `ops` in one transaction, fills one result per op and returns
+  // the transaction's status. When the transaction fails every result
+  // carries the error, `ops` are unchanged (so the same transaction can be
+  // retried) and the exactly-once state is as it was before. When it
+  // commits, each kBatch op's fresh records are moved into its result.
+  absl::Status Apply(std::vector<WriteOp>& ops,
+                     std::vector<WriteResult>& results);
 
  private:
   struct StreamState {
@@ -44,7 +48,9 @@ class StoreWriter {
 
   explicit StoreWriter(sqlite::DbPtr db) : db_(std::move(db)) {}
   absl::Status Prepare();
-  absl::Status ApplyOne(WriteOp& op, WriteResult& result,
+  // `fresh`: kBatch, the indices of the op's records that are new.
+  absl::Status ApplyOne(const WriteOp& op, WriteResult& result,
+                        std::vector<size_t>& fresh,
                         absl::flat_hash_map<int64_t, RunProgress>& progress);
   absl::StatusOr<int64_t> EnsureRun(const WriteOp& op);
   // The run's key, or nullopt for a run never started.

@@ -92,7 +92,8 @@ def main():
     check("trainwatch_clip_fraction > 0.05" in by_name.get("ClipFractionHigh", {}).get("expr", ""),
           "ClipFractionHigh carries the explicit rule trainwatch_clip_fraction > 0.05")
     check(list(by_name).count("ClipFractionHigh") == 1, "one ClipFractionHigh rule")
-    for name in ("TrainwatchDown", "TrainwatchIngestRejecting", "TrainwatchStoreBackedUp", "TrainwatchStoreErrors"):
+    for name in ("TrainwatchDown", "TrainwatchIngestRejecting", "TrainwatchStoreBackedUp", "TrainwatchStoreErrors",
+                 "TrainwatchStoreFailing"):
         check(name in by_name, f"server rule {name}")
     check("trainwatch_last_step_timestamp_seconds" in by_name.get("RunSilent", {}).get("expr", ""),
           "RunSilent uses trainwatch_last_step_timestamp_seconds")
