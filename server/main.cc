@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -29,6 +30,10 @@ constexpr const char* kUsage = R"(usage: trainwatch-server [flags]
   --alertmanager-resend-interval SECONDS
                            re-send firing alerts this often (default 60)
   --webhook-url URL        POST each alert fire and resolve as JSON to URL
+  --keepalive-time SECONDS    ping a connection quiet this long (default 30)
+  --keepalive-timeout SECONDS drop it (ending its streams) when the ping is not
+                           answered this fast (default 10): a dead or stopped
+                           trainer's stream ends; an idle live one stays
   --auth-token-file FILE   bearer tokens                 (not available yet)
   --tls-cert FILE, --tls-key FILE   TLS for gRPC         (not available yet)
   --help                   this text
@@ -45,6 +50,17 @@ size_t ParseCount(const std::string& flag, const std::string& value) {
     UsageError(flag + " wants a positive integer, got \"" + value + "\"");
   }
   return n;
+}
+
+std::chrono::milliseconds ParseSeconds(const std::string& flag,
+                                       const std::string& value) {
+  double seconds = 0;
+  if (!absl::SimpleAtod(value, &seconds) || !(seconds >= 0.001) ||
+      seconds > 86400) {
+    UsageError(flag + " wants seconds in [0.001, 86400], got \"" + value +
+               "\"");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
 }  // namespace
@@ -92,6 +108,10 @@ int main(int argc, char** argv) {
       }
       options.alertmanager_resend_interval =
           std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    } else if (arg == "--keepalive-time") {
+      options.keepalive_time = ParseSeconds(arg, value);
+    } else if (arg == "--keepalive-timeout") {
+      options.keepalive_timeout = ParseSeconds(arg, value);
     } else if (std::find(std::begin(later), std::end(later), arg) !=
                std::end(later)) {
       UsageError(arg + " is not available in this version yet");

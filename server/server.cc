@@ -16,8 +16,10 @@
 namespace trainwatch {
 namespace {
 
-using ServiceBase =
-    v1::TrainingHealth::WithCallbackMethod_Report<v1::TrainingHealth::Service>;
+// Report is a raw (serialized) callback method: Ingest parses each message
+// itself so that one protobuf cannot parse gets a clear INVALID_ARGUMENT.
+using ServiceBase = v1::TrainingHealth::WithRawCallbackMethod_Report<
+    v1::TrainingHealth::Service>;
 
 }  // namespace
 
@@ -27,7 +29,7 @@ class Server::Service final : public ServiceBase {
  public:
   Service(Ingest* ingest, const Query* query) : ingest_(ingest), query_(query) {}
 
-  grpc::ServerBidiReactor<v1::ReportRequest, v1::ReportResponse>* Report(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Report(
       grpc::CallbackServerContext* context) override {
     return ingest_->NewReport(context);
   }
@@ -151,11 +153,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
                            &server->grpc_port_);
   builder.RegisterService(server->service_.get());
   // Notice dead trainers (a half-open connection holds a stream open).
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(options.keepalive_time.count()));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             static_cast<int>(options.keepalive_timeout.count()));
+  // Keep pinging however long a connection is idle, so that a trainer that
+  // dies after a quiet spell is noticed too. gRPC 1.51's keepalive pings
+  // flow without it (bad_input_test), but its documented default is 2 pings
+  // without data.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.SetMaxReceiveMessageSize(16 * 1024 * 1024);
+  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->grpc_port_ == 0) {
     return absl::UnavailableError(

@@ -46,6 +46,17 @@ struct ServerOptions {
   std::string webhook_url;
   // How often a firing alert is re-sent to Alertmanager (Prometheus' default).
   std::chrono::milliseconds alertmanager_resend_interval{60'000};
+  // HTTP/2 keepalive: a ping after this long without traffic on a
+  // connection, and the connection dropped (its streams cancelled) when the
+  // ping is not answered within keepalive_timeout. This is what ends the
+  // stream of a dead or stopped trainer; a live idle trainer answers pings and
+  // keeps its stream.
+  std::chrono::milliseconds keepalive_time{30'000};
+  std::chrono::milliseconds keepalive_timeout{10'000};
+  // A gRPC message (one ReportRequest) larger than this is refused by gRPC
+  // itself with RESOURCE_EXHAUSTED. 16 MiB holds a full batch of 16384
+  // ordinary records with room to spare.
+  int max_receive_message_bytes = 16 * 1024 * 1024;
 };
 
 class Server {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace trainwatch::cli {
@@ -104,6 +105,17 @@ absl::StatusOr<StepLogEntry> StepLogReader::ParseLine(
     if (absl::Status s = ParseJson(line, "invalid step line", &record);
         !s.ok()) {
       return s;
+    }
+    // proto3 JSON reads a missing "step" as 0; a step line must say its step.
+    // Only lines that parsed to step 0 pay for the second parse.
+    if (record.step() == 0) {
+      google::protobuf::Struct object;
+      if (ParseJson(line, "invalid step line", &object).ok() &&
+          object.fields().count("step") == 0) {
+        return absl::InvalidArgumentError(
+            "invalid step line: no \"step\" (a step line needs its step "
+            "number)");
+      }
     }
     return record;
   }

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -25,9 +26,10 @@ constexpr size_t kMaxCapacity = size_t{1} << 24;
 constexpr absl::Duration kStopGrace = absl::Milliseconds(500);
 constexpr std::chrono::milliseconds kDestructorFlush = std::chrono::seconds(2);
 
+// ASCII only, whatever the process locale (the server's rule, DESIGN.md §2).
 bool IsRunIdChar(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
-         c == ':' || c == '/' || c == '-';
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' ||
+         c == '_' || c == ':' || c == '/' || c == '-';
 }
 
 // Mirrors the server's RunStart validation so a misconfigured trainer fails

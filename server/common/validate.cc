@@ -54,9 +54,16 @@ absl::Status ValidateRunStart(const v1::RunStart& start,
   if (absl::Status s = ValidateRunId(start.run_id()); !s.ok()) return s;
   uint32_t world_size = start.world_size() == 0 ? 1 : start.world_size();
   if (start.rank() >= world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", start.rank(), " is not below world_size ",
-                     world_size, " (run ", start.run_id(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", start.rank(), " is not below world_size ", world_size,
+        start.world_size() == 0 ? " (world_size 0 is read as 1)" : "",
+        " (run ", start.run_id(), ")"));
+  }
+  if (!v1::Precision_IsValid(start.precision())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "precision ", static_cast<int>(start.precision()),
+        " is not a known value; use FP32, BF16 or FP16 (run ", start.run_id(),
+        ")"));
   }
   if (!std::isfinite(start.max_norm()) || start.max_norm() < 0) {
     return absl::InvalidArgumentError(
@@ -112,7 +119,17 @@ absl::Status ValidateStepBatch(const v1::StepBatch& batch,
           "step ", r.step(), ": layer_stats has ", r.layer_stats_size(),
           " layers; at most ", limits.max_layers));
     }
-    if (r.has_clip_coef() && !std::isnan(r.clip_coef()) &&
+    for (const auto& [name, stats] : r.layer_stats()) {
+      if (name.size() > limits.max_layer_name_chars) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "step ", r.step(), ": layer name \"", name.substr(0, 32),
+            "...\" has ", name.size(), " characters; at most ",
+            limits.max_layer_name_chars));
+      }
+    }
+    // NaN and Inf are data (DESIGN.md §2); a finite value outside [0, 1] is a
+    // bug in whatever computed it.
+    if (r.has_clip_coef() && std::isfinite(r.clip_coef()) &&
         (r.clip_coef() < 0 || r.clip_coef() > 1)) {
       return absl::InvalidArgumentError(
           absl::StrCat("step ", r.step(), ": clip_coef must be in [0, 1], got ",

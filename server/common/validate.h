@@ -19,8 +19,10 @@ struct ValidationLimits {
   size_t max_labels = 32;
   size_t max_label_key_chars = 64;
   size_t max_label_value_chars = 256;
-  // layer_stats entries in one record.
+  // layer_stats entries in one record, and the length of a layer name (names
+  // are quoted in alert descriptions).
   size_t max_layers = 4096;
+  size_t max_layer_name_chars = 256;
   // batch_ids in one record.
   size_t max_batch_ids = 65536;
   // detail of a RunEvent.
@@ -34,7 +36,9 @@ absl::Status ValidateRunStart(const v1::RunStart& start,
                               const ValidationLimits& limits);
 
 // Checks the batch as a whole; nothing of a refused batch may be applied.
-// Non-finite floats are data and pass.
+// Non-finite floats are data and pass (a finite clip_coef outside [0, 1] does
+// not). Step order is not checked here: the store ignores a step at or below
+// the last one stored for the stream (DESIGN.md §3), in a batch or across.
 absl::Status ValidateStepBatch(const v1::StepBatch& batch,
                                const ValidationLimits& limits);
 

@@ -228,7 +228,6 @@ absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
     stream->run = FindOrAddRunLocked(start.run_id(), &added);
     metrics_->runs_active.Set(static_cast<double>(active_runs_));
   }
-  metrics_->streams_active.Increment();
   StreamHandle handle(std::move(stream));
   store_->Submit(WriteOp{
       .kind = WriteOp::Kind::kStart,
@@ -323,7 +322,8 @@ void Engine::SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
 }
 
 void Engine::CloseStream(const StreamHandle& stream) {
-  metrics_->streams_active.Decrement();
+  // trainwatch_streams_active is counted by ingest, which sees every Report
+  // stream (also those that end before their RunStart).
 }
 
 void Engine::FeedLead(RunState& run, uint32_t attempt, const v1::StepRecord& r) {

@@ -13,7 +13,7 @@ namespace trainwatch {
 // callback never outlives the reactor. Start*/Finish are called outside mu_,
 // as the last thing a method does.
 class ReportReactor final
-    : public grpc::ServerBidiReactor<v1::ReportRequest, v1::ReportResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ReportReactor(Ingest* ingest, bool refuse) : ingest_(ingest) {
     ingest_->metrics_->streams_active.Increment();
@@ -25,7 +25,7 @@ class ReportReactor final
     }
     ingest_->Register(this);  // before any callback can end the stream
     read_in_flight_ = true;
-    StartRead(&request_);
+    StartRead(&request_bytes_);
   }
 
   void OnReadDone(bool ok) override {
@@ -35,7 +35,8 @@ class ReportReactor final
       // The client closed its side (or went away): ack what is pending, end.
       EndLocked(grpc::Status::OK);
     } else if (!end_status_.has_value()) {
-      absl::Status s = HandleLocked();
+      absl::Status s = ParseLocked();
+      if (s.ok()) s = HandleLocked();
       if (!s.ok()) {
         ingest_->CountRejected(s);
         EndLocked(ToGrpcStatus(s));
@@ -95,14 +96,31 @@ class ReportReactor final
   }
 
  private:
+  absl::Status ParseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    grpc::Status s = grpc::SerializationTraits<v1::ReportRequest>::Deserialize(
+        &request_bytes_, &request_);
+    if (s.ok()) return absl::OkStatus();
+    return InStream(absl::InvalidArgumentError(
+        "cannot parse the ReportRequest: not a trainwatch.v1.ReportRequest, "
+        "or a string field that is not valid UTF-8"));
+  }
+
+  // Prefixes an error with the stream it ended, once there is one.
+  absl::Status InStream(const absl::Status& s) const {
+    if (stream_ == nullptr) return s;
+    return absl::Status(s.code(),
+                        absl::StrCat("run ", stream_->key.run_id, " rank ",
+                                     stream_->key.rank, ": ", s.message()));
+  }
+
   absl::Status HandleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const IngestOptions& opts = ingest_->options_;
     switch (request_.msg_case()) {
       case v1::ReportRequest::kStart: {
         if (stream_ != nullptr) {
-          return absl::InvalidArgumentError(
+          return InStream(absl::InvalidArgumentError(
               "RunStart repeated on one stream; open a new stream for another "
-              "rank or attempt");
+              "rank or attempt"));
         }
         if (absl::Status s = ValidateRunStart(request_.start(), opts.limits);
             !s.ok()) {
@@ -125,9 +143,7 @@ class ReportReactor final
         }
         if (absl::Status s = ValidateStepBatch(request_.batch(), opts.limits);
             !s.ok()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("run ", stream_->key.run_id, " rank ",
-                           stream_->key.rank, ": ", s.message()));
+          return InStream(s);
         }
         uint64_t seq = request_.batch().seq();
         ++pending_;
@@ -143,7 +159,7 @@ class ReportReactor final
         }
         if (absl::Status s = ValidateRunEvent(request_.event(), opts.limits);
             !s.ok()) {
-          return s;
+          return InStream(s);
         }
         uint64_t seq = request_.event().seq();
         ++pending_;
@@ -191,6 +207,9 @@ class ReportReactor final
     if (!write_in_flight_ && acked_seq_ > written_seq_) {
       written_seq_ = acked_seq_;
       response_.set_acked_seq(acked_seq_);
+      bool own_buffer = false;
+      grpc::SerializationTraits<v1::ReportResponse>::Serialize(
+          response_, &response_bytes_, &own_buffer);
       write_in_flight_ = true;
       next_io = kWrite;
     } else if (!write_in_flight_ && end_status_.has_value() && pending_ == 0) {
@@ -199,15 +218,17 @@ class ReportReactor final
     }
     grpc::Status finish_status = next_io == kFinish ? *end_status_ : grpc::Status();
     lock.unlock();
-    if (next_read == kRead) StartRead(&request_);
-    if (next_io == kWrite) StartWrite(&response_);
+    if (next_read == kRead) StartRead(&request_bytes_);
+    if (next_io == kWrite) StartWrite(&response_bytes_);
     if (next_io == kFinish) Finish(finish_status);
   }
 
   Ingest* const ingest_;
   std::mutex mu_;
-  v1::ReportRequest request_;    // owned by the read in flight
-  v1::ReportResponse response_;  // owned by the write in flight
+  grpc::ByteBuffer request_bytes_;   // owned by the read in flight
+  v1::ReportRequest request_;        // the last message read, parsed
+  v1::ReportResponse response_;
+  grpc::ByteBuffer response_bytes_;  // owned by the write in flight
   StreamHandle stream_;          // set by the first message
   size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t acked_seq_ ABSL_GUARDED_BY(mu_) = 0;
@@ -230,7 +251,7 @@ Ingest::Ingest(IngestOptions options, Engine* engine, Metrics* metrics)
 
 Ingest::~Ingest() { Drain(std::chrono::seconds(5)); }
 
-grpc::ServerBidiReactor<v1::ReportRequest, v1::ReportResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 Ingest::NewReport(grpc::CallbackServerContext* context) {
   bool refuse;
   {

@@ -8,7 +8,10 @@
 //
 // Errors: a refused message ends the stream with INVALID_ARGUMENT (or
 // RESOURCE_EXHAUSTED) and a message naming the field and step; batches
-// accepted before it are still committed and acked first.
+// accepted before it are still committed and acked first. The stream takes
+// raw bytes and parses them here, so that a message protobuf cannot parse
+// (a string that is not UTF-8) is refused with INVALID_ARGUMENT too: the
+// typed API would report it as the client closing its side.
 //
 // Threads: Ingest's methods may be called from any thread.
 #ifndef TRAINWATCH_SERVER_INGEST_INGEST_H_
@@ -45,8 +48,9 @@ class Ingest {
   Ingest(const Ingest&) = delete;
   Ingest& operator=(const Ingest&) = delete;
 
-  // A reactor for a new Report call (owned by gRPC until its OnDone).
-  grpc::ServerBidiReactor<v1::ReportRequest, v1::ReportResponse>* NewReport(
+  // A reactor for a new Report call (owned by gRPC until its OnDone); it
+  // reads serialized ReportRequests and writes serialized ReportResponses.
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewReport(
       grpc::CallbackServerContext* context);
 
   // Stops taking messages: every open stream acks what it already submitted

@@ -165,6 +165,13 @@ TEST(StepLogReader, LineThatIsNotAnObjectIsAnError) {
               StartsWith("run.jsonl:2: invalid JSON"));
 }
 
+TEST(StepLogReader, StepLineWithoutAStepIsAnErrorButStepZeroIsFine) {
+  absl::Status status = FirstError("{\"step\": 0}\n{\"grad_norm\": 0.3}\n");
+  EXPECT_THAT(std::string(status.message()),
+              StartsWith("run.jsonl:2: invalid step line: no \"step\""));
+  EXPECT_EQ(ReadAll("{\"step\": 0, \"grad_norm\": 0.3}\n").size(), 1u);
+}
+
 TEST(StepLogReader, StepsGoingBackwardsAreNotItsBusiness) {
   std::vector<StepLogEntry> entries =
       ReadAll("{\"step\": 40}\n{\"step\": 12}\n{\"step\": 12}\n");

@@ -39,6 +39,18 @@ TEST(ValidateRunStart, AcceptsAGoodStart) {
   EXPECT_TRUE(ValidateRunStart(GoodStart(), {}).ok());
 }
 
+TEST(ValidateRunStart, RefusesAnUnknownPrecisionAndExplainsWorldSizeZero) {
+  v1::RunStart s = GoodStart();
+  s.set_precision(static_cast<v1::Precision>(9));
+  EXPECT_THAT(ValidateRunStart(s, {}).message(),
+              HasSubstr("precision 9 is not a known value"));
+  s = GoodStart();
+  s.set_world_size(0);
+  EXPECT_THAT(ValidateRunStart(s, {}).message(),
+              HasSubstr("rank 7 is not below world_size 1 (world_size 0 is "
+                        "read as 1)"));
+}
+
 TEST(ValidateRunStart, RankMustBeBelowWorldSize) {
   v1::RunStart s = GoodStart();
   s.set_rank(8);
@@ -86,6 +98,20 @@ TEST(ValidateStepBatch, NonFiniteValuesAreData) {
     r->set_clip_coef(std::nan(""));
   }
   EXPECT_TRUE(ValidateStepBatch(b, {}).ok());
+}
+
+TEST(ValidateStepBatch, NonFiniteClipCoefIsDataAndALongLayerNameIsNot) {
+  v1::StepBatch b;
+  for (double v : {std::numeric_limits<double>::infinity(),
+                   -std::numeric_limits<double>::infinity()}) {
+    b.add_records()->set_clip_coef(v);
+  }
+  EXPECT_TRUE(ValidateStepBatch(b, {}).ok());
+  v1::StepRecord* r = b.add_records();
+  r->set_step(3);
+  (*r->mutable_layer_stats())[std::string(257, 'L')];
+  EXPECT_THAT(ValidateStepBatch(b, {}).message(),
+              HasSubstr("step 3: layer name"));
 }
 
 TEST(ValidateStepBatch, RefusesOversizedBatchNamingTheLimit) {
