@@ -8,7 +8,9 @@
 //
 // Errors: a refused message ends the stream with INVALID_ARGUMENT (or
 // RESOURCE_EXHAUSTED) and a message naming the field and step; batches
-// accepted before it are still committed and acked first.
+// accepted before it are still committed and acked first. With auth on, a
+// stream without a valid token ends with UNAUTHENTICATED before anything is
+// read, and one whose token may not write the run with PERMISSION_DENIED.
 //
 // Threads: Ingest's methods may be called from any thread.
 #ifndef TRAINWATCH_SERVER_INGEST_INGEST_H_
@@ -22,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
+#include "auth/auth.h"
 #include "common/validate.h"
 #include "engine/engine.h"
 #include "metrics/metrics.h"
@@ -34,6 +37,9 @@ struct IngestOptions {
   // Batches of one stream submitted and not yet durable before the stream
   // stops reading.
   size_t max_inflight_batches = 64;
+  // Checks each stream's bearer token before reading it, and its RunStart's
+  // run_id against the token's write scopes; null: auth off. Borrowed.
+  const Authorizer* authorizer = nullptr;
 };
 
 class ReportReactor;
