@@ -137,6 +137,14 @@ TEST(Authorizer, FileErrorsNameFileAndLine) {
   }
 }
 
+TEST(Authorizer, ExampleTokenFileParses) {
+  std::string warning;
+  absl::StatusOr<std::unique_ptr<Authorizer>> auth =
+      Authorizer::Load(TW_DEPLOY_DIR "/tokens.example", &warning);
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  EXPECT_EQ((*auth)->size(), 4u);
+}
+
 class TempFiles : public ::testing::Test {
  protected:
   void SetUp() override {
