@@ -34,8 +34,12 @@ constexpr const char* kUsage = R"(usage: trainwatch-server [flags]
   --keepalive-timeout SECONDS drop it (ending its streams) when the ping is not
                            answered this fast (default 10): a dead or stopped
                            trainer's stream ends; an idle live one stays
-  --auth-token-file FILE   bearer tokens                 (not available yet)
-  --tls-cert FILE, --tls-key FILE   TLS for gRPC         (not available yet)
+  --auth-token-file FILE   require bearer tokens: lines "TOKEN SCOPE[,SCOPE...]",
+                           scopes read, write:PREFIX, write:* (README "Security")
+  --tls-cert FILE          serve gRPC over TLS with this PEM certificate chain
+  --tls-key FILE           ... and this PEM private key (both or neither)
+  --tls-client-ca FILE     also require client certificates signed by these
+                           PEM CAs (mutual TLS; needs --tls-cert/--tls-key)
   --help                   this text
 )";
 
@@ -76,8 +80,11 @@ int main(int argc, char** argv) {
       {"--config", &config_path},
       {"--alertmanager-url", &options.alertmanager_url},
       {"--webhook-url", &options.webhook_url},
+      {"--auth-token-file", &options.auth_token_file},
+      {"--tls-cert", &options.tls.cert_file},
+      {"--tls-key", &options.tls.key_file},
+      {"--tls-client-ca", &options.tls.client_ca_file},
   };
-  const char* later[] = {"--auth-token-file", "--tls-cert", "--tls-key"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -112,12 +119,15 @@ int main(int argc, char** argv) {
       options.keepalive_time = ParseSeconds(arg, value);
     } else if (arg == "--keepalive-timeout") {
       options.keepalive_timeout = ParseSeconds(arg, value);
-    } else if (std::find(std::begin(later), std::end(later), arg) !=
-               std::end(later)) {
-      UsageError(arg + " is not available in this version yet");
     } else {
       UsageError("unknown flag " + arg);
     }
+  }
+  if (options.tls.cert_file.empty() != options.tls.key_file.empty()) {
+    UsageError("--tls-cert and --tls-key go together: give both or neither");
+  }
+  if (!options.tls.client_ca_file.empty() && options.tls.cert_file.empty()) {
+    UsageError("--tls-client-ca needs --tls-cert and --tls-key");
   }
   if (options.synchronous != "NORMAL" && options.synchronous != "FULL") {
     UsageError("--synchronous must be NORMAL or FULL");
@@ -159,6 +169,19 @@ int main(int argc, char** argv) {
   printf("trainwatch-server: gRPC on %s:%d, /metrics on http://%s/metrics, db %s\n",
          host.c_str(), (*server)->grpc_port(),
          (*server)->metrics_address().c_str(), options.db.c_str());
+  const char* tls = options.tls.cert_file.empty()          ? "off (plaintext)"
+                    : options.tls.client_ca_file.empty() ? "on"
+                                                         : "on, client certificates required";
+  printf("trainwatch-server: TLS %s; bearer tokens %s\n", tls,
+         options.auth_token_file.empty() ? "off (any caller may read and write)"
+                                         : "required");
+  if (options.tls.cert_file.empty() && options.auth_token_file.empty() &&
+      host != "127.0.0.1" && host != "localhost" && host != "[::1]") {
+    fprintf(stderr,
+            "trainwatch-server: warning: gRPC on %s without TLS or tokens: "
+            "anyone who can reach it can write and read runs\n",
+            host.c_str());
+  }
   printf("point a trainer at %s:%d, e.g. trainwatch.Client(\"%s:%d\", run=\"my-run\")\n",
          host.c_str(), (*server)->grpc_port(), host.c_str(),
          (*server)->grpc_port());

@@ -6,6 +6,8 @@
 #include "common/grpc_status.h"
 #include "alerting/http_sender.h"
 #include "alerting/notifier.h"
+#include "auth/auth.h"
+#include "auth/call_token.h"
 #include "engine/engine.h"
 #include "ingest/ingest.h"
 #include "metrics/metrics.h"
@@ -25,9 +27,12 @@ using ServiceBase = v1::TrainingHealth::WithRawCallbackMethod_Report<
 
 // The gRPC service: thin adapters over Ingest (callback API, never blocks)
 // and Query (sync API: reads may wait on disk, on gRPC's sync thread pool).
+// With auth on, queries need a token with the read scope; Ingest checks the
+// Report streams' tokens itself.
 class Server::Service final : public ServiceBase {
  public:
-  Service(Ingest* ingest, const Query* query) : ingest_(ingest), query_(query) {}
+  Service(Ingest* ingest, const Query* query, const Authorizer* authorizer)
+      : ingest_(ingest), query_(query), authorizer_(authorizer) {}
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Report(
       grpc::CallbackServerContext* context) override {
@@ -37,6 +42,7 @@ class Server::Service final : public ServiceBase {
   grpc::Status ListRuns(grpc::ServerContext* context,
                         const v1::ListRunsRequest* request,
                         v1::ListRunsResponse* response) override {
+    if (grpc::Status s = CheckRead(*context); !s.ok()) return s;
     absl::StatusOr<v1::ListRunsResponse> r = query_->ListRuns(*request);
     if (!r.ok()) return ToGrpcStatus(r.status());
     *response = std::move(*r);
@@ -46,6 +52,7 @@ class Server::Service final : public ServiceBase {
   grpc::Status GetRunHealth(grpc::ServerContext* context,
                             const v1::GetRunHealthRequest* request,
                             v1::GetRunHealthResponse* response) override {
+    if (grpc::Status s = CheckRead(*context); !s.ok()) return s;
     absl::StatusOr<v1::GetRunHealthResponse> r = query_->GetRunHealth(*request);
     if (!r.ok()) return ToGrpcStatus(r.status());
     *response = std::move(*r);
@@ -55,6 +62,7 @@ class Server::Service final : public ServiceBase {
   grpc::Status ListAlerts(grpc::ServerContext* context,
                           const v1::ListAlertsRequest* request,
                           v1::ListAlertsResponse* response) override {
+    if (grpc::Status s = CheckRead(*context); !s.ok()) return s;
     absl::StatusOr<v1::ListAlertsResponse> r = query_->ListAlerts(*request);
     if (!r.ok()) return ToGrpcStatus(r.status());
     *response = std::move(*r);
@@ -64,20 +72,71 @@ class Server::Service final : public ServiceBase {
   grpc::Status QuerySteps(grpc::ServerContext* context,
                           const v1::QueryStepsRequest* request,
                           grpc::ServerWriter<v1::StepRecords>* writer) override {
+    if (grpc::Status s = CheckRead(*context); !s.ok()) return s;
     return ToGrpcStatus(query_->QuerySteps(*request, [&](const v1::StepRecords& c) {
       return !context->IsCancelled() && writer->Write(c);
     }));
   }
 
  private:
+  grpc::Status CheckRead(const grpc::ServerContextBase& context) const {
+    if (authorizer_ == nullptr) return grpc::Status::OK;
+    return ToGrpcStatus(
+        authorizer_->AuthorizeRead(AuthorizationOf(context)).status());
+  }
+
   Ingest* const ingest_;
   const Query* const query_;
+  const Authorizer* const authorizer_;  // null: auth off
 };
+
+namespace {
+
+// TLS credentials from options.tls, or insecure ones without a certificate.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
+    const TlsFiles& files) {
+  if (files.cert_file.empty()) return grpc::InsecureServerCredentials();
+  std::string warning;
+  absl::StatusOr<TlsPem> pem = LoadTlsFiles(files, &warning);
+  if (!pem.ok()) return pem.status();
+  if (!warning.empty()) {
+    fprintf(stderr, "trainwatch-server: warning: %s\n", warning.c_str());
+  }
+  grpc::SslServerCredentialsOptions ssl(
+      pem->client_ca.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = pem->client_ca;
+  ssl.pem_key_cert_pairs.push_back({pem->private_key, pem->cert_chain});
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
     ServerOptions options) {
   std::unique_ptr<Server> server(new Server());
   server->options_ = options;
+
+  // The security files first: a wrong one fails before anything is opened.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ListenCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  if (!options.auth_token_file.empty()) {
+    std::string warning;
+    absl::StatusOr<std::unique_ptr<Authorizer>> authorizer =
+        Authorizer::Load(options.auth_token_file, &warning);
+    if (!authorizer.ok()) {
+      return absl::Status(authorizer.status().code(),
+                          absl::StrCat("--auth-token-file ",
+                                       authorizer.status().message()));
+    }
+    if (!warning.empty()) {
+      fprintf(stderr, "trainwatch-server: warning: --auth-token-file %s\n",
+              warning.c_str());
+    }
+    server->authorizer_ = *std::move(authorizer);
+  }
 
   absl::StatusOr<std::unique_ptr<Metrics>> metrics =
       Metrics::Create(options.metrics_listen);
@@ -141,16 +200,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
 
   IngestOptions ingest_options;
   ingest_options.limits = options.limits;
+  ingest_options.authorizer = server->authorizer_.get();
   server->ingest_ = std::make_unique<Ingest>(ingest_options,
                                              server->engine_.get(), m);
   server->query_ = std::make_unique<Query>(server->store_.get(),
                                            server->engine_.get());
-  server->service_ = std::make_unique<Service>(server->ingest_.get(),
-                                               server->query_.get());
+  server->service_ = std::make_unique<Service>(
+      server->ingest_.get(), server->query_.get(), server->authorizer_.get());
 
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
-                           &server->grpc_port_);
+  builder.AddListeningPort(options.listen, *credentials, &server->grpc_port_);
   builder.RegisterService(server->service_.get());
   // Notice dead trainers (a half-open connection holds a stream open).
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,

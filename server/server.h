@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "auth/tls_files.h"
 #include "common/validate.h"
 #include "engine/health_config.h"
 
@@ -23,6 +24,7 @@ class Engine;
 class Ingest;
 class Query;
 class Notifier;
+class Authorizer;
 
 struct ServerOptions {
   // gRPC address; port 0 picks a free port (see grpc_port()).
@@ -57,6 +59,12 @@ struct ServerOptions {
   // itself with RESOURCE_EXHAUSTED. 16 MiB holds a full batch of 16384
   // ordinary records with room to spare.
   int max_receive_message_bytes = 16 * 1024 * 1024;
+  // Bearer tokens and their scopes (auth/auth.h); "" = no auth: every call
+  // may do everything.
+  std::string auth_token_file;
+  // TLS for gRPC: on when tls.cert_file is set (then tls.key_file too);
+  // tls.client_ca_file also requires client certificates (mTLS).
+  TlsFiles tls;
 };
 
 class Server {
@@ -83,6 +91,7 @@ class Server {
   std::unique_ptr<Store> store_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Notifier> notifier_;  // null without a receiver URL
+  std::unique_ptr<Authorizer> authorizer_;  // null without --auth-token-file
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Ingest> ingest_;
   std::unique_ptr<Query> query_;

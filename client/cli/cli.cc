@@ -42,10 +42,18 @@ Options (before or after the command):
   --server ADDR      server address (default 127.0.0.1:50051)
   --timeout SECONDS  deadline of a query (default 30; steps 600), or how long
                      replay waits for acknowledgements (default 120)
+  --token-file FILE  bearer token for a server with --auth-token-file (the
+                     first word in FILE); default: $TRAINWATCH_TOKEN, if set
+  --tls              connect with TLS, trusting the system's root CAs
+  --tls-ca FILE      connect with TLS, trusting these PEM root certificates
+  --tls-cert FILE, --tls-key FILE
+                     PEM client certificate and key, for a server that
+                     requires them (--tls-client-ca); imply TLS
   --help             print this text
 
 --json prints a JSON array (health: an object). Exit status: 0 success,
-1 failure (server, file or data error), 2 usage error.
+1 failure (server, file or data error; a refused call prints its status,
+e.g. UNAUTHENTICATED or PERMISSION_DENIED), 2 usage error.
 )";
 
 using CommandFn = absl::Status (*)(const GlobalOptions&, const ParsedArgs&);
@@ -133,6 +141,7 @@ int RunCli(std::vector<std::string> argv) {
   GlobalOptions global;
   absl::Status status = ApplyGlobalFlags(*globals, &global);
   if (status.ok()) status = ApplyGlobalFlags(*args, &global);
+  if (status.ok()) status = ResolveSecurity(&global);
   if (status.ok()) status = command->run(global, *args);
   std::fflush(stdout);
   if (status.ok()) return kExitOk;

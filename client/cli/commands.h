@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "flags.h"
 #include "grpcpp/grpcpp.h"
+#include "trainwatch/client.h"
 #include "trainwatch/v1/trainwatch.grpc.pb.h"
 
 namespace trainwatch::cli {
@@ -24,15 +25,28 @@ struct GlobalOptions {
   // --timeout: the deadline of a query, or how long replay waits for acks.
   // Unset: each command's default.
   std::optional<std::chrono::milliseconds> timeout;
+  // --token-file (or $TRAINWATCH_TOKEN), --tls, --tls-ca, --tls-cert,
+  // --tls-key; the token is read by ResolveSecurity.
+  ConnectionSecurity security;
+  std::string token_file;
+  // Built by ResolveSecurity; null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 // Flags every command accepts as well as its own, so that `--server` may also
 // follow the command.
 inline constexpr FlagSpec kGlobalFlags[] = {
-    {"server", true}, {"timeout", true}, {"help", false}, {"h", false}};
+    {"server", true},   {"timeout", true},  {"token-file", true},
+    {"tls", false},     {"tls-ca", true},   {"tls-cert", true},
+    {"tls-key", true},  {"help", false},    {"h", false}};
 
 // Folds global flags given after the command into `global`.
 absl::Status ApplyGlobalFlags(const ParsedArgs& args, GlobalOptions* global);
+
+// Once every flag is in: reads the token (from --token-file, else from
+// $TRAINWATCH_TOKEN) and builds the channel credentials from the TLS files.
+// An error names the flag and file.
+absl::Status ResolveSecurity(GlobalOptions* global);
 
 // Command entry points; `args` are the arguments after the command name,
 // already checked against the command's flags plus kGlobalFlags.
@@ -43,11 +57,12 @@ absl::Status RunHealth(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunAlerts(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunSpikes(const GlobalOptions& global, const ParsedArgs& args);
 
-// A stub on an insecure channel to global.server.
+// A stub on a channel to global.server with global.credentials (plaintext
+// when null).
 std::unique_ptr<v1::TrainingHealth::Stub> NewStub(const GlobalOptions& global);
 
 // A context whose deadline is global.timeout, or `fallback` when unset, so
-// that no call can hang forever on a stalled server.
+// that no call can hang forever on a stalled server; it carries the token.
 std::unique_ptr<grpc::ClientContext> NewContext(
     const GlobalOptions& global, std::chrono::milliseconds fallback);
 

@@ -167,6 +167,7 @@ absl::Status RunReplay(const GlobalOptions& global, const ParsedArgs& args) {
   if (!first.ok()) return first.status();
   ClientOptions options;
   options.address = global.server;
+  options.security = global.security;
   std::optional<StepLogEntry> pending = *std::move(first);
   if (pending.has_value() && std::holds_alternative<v1::RunStart>(*pending)) {
     ApplyRunStart(std::get<v1::RunStart>(*pending), &options);
@@ -224,6 +225,12 @@ absl::Status RunReplay(const GlobalOptions& global, const ParsedArgs& args) {
                                      "; the records before it were not "
                                      "all acknowledged: ",
                                      flushed.message()));
+  }
+  if (!flushed.ok() && !(*client)->Refusal().ok()) {
+    return absl::Status(
+        flushed.code(),
+        absl::StrFormat("replay: %d of %d steps acknowledged: %s", stats.acked,
+                        replayer.steps(), flushed.message()));
   }
   if (!flushed.ok()) {
     return absl::Status(

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "intake.h"
+#include "trainwatch/channel.h"
 #include "sender.h"
 
 namespace trainwatch {
@@ -97,8 +98,10 @@ std::optional<Precision> ParsePrecision(const std::string& text) {
 // Thread-safety: as Client's; Close() serializes on close_mu_.
 class Client::Impl {
  public:
-  explicit Impl(const ClientOptions& options)
-      : intake_(options.capacity), sender_(options, &intake_) {}
+  Impl(const ClientOptions& options,
+       std::shared_ptr<grpc::ChannelCredentials> credentials)
+      : intake_(options.capacity),
+        sender_(options, &intake_, std::move(credentials)) {}
 
   void Start() { sender_.Start(); }
 
@@ -120,6 +123,15 @@ class Client::Impl {
       return absl::OkStatus();
     }
     const ClientStats stats = Stats();
+    if (absl::Status refusal = sender_.refusal(); !refusal.ok()) {
+      return absl::Status(
+          refusal.code(),
+          absl::StrCat("the server refuses the stream: ",
+                       absl::StatusCodeToString(refusal.code()), ": ",
+                       refusal.message(), " (", target - sender_.resolved(),
+                       " recorded items not acknowledged; dropped steps ",
+                       stats.dropped, ")"));
+    }
     return absl::DeadlineExceededError(absl::StrCat(
         "flush timed out after ", timeout.count(), " ms: ",
         sender_.resolved(), " of ", target,
@@ -157,6 +169,8 @@ class Client::Impl {
     return sender_.recommended_max_norm();
   }
 
+  absl::Status Refusal() const { return sender_.refusal(); }
+
  private:
   internal::Intake intake_;
   internal::Sender sender_;
@@ -169,7 +183,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (absl::Status status = ValidateOptions(options); !status.ok()) {
     return status;
   }
-  auto impl = std::make_unique<Impl>(options);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      NewChannelCredentials(options.security);
+  if (!credentials.ok()) return credentials.status();
+  auto impl = std::make_unique<Impl>(options, *std::move(credentials));
   impl->Start();
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
@@ -204,5 +221,7 @@ ClientStats Client::Stats() const { return impl_->Stats(); }
 std::optional<double> Client::RecommendedMaxNorm() const {
   return impl_->RecommendedMaxNorm();
 }
+
+absl::Status Client::Refusal() const { return impl_->Refusal(); }
 
 }  // namespace trainwatch

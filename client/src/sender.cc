@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "proto_convert.h"
+#include "trainwatch/channel.h"
 
 namespace trainwatch::internal {
 namespace {
@@ -25,9 +26,10 @@ int Millis(absl::Duration duration) {
       absl::ToInt64Milliseconds(duration), std::numeric_limits<int>::max()));
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                           absl::Duration initial_backoff,
-                                           absl::Duration max_backoff) {
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address,
+    std::shared_ptr<grpc::ChannelCredentials> credentials,
+    absl::Duration initial_backoff, absl::Duration max_backoff) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
@@ -45,8 +47,13 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   // about 10 s after a killed server was back up.
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS,
               Millis(initial_backoff));
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+absl::Status ToAbsl(const grpc::Status& status) {
+  // The codes share their numbering.
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
 }
 
 absl::Duration AtLeast(std::chrono::milliseconds value, absl::Duration floor) {
@@ -55,14 +62,16 @@ absl::Duration AtLeast(std::chrono::milliseconds value, absl::Duration floor) {
 
 }  // namespace
 
-Sender::Sender(const ClientOptions& options, Intake* intake)
+Sender::Sender(const ClientOptions& options, Intake* intake,
+               std::shared_ptr<grpc::ChannelCredentials> credentials)
     : options_(options),
       intake_(intake),
       // Floors keep a zero option from turning a wait into a busy loop.
       flush_interval_(AtLeast(options.flush_interval, absl::Milliseconds(1))),
       initial_backoff_(AtLeast(options.initial_backoff, absl::Milliseconds(1))),
       max_backoff_(AtLeast(options.max_backoff, initial_backoff_)),
-      channel_(MakeChannel(options.address, initial_backoff_, max_backoff_)),
+      channel_(MakeChannel(options.address, std::move(credentials),
+                           initial_backoff_, max_backoff_)),
       stub_(v1::TrainingHealth::NewStub(channel_)),
       backoff_(initial_backoff_) {
   *run_start_.mutable_start() = MakeRunStart(options);
@@ -89,7 +98,7 @@ bool Sender::WaitResolved(uint64_t items, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   wake_ = true;  // send what is queued now, not at the next flush interval
   auto settled = [this, items]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return resolved_items_ >= items || done_;
+    return resolved_items_ >= items || done_ || !refusal_.ok();
   };
   mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
   return resolved_items_ >= items;
@@ -103,6 +112,11 @@ uint64_t Sender::resolved() const {
 std::optional<double> Sender::recommended_max_norm() const {
   absl::MutexLock lock(&mu_);
   return recommended_max_norm_;
+}
+
+absl::Status Sender::refusal() const {
+  absl::MutexLock lock(&mu_);
+  return refusal_;
 }
 
 void Sender::Run() {
@@ -124,6 +138,7 @@ void Sender::Run() {
 
 grpc::Status Sender::RunStream(uint64_t* written_through) {
   grpc::ClientContext context;
+  AddAuthToken(options_.security, &context);
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return grpc::Status(grpc::StatusCode::CANCELLED, "stopping");
@@ -202,6 +217,7 @@ void Sender::ReadResponses(Stream* stream) {
     resolved_items_ += items;
     if (items > 0) {
       acked_on_stream_ = true;
+      refusal_ = absl::OkStatus();
       last_log_key_.clear();  // progress: log the next problem again
     }
     if (response.has_recommended_max_norm()) {
@@ -287,6 +303,7 @@ absl::Duration Sender::OnStreamEnd(const grpc::Status& status,
         // change, so retry slowly.
         LogOnce(what, absl::StrCat("server refused the stream (", what,
                                    "); retrying"));
+        refusal_ = ToAbsl(status);
         delay = max_backoff_;
       }
       break;
@@ -295,6 +312,7 @@ absl::Duration Sender::OnStreamEnd(const grpc::Status& status,
       LogOnce(what, absl::StrCat("server refused the stream (", what,
                                  "); keeping data buffered, retrying every ",
                                  absl::FormatDuration(max_backoff_)));
+      refusal_ = ToAbsl(status);
       delay = max_backoff_;
       break;
     default:

@@ -33,7 +33,9 @@ namespace trainwatch::internal {
 // WaitResolved() and the counters may be called from any thread.
 class Sender {
  public:
-  Sender(const ClientOptions& options, Intake* intake);
+  // `credentials`: from NewChannelCredentials(options.security).
+  Sender(const ClientOptions& options, Intake* intake,
+         std::shared_ptr<grpc::ChannelCredentials> credentials);
   ~Sender();  // Stop(absl::ZeroDuration()) if still running.
   Sender(const Sender&) = delete;
   Sender& operator=(const Sender&) = delete;
@@ -46,8 +48,8 @@ class Sender {
   void Stop(absl::Duration grace);
 
   // Waits until `items` admitted items are resolved (acknowledged, or dropped
-  // because the server refused them), or until the deadline or Stop().
-  // Returns whether they were.
+  // because the server refused them), or until the deadline, Stop() or a
+  // refusal of the stream. Returns whether they were.
   bool WaitResolved(uint64_t items, absl::Time deadline);
 
   uint64_t resolved() const;
@@ -57,6 +59,8 @@ class Sender {
     return reconnects_.load(std::memory_order_relaxed);
   }
   std::optional<double> recommended_max_norm() const;
+  // See Client::Refusal().
+  absl::Status refusal() const;
 
  private:
   using Stream =
@@ -115,6 +119,8 @@ class Sender {
   // The live stream's context, so Stop() can cancel it.
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::optional<double> recommended_max_norm_ ABSL_GUARDED_BY(mu_);
+  // Why the server refused the last stream as a whole; OK after an ack.
+  absl::Status refusal_ ABSL_GUARDED_BY(mu_);
   std::string last_log_key_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<uint64_t> sent_{0};

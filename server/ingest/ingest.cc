@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "auth/call_token.h"
 #include "common/grpc_status.h"
 
 namespace trainwatch {
@@ -15,12 +16,15 @@ namespace trainwatch {
 class ReportReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  ReportReactor(Ingest* ingest, bool refuse) : ingest_(ingest) {
+  // `refusal`: end the stream with it at once. `scope`: what the stream's
+  // token may write (null: auth off).
+  ReportReactor(Ingest* ingest, std::optional<grpc::Status> refusal,
+                const TokenScope* scope)
+      : ingest_(ingest), scope_(scope) {
     ingest_->metrics_->streams_active.Increment();
-    if (refuse) {
+    if (refusal.has_value()) {
       finished_ = true;
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "the server is shutting down; retry later"));
+      Finish(*refusal);
       return;
     }
     ingest_->Register(this);  // before any callback can end the stream
@@ -126,6 +130,11 @@ class ReportReactor final
             !s.ok()) {
           return s;
         }
+        if (scope_ != nullptr) {
+          absl::Status s =
+              Authorizer::CheckWriteRun(*scope_, request_.start().run_id());
+          if (!s.ok()) return s;
+        }
         ++pending_;
         absl::StatusOr<StreamHandle> stream = ingest_->engine_->OpenStream(
             request_.start(), [this](absl::Status s) { OnDurable(0, s); });
@@ -224,6 +233,7 @@ class ReportReactor final
   }
 
   Ingest* const ingest_;
+  const TokenScope* const scope_;
   std::mutex mu_;
   grpc::ByteBuffer request_bytes_;   // owned by the read in flight
   v1::ReportRequest request_;        // the last message read, parsed
@@ -253,12 +263,29 @@ Ingest::~Ingest() { Drain(std::chrono::seconds(5)); }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 Ingest::NewReport(grpc::CallbackServerContext* context) {
-  bool refuse;
+  bool draining;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    refuse = draining_;
+    draining = draining_;
   }
-  return new ReportReactor(this, refuse);
+  if (draining) {
+    return new ReportReactor(
+        this,
+        grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                     "the server is shutting down; retry later"),
+        nullptr);
+  }
+  const TokenScope* scope = nullptr;
+  if (options_.authorizer != nullptr) {
+    absl::StatusOr<const TokenScope*> s =
+        options_.authorizer->AuthorizeReport(AuthorizationOf(*context));
+    if (!s.ok()) {
+      CountRejected(s.status());
+      return new ReportReactor(this, ToGrpcStatus(s.status()), nullptr);
+    }
+    scope = *s;
+  }
+  return new ReportReactor(this, std::nullopt, scope);
 }
 
 void Ingest::Register(ReportReactor* r) {

@@ -12,6 +12,9 @@
 // raw bytes and parses them here, so that a message protobuf cannot parse
 // (a string that is not UTF-8) is refused with INVALID_ARGUMENT too: the
 // typed API would report it as the client closing its side.
+// With auth on, a stream without a valid token ends with UNAUTHENTICATED
+// before anything is read, and one whose token may not write the run with
+// PERMISSION_DENIED.
 //
 // Threads: Ingest's methods may be called from any thread.
 #ifndef TRAINWATCH_SERVER_INGEST_INGEST_H_
@@ -25,6 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
+#include "auth/auth.h"
 #include "common/validate.h"
 #include "engine/engine.h"
 #include "metrics/metrics.h"
@@ -37,6 +41,9 @@ struct IngestOptions {
   // Batches of one stream submitted and not yet durable before the stream
   // stops reading.
   size_t max_inflight_batches = 64;
+  // Checks each stream's bearer token before reading it, and its RunStart's
+  // run_id against the token's write scopes; null: auth off. Borrowed.
+  const Authorizer* authorizer = nullptr;
 };
 
 class ReportReactor;

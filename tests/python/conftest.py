@@ -39,13 +39,14 @@ def _binary(name):
 class Server:
     """One trainwatch-server process."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, extra_args=()):
         self.db = tmp_path / "trainwatch.db"
         self.log_path = tmp_path / "server.log"
         self._log = open(self.log_path, "w+")
         self.proc = subprocess.Popen(
             [_binary("trainwatch-server"), "--listen", "127.0.0.1:0",
-             "--metrics-listen", "127.0.0.1:0", "--db", str(self.db)],
+             "--metrics-listen", "127.0.0.1:0", "--db", str(self.db),
+             *extra_args],
             stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:
@@ -60,9 +61,11 @@ class Server:
                 pytest.fail(f"trainwatch-server did not start:\n{text}")
             time.sleep(0.05)
 
-    def ctl(self, *args, check=True):
-        """Runs trainwatchctl against this server; returns stdout."""
-        r = subprocess.run([_binary("trainwatchctl"), "--server", self.address, *args],
+    def ctl(self, *args, check=True, flags=()):
+        """Runs trainwatchctl against this server (`flags` before the
+        command); returns stdout."""
+        r = subprocess.run([_binary("trainwatchctl"), "--server", self.address,
+                            *flags, *args],
                            capture_output=True, text=True, timeout=60)
         if check and r.returncode != 0:
             raise AssertionError(f"trainwatchctl {' '.join(args)} exited {r.returncode}: "

@@ -9,7 +9,9 @@
 // bidi stream, reconnects with backoff, and resends every batch the server has
 // not acknowledged (the server acks only what is committed to its store, and
 // stores a resent step once). When the queue is full, Record() drops the step
-// and counts it in Stats().dropped.
+// and counts it in Stats().dropped. A server that refuses the stream (bad
+// token, or one that may not write this run) is logged once and reported by
+// Refusal(), Flush() and Close(); see Refusal().
 //
 // Thread-safety: Record(), RecordEvent() and Stats() may be called from any
 // thread concurrently. Flush() and Close() may be called from any thread.
@@ -34,9 +36,34 @@ enum class Precision { kUnspecified = 0, kFp32 = 1, kBf16 = 2, kFp16 = 3 };
 // Parses "fp32", "bf16", "fp16" (any case); nullopt otherwise.
 std::optional<Precision> ParsePrecision(const std::string& text);
 
+// How a client authenticates to the server and protects the connection
+// (README "Security"). Plaintext and no token by default.
+struct ConnectionSecurity {
+  // Bearer token, sent as "authorization: Bearer TOKEN" on every call; ""
+  // sends none. Printable ASCII without spaces.
+  std::string auth_token;
+  // TLS with the system's root certificates. Also on when any tls_* file is
+  // set.
+  bool tls = false;
+  // PEM root certificates the server's certificate must chain to ("" = the
+  // system's roots).
+  std::string tls_ca_file;
+  // PEM client certificate (chain) and its key, for a server that requires
+  // client certificates (mutual TLS); both or neither.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+
+  bool tls_on() const {
+    return tls || !tls_ca_file.empty() || !tls_cert_file.empty() ||
+           !tls_key_file.empty();
+  }
+};
+
 struct ClientOptions {
   // Server address, host:port.
   std::string address = "127.0.0.1:50051";
+  // TLS and bearer token; the files are read by Create().
+  ConnectionSecurity security;
 
   // RunStart fields (DESIGN.md §2).
   std::string run_id;
@@ -127,6 +154,14 @@ class Client {
 
   // Latest recommended_max_norm the server sent, if any.
   std::optional<double> RecommendedMaxNorm() const;
+
+  // Why the server refuses this client's stream (UNAUTHENTICATED,
+  // PERMISSION_DENIED, or INVALID_ARGUMENT for the RunStart), as it said;
+  // OK when it does not. While refused, the client keeps what it holds,
+  // retries every max_backoff, and Record() drops (and counts) once the
+  // buffer is full; Flush() and Close() return this status at once instead
+  // of waiting for their timeout. Cleared when the server acks again.
+  absl::Status Refusal() const;
 
  private:
   class Impl;

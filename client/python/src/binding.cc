@@ -144,6 +144,16 @@ void ThrowIfError(const absl::Status& status) {
     PyErr_SetString(PyExc_TimeoutError, std::string(status.message()).c_str());
     throw py::error_already_set();
   }
+  if (status.code() == absl::StatusCode::kUnauthenticated ||
+      status.code() == absl::StatusCode::kPermissionDenied) {
+    PyErr_SetString(PyExc_PermissionError, status.ToString().c_str());
+    throw py::error_already_set();
+  }
+  if (status.code() == absl::StatusCode::kNotFound) {
+    PyErr_SetString(PyExc_FileNotFoundError,
+                    std::string(status.message()).c_str());
+    throw py::error_already_set();
+  }
   throw std::runtime_error(status.ToString());
 }
 
@@ -233,6 +243,13 @@ class PyClient {
     return py::make_tuple(s.recorded, s.sent, s.acked, s.dropped, s.reconnects);
   }
 
+  // None, or "CODE: message" of the server's refusal (Client::Refusal()).
+  py::object Refusal() const {
+    const absl::Status status = client_->Refusal();
+    if (status.ok()) return py::none();
+    return py::str(status.ToString());
+  }
+
   py::object RecommendedMaxNorm() const {
     const std::optional<double> v = client_->RecommendedMaxNorm();
     if (!v.has_value()) return py::none();
@@ -248,9 +265,16 @@ std::unique_ptr<PyClient> CreateClient(
     uint32_t attempt, const std::string& precision, double max_norm,
     uint64_t warmup_steps, uint32_t scaler_growth_interval,
     std::optional<double> adam_eps, std::optional<double> adam_beta2,
-    std::map<std::string, std::string> labels, size_t capacity) {
+    std::map<std::string, std::string> labels, size_t capacity,
+    std::string auth_token, bool tls, std::string tls_ca_file,
+    std::string tls_cert_file, std::string tls_key_file) {
   ClientOptions options;
   options.address = std::move(address);
+  options.security.auth_token = std::move(auth_token);
+  options.security.tls = tls;
+  options.security.tls_ca_file = std::move(tls_ca_file);
+  options.security.tls_cert_file = std::move(tls_cert_file);
+  options.security.tls_key_file = std::move(tls_key_file);
   options.run_id = std::move(run_id);
   options.rank = rank;
   options.world_size = world_size;
@@ -289,12 +313,15 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("attempt"), py::arg("precision"), py::arg("max_norm"),
            py::arg("warmup_steps"), py::arg("scaler_growth_interval"),
            py::arg("adam_eps"), py::arg("adam_beta2"), py::arg("labels"),
-           py::arg("capacity"))
+           py::arg("capacity"), py::arg("auth_token"), py::arg("tls"),
+           py::arg("tls_ca_file"), py::arg("tls_cert_file"),
+           py::arg("tls_key_file"))
       // Positional only: keyword matching would cost more than Record().
       .def("record", &PyClient::Record)
       .def("event", &PyClient::Event)
       .def("flush", &PyClient::Flush)
       .def("close", &PyClient::Close)
       .def("stats", &PyClient::Stats)
-      .def("recommended_max_norm", &PyClient::RecommendedMaxNorm);
+      .def("recommended_max_norm", &PyClient::RecommendedMaxNorm)
+      .def("refusal", &PyClient::Refusal);
 }

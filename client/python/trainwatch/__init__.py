@@ -27,6 +27,7 @@ loop). stats may be read from any thread.
 """
 
 import atexit
+import os
 import sys
 import time
 import weakref
@@ -97,15 +98,28 @@ class Client:
         record() drops.
     scaler_growth_interval: FP16 scaler growth interval (0: the server's
         default, 2000).
+    auth_token: bearer token for a server started with --auth-token-file
+        (default: $TRAINWATCH_TOKEN, if set).
+    tls: connect with TLS, trusting the system's root CAs. Also on when any
+        tls_* file is given.
+    tls_ca_file: PEM root certificates the server's certificate must chain to.
+    tls_cert_file, tls_key_file: PEM client certificate and key, for a server
+        that requires them (--tls-client-ca).
 
-    Raises ValueError for invalid arguments. Does not wait for the server:
-    an unreachable one is retried in the background while records buffer.
+    Raises ValueError for invalid arguments and FileNotFoundError for a TLS
+    file that cannot be read. Does not wait for the server: an unreachable
+    one is retried in the background while records buffer. A server that
+    refuses the stream (a bad token, or one that may not write this run) is
+    logged once on stderr and shown by `refusal`; flush() then raises
+    PermissionError, and record() keeps returning at once (dropping, and
+    counting, once the buffer is full).
     """
 
     def __init__(self, address, run, rank=0, world_size=1, precision="bf16",
                  max_norm=0.0, warmup_steps=0, labels=None, attempt=0,
                  adam_eps=None, adam_beta2=None, capacity=100000,
-                 scaler_growth_interval=0):
+                 scaler_growth_interval=0, auth_token=None, tls=False,
+                 tls_ca_file=None, tls_cert_file=None, tls_key_file=None):
         if not isinstance(address, str) or not address:
             raise ValueError("address must be a non-empty 'host:port' string")
         if not isinstance(run, str):
@@ -130,10 +144,22 @@ class Client:
             adam_beta2 = None if adam_beta2 is None else float(adam_beta2)
         except (TypeError, ValueError) as e:
             raise ValueError(f"max_norm, adam_eps and adam_beta2 must be numbers: {e}") from None
+        if auth_token is None:
+            auth_token = os.environ.get("TRAINWATCH_TOKEN", "").strip()
+        files = {"tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
+                 "tls_key_file": tls_key_file}
+        for name, value in files.items():
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ValueError(f"{name} must be a path, got {value!r}")
+            files[name] = "" if value is None else os.fspath(value)
+        if not isinstance(auth_token, str):
+            raise ValueError("auth_token must be a string")
         self._c = _trainwatch.Client(address, run, rank, world_size, attempt,
                                      precision, max_norm, warmup_steps,
                                      scaler_growth_interval, adam_eps, adam_beta2,
-                                     labels, capacity)
+                                     labels, capacity, auth_token, bool(tls),
+                                     files["tls_ca_file"], files["tls_cert_file"],
+                                     files["tls_key_file"])
         self._record = self._c.record
         self.run = run
         self.rank = rank
@@ -198,7 +224,8 @@ class Client:
     def flush(self, timeout=10.0):
         """Waits (up to timeout seconds) until everything recorded so far,
         pending CUDA copies included, is acknowledged by the server.
-        Raises TimeoutError otherwise. Releases the GIL while waiting."""
+        Raises TimeoutError otherwise, or PermissionError at once when the
+        server refuses the stream. Releases the GIL while waiting."""
         deadline = time.monotonic() + timeout
         self._resolve(wait=True)
         self._c.flush(max(0.0, deadline - time.monotonic()))
@@ -206,7 +233,8 @@ class Client:
     def close(self, timeout=10.0):
         """Flushes (up to timeout seconds), then ends the stream. Idempotent.
         Returns True when everything was acknowledged; never raises for an
-        unreachable server (a trainer should not die at exit for that)."""
+        unreachable server or a refusal (a trainer should not die at exit for
+        that; see refusal)."""
         if self._closed:
             return True
         deadline = time.monotonic() + timeout
@@ -217,9 +245,7 @@ class Client:
             _open_clients.discard(self)
             try:
                 self._c.close(max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                return False
-            except RuntimeError:
+            except (TimeoutError, PermissionError, RuntimeError):
                 return False
         return True
 
@@ -229,6 +255,12 @@ class Client:
         recorded, sent, acked, dropped, reconnects = self._c.stats()
         return Stats(recorded, sent, acked, dropped + self._pending_dropped,
                      reconnects, len(self._pending))
+
+    @property
+    def refusal(self):
+        """None, or why the server refuses this client's stream
+        ("PERMISSION_DENIED: ..."), until it acknowledges data again."""
+        return self._c.refusal()
 
     @property
     def recommended_max_norm(self):

@@ -1,0 +1,89 @@
+// Bearer-token authorization (--auth-token-file, README "Security").
+//
+// The token file has one token per line, `TOKEN SCOPE[,SCOPE...]`:
+//   read           ListRuns, GetRunHealth, ListAlerts, QuerySteps
+//   write:PREFIX   Report for run ids that start with PREFIX
+//   write:*        Report for any run
+// `#` starts a comment (tokens cannot contain it); blank lines are ignored.
+// A token is 16..256 printable ASCII characters without spaces or `#`.
+//
+// A call without a token, or with one that is not in the file, is
+// UNAUTHENTICATED; a known token used outside its scopes is PERMISSION_DENIED.
+// Tokens are kept only as SHA-256 digests and compared in constant time; no
+// message or log line ever contains one.
+//
+// Thread-safety: immutable after construction; any thread may call any
+// const method.
+#ifndef TRAINWATCH_SERVER_AUTH_AUTH_H_
+#define TRAINWATCH_SERVER_AUTH_AUTH_H_
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace trainwatch {
+
+// What one token may do.
+struct TokenScope {
+  // ListRuns, GetRunHealth, ListAlerts, QuerySteps.
+  bool read = false;
+  // Report for run ids starting with one of these; "" (write:*) = any run.
+  std::vector<std::string> write_prefixes;
+  // Line of the token file, to tell tokens apart without naming them.
+  int line = 0;
+};
+
+class Authorizer {
+ public:
+  // Parses the token file format above; errors name `source:LINE`.
+  static absl::StatusOr<std::unique_ptr<Authorizer>> Parse(
+      absl::string_view text, absl::string_view source);
+
+  // Reads and parses `path`. `*warning` is set (else cleared) when the file
+  // is readable by group or others, which the caller should log.
+  static absl::StatusOr<std::unique_ptr<Authorizer>> Load(
+      const std::string& path, std::string* warning);
+
+  Authorizer(const Authorizer&) = delete;
+  Authorizer& operator=(const Authorizer&) = delete;
+
+  // The scope of the token in an `authorization` metadata value
+  // ("Bearer TOKEN"; nullopt when the call has none), or UNAUTHENTICATED.
+  absl::StatusOr<const TokenScope*> Authenticate(
+      std::optional<absl::string_view> authorization) const;
+
+  // Authenticate, then the scope a query needs (read).
+  absl::StatusOr<const TokenScope*> AuthorizeRead(
+      std::optional<absl::string_view> authorization) const;
+
+  // Authenticate, then some write scope (checked when a Report stream opens,
+  // before its RunStart is read; CheckWriteRun checks the run later).
+  absl::StatusOr<const TokenScope*> AuthorizeReport(
+      std::optional<absl::string_view> authorization) const;
+
+  // PERMISSION_DENIED unless `scope` may write `run_id`.
+  static absl::Status CheckWriteRun(const TokenScope& scope,
+                                    absl::string_view run_id);
+
+  size_t size() const { return entries_.size(); }
+
+ private:
+  using Digest = std::array<unsigned char, 32>;
+  struct Entry {
+    Digest digest;
+    TokenScope scope;
+  };
+  Authorizer() = default;
+
+  std::vector<Entry> entries_;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_AUTH_AUTH_H_
