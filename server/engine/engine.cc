@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <future>
 #include <limits>
@@ -172,17 +173,39 @@ absl::Status Engine::Rebuild(RunState& run, const v1::RunSummary& summary) {
       options_.notifier->Restore(ToNotice(a, run.labels));
     }
   }
-  // Replay history muted: the first W post-warmup steps give the baselines,
-  // the last 2W steps the windows and the EMA. Alerts already stored as
-  // firing stay firing; nothing fires again.
-  run.health->tracker().set_muted(true);
+  // Replay history: the first W post-warmup steps give the baselines, the
+  // last 2W steps before the health mark the windows and the EMA. What the
+  // engine processed before the restart is replayed muted: alerts already
+  // stored as firing stay firing, nothing fires again. Records stored past
+  // the mark were committed but the server died before their alerts were
+  // (they commit in a later transaction, and a resend of those records is a
+  // duplicate the store drops): they are processed for real now, or their
+  // alerts would be lost.
+  absl::StatusOr<std::optional<Store::HealthMark>> mark =
+      store_->GetHealthMark(summary.run_id());
+  if (!mark.ok()) return mark.status();
+  auto processed = [&](uint32_t attempt, uint64_t step) {
+    return mark->has_value() &&
+           (attempt < (*mark)->attempt ||
+            (attempt == (*mark)->attempt && step <= (*mark)->step));
+  };
   const uint64_t w = options_.health.window_steps;
   const uint64_t baseline_end = start->warmup_steps() + w;
-  const uint64_t tail_from = summary.last_step() > 2 * w ? summary.last_step() - 2 * w : 0;
+  const uint64_t replay_end =
+      mark->has_value() ? std::min<uint64_t>((*mark)->step, summary.last_step()) : 0;
+  const uint64_t tail_from = replay_end > 2 * w ? replay_end - 2 * w : 0;
+  std::optional<StreamKey> caught_up;  // the last record processed for real
+  uint64_t caught_up_step = 0;
   auto feed = [&](v1::StepRecords& chunk) {
     for (const v1::StepRecords::Item& item : chunk.items()) {
       if (item.attempt() > run.lead_attempt) continue;
+      const bool muted = processed(item.attempt(), item.record().step());
+      run.health->tracker().set_muted(muted);
       FeedLead(run, item.attempt(), item.record());
+      if (!muted) {
+        caught_up = StreamKey{summary.run_id(), run.lead_rank, item.attempt()};
+        caught_up_step = item.record().step();
+      }
     }
     return true;
   };
@@ -195,6 +218,11 @@ absl::Status Engine::Rebuild(RunState& run, const v1::RunSummary& summary) {
   }
   run.health->tracker().set_muted(false);
   if (!s.ok()) return s;
+  if (caught_up.has_value()) {  // so another restart does not fire them again
+    store_->Submit(WriteOp{.kind = WriteOp::Kind::kHealthMark,
+                           .key = *caught_up,
+                           .health_step = caught_up_step});
+  }
   UpdateWindowMetrics(run);
   return absl::OkStatus();
 }
@@ -332,6 +360,11 @@ void Engine::ProcessRecords(RunState& run, const Stream& stream,
   }
   if (!lead) return;
   const v1::StepRecord& last = records.back();
+  // After this batch's alerts and spikes (submitted above, so they commit no
+  // later than it): a restart replays records past it for real.
+  store_->Submit(WriteOp{.kind = WriteOp::Kind::kHealthMark,
+                         .key = stream.key,
+                         .health_step = last.step()});
   run.last_step = last.step();
   m.last_step.Set(static_cast<double>(last.step()));
   int64_t t = last.time_unix_nanos() != 0 ? last.time_unix_nanos()

@@ -83,6 +83,14 @@ CREATE TABLE spikes (
 ) WITHOUT ROWID;
 )sql";
 
+// Version 3: how far the engine's processing of each run is durable (see
+// Store::GetHealthMark). Runs stored before it count as processed through.
+constexpr const char* kSchemaV3 = R"sql(
+ALTER TABLE runs ADD COLUMN health_attempt INTEGER;
+ALTER TABLE runs ADD COLUMN health_step INTEGER;
+UPDATE runs SET health_attempt = attempt, health_step = last_step;
+)sql";
+
 absl::StatusOr<int> UserVersion(sqlite3* db) {
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
   if (!s.ok()) return s.status();
@@ -109,6 +117,9 @@ absl::Status MigrateSchema(sqlite3* db, int target_version) {
     }
     if (*version < 2 && target_version >= 2) {
       if (absl::Status s = sqlite::Exec(db, kSchemaV2); !s.ok()) return s;
+    }
+    if (*version < 3 && target_version >= 3) {
+      if (absl::Status s = sqlite::Exec(db, kSchemaV3); !s.ok()) return s;
     }
     return sqlite::Exec(
         db, absl::StrCat("PRAGMA user_version = ", target_version).c_str());

@@ -214,6 +214,23 @@ absl::StatusOr<v1::RunStart> Store::GetLeadStart(
   return start;
 }
 
+absl::StatusOr<std::optional<Store::HealthMark>> Store::GetHealthMark(
+    const std::string& run_id) const {
+  absl::StatusOr<sqlite::DbPtr> db = OpenReader();
+  if (!db.ok()) return db.status();
+  absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(
+      db->get(),
+      "SELECT health_attempt, health_step FROM runs WHERE run_id = ?1");
+  if (!s.ok()) return s.status();
+  s->Bind(1, run_id);
+  absl::StatusOr<bool> row = s->Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return absl::NotFoundError(absl::StrCat("no run \"", run_id, "\""));
+  if (s->IsNull(0) || s->IsNull(1)) return std::nullopt;
+  return HealthMark{.attempt = static_cast<uint32_t>(s->Int(0)),
+                    .step = static_cast<uint64_t>(s->Int(1))};
+}
+
 absl::Status Store::ReadSteps(
     const std::string& run_id, uint64_t from_step, uint64_t to_step,
     std::optional<uint32_t> rank, size_t chunk_records,

@@ -82,7 +82,7 @@ struct WriteResult {
 
 // One unit of work for the writer.
 struct WriteOp {
-  enum class Kind { kStart, kBatch, kEvent, kAlert, kSpike };
+  enum class Kind { kStart, kBatch, kEvent, kAlert, kSpike, kHealthMark };
   Kind kind = Kind::kBatch;
   StreamKey key;
   v1::RunStart start;                   // kStart
@@ -90,6 +90,10 @@ struct WriteOp {
   v1::RunEvent event;                   // kEvent
   v1::Alert alert;                      // kAlert: upserted by (run, alertname, started_step)
   v1::Spike spike;                      // kSpike
+  // kHealthMark: the engine has processed the run's lead stream (key.rank,
+  // key.attempt) through this step, and submitted whatever that wrote
+  // (alerts, spikes) before this op, so they are durable once it is.
+  uint64_t health_step = 0;
   int64_t received_unix_nanos = 0;
   // Runs on the writer thread once the op's transaction ended; must not block.
   std::function<void(WriteResult)> done;
@@ -118,6 +122,17 @@ class Store {
   // The RunStart of the run's lead stream (lowest rank, its latest attempt).
   absl::StatusOr<v1::RunStart> GetLeadStart(const std::string& run_id) const;
 
+  // How far the engine's processing of the run's lead stream is durable:
+  // the (attempt, step) of its last committed kHealthMark; nullopt before
+  // the first. Records stored past it were committed but their alerts may
+  // not have been (a crash between the two transactions).
+  struct HealthMark {
+    uint32_t attempt = 0;
+    uint64_t step = 0;
+  };
+  absl::StatusOr<std::optional<HealthMark>> GetHealthMark(
+      const std::string& run_id) const;
+
   // Streams the stored records of run_id with from <= step <= to (to == 0:
   // no upper bound), ordered by rank, attempt, step, in chunks of about
   // `chunk_records`. `sink` returns false to stop early. NOT_FOUND for an
@@ -139,7 +154,7 @@ class Store {
   absl::StatusOr<std::vector<v1::RunEvent>> ListEvents(
       const std::string& run_id) const;
 
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
  private:
   explicit Store(StoreOptions options);

@@ -93,6 +93,8 @@ absl::Status StoreWriter::Prepare() {
       {&insert_spike_,
        "INSERT OR IGNORE INTO spikes (run_key, step, grad_norm, ratio_to_ema, "
        "sigmas, batch_ids) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"},
+      {&set_health_mark_,
+       "UPDATE runs SET health_attempt = ?2, health_step = ?3 WHERE run_key = ?1"},
       {&insert_event_,
        "INSERT OR IGNORE INTO events (run_key, rank, attempt, step, kind, "
        "detail, time_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
@@ -242,6 +244,17 @@ absl::Status StoreWriter::ApplyOne(
         if (absl::Status s = set_run_state_.Run(); !s.ok()) return s;
       }
       return absl::OkStatus();
+    }
+    case WriteOp::Kind::kHealthMark: {
+      absl::StatusOr<std::optional<int64_t>> run_key = LookupRun(op.key.run_id);
+      if (!run_key.ok()) return run_key.status();
+      if (!run_key->has_value()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("no RunStart stored for run ", op.key.run_id));
+      }
+      set_health_mark_.Bind(1, **run_key).Bind(2, int64_t{op.key.attempt})
+          .Bind(3, ToDb(op.health_step));
+      return set_health_mark_.Run();
     }
     case WriteOp::Kind::kAlert:
     case WriteOp::Kind::kSpike: {

@@ -245,5 +245,71 @@ TEST(EngineRestartTest, ARestartKeepsBaselineWindowsAndFiringAlertsWithoutRefiri
   EXPECT_EQ(alerts->size(), 1u) << "one episode, stored once";
 }
 
+// A SIGKILL between a batch's commit and the commit of the alert it raised
+// (a later transaction) left the alert lost for good: the restart replayed
+// the batch muted, and the client's resend was a duplicate. Records stored
+// past the engine's health mark are now processed for real at the restart.
+TEST(EngineRestartTest, RecordsStoredButNotProcessedRaiseTheirAlertsAtRestart) {
+  std::string path = ::testing::TempDir() + "/engine_unprocessed_test.db";
+  std::remove(path.c_str());
+  FakeClock clock;
+  EngineOptions options;
+  options.silence_check_interval = std::chrono::milliseconds(0);
+  const v1::RunStart start = Start("r", 0, 0, /*warmup=*/100);
+  for (int round = 0; round < 3; ++round) {
+    auto store = Store::Open({.path = path});
+    ASSERT_TRUE(store.ok());
+    auto metrics = Metrics::Create("");
+    auto engine = Engine::Create(options, store->get(), metrics->get(), &clock);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const std::string fired =
+        "trainwatch_alerts_fired_total{alertname=\"GradNormSpike\",run=\"r\"}";
+    if (round == 0) {
+      std::promise<absl::Status> opened;
+      auto h = (*engine)->OpenStream(start, [&](absl::Status s) { opened.set_value(s); });
+      ASSERT_TRUE(opened.get_future().get().ok());
+      std::promise<absl::Status> done;
+      (*engine)->SubmitBatch(*h, Batch(0, 1200, 0.5), [&](absl::Status s) { done.set_value(s); });
+      ASSERT_TRUE(done.get_future().get().ok());
+      // The next batch, with a spike at 1205, reaches the store but the
+      // server dies before the engine sees it.
+      v1::StepBatch batch = Batch(1200, 1210, 0.5);
+      batch.mutable_records(5)->set_grad_norm(50);
+      WriteOp op{.kind = WriteOp::Kind::kBatch, .key = {"r", 0, 0}};
+      op.records.assign(batch.records().begin(), batch.records().end());
+      std::promise<absl::Status> committed;
+      op.done = [&](WriteResult r) { committed.set_value(r.status); };
+      (*store)->Submit(std::move(op));
+      ASSERT_TRUE(committed.get_future().get().ok());
+      EXPECT_TRUE(std::isnan(Value(**metrics, fired)));
+    } else {
+      // Fired by the first restart, from the stored records; not again by
+      // the second.
+      if (round == 1) {
+        EXPECT_EQ(Value(**metrics, fired), 1);
+      } else {
+        EXPECT_TRUE(std::isnan(Value(**metrics, fired)));
+      }
+    }
+    (*engine)->Stop();
+    (*store)->Close();
+    auto reader = Store::Open({.path = path});
+    ASSERT_TRUE(reader.ok());
+    auto alerts = (*reader)->ListAlerts("r", false);
+    ASSERT_TRUE(alerts.ok());
+    if (round == 0) {
+      EXPECT_TRUE(alerts->empty());
+      continue;
+    }
+    ASSERT_EQ(alerts->size(), 1u) << "round " << round;
+    EXPECT_EQ((*alerts)[0].alertname(), "GradNormSpike");
+    EXPECT_EQ((*alerts)[0].started_step(), 1205u);
+    auto spikes = (*reader)->ListSpikes("r");
+    ASSERT_TRUE(spikes.ok());
+    ASSERT_EQ(spikes->size(), 1u);
+    EXPECT_EQ((*spikes)[0].step(), 1205u);
+  }
+}
+
 }  // namespace
 }  // namespace trainwatch
