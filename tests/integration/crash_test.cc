@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -215,6 +216,17 @@ TEST(CrashTest, SixteenStreamsSurviveRepeatedSigkillsExactlyOnce) {
   const Clock::time_point started = Clock::now();
   std::atomic<bool> stop{false};
   for (auto& t : trainers) t->thread = std::thread(Record, std::ref(*t), std::cref(stop));
+  // Also when an ASSERT below returns early.
+  auto stop_recording = [&] {
+    stop.store(true);
+    for (auto& t : trainers) {
+      if (t->thread.joinable()) t->thread.join();
+    }
+  };
+  struct Finally {
+    std::function<void()> f;
+    ~Finally() { f(); }
+  } join_on_exit{stop_recording};
 
   uint64_t acked_at_kills = 0;  // sum over kills and streams
   int aimed_kills = 0;
@@ -254,8 +266,7 @@ TEST(CrashTest, SixteenStreamsSurviveRepeatedSigkillsExactlyOnce) {
                 static_cast<unsigned long long>(acked_now),
                 static_cast<unsigned long long>(recorded_now));
   }
-  stop.store(true);
-  for (auto& t : trainers) t->thread.join();
+  stop_recording();
   const double record_seconds =
       std::chrono::duration<double>(Clock::now() - started).count();
 
