@@ -19,6 +19,8 @@ namespace {
 // stream hanging with everything unacknowledged.
 constexpr int kKeepaliveTimeMs = 10000;
 constexpr int kKeepaliveTimeoutMs = 5000;
+// At most one line this often about the number of dropped steps.
+constexpr absl::Duration kDropLogInterval = absl::Seconds(10);
 
 // Channel arguments are ints.
 int Millis(absl::Duration duration) {
@@ -262,6 +264,7 @@ bool Sender::FormNext() {
     pending.records = pending.items = batch->records_size();
     pending.drops_reported = intake_->TakeUnreportedDrops();
     batch->set_dropped(pending.drops_reported);
+    if (pending.drops_reported > 0) LogDrops();
   }
   pending.request = std::move(request);
   absl::MutexLock lock(&mu_);
@@ -323,6 +326,21 @@ absl::Duration Sender::OnStreamEnd(const grpc::Status& status,
       break;
   }
   return delay;
+}
+
+void Sender::LogDrops() {
+  // The intake logs the start of a burst of drops; this says how many were
+  // lost, when they are reported (for an outage: once the server is back),
+  // at most once per kDropLogInterval.
+  const absl::Time now = absl::Now();
+  if (now - last_drop_log_ < kDropLogInterval) return;
+  last_drop_log_ = now;
+  std::fprintf(stderr,
+               "trainwatch: %llu steps dropped so far (buffer capacity %zu "
+               "records); the count goes to the server, which exports it as "
+               "trainwatch_client_dropped_steps_total\n",
+               static_cast<unsigned long long>(intake_->dropped()),
+               intake_->capacity());
 }
 
 void Sender::LogOnce(const std::string& key, const std::string& line) {

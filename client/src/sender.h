@@ -88,6 +88,8 @@ class Sender {
   // and returns how long to wait before reconnecting.
   absl::Duration OnStreamEnd(const grpc::Status& status,
                              uint64_t written_through);
+  // Logs the total of dropped steps (sender thread; rate-limited).
+  void LogDrops();
   // Logs "trainwatch: <line>" unless the last line logged had the same key.
   void LogOnce(const std::string& key, const std::string& line)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -106,6 +108,7 @@ class Sender {
   uint64_t next_seq_ = 1;
   std::optional<QueueItem> carried_;  // an event that ended the last batch
   absl::Duration backoff_;
+  absl::Time last_drop_log_ = absl::InfinitePast();
 
   mutable absl::Mutex mu_;
   std::deque<Pending> unacked_ ABSL_GUARDED_BY(mu_);  // ascending seq

@@ -1,0 +1,98 @@
+#include "stored_data.h"
+
+#include <sqlite3.h>
+
+#include <functional>
+
+#include "gtest/gtest.h"
+
+namespace trainwatch::testing {
+namespace {
+
+// Runs `sql` on the file and calls `row` for each result row.
+void Query(const std::string& db_path, const char* sql,
+           const std::function<void(sqlite3_stmt*)>& row) {
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr);
+  ASSERT_EQ(rc, SQLITE_OK) << "opening " << db_path << ": " << sqlite3_errstr(rc);
+  sqlite3_busy_timeout(db, 10000);
+  sqlite3_stmt* stmt = nullptr;
+  rc = sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr);
+  EXPECT_EQ(rc, SQLITE_OK) << sql << ": " << sqlite3_errmsg(db);
+  if (rc == SQLITE_OK) {
+    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) row(stmt);
+    EXPECT_EQ(rc, SQLITE_DONE) << sql << ": " << sqlite3_errmsg(db);
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+}
+
+std::string Text(sqlite3_stmt* stmt, int column) {
+  const unsigned char* text = sqlite3_column_text(stmt, column);
+  return text == nullptr ? "" : reinterpret_cast<const char*>(text);
+}
+
+}  // namespace
+
+std::map<RunRank, std::vector<v1::StepRecord>> ReadStoredRecords(
+    const std::string& db_path) {
+  std::map<RunRank, std::vector<v1::StepRecord>> out;
+  Query(db_path,
+        "SELECT r.run_id, c.rank, c.n, c.records FROM step_chunks c JOIN runs r "
+        "USING (run_key) ORDER BY r.run_id, c.rank, c.attempt, c.first_step",
+        [&](sqlite3_stmt* stmt) {
+          // A chunk is a serialized StepBatch holding only its records.
+          v1::StepBatch chunk;
+          const bool parsed = chunk.ParseFromArray(sqlite3_column_blob(stmt, 3),
+                                                   sqlite3_column_bytes(stmt, 3));
+          EXPECT_TRUE(parsed) << "undecodable chunk of run " << Text(stmt, 0);
+          EXPECT_EQ(chunk.records_size(), sqlite3_column_int64(stmt, 2))
+              << "chunk count column disagrees with its records";
+          auto& records = out[{Text(stmt, 0),
+                               static_cast<uint32_t>(sqlite3_column_int64(stmt, 1))}];
+          for (v1::StepRecord& r : *chunk.mutable_records()) {
+            records.push_back(std::move(r));
+          }
+        });
+  return out;
+}
+
+std::map<RunRank, int64_t> CountStoredRecords(const std::string& db_path) {
+  std::map<RunRank, int64_t> out;
+  Query(db_path,
+        "SELECT r.run_id, c.rank, SUM(c.n) FROM step_chunks c JOIN runs r "
+        "USING (run_key) GROUP BY r.run_id, c.rank",
+        [&](sqlite3_stmt* stmt) {
+          out[{Text(stmt, 0), static_cast<uint32_t>(sqlite3_column_int64(stmt, 1))}] =
+              sqlite3_column_int64(stmt, 2);
+        });
+  return out;
+}
+
+std::vector<StoredAlert> ReadStoredAlerts(const std::string& db_path) {
+  std::vector<StoredAlert> out;
+  Query(db_path,
+        "SELECT r.run_id, a.alertname, a.started_step, a.state FROM alerts a "
+        "JOIN runs r USING (run_key) ORDER BY r.run_id, a.started_step",
+        [&](sqlite3_stmt* stmt) {
+          out.push_back({Text(stmt, 0), Text(stmt, 1),
+                         static_cast<uint64_t>(sqlite3_column_int64(stmt, 2)),
+                         Text(stmt, 3)});
+        });
+  return out;
+}
+
+std::vector<std::pair<std::string, uint64_t>> ReadStoredSpikes(
+    const std::string& db_path) {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  Query(db_path,
+        "SELECT r.run_id, s.step FROM spikes s JOIN runs r USING (run_key) "
+        "ORDER BY r.run_id, s.step",
+        [&](sqlite3_stmt* stmt) {
+          out.emplace_back(Text(stmt, 0),
+                           static_cast<uint64_t>(sqlite3_column_int64(stmt, 1)));
+        });
+  return out;
+}
+
+}  // namespace trainwatch::testing
