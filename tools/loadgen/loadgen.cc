@@ -4,7 +4,7 @@
 //
 //   trainwatch-loadgen --server HOST:PORT --streams N --runs M --batch B
 //                      --seconds S [--inflight K] [--metrics URL]
-//                      [--alert-probes P] [--json]
+//                      [--alert-probes P] [--rate R] [--json]
 //   trainwatch-loadgen --server HOST:PORT --populate-runs M [--records-per-run R]
 //                      [--streams N] [--batch B]
 //
@@ -20,6 +20,8 @@
 //    100x the others; the latency is from writing that step to /metrics
 //    showing trainwatch_alert_active{alertname="GradNormSpike",run=...} 1
 //    (polled as fast as /metrics answers).
+// --rate R caps the offered load at R records/s in all (each stream paces
+// its batches to R / N records/s), e.g. for a soak at half the peak.
 // With --json the last line of stdout is one JSON object.
 //
 // --populate-runs M instead makes M runs active (for memory per run and
@@ -66,6 +68,7 @@ struct Options {
   int inflight = 8;
   int alert_probes = 20;
   bool json = false;
+  double rate = 0;  // records/s over all streams; 0 = as fast as acked
   int populate_runs = 0;
   int records_per_run = 1200;
 };
@@ -73,7 +76,7 @@ struct Options {
 const char kUsage[] =
     "usage: trainwatch-loadgen --server HOST:PORT [--streams N] [--runs M]\n"
     "         [--batch B] [--seconds S] [--inflight K] [--metrics URL]\n"
-    "         [--alert-probes P] [--json]\n"
+    "         [--alert-probes P] [--rate R] [--json]\n"
     "       trainwatch-loadgen --server HOST:PORT --populate-runs M\n"
     "         [--records-per-run R] [--streams N] [--batch B]\n";
 
@@ -96,6 +99,7 @@ bool ParseArgs(int argc, char** argv, Options* o) {
     else if (a == "--inflight") o->inflight = atoi(value());
     else if (a == "--alert-probes") o->alert_probes = atoi(value());
     else if (a == "--json") o->json = true;
+    else if (a == "--rate") o->rate = atof(value());
     else if (a == "--populate-runs") o->populate_runs = atoi(value());
     else if (a == "--records-per-run") o->records_per_run = atoi(value());
     else if (a == "--help" || a == "-h") { fputs(kUsage, stdout); exit(0); }
@@ -191,7 +195,16 @@ class LoadStream {
     FillBatch(batch, o_.batch, seed_);
     uint64_t step = 0;
     uint64_t seq = 0;
+    // With --rate: batch k is due at start + k * interval.
+    const Clock::time_point paced_from = Clock::now();
+    const double interval_s =
+        o_.rate > 0 ? o_.batch * o_.streams / o_.rate : 0.0;
     while (!stop.load(std::memory_order_relaxed)) {
+      if (interval_s > 0) {
+        std::this_thread::sleep_until(
+            paced_from + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(interval_s * seq)));
+      }
       {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [&] {
