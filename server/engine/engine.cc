@@ -273,7 +273,7 @@ void Engine::OnStartCommitted(const Stream& stream, const WriteResult& result) {
 }
 
 void Engine::SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
-                         DoneCallback done) {
+                         DoneCallback done, std::function<void()> processed) {
   WriteOp op{.kind = WriteOp::Kind::kBatch,
              .key = stream->key,
              .received_unix_nanos = clock_->NowUnixNanos()};
@@ -281,13 +281,14 @@ void Engine::SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
                     std::make_move_iterator(batch.mutable_records()->end()));
   const uint64_t dropped = batch.dropped();
   op.done = [done = std::move(done)](WriteResult r) { done(r.status); };
-  RunInOrder(stream, [this, stream, dropped,
-                      op = std::move(op)](absl::Status started) mutable {
+  RunInOrder(stream, [this, stream, dropped, op = std::move(op),
+                      processed = std::move(processed)](absl::Status started) mutable {
+    if (started.ok()) ProcessRecords(*stream->run, *stream, op.records, dropped);
+    if (processed) processed();
     if (!started.ok()) {
       op.done(WriteResult{.status = started});
       return;
     }
-    ProcessRecords(*stream->run, *stream, op.records, dropped);
     store_->Submit(std::move(op));
   });
 }

@@ -100,9 +100,12 @@ class Engine {
   absl::StatusOr<StreamHandle> OpenStream(const v1::RunStart& start,
                                           DoneCallback done);
   // Updates the run with the records not seen before, then commits the
-  // batch; `done` runs after both.
+  // batch; `done` runs after both. `processed` (may be empty) runs on the
+  // shard once the records are processed (or refused), always before `done`:
+  // ingest uses it to keep the shards' queues short, so that a bad step is
+  // not detected behind a long backlog.
   void SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
-                   DoneCallback done);
+                   DoneCallback done, std::function<void()> processed = {});
   void SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
                    DoneCallback done);
   void CloseStream(const StreamHandle& stream);

@@ -156,9 +156,11 @@ class ReportReactor final
         }
         uint64_t seq = request_.batch().seq();
         ++pending_;
+        ++unprocessed_;
         ingest_->engine_->SubmitBatch(
             stream_, std::move(*request_.mutable_batch()),
-            [this, seq](absl::Status s) { OnDurable(seq, s); });
+            [this, seq](absl::Status s) { OnDurable(seq, s); },
+            [this] { OnProcessed(); });
         return absl::OkStatus();
       }
       case v1::ReportRequest::kEvent: {
@@ -182,6 +184,14 @@ class ReportReactor final
     }
     return absl::InvalidArgumentError(
         "empty ReportRequest: set one of start, batch or event");
+  }
+
+  // From the engine's shard: a batch went through the detectors (always
+  // before its OnDurable).
+  void OnProcessed() {
+    std::unique_lock<std::mutex> lock(mu_);
+    --unprocessed_;
+    Progress(std::move(lock));
   }
 
   // From the engine (any thread): the op with `seq` is durable, or failed.
@@ -209,7 +219,8 @@ class ReportReactor final
     enum { kNone, kRead, kWrite, kFinish } next_io = kNone, next_read = kNone;
     if (finished_) return;
     if (!end_status_.has_value() && !read_in_flight_ &&
-        pending_ < ingest_->options_.max_inflight_batches) {
+        pending_ < ingest_->options_.max_inflight_batches &&
+        unprocessed_ < ingest_->options_.max_unprocessed_batches) {
       read_in_flight_ = true;
       next_read = kRead;
     }
@@ -241,6 +252,7 @@ class ReportReactor final
   grpc::ByteBuffer response_bytes_;  // owned by the write in flight
   StreamHandle stream_;          // set by the first message
   size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t unprocessed_ ABSL_GUARDED_BY(mu_) = 0;  // batches before the detectors
   uint64_t acked_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t written_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;

@@ -41,6 +41,12 @@ struct IngestOptions {
   // Batches of one stream submitted and not yet durable before the stream
   // stops reading.
   size_t max_inflight_batches = 64;
+  // Batches of one stream submitted and not yet through the detectors before
+  // the stream stops reading. Small, so that under saturation the backlog
+  // waits in gRPC flow control (and the trainer's buffer) rather than in
+  // front of the detectors: a bad step from any stream is then detected
+  // within a few batches' processing time.
+  size_t max_unprocessed_batches = 2;
   // Checks each stream's bearer token before reading it, and its RunStart's
   // run_id against the token's write scopes; null: auth off. Borrowed.
   const Authorizer* authorizer = nullptr;

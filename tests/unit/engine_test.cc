@@ -48,10 +48,18 @@ double Value(const Metrics& m, const std::string& series) {
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override { Open(":memory:"); }
+  void TearDown() override { Shut(); }
 
-  void Open(const std::string& path) {
+  // The server's order: close the store (its last callbacks post to the
+  // engine's shards), then stop the engine.
+  void Shut() {
+    if (store_ != nullptr) store_->Close();
     engine_.reset();
     store_.reset();
+  }
+
+  void Open(const std::string& path) {
+    Shut();
     auto store = Store::Open({.path = path});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
