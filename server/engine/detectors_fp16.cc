@@ -110,7 +110,7 @@ class SkipRateHigh final : public Detector {
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     if (!IsFp16(ctx) || !ctx.post_warmup) return;
     const auto& cfg = ctx.config.skip_rate;
-    const FlagWindow& w = ctx.window.skipped;
+    const FlagSeries& w = ctx.window.skipped;
     const bool holds =
         w.size() >= cfg.min_steps && w.fraction() > cfg.threshold;
     sink.Condition(

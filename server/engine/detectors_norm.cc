@@ -43,7 +43,7 @@ class ClipFractionHigh final : public Detector {
  public:
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     if (!ctx.post_warmup) return;
-    const FlagWindow& clipped = ctx.window.clipped;
+    const FlagSeries& clipped = ctx.window.clipped;
     const auto& cfg = ctx.config.clip_fraction;
     const double fraction = clipped.fraction();
     const bool holds =

@@ -115,7 +115,7 @@ std::optional<double> OrderStatWindow::Max() const {
   return sorted_.back();
 }
 
-void FlagWindow::Set(size_t slot, bool flag) {
+void FlagSeries::Set(size_t slot, bool flag) {
   const uint64_t mask = uint64_t{1} << (slot % 64);
   if (flag) {
     bits_[slot / 64] |= mask;
@@ -124,25 +124,52 @@ void FlagWindow::Set(size_t slot, bool flag) {
   }
 }
 
-void FlagWindow::Push(uint64_t step, bool flag) {
-  if (ring_.capacity() == 0) return;
-  if (!ring_.Fits(step)) Clear();
-  if (bits_.empty()) bits_.resize((ring_.capacity() + 63) / 64);
-  if (ring_.full()) count_ -= Get(ring_.oldest_slot()) ? 1 : 0;
-  Set(ring_.Append(step), flag);
+void FlagSeries::Push(bool flag) {
+  if (capacity_ == 0) return;
+  if (bits_.empty()) bits_.resize((capacity_ + 63) / 64);
+  size_t slot;
+  if (size_ == capacity_) {
+    slot = head_;
+    count_ -= Get(slot) ? 1 : 0;
+    head_ = Slot(1);
+  } else {
+    slot = Slot(size_);
+    ++size_;
+  }
+  Set(slot, flag);
   count_ += flag ? 1 : 0;
 }
 
-void FlagWindow::RewindTo(uint64_t step) {
-  while (!ring_.empty() && ring_.StepAt(ring_.newest_slot()) >= step) {
-    count_ -= Get(ring_.newest_slot()) ? 1 : 0;
-    ring_.PopNewest();
+void FlagSeries::PopNewest(size_t n) {
+  for (; n > 0 && size_ > 0; --n) {
+    count_ -= Get(Slot(size_ - 1)) ? 1 : 0;
+    --size_;
   }
+}
+
+void FlagSeries::Clear() {
+  head_ = size_ = count_ = 0;
+}
+
+void FlagWindow::Push(uint64_t step, bool flag) {
+  if (ring_.capacity() == 0) return;
+  if (!ring_.Fits(step)) Clear();
+  ring_.Append(step);
+  flags_.Push(flag);
+}
+
+void FlagWindow::RewindTo(uint64_t step) {
+  size_t n = 0;
+  while (!ring_.empty() && ring_.StepAt(ring_.newest_slot()) >= step) {
+    ring_.PopNewest();
+    ++n;
+  }
+  flags_.PopNewest(n);
 }
 
 void FlagWindow::Clear() {
   ring_.Clear();
-  count_ = 0;
+  flags_.Clear();
 }
 
 }  // namespace trainwatch

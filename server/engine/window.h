@@ -93,26 +93,50 @@ class OrderStatWindow {
   std::vector<double> sorted_;  // the finite values, ascending
 };
 
-// A rolling count of flagged steps over the last `capacity` steps.
-class FlagWindow {
+// A rolling count of flags over the last `capacity` pushes, with no steps of
+// its own: for flags pushed and rewound in step with another window.
+class FlagSeries {
  public:
-  explicit FlagWindow(size_t capacity) : ring_(capacity) {}
-  void Push(uint64_t step, bool flag);
-  void RewindTo(uint64_t step);
+  explicit FlagSeries(size_t capacity) : capacity_(capacity) {}
+  void Push(bool flag);
+  // Drops the `n` newest flags (n <= size()).
+  void PopNewest(size_t n);
   void Clear();
-  size_t size() const { return ring_.size(); }
+  size_t size() const { return size_; }
   size_t count() const { return count_; }
   double fraction() const {
-    return ring_.empty() ? 0.0 : static_cast<double>(count_) / ring_.size();
+    return size_ == 0 ? 0.0 : static_cast<double>(count_) / size_;
   }
 
  private:
   bool Get(size_t slot) const { return (bits_[slot / 64] >> (slot % 64)) & 1; }
   void Set(size_t slot, bool flag);
+  size_t Slot(size_t i) const {
+    size_t s = head_ + i;
+    return s >= capacity_ ? s - capacity_ : s;
+  }
 
-  StepRing ring_;
-  std::vector<uint64_t> bits_;  // by ring slot
+  size_t capacity_;
+  std::vector<uint64_t> bits_;  // allocated on the first push
+  size_t head_ = 0;             // slot of the oldest flag
+  size_t size_ = 0;
   size_t count_ = 0;
+};
+
+// A rolling count of flagged steps over the last `capacity` steps.
+class FlagWindow {
+ public:
+  explicit FlagWindow(size_t capacity) : ring_(capacity), flags_(capacity) {}
+  void Push(uint64_t step, bool flag);
+  void RewindTo(uint64_t step);
+  void Clear();
+  size_t size() const { return flags_.size(); }
+  size_t count() const { return flags_.count(); }
+  double fraction() const { return flags_.fraction(); }
+
+ private:
+  StepRing ring_;
+  FlagSeries flags_;
 };
 
 // The windows of one run over its last W post-warmup steps.
@@ -120,17 +144,20 @@ struct RunWindow {
   explicit RunWindow(size_t w)
       : grad_norm(w), clipped(w), skipped(w), max_attn_logit(w), log_z(w) {}
 
+  // Every post-warmup lead step pushes these three together, so the flags
+  // share the norm window's steps.
   OrderStatWindow grad_norm;
-  FlagWindow clipped;
-  FlagWindow skipped;
+  FlagSeries clipped;
+  FlagSeries skipped;
   // Only steps that carry the field are pushed.
   OrderStatWindow max_attn_logit;
   OrderStatWindow log_z;
 
   void RewindTo(uint64_t step) {
+    const size_t before = grad_norm.slots();
     grad_norm.RewindTo(step);
-    clipped.RewindTo(step);
-    skipped.RewindTo(step);
+    clipped.PopNewest(before - grad_norm.slots());
+    skipped.PopNewest(before - grad_norm.slots());
     max_attn_logit.RewindTo(step);
     log_z.RewindTo(step);
   }

@@ -115,8 +115,8 @@ void BM_DetectorGroup(benchmark::State& state) {
     v1::StepRecord& r = stream[step % kStream];
     r.set_step(step);
     window.grad_norm.Push(step, r.grad_norm());
-    window.clipped.Push(step, r.clipped());
-    window.skipped.Push(step, r.skipped());
+    window.clipped.Push(r.clipped());
+    window.skipped.Push(r.skipped());
     window.max_attn_logit.Push(step, r.max_attn_logit());
     window.log_z.Push(step, r.log_z());
     if (step + 1 == config.window_steps) {

@@ -241,15 +241,16 @@ TEST(RunWindow, RewindToRewindsEverySeries) {
   RunWindow w(10);
   for (uint64_t step = 0; step < 10; ++step) {
     w.grad_norm.Push(step, 1.0);
-    w.clipped.Push(step, true);
-    w.skipped.Push(step, true);
+    w.clipped.Push(true);
+    w.skipped.Push(step % 2 == 0);
     w.max_attn_logit.Push(step, 2.0);
     w.log_z.Push(step, 3.0);
   }
   w.RewindTo(6);
   EXPECT_EQ(w.grad_norm.slots(), 6u);
   EXPECT_EQ(w.clipped.count(), 6u);
-  EXPECT_EQ(w.skipped.count(), 6u);
+  EXPECT_EQ(w.skipped.count(), 3u);  // steps 0, 2, 4
+  EXPECT_EQ(w.skipped.size(), 6u);
   EXPECT_EQ(w.max_attn_logit.slots(), 6u);
   EXPECT_EQ(w.log_z.slots(), 6u);
 }
