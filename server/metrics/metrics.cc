@@ -25,44 +25,41 @@ prometheus::Family<prometheus::Gauge>& Gauge(prometheus::Registry& r,
   return BuildGauge().Name(name).Help(help).Register(r);
 }
 
-prometheus::Labels With(prometheus::Labels labels, const char* key,
-                        const std::string& value) {
-  labels[key] = value;
-  return labels;
-}
-
 }  // namespace
 
 RunMetrics::RunMetrics(
-    Metrics& m, const prometheus::Labels& labels,
+    Metrics& m, const std::string& run_id,
     const std::vector<std::pair<std::string, std::string>>& alerts)
-    : steps(m.steps_total.Add(labels)),
-      clipped_steps(m.clipped_steps_total.Add(labels)),
-      skipped_steps(m.skipped_steps_total.Add(labels)),
-      nonfinite_steps(m.nonfinite_steps_total.Add(labels)),
-      client_dropped_steps(m.client_dropped_steps_total.Add(labels)),
-      last_step(m.last_step.Add(labels)),
-      last_step_timestamp(m.last_step_timestamp_seconds.Add(labels)),
-      grad_norm(&m.grad_norm, labels),
-      clip_coefficient(&m.clip_coefficient, labels),
-      clip_threshold(&m.clip_threshold, labels),
-      loss_scale(&m.loss_scale, labels),
-      max_attention_logit(&m.max_attention_logit, labels),
-      log_z(&m.log_z, labels),
-      loss(&m.loss, labels),
-      learning_rate(&m.learning_rate, labels),
-      grad_norm_p50(&m.grad_norm_window, With(labels, "percentile", "50")),
-      grad_norm_p90(&m.grad_norm_window, With(labels, "percentile", "90")),
-      grad_norm_p99(&m.grad_norm_window, With(labels, "percentile", "99")),
-      clip_fraction(&m.clip_fraction, labels),
-      skip_fraction(&m.skip_fraction, labels),
-      recommended_clip_threshold(&m.recommended_clip_threshold, labels),
+    : run_id_(run_id),
+      alerts_(alerts),
+      steps(m.steps_total.Add({{"run", run_id_}})),
+      clipped_steps(m.clipped_steps_total.Add({{"run", run_id_}})),
+      skipped_steps(m.skipped_steps_total.Add({{"run", run_id_}})),
+      nonfinite_steps(m.nonfinite_steps_total.Add({{"run", run_id_}})),
+      client_dropped_steps(m.client_dropped_steps_total.Add({{"run", run_id_}})),
+      last_step(m.last_step.Add({{"run", run_id_}})),
+      last_step_timestamp(m.last_step_timestamp_seconds.Add({{"run", run_id_}})),
+      grad_norm(&m.grad_norm, run_id_),
+      clip_coefficient(&m.clip_coefficient, run_id_),
+      clip_threshold(&m.clip_threshold, run_id_),
+      loss_scale(&m.loss_scale, run_id_),
+      max_attention_logit(&m.max_attention_logit, run_id_),
+      log_z(&m.log_z, run_id_),
+      loss(&m.loss, run_id_),
+      learning_rate(&m.learning_rate, run_id_),
+      grad_norm_p50(&m.grad_norm_window, run_id_, "percentile", "50"),
+      grad_norm_p90(&m.grad_norm_window, run_id_, "percentile", "90"),
+      grad_norm_p99(&m.grad_norm_window, run_id_, "percentile", "99"),
+      clip_fraction(&m.clip_fraction, run_id_),
+      skip_fraction(&m.skip_fraction, run_id_),
+      recommended_clip_threshold(&m.recommended_clip_threshold, run_id_),
       metrics_(m) {
-  for (const auto& [name, severity] : alerts) {
-    prometheus::Labels l = With(labels, "alertname", name);
-    alerts_fired.emplace_back(&m.alerts_fired_total, l);
-    l["severity"] = severity;
-    alert_active.emplace_back(&m.alert_active, l);
+  alerts_fired.reserve(alerts_.size());
+  alert_active.reserve(alerts_.size());
+  for (const auto& [name, severity] : alerts_) {
+    alerts_fired.emplace_back(&m.alerts_fired_total, run_id_, "alertname", name);
+    alert_active.emplace_back(&m.alert_active, run_id_, "alertname", name,
+                              "severity", severity);
   }
 }
 
@@ -199,7 +196,7 @@ std::unique_ptr<RunMetrics> Metrics::AddRun(
     const std::string& run_id,
     const std::vector<std::pair<std::string, std::string>>& alerts) {
   return std::unique_ptr<RunMetrics>(
-      new RunMetrics(*this, {{"run", run_id}}, alerts));
+      new RunMetrics(*this, run_id, alerts));
 }
 
 int Metrics::ListeningPort() const {

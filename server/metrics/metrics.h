@@ -14,8 +14,10 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <array>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -26,14 +28,27 @@ namespace trainwatch {
 class Metrics;
 
 // A series added on its first update, so a run that never reports e.g. a
-// loss scale exports no loss_scale series rather than a 0.
+// loss scale exports no loss_scale series rather than a 0. Its labels are
+// built only then, from views of strings its owner keeps (a run holds dozens
+// of these, most never added: alerts that never fire).
 template <typename T>
 class LazySeries {
  public:
-  LazySeries(prometheus::Family<T>* family, prometheus::Labels labels)
-      : family_(family), labels_(std::move(labels)) {}
+  // Labels run="<run>", plus key2="<value2>" and key3="<value3>" when given.
+  LazySeries(prometheus::Family<T>* family, std::string_view run,
+             std::string_view key2 = {}, std::string_view value2 = {},
+             std::string_view key3 = {}, std::string_view value3 = {})
+      : family_(family), label_views_{run, key2, value2, key3, value3} {}
   T& Get() {
-    if (series_ == nullptr) series_ = &family_->Add(labels_);
+    if (series_ == nullptr) {
+      prometheus::Labels labels{{"run", std::string(label_views_[0])}};
+      for (size_t i = 1; i + 1 < label_views_.size(); i += 2) {
+        if (!label_views_[i].empty()) {
+          labels.emplace(label_views_[i], label_views_[i + 1]);
+        }
+      }
+      series_ = &family_->Add(labels);
+    }
     return *series_;
   }
   void Set(double v) { Get().Set(v); }
@@ -45,7 +60,7 @@ class LazySeries {
 
  private:
   prometheus::Family<T>* family_;
-  prometheus::Labels labels_;
+  std::array<std::string_view, 5> label_views_;
   T* series_ = nullptr;
 };
 using LazyGauge = LazySeries<prometheus::Gauge>;
@@ -54,6 +69,11 @@ using LazyCounter = LazySeries<prometheus::Counter>;
 // The per-run series. Not thread-safe: updated by the engine shard that owns
 // the run. Removes its series when destroyed.
 class RunMetrics {
+ private:
+  // Declared first: the series below keep views of them.
+  const std::string run_id_;
+  const std::vector<std::pair<std::string, std::string>> alerts_;
+
  public:
   ~RunMetrics();
   RunMetrics(const RunMetrics&) = delete;
@@ -77,7 +97,7 @@ class RunMetrics {
 
  private:
   friend class Metrics;
-  RunMetrics(Metrics& m, const prometheus::Labels& labels,
+  RunMetrics(Metrics& m, const std::string& run_id,
              const std::vector<std::pair<std::string, std::string>>& alerts);
   Metrics& metrics_;
 };
