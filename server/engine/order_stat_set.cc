@@ -69,7 +69,12 @@ bool OrderStatSet::Erase(double value, uint64_t id) {
   Split(root_, value, id, /*inclusive=*/false, &l, &r);
   Split(r, value, id, /*inclusive=*/true, &mid, &r);
   bool found = mid >= 0;
-  if (found) free_.push_back(mid);  // unique keys: mid is one node
+  if (found) {
+    // Erase one node: a key inserted twice (the same step pushed again by
+    // a new lead rank) keeps its other copy.
+    free_.push_back(mid);
+    l = Merge(l, Merge(nodes_[mid].left, nodes_[mid].right));
+  }
   root_ = Merge(l, r);
   return found;
 }

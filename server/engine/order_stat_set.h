@@ -14,9 +14,9 @@ namespace trainwatch {
 
 class OrderStatSet {
  public:
-  // Keys must be unique: (value, id) with a distinct id per value.
+  // A key inserted twice is held twice.
   void Insert(double value, uint64_t id);
-  // Returns false when the key is not in the set.
+  // Removes one copy of the key; false when the key is not in the set.
   bool Erase(double value, uint64_t id);
   // The k-th smallest value, 0-based; k < size().
   double Kth(size_t k) const;
