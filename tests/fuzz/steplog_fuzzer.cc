@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -41,14 +43,44 @@ void Check(bool ok, absl::string_view what, absl::string_view detail = "") {
   if (!ok) Fail(what, detail);
 }
 
-// Equality that reads NaN as equal to NaN: "NaN" in a log is data.
+// Makes every -0.0 a +0.0. Protobuf's JSON parser reads the "-0" that its
+// printer (and FormatDouble) writes as the integer 0, so -0.0 comes back as
+// +0.0, numerically the same value; but a proto3 double without `optional`
+// counts as present only when its bits are non-zero, so the two differ in
+// presence.
+void NormalizeZeros(google::protobuf::Message* m) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* refl = m->GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  refl->ListFields(*m, &fields);
+  for (const FieldDescriptor* f : fields) {
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE && !f->is_repeated()) {
+      if (refl->GetDouble(*m, f) == 0) refl->SetDouble(m, f, 0.0);
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (!f->is_repeated()) {
+        NormalizeZeros(refl->MutableMessage(m, f));
+        continue;
+      }
+      for (int i = 0; i < refl->FieldSize(*m, f); ++i) {
+        NormalizeZeros(refl->MutableRepeatedMessage(m, f, i));
+      }
+    }
+  }
+}
+
+// Numeric equality: NaN equals NaN ("NaN" in a log is data), -0 equals +0.
 bool SameMessage(const google::protobuf::Message& a,
                  const google::protobuf::Message& b) {
+  std::unique_ptr<google::protobuf::Message> a2(a.New()), b2(b.New());
+  a2->CopyFrom(a);
+  b2->CopyFrom(b);
+  NormalizeZeros(a2.get());
+  NormalizeZeros(b2.get());
   google::protobuf::util::DefaultFieldComparator comparator;
   comparator.set_treat_nan_as_equal(true);
   google::protobuf::util::MessageDifferencer differ;
   differ.set_field_comparator(&comparator);
-  return differ.Compare(a, b);
+  return differ.Compare(*a2, *b2);
 }
 
 // Reads `text` as a one-line log and returns its single entry.
