@@ -25,6 +25,8 @@ PACKAGES=(
   python3-torch python3-prometheus-client python3-grpcio
   # Debian's torch uses the reference BLAS unless an optimized one is present
   libopenblas0
+  # fuzzing (tests/fuzz, build-fuzz): clang and libFuzzer/ASan/UBSan runtimes
+  clang libclang-rt-14-dev
 )
 
 missing=()

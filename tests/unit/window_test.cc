@@ -199,6 +199,25 @@ TEST(OrderStatWindow, RewindBeforeEveryStepEmptiesIt) {
   EXPECT_EQ(window.ranked(), 0u);
 }
 
+// Found by ingest_fuzzer: when the lead moves to a lower rank, the engine
+// pushes that rank's steps, which may repeat a step (and, the norm being
+// global, its value) already in the window. Evicting one copy must keep the
+// other ranked.
+TEST(OrderStatWindow, TheSameStepAndValueTwiceAreTwoValues) {
+  OrderStatWindow window(2);
+  window.Push(5, 1.0);
+  window.Push(5, 1.0);
+  window.Push(6, 2.0);  // evicts one (5, 1.0)
+  EXPECT_EQ(window.slots(), 2u);
+  EXPECT_EQ(window.ranked(), 2u);
+  EXPECT_EQ(window.Quantile(0.0), 1.0);
+  window.Push(7, 3.0);  // evicts the other
+  EXPECT_EQ(window.ranked(), 2u);
+  EXPECT_EQ(window.Quantile(0.0), 2.0);
+  window.RewindTo(0);
+  EXPECT_EQ(window.ranked(), 0u);
+}
+
 TEST(OrderStatWindow, ZeroCapacityHoldsNothing) {
   OrderStatWindow window(0);
   window.Push(0, 1.0);

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A long run of one fuzz target, at the lowest CPU priority:
+#
+#   tests/fuzz/run_long.sh steplog -max_len=1024
+#   tests/fuzz/run_long.sh ingest -max_len=2048
+#
+# Runs 10,000,000 executions (RUNS=N to change) from the seed corpus plus
+# what earlier long runs found (build-fuzz/long/TARGET/), and writes the
+# libFuzzer log with /usr/bin/time -v (peak RSS) to build-fuzz/long/TARGET.log
+# and crashes to build-fuzz/long/artifacts_TARGET/. Extra arguments go to
+# libFuzzer. Run one target at a time on a shared machine.
+set -u
+name=$1; shift
+root=$(cd "$(dirname "$0")/../.." && pwd)
+dir=${FUZZ_DIR:-$root/build-fuzz}/long
+mkdir -p "$dir/$name" "$dir/artifacts_$name"
+dict=()
+[ -f "$root/tests/fuzz/$name.dict" ] && dict=(-dict="$root/tests/fuzz/$name.dict")
+# A smaller quarantine and shorter malloc stacks: fewer page faults per run.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-quarantine_size_mb=32:malloc_context_size=8}
+start=$(date +%s)
+/usr/bin/time -v nice -n 19 "$dir/../bin/${name}_fuzzer" -runs="${RUNS:-10000000}" \
+  -print_final_stats=1 -artifact_prefix="$dir/artifacts_$name/" "${dict[@]}" "$@" \
+  "$dir/$name" "$root/tests/fuzz/corpus/$name" > "$dir/$name.log" 2>&1
+rc=$?
+echo "rc=$rc seconds=$(( $(date +%s) - start ))" >> "$dir/$name.log"
+exit $rc
