@@ -11,24 +11,34 @@ namespace {
 constexpr uint64_t kMaxOffset = std::numeric_limits<uint32_t>::max();
 }  // namespace
 
-size_t StepRing::KeptSlot() const { return full() ? Slot(1) : head_; }
-
-bool StepRing::Fits(uint64_t step) const {
-  if (empty() || (full() && capacity_ == 1)) return true;
-  const uint64_t oldest = StepAt(KeptSlot());
-  return step >= oldest && step - oldest <= kMaxOffset;
+void StepRing::MakeRoom(uint64_t step) {
+  // The entries that stay: all but the oldest when the ring is full.
+  const size_t first = full() ? 1 : 0;
+  uint64_t lo = step, hi = step;
+  for (size_t i = first; i < size_; ++i) {
+    const uint64_t s = StepAt(Slot(i));
+    lo = std::min(lo, s);
+    hi = std::max(hi, s);
+  }
+  if (hi - lo <= kMaxOffset) {
+    for (size_t i = first; i < size_; ++i) {
+      offsets_[Slot(i)] = static_cast<uint32_t>(StepAt(Slot(i)) - lo);
+    }
+    base_ = lo;
+    return;
+  }
+  std::vector<uint64_t> wide(capacity_);
+  for (size_t i = first; i < size_; ++i) wide[Slot(i)] = StepAt(Slot(i));
+  wide_ = std::move(wide);
+  offsets_ = {};
 }
 
 size_t StepRing::Append(uint64_t step) {
-  if (offsets_.empty()) offsets_.resize(capacity_);
+  if (offsets_.empty() && wide_.empty()) offsets_.resize(capacity_);
   if (empty() || (full() && capacity_ == 1)) {
     base_ = step;
-    offsets_[head_] = 0;
-  } else if (step - base_ > kMaxOffset) {
-    // Rebase on the oldest entry that stays; Fits() promised the step fits.
-    const uint32_t shift = offsets_[KeptSlot()];
-    for (size_t i = 0; i < size_; ++i) offsets_[Slot(i)] -= std::min(offsets_[Slot(i)], shift);
-    base_ += shift;
+  } else if (wide_.empty() && (step < base_ || step - base_ > kMaxOffset)) {
+    MakeRoom(step);
   }
   size_t slot;
   if (full()) {
@@ -38,13 +48,24 @@ size_t StepRing::Append(uint64_t step) {
     slot = Slot(size_);
     ++size_;
   }
-  offsets_[slot] = static_cast<uint32_t>(step - base_);
+  if (wide_.empty()) {
+    offsets_[slot] = static_cast<uint32_t>(step - base_);
+  } else {
+    wide_[slot] = step;
+  }
   return slot;
+}
+
+void StepRing::Clear() {
+  head_ = size_ = 0;
+  if (!wide_.empty()) {
+    wide_ = {};
+    offsets_.resize(capacity_);
+  }
 }
 
 void OrderStatWindow::Push(uint64_t step, double value) {
   if (ring_.capacity() == 0) return;
-  if (!ring_.Fits(step)) Clear();
   if (values_.empty()) {
     values_.resize(ring_.capacity());
     sorted_.reserve(ring_.capacity());
@@ -153,7 +174,6 @@ void FlagSeries::Clear() {
 
 void FlagWindow::Push(uint64_t step, bool flag) {
   if (ring_.capacity() == 0) return;
-  if (!ring_.Fits(step)) Clear();
   ring_.Append(step);
   flags_.Push(flag);
 }

@@ -22,9 +22,10 @@
 namespace trainwatch {
 
 // The steps of the last `capacity` pushes, oldest first, in a ring of 32-bit
-// offsets from a base step. Steps must not decrease between pushes (a rewind
-// removes the newest entries first). Owners keep their values in arrays
-// indexed by the same slots.
+// offsets from a base step (4 bytes a slot). Steps normally grow, but any
+// order is kept exactly: a step below the base rebases the ring, and a window
+// whose steps span more than 2^32 switches to 64-bit steps. Owners keep their
+// values in arrays indexed by the same slots.
 class StepRing {
  public:
   explicit StepRing(size_t capacity) : capacity_(capacity) {}
@@ -40,26 +41,27 @@ class StepRing {
   }
   size_t oldest_slot() const { return head_; }
   size_t newest_slot() const { return Slot(size_ - 1); }
-  uint64_t StepAt(size_t slot) const { return base_ + offsets_[slot]; }
+  uint64_t StepAt(size_t slot) const {
+    return wide_.empty() ? base_ + offsets_[slot] : wide_[slot];
+  }
 
-  // False when `step` is so far from the oldest entry that the offsets cannot
-  // hold both (over 2^32 steps apart): the owner then clears the window.
-  bool Fits(uint64_t step) const;
-  // Appends `step` (evicting the oldest entry when full) and returns its slot.
-  // Requires Fits(step) and capacity() > 0.
+  // Appends `step` and returns its slot. When full, that is the oldest
+  // entry's slot: the owner's value there is the one evicted. Requires
+  // capacity() > 0.
   size_t Append(uint64_t step);
   void PopNewest() { --size_; }
-  void Clear() { head_ = size_ = 0; }
+  void Clear();
 
  private:
-  // The oldest entry that an Append keeps (the second oldest when full).
-  size_t KeptSlot() const;
+  // Makes `step` representable: rebases the offsets, or goes 64-bit.
+  void MakeRoom(uint64_t step);
 
   size_t capacity_;
   std::vector<uint32_t> offsets_;  // allocated on the first Append
+  std::vector<uint64_t> wide_;     // instead of offsets_, once steps span 2^32
   size_t head_ = 0;                // slot of the oldest entry
   size_t size_ = 0;
-  uint64_t base_ = 0;
+  uint64_t base_ = 0;              // <= every step held
 };
 
 // The last `capacity` values with exact quantiles. Non-finite values take a

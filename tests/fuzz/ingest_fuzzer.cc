@@ -125,7 +125,9 @@ class ShadowFlags {
       entries_.pop_back();
     }
   }
-  void Expect(const FlagWindow& w) const {
+  // FlagSeries (RunWindow's flags) or FlagWindow: the same counts.
+  template <typename Flags>
+  void Expect(const Flags& w) const {
     size_t count = 0;
     for (const auto& [step, f] : entries_) count += f ? 1 : 0;
     Check(w.size() == entries_.size() && w.count() == count,

@@ -107,6 +107,9 @@ template <typename T>
 void RoundTripProtoJson(const google::protobuf::Message& line, const T& entry) {
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
+  // A step line must carry its step (a line without one is refused), and
+  // proto3 JSON would leave out a step of 0.
+  options.always_print_primitive_fields = true;
   std::string text;
   auto status = google::protobuf::util::MessageToJsonString(line, &text, options);
   Check(status.ok(), "a parsed entry cannot be printed as JSON",

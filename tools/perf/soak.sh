@@ -45,7 +45,7 @@ while kill -0 "$LOAD_PID" 2>/dev/null; do
   rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$SERVER_PID/status")
   threads=$(awk '/^Threads/ { print $2 }' "/proc/$SERVER_PID/status")
   fds=$(ls "/proc/$SERVER_PID/fd" | wc -l)
-  store=$(cat "$WORK"/soak.db* 2>/dev/null | wc -c)
+  store=$(stat -c %s "$WORK"/soak.db* 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
   echo "$now,${records:-0},$rss,$fds,$threads,$store" >>"$OUT"
   sleep 10
 done
