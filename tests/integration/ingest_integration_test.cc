@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "harness.h"
+#include "stored_data.h"
 #include "trainwatch/client.h"
 #include "trainwatch/v1/trainwatch.grpc.pb.h"
 
@@ -72,14 +73,7 @@ StoredCounts CountStored(const std::string& db_path, const std::string& run) {
   }
   sqlite3_finalize(s);
   // Chunks of one stream never cover a step twice.
-  sqlite3_prepare_v2(db,
-                     "SELECT COUNT(*) FROM step_chunks a JOIN step_chunks b ON "
-                     "a.run_key = b.run_key AND a.rank = b.rank AND a.attempt = "
-                     "b.attempt AND a.first_step < b.first_step AND a.last_step "
-                     ">= b.first_step",
-                     -1, &s, nullptr);
-  if (sqlite3_step(s) == SQLITE_ROW) c.overlapping_chunks = sqlite3_column_int64(s, 0);
-  sqlite3_finalize(s);
+  c.overlapping_chunks = CountOverlappingChunks(db_path);
   sqlite3_close(db);
   return c;
 }

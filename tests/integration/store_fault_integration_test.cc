@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "harness.h"
+#include "stored_data.h"
 #include "trainwatch/client.h"
 
 namespace trainwatch::testing {
@@ -144,14 +145,7 @@ Stored ReadStored(const std::string& db_path, const std::string& run) {
     out.max_step = sqlite3_column_int64(s, 2);
   }
   sqlite3_finalize(s);
-  sqlite3_prepare_v2(db,
-                     "SELECT COUNT(*) FROM step_chunks a JOIN step_chunks b ON "
-                     "a.run_key = b.run_key AND a.rank = b.rank AND a.attempt = "
-                     "b.attempt AND a.first_step < b.first_step AND a.last_step "
-                     ">= b.first_step",
-                     -1, &s, nullptr);
-  if (sqlite3_step(s) == SQLITE_ROW) out.overlapping_chunks = sqlite3_column_int64(s, 0);
-  sqlite3_finalize(s);
+  out.overlapping_chunks = CountOverlappingChunks(db_path);
   sqlite3_prepare_v2(db, "PRAGMA integrity_check", -1, &s, nullptr);
   if (sqlite3_step(s) == SQLITE_ROW) {
     out.integrity = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));

@@ -69,6 +69,16 @@ std::map<RunRank, int64_t> CountStoredRecords(const std::string& db_path) {
   return out;
 }
 
+int64_t CountOverlappingChunks(const std::string& db_path) {
+  int64_t n = -1;
+  Query(db_path,
+        "SELECT COUNT(*) FROM step_chunks a JOIN step_chunks b ON "
+        "a.run_key = b.run_key AND a.rank = b.rank AND a.attempt = b.attempt "
+        "AND a.first_step < b.first_step AND a.last_step >= b.first_step",
+        [&](sqlite3_stmt* stmt) { n = sqlite3_column_int64(stmt, 0); });
+  return n;
+}
+
 std::vector<StoredAlert> ReadStoredAlerts(const std::string& db_path) {
   std::vector<StoredAlert> out;
   Query(db_path,

@@ -27,6 +27,10 @@ std::map<RunRank, std::vector<v1::StepRecord>> ReadStoredRecords(
 // Records stored per stream (the chunks' counts, without decoding them).
 std::map<RunRank, int64_t> CountStoredRecords(const std::string& db_path);
 
+// Pairs of chunks of one stream that cover a step twice: 0 when every step
+// is stored at most once.
+int64_t CountOverlappingChunks(const std::string& db_path);
+
 struct StoredAlert {
   std::string run_id;
   std::string alertname;
