@@ -116,6 +116,13 @@ def main():
         check(bool(s["spec"].get("volumeClaimTemplates")), "k8s: the StatefulSet has a PVC template")
         args = s["spec"]["template"]["spec"]["containers"][0].get("args", [])
         check("--db" in args and args[args.index("--db") + 1].startswith("/var/lib/trainwatch/"), "k8s: --db on the PVC")
+        # The pod's gRPC port is open to the cluster: TLS and tokens, from Secrets.
+        mounts = {m["name"]: m["mountPath"] for m in s["spec"]["template"]["spec"]["containers"][0].get("volumeMounts", [])}
+        secrets = {v["name"]: v.get("secret", {}).get("secretName") for v in s["spec"]["template"]["spec"].get("volumes", [])}
+        for flag in ("--tls-cert", "--tls-key", "--auth-token-file"):
+            path = args[args.index(flag) + 1] if flag in args else ""
+            vol = next((n for n, m in mounts.items() if path.startswith(m + "/")), None)
+            check(vol is not None and bool(secrets.get(vol)), f"k8s: {flag} {path} is in a mounted Secret")
     for pr in kinds.get("PrometheusRule", []):
         check(pr["spec"]["groups"] == rules.get("groups"), "k8s: PrometheusRule groups == trainwatch-rules.yml groups")
 
@@ -132,7 +139,24 @@ def main():
         host = v.split(":")[0]
         if host.startswith("."):
             check(os.path.exists(os.path.normpath(os.path.join(D("deploy"), host))), f"compose: mounted path exists: {host}")
+    server = svcs.get("trainwatch-server", {})
+    command = server.get("command", [])
+    check("--alertmanager-url" in command and command[command.index("--alertmanager-url") + 1] == "http://alertmanager:9093",
+          "compose: the server sends alerts to the alertmanager service")
+    check(server.get("ports") and all(str(p).startswith("127.0.0.1:") for p in server["ports"]),
+          f"compose: the plaintext server is published on loopback only ({server.get('ports')})")
     unit = open(D("deploy/systemd/trainwatch-server.service")).read()
+    # Listening beyond loopback: TLS and tokens, handed over as credentials.
+    exec_start = re.search(r"^ExecStart=((?:.*\\\n)*.*)$", unit, re.M)
+    argv = exec_start.group(1).replace("\\\n", " ").split() if exec_start else []
+    listen = argv[argv.index("--listen") + 1] if "--listen" in argv else ""
+    check(listen.startswith("0.0.0.0:"), f"systemd unit: gRPC for other machines ({listen})")
+    check(argv[argv.index("--metrics-listen") + 1].startswith("127.0.0.1:") if "--metrics-listen" in argv else False,
+          "systemd unit: /metrics on loopback")
+    for flag, cred in (("--tls-key", "tls.key"), ("--auth-token-file", "tokens")):
+        check(flag in argv and argv[argv.index(flag) + 1] == f"%d/{cred}" and f"LoadCredential={cred}:" in unit,
+              f"systemd unit: {flag} from the credential {cred}")
+    check("--tls-cert" in argv, "systemd unit: --tls-cert")
     for key in ("DynamicUser=yes", "StateDirectory=trainwatch", "--db /var/lib/trainwatch/trainwatch.db", "NoNewPrivileges=yes", "ProtectSystem=strict"):
         check(key in unit, f"systemd unit: {key}")
     sa = shutil.which("systemd-analyze")
