@@ -111,6 +111,8 @@ std::vector<Field> Fields(HealthConfig& c) {
       {"adam", "eps_multiple", kPositive, &c.adam.eps_multiple},
       {"adam", "stall_reports", kCount, &c.adam.stall_reports},
       {"silent", "seconds", kSeconds, &c.silent.seconds},
+      {"finished_runs", "retention_seconds", kSeconds,
+       &c.finished_runs.retention_seconds},
   };
 }
 

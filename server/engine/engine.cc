@@ -16,12 +16,15 @@
 
 namespace trainwatch {
 
-// Per-run state. `finished` is guarded by Engine::mu_; everything else is
-// touched only by the run's shard thread (or by Create before serving).
+// Per-run state. `finished` and `finished_unix_nanos` are guarded by
+// Engine::mu_; everything else is touched only by the run's shard thread (or
+// by Create before serving, or by ForgetFinishedRuns once nothing else holds
+// the run).
 struct RunState {
   std::string run_id;
   std::unique_ptr<RunMetrics> metrics;
   bool finished = false;
+  int64_t finished_unix_nanos = 0;  // server clock
   // The lead stream (DESIGN.md §3): lowest rank, latest attempt of it.
   uint32_t lead_rank = std::numeric_limits<uint32_t>::max();
   uint32_t lead_attempt = 0;
@@ -63,7 +66,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
   if (!runs.ok()) return runs.status();
   for (const v1::RunSummary& summary : *runs) {
     if (summary.state() != "running") continue;
-    RunState* run;
+    std::shared_ptr<RunState> run;
     {
       std::lock_guard<std::mutex> lock(engine->mu_);
       bool added = false;
@@ -98,26 +101,27 @@ Shard* Engine::ShardFor(const std::string& run_id) {
   return shards_[absl::HashOf(run_id) % shards_.size()].get();
 }
 
-RunState* Engine::FindOrAddRunLocked(const std::string& run_id, bool* added) {
+std::shared_ptr<RunState> Engine::FindOrAddRunLocked(const std::string& run_id,
+                                                     bool* added) {
   auto it = runs_.find(run_id);
   if (it != runs_.end()) {
     *added = false;
     if (it->second->finished) {
       it->second->finished = false;
+      it->second->metrics->finished.Set(0);
       ++active_runs_;
     }
-    return it->second.get();
+    return it->second;
   }
-  auto run = std::make_unique<RunState>();
+  auto run = std::make_shared<RunState>();
   run->run_id = run_id;
   run->metrics = metrics_->AddRun(run_id, AlertLabels());
   run->last_record_unix_nanos = clock_->NowUnixNanos();
-  RunState* raw = run.get();
-  runs_.emplace(run_id, std::move(run));
+  runs_.emplace(run_id, run);
   ++active_runs_;
   metrics_->runs_active.Set(static_cast<double>(active_runs_));
   *added = true;
-  return raw;
+  return run;
 }
 
 void Engine::EnsureHealth(RunState& run, const v1::RunStart& start) {
@@ -431,13 +435,15 @@ void Engine::ProcessEvent(RunState& run, const v1::RunEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!run.finished) {
     run.finished = true;
+    run.finished_unix_nanos = clock_->NowUnixNanos();
+    run.metrics->finished.Set(1);
     --active_runs_;
     metrics_->runs_active.Set(static_cast<double>(active_runs_));
   }
 }
 
 absl::StatusOr<HealthSnapshot> Engine::GetHealth(const std::string& run_id) {
-  RunState* run;
+  std::shared_ptr<RunState> run;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(run_id);
@@ -445,7 +451,7 @@ absl::StatusOr<HealthSnapshot> Engine::GetHealth(const std::string& run_id) {
       return absl::NotFoundError(absl::StrCat(
           "run \"", run_id, "\" has no live health on this server"));
     }
-    run = it->second.get();
+    run = it->second;
   }
   std::promise<HealthSnapshot> result;
   ShardFor(run_id)->Post([&] {
@@ -479,15 +485,15 @@ absl::StatusOr<HealthSnapshot> Engine::GetHealth(const std::string& run_id) {
 void Engine::CheckSilence() {
   const int64_t now = clock_->NowUnixNanos();
   const int64_t limit = options_.health.silent.seconds * 1'000'000'000;
-  std::vector<RunState*> runs;
+  std::vector<std::shared_ptr<RunState>> runs;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, run] : runs_) {
-      if (!run->finished) runs.push_back(run.get());
+      if (!run->finished) runs.push_back(run);
     }
   }
-  for (RunState* run : runs) {
-    ShardFor(run->run_id)->Post([run, now, limit] {
+  for (std::shared_ptr<RunState>& run : runs) {
+    ShardFor(run->run_id)->Post([run = std::move(run), now, limit] {
       if (run->health == nullptr || now - run->last_record_unix_nanos < limit) {
         return;
       }
@@ -503,6 +509,37 @@ void Engine::CheckSilence() {
   }
 }
 
+void Engine::ForgetFinishedRuns() {
+  const int64_t now = clock_->NowUnixNanos();
+  const int64_t keep = options_.health.finished_runs.retention_seconds * 1'000'000'000;
+  std::vector<std::shared_ptr<RunState>> forgotten;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = runs_.begin(); it != runs_.end();) {
+      const RunState& run = *it->second;
+      // use_count 1: no stream, nor work queued on a shard, holds the run,
+      // and new holders take it only from runs_, under mu_.
+      if (run.finished && now - run.finished_unix_nanos >= keep &&
+          it->second.use_count() == 1) {
+        forgotten.push_back(std::move(it->second));
+        runs_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Nothing else can reach these runs now, so this thread may touch them.
+  for (std::shared_ptr<RunState>& run : forgotten) {
+    if (run->health == nullptr) continue;
+    AlertTracker& tracker = run->health->tracker();
+    tracker.BeginStep(run->last_step, now);
+    for (const AlertSpec& spec : AllAlertSpecs()) {
+      tracker.Resolve(spec.kind, run->last_step);  // stored, sent, exported
+    }
+  }
+  // Destroying a run removes its series from /metrics.
+}
+
 void Engine::SilenceLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
@@ -510,6 +547,7 @@ void Engine::SilenceLoop() {
     if (stopping_) break;
     lock.unlock();
     CheckSilence();
+    ForgetFinishedRuns();
     lock.lock();
   }
 }

@@ -17,6 +17,12 @@
 // and handed to the notifier. At start the engine rebuilds the windows, baselines and alert
 // states of unfinished runs from the store, without firing again.
 //
+// A run that reported RUN_FINISHED or RUN_FAILED keeps its live state and
+// series for `finished_runs.retention_seconds`, then the engine forgets it
+// (once no stream of it is open): its alerts still firing are resolved, its
+// series leave /metrics and its memory is freed, as after a restart. A run
+// that starts again later begins with fresh windows.
+//
 // Threads: OpenStream/SubmitBatch/SubmitEvent/CloseStream/GetHealth may be
 // called from any thread. A run's state is touched only by its shard.
 // Completion callbacks run on the run's shard thread and must not block.
@@ -67,7 +73,9 @@ struct RunState;
 struct Stream {
   StreamKey key;
   v1::RunStart start;
-  RunState* run = nullptr;  // owned by the engine, outlives the stream
+  // Shared with the engine, which forgets a finished run only once no
+  // stream (nor work queued for one) holds it.
+  std::shared_ptr<RunState> run;
   Shard* shard = nullptr;
   // Touched only on the shard: the stream's work held until the engine knows
   // where the stream resumes (its RunStart's commit reports the last step
@@ -118,6 +126,10 @@ class Engine {
   // configured silence (server clock). Called by the timer.
   void CheckSilence();
 
+  // Forgets the runs that finished at least `finished_runs.retention_seconds`
+  // ago (server clock) and that no stream holds. Called by the timer.
+  void ForgetFinishedRuns();
+
   // Finishes queued work; later callbacks run inline. Call after the store
   // has closed, so every commit's callback has been posted.
   void Stop();
@@ -125,7 +137,8 @@ class Engine {
  private:
   Engine(EngineOptions options, Store* store, Metrics* metrics,
          const Clock* clock);
-  RunState* FindOrAddRunLocked(const std::string& run_id, bool* added)
+  std::shared_ptr<RunState> FindOrAddRunLocked(const std::string& run_id,
+                                               bool* added)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Shard* ShardFor(const std::string& run_id);
   void EnsureHealth(RunState& run, const v1::RunStart& start);
@@ -153,7 +166,7 @@ class Engine {
   std::vector<std::unique_ptr<Shard>> shards_;
 
   std::mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<RunState>> runs_
+  absl::flat_hash_map<std::string, std::shared_ptr<RunState>> runs_
       ABSL_GUARDED_BY(mu_);
   size_t active_runs_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -92,6 +92,12 @@ struct HealthConfig {
   struct {
     int64_t seconds = 300;  // no step for this long from an unfinished run
   } silent;
+
+  struct {
+    // A finished run's live state and series are kept this long, then
+    // dropped (its firing alerts resolve).
+    int64_t retention_seconds = 3600;
+  } finished_runs;
 };
 
 }  // namespace trainwatch

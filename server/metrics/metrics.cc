@@ -39,6 +39,7 @@ RunMetrics::RunMetrics(
       client_dropped_steps(m.client_dropped_steps_total.Add({{"run", run_id_}})),
       last_step(m.last_step.Add({{"run", run_id_}})),
       last_step_timestamp(m.last_step_timestamp_seconds.Add({{"run", run_id_}})),
+      finished(m.run_finished.Add({{"run", run_id_}})),
       grad_norm(&m.grad_norm, run_id_),
       clip_coefficient(&m.clip_coefficient, run_id_),
       clip_threshold(&m.clip_threshold, run_id_),
@@ -71,6 +72,7 @@ RunMetrics::~RunMetrics() {
   metrics_.client_dropped_steps_total.Remove(&client_dropped_steps);
   metrics_.last_step.Remove(&last_step);
   metrics_.last_step_timestamp_seconds.Remove(&last_step_timestamp);
+  metrics_.run_finished.Remove(&finished);
   for (LazyGauge* g : {&grad_norm, &clip_coefficient, &clip_threshold,
                        &loss_scale, &max_attention_logit, &log_z, &loss,
                        &learning_rate, &grad_norm_p50, &grad_norm_p90,
@@ -145,6 +147,9 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
       last_step_timestamp_seconds(
           Gauge(*registry_, "trainwatch_last_step_timestamp_seconds",
                 "When the last step finished on the trainer (Unix seconds).")),
+      run_finished(Gauge(*registry_, "trainwatch_run_finished",
+                         "1 once the run reported RUN_FINISHED or RUN_FAILED "
+                         "(its series go after finished_runs.retention_seconds).")),
       grad_norm(Gauge(*registry_, "trainwatch_grad_norm",
                       "Pre-clip global gradient norm of the last step.")),
       clip_coefficient(Gauge(*registry_, "trainwatch_clip_coefficient",

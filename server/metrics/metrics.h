@@ -86,6 +86,7 @@ class RunMetrics {
   prometheus::Counter& client_dropped_steps;
   prometheus::Gauge& last_step;
   prometheus::Gauge& last_step_timestamp;
+  prometheus::Gauge& finished;  // 1 after RUN_FINISHED or RUN_FAILED
   LazyGauge grad_norm, clip_coefficient, clip_threshold, loss_scale,
       max_attention_logit, log_z, loss, learning_rate;
   // Windowed series (health engine).
@@ -149,6 +150,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& client_dropped_steps_total;
   prometheus::Family<prometheus::Gauge>& last_step;
   prometheus::Family<prometheus::Gauge>& last_step_timestamp_seconds;
+  prometheus::Family<prometheus::Gauge>& run_finished;
   prometheus::Family<prometheus::Gauge>& grad_norm;
   prometheus::Family<prometheus::Gauge>& clip_coefficient;
   prometheus::Family<prometheus::Gauge>& clip_threshold;

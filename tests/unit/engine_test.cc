@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <future>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -201,6 +202,73 @@ TEST_F(EngineTest, AFinishedRunIsNeverSilent) {
   clock_.Advance(std::chrono::hours(1));
   engine_->CheckSilence();
   EXPECT_TRUE(Health("r").active_alerts.empty());
+}
+
+bool Firing(const HealthSnapshot& s, const std::string& alertname) {
+  for (const v1::Alert& a : s.active_alerts) {
+    if (a.alertname() == alertname) return true;
+  }
+  return false;
+}
+
+TEST_F(EngineTest, AFinishedRunIsForgottenAfterItsRetentionOnceNoStreamHoldsIt) {
+  const std::string active = "trainwatch_alert_active{alertname=\"ClipFractionHigh\",run=\"r\",severity=\"warning\"}";
+  StreamHandle h = OpenStream(Start("r"));
+  Submit(h, Batch(0, 200, 2.0));  // every step clipped
+  ASSERT_TRUE(Firing(Health("r"), "ClipFractionHigh"));
+  EXPECT_EQ(Value(*metrics_, "trainwatch_run_finished{run=\"r\"}"), 0);
+  Event(h, v1::RUN_FINISHED, 199);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_run_finished{run=\"r\"}"), 1);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_runs_active"), 0);
+
+  // Kept for the retention (1 h by default), and while a stream holds it.
+  clock_.Advance(std::chrono::seconds(3599));
+  engine_->ForgetFinishedRuns();
+  EXPECT_TRUE(Firing(Health("r"), "ClipFractionHigh"));
+  clock_.Advance(std::chrono::seconds(1));
+  engine_->ForgetFinishedRuns();
+  EXPECT_TRUE(engine_->GetHealth("r").ok());
+  EXPECT_EQ(Value(*metrics_, "trainwatch_steps_total{run=\"r\"}"), 200);
+
+  // The stream is gone; the store and the shard drop their copies of it as
+  // their callbacks finish, so poll.
+  h.reset();
+  absl::StatusOr<HealthSnapshot> gone;
+  for (int i = 0; i < 5000; ++i) {
+    engine_->ForgetFinishedRuns();
+    gone = engine_->GetHealth("r");
+    if (!gone.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(absl::IsNotFound(gone.status())) << gone.status();
+  for (const char* series : {"trainwatch_steps_total{run=\"r\"}",
+                             "trainwatch_run_finished{run=\"r\"}",
+                             "trainwatch_last_step{run=\"r\"}"}) {
+    EXPECT_TRUE(std::isnan(Value(*metrics_, series))) << series;
+  }
+  EXPECT_TRUE(std::isnan(Value(*metrics_, active)));
+
+  // The run starts again: fresh live state, nothing counted twice (the
+  // engine resumes after the last step stored).
+  StreamHandle again = OpenStream(Start("r"));
+  Submit(again, Batch(100, 260, 0.5));
+  EXPECT_EQ(Value(*metrics_, "trainwatch_steps_total{run=\"r\"}"), 60);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_run_finished{run=\"r\"}"), 0);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_runs_active"), 1);
+  EXPECT_FALSE(Firing(Health("r"), "ClipFractionHigh"));
+
+  // The alert firing when the run was forgotten was resolved, at its last step.
+  store_->Close();
+  auto alerts = store_->ListAlerts("r", false);
+  ASSERT_TRUE(alerts.ok()) << alerts.status();
+  bool found = false;
+  for (const v1::Alert& a : *alerts) {
+    if (a.alertname() != "ClipFractionHigh") continue;
+    found = true;
+    EXPECT_EQ(a.state(), "resolved");
+    EXPECT_EQ(a.resolved_step(), 199u);
+  }
+  EXPECT_TRUE(found);
 }
 
 TEST(EngineRestartTest, ARestartKeepsBaselineWindowsAndFiringAlertsWithoutRefiring) {
