@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -112,6 +113,50 @@ TEST(AlertsIntegration, ASpikeIsOnMetricsByItsAckStoredWithARestartPlanAndSurviv
   EXPECT_EQ(alerts[0]["resolved_step"], kSpikeStep + 100);
   metrics = HttpGet(server->metrics_url());
   EXPECT_EQ(MetricValue(metrics, "trainwatch_alert_active{alertname=\"GradNormSpike\",run=\"spiky\",severity=\"warning\"}"), 0);
+}
+
+TEST(AlertsIntegration, AFinishedRunLeavesMetricsAfterItsRetentionWithItsAlertsResolved) {
+  TempDir dir;
+  {
+    std::ofstream config(dir.File("trainwatch.yaml"));
+    config << "finished_runs:\n  retention_seconds: 1\n";
+  }
+  ServerProcess server(dir.File("tw.db"), 0, {"--config", dir.File("trainwatch.yaml")});
+  WriteSpikeLog(dir.File("spike.jsonl"), "done", kSpikeStep + 1);
+  {
+    std::ofstream log(dir.File("spike.jsonl"), std::ios::app);
+    log << json{{"event", {{"step", kSpikeStep}, {"kind", "RUN_FINISHED"}}}}.dump() << "\n";
+  }
+  CommandResult r = RunCommand({BinDir() + "/trainwatchctl", "--server",
+                                server.grpc_address(), "replay", dir.File("spike.jsonl")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string active = "trainwatch_alert_active{alertname=\"GradNormSpike\",run=\"done\",severity=\"warning\"}";
+  std::string metrics = HttpGet(server.metrics_url());
+  // The RUN_FINISHED was acked: the run is marked finished, still exported.
+  // (If the 1 s retention already passed, the series are gone instead.)
+  if (!std::isnan(MetricValue(metrics, "trainwatch_steps_total{run=\"done\"}"))) {
+    EXPECT_EQ(MetricValue(metrics, "trainwatch_run_finished{run=\"done\"}"), 1) << metrics;
+    EXPECT_EQ(MetricValue(metrics, active), 1);
+  }
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_runs_active"), 0);
+
+  // The server checks once a second; give it ample time.
+  for (int i = 0; i < 100 && !std::isnan(MetricValue(metrics, "trainwatch_steps_total{run=\"done\"}")); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    metrics = HttpGet(server.metrics_url());
+  }
+  ASSERT_FALSE(metrics.empty());
+  EXPECT_THAT(metrics, ::testing::Not(HasSubstr("run=\"done\""))) << "a forgotten run's series stay";
+
+  // Its history is still there, with the spike alert resolved at the last step.
+  json alerts = Ctl(server, {"alerts", "--run", "done", "--json"});
+  ASSERT_EQ(alerts.size(), 1u) << alerts.dump();
+  EXPECT_EQ(alerts[0]["alertname"], "GradNormSpike");
+  EXPECT_EQ(alerts[0]["state"], "resolved");
+  EXPECT_EQ(alerts[0]["resolved_step"], kSpikeStep);
+  json health = Ctl(server, {"health", "--run", "done", "--json"});
+  EXPECT_EQ(health["run"]["last_step"], kSpikeStep) << health.dump();
+  EXPECT_EQ(health["active_alerts"].size(), 0u) << health.dump();
 }
 
 }  // namespace
