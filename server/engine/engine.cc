@@ -64,6 +64,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
       new Engine(std::move(options), store, metrics, clock));
   absl::StatusOr<std::vector<v1::RunSummary>> runs = store->ListRuns();
   if (!runs.ok()) return runs.status();
+  if (absl::Status s = engine->ResolveAlertsOfFinishedRuns(*runs); !s.ok()) {
+    return s;
+  }
   for (const v1::RunSummary& summary : *runs) {
     if (summary.state() != "running") continue;
     std::shared_ptr<RunState> run;
@@ -538,6 +541,35 @@ void Engine::ForgetFinishedRuns() {
     }
   }
   // Destroying a run removes its series from /metrics.
+}
+
+absl::Status Engine::ResolveAlertsOfFinishedRuns(
+    const std::vector<v1::RunSummary>& runs) {
+  absl::StatusOr<std::vector<v1::Alert>> firing =
+      store_->ListAlerts("", /*active_only=*/true);
+  if (!firing.ok()) return firing.status();
+  absl::flat_hash_map<std::string, const v1::RunSummary*> finished;
+  for (const v1::RunSummary& summary : runs) {
+    if (summary.state() != "running") finished[summary.run_id()] = &summary;
+  }
+  const int64_t now = clock_->NowUnixNanos();
+  for (v1::Alert& alert : *firing) {
+    auto it = finished.find(alert.run());
+    if (it == finished.end()) continue;
+    alert.set_state("resolved");
+    alert.set_resolved_step(std::max(alert.started_step(), it->second->last_step()));
+    alert.set_resolved_unix_nanos(now);
+    if (options_.notifier != nullptr) {
+      absl::StatusOr<v1::RunStart> start = store_->GetLeadStart(alert.run());
+      std::map<std::string, std::string> labels;
+      if (start.ok()) labels.insert(start->labels().begin(), start->labels().end());
+      options_.notifier->Notify(ToNotice(alert, labels));
+    }
+    store_->Submit(WriteOp{.kind = WriteOp::Kind::kAlert,
+                           .key = {alert.run(), 0, 0},
+                           .alert = std::move(alert)});
+  }
+  return absl::OkStatus();
 }
 
 void Engine::SilenceLoop() {

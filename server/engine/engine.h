@@ -21,7 +21,8 @@
 // series for `finished_runs.retention_seconds`, then the engine forgets it
 // (once no stream of it is open): its alerts still firing are resolved, its
 // series leave /metrics and its memory is freed, as after a restart. A run
-// that starts again later begins with fresh windows.
+// that starts again later begins with fresh windows. A restart forgets
+// finished runs at once.
 //
 // Threads: OpenStream/SubmitBatch/SubmitEvent/CloseStream/GetHealth may be
 // called from any thread. A run's state is touched only by its shard.
@@ -157,6 +158,11 @@ class Engine {
   void ProcessEvent(RunState& run, const v1::RunEvent& event);
   void UpdateWindowMetrics(RunState& run);
   absl::Status Rebuild(RunState& run, const v1::RunSummary& summary);
+  // At start: alerts stored as firing for runs that finished (before the
+  // server stopped) resolve at the run's last step, as ForgetFinishedRuns
+  // would have resolved them.
+  absl::Status ResolveAlertsOfFinishedRuns(
+      const std::vector<v1::RunSummary>& runs);
   void SilenceLoop();
 
   const EngineOptions options_;

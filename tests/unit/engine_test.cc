@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <future>
+#include <map>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -269,6 +270,39 @@ TEST_F(EngineTest, AFinishedRunIsForgottenAfterItsRetentionOnceNoStreamHoldsIt) 
     EXPECT_EQ(a.resolved_step(), 199u);
   }
   EXPECT_TRUE(found);
+}
+
+TEST_F(EngineTest, ARestartResolvesTheFiringAlertsOfRunsThatFinished) {
+  const std::string path = ::testing::TempDir() + "/engine_finished_restart.db";
+  std::remove(path.c_str());
+  Open(path);
+  StreamHandle done = OpenStream(Start("done"));
+  Submit(done, Batch(0, 200, 2.0));  // ClipFractionHigh fires
+  Event(done, v1::RUN_FINISHED, 199);
+  StreamHandle live = OpenStream(Start("live"));
+  Submit(live, Batch(0, 150, 2.0));
+  ASSERT_TRUE(Firing(Health("done"), "ClipFractionHigh"));
+  ASSERT_TRUE(Firing(Health("live"), "ClipFractionHigh"));
+  done.reset();
+  live.reset();
+
+  Open(path);  // a restart: the finished run is not rebuilt, the live one is
+  EXPECT_TRUE(absl::IsNotFound(engine_->GetHealth("done").status()));
+  EXPECT_TRUE(Firing(Health("live"), "ClipFractionHigh"));
+  Shut();  // commits what the restart wrote
+
+  auto store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto alerts = (*store)->ListAlerts("", false);
+  ASSERT_TRUE(alerts.ok()) << alerts.status();
+  std::map<std::string, v1::Alert> by_run;
+  for (const v1::Alert& a : *alerts) {
+    if (a.alertname() == "ClipFractionHigh") by_run[a.run()] = a;
+  }
+  ASSERT_EQ(by_run.size(), 2u);
+  EXPECT_EQ(by_run["done"].state(), "resolved");
+  EXPECT_EQ(by_run["done"].resolved_step(), 199u);
+  EXPECT_EQ(by_run["live"].state(), "firing");
 }
 
 TEST(EngineRestartTest, ARestartKeepsBaselineWindowsAndFiringAlertsWithoutRefiring) {
