@@ -10,6 +10,10 @@
 # and crashes to build-fuzz/long/artifacts_TARGET/. Extra arguments go to
 # libFuzzer. Run one target at a time on a shared machine.
 set -u
+# The braces make bash read the whole script before running it: bash reads a
+# script as it goes, so editing this file during an hour-long run once made
+# it run the fuzzer a second time, truncating the first run's log.
+{
 name=$1; shift
 root=$(cd "$(dirname "$0")/../.." && pwd)
 dir=${FUZZ_DIR:-$root/build-fuzz}/long
@@ -24,6 +28,8 @@ dict=()
 # artifact with the default ASAN_OPTIONS for the allocation stacks. Also ~1.5x
 # the executions a second.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-quarantine_size_mb=32:malloc_context_size=0}
+# Keep an earlier run's log (a rerun must not truncate the figures of one).
+[ -f "$dir/$name.log" ] && mv "$dir/$name.log" "$dir/$name.$(date -r "$dir/$name.log" +%Y%m%d-%H%M%S).log"
 start=$(date +%s)
 /usr/bin/time -v nice -n 19 "$dir/../bin/${name}_fuzzer" -runs="${RUNS:-10000000}" \
   -print_final_stats=1 -artifact_prefix="$dir/artifacts_$name/" "${dict[@]}" "$@" \
@@ -31,3 +37,4 @@ start=$(date +%s)
 rc=$?
 echo "rc=$rc seconds=$(( $(date +%s) - start ))" >> "$dir/$name.log"
 exit $rc
+}
