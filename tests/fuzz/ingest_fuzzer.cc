@@ -69,10 +69,13 @@ bool SameDouble(double a, double b) {
 // ---------------------------------------------------------------------------
 // Shadow windows: the documented semantics of window.h, kept naively.
 
-class ShadowValues {
+// The last `capacity` (step, value) pushes, oldest first; a rewind drops the
+// newest entries from `step` on.
+template <typename T>
+class ShadowRing {
  public:
-  explicit ShadowValues(size_t capacity) : capacity_(capacity) {}
-  void Push(uint64_t step, double value) {
+  explicit ShadowRing(size_t capacity) : capacity_(capacity) {}
+  void Push(uint64_t step, T value) {
     if (capacity_ == 0) return;
     if (entries_.size() == capacity_) entries_.pop_front();
     entries_.emplace_back(step, value);
@@ -82,6 +85,15 @@ class ShadowValues {
       entries_.pop_back();
     }
   }
+
+ protected:
+  size_t capacity_;
+  std::deque<std::pair<uint64_t, T>> entries_;
+};
+
+class ShadowValues : public ShadowRing<double> {
+ public:
+  using ShadowRing::ShadowRing;
   void Expect(const OrderStatWindow& w) const {
     Check(w.slots() == entries_.size(), "window slots");
     std::vector<double> finite;
@@ -106,25 +118,11 @@ class ShadowValues {
                          : (max.has_value() && *max == finite.back()),
           "window max");
   }
-
- private:
-  size_t capacity_;
-  std::deque<std::pair<uint64_t, double>> entries_;
 };
 
-class ShadowFlags {
+class ShadowFlags : public ShadowRing<bool> {
  public:
-  explicit ShadowFlags(size_t capacity) : capacity_(capacity) {}
-  void Push(uint64_t step, bool flag) {
-    if (capacity_ == 0) return;
-    if (entries_.size() == capacity_) entries_.pop_front();
-    entries_.emplace_back(step, flag);
-  }
-  void RewindTo(uint64_t step) {
-    while (!entries_.empty() && entries_.back().first >= step) {
-      entries_.pop_back();
-    }
-  }
+  using ShadowRing::ShadowRing;
   // FlagSeries (RunWindow's flags) or FlagWindow: the same counts.
   template <typename Flags>
   void Expect(const Flags& w) const {
@@ -134,10 +132,6 @@ class ShadowFlags {
           "flag window size and count");
     Check(w.fraction() >= 0 && w.fraction() <= 1, "flag fraction in [0, 1]");
   }
-
- private:
-  size_t capacity_;
-  std::deque<std::pair<uint64_t, bool>> entries_;
 };
 
 struct ShadowWindow {
