@@ -552,6 +552,8 @@ absl::Status Engine::ResolveAlertsOfFinishedRuns(
   for (const v1::RunSummary& summary : runs) {
     if (summary.state() != "running") finished[summary.run_id()] = &summary;
   }
+  // The lead RunStart's labels go with each notice: read once per run.
+  absl::flat_hash_map<std::string, std::map<std::string, std::string>> labels;
   const int64_t now = clock_->NowUnixNanos();
   for (v1::Alert& alert : *firing) {
     auto it = finished.find(alert.run());
@@ -560,10 +562,14 @@ absl::Status Engine::ResolveAlertsOfFinishedRuns(
     alert.set_resolved_step(std::max(alert.started_step(), it->second->last_step()));
     alert.set_resolved_unix_nanos(now);
     if (options_.notifier != nullptr) {
-      absl::StatusOr<v1::RunStart> start = store_->GetLeadStart(alert.run());
-      std::map<std::string, std::string> labels;
-      if (start.ok()) labels.insert(start->labels().begin(), start->labels().end());
-      options_.notifier->Notify(ToNotice(alert, labels));
+      auto [run_labels, added] = labels.try_emplace(alert.run());
+      if (added) {
+        absl::StatusOr<v1::RunStart> start = store_->GetLeadStart(alert.run());
+        if (start.ok()) {
+          run_labels->second.insert(start->labels().begin(), start->labels().end());
+        }
+      }
+      options_.notifier->Notify(ToNotice(alert, run_labels->second));
     }
     store_->Submit(WriteOp{.kind = WriteOp::Kind::kAlert,
                            .key = {alert.run(), 0, 0},
