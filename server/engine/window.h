@@ -158,8 +158,9 @@ struct RunWindow {
   void RewindTo(uint64_t step) {
     const size_t before = grad_norm.slots();
     grad_norm.RewindTo(step);
-    clipped.PopNewest(before - grad_norm.slots());
-    skipped.PopNewest(before - grad_norm.slots());
+    const size_t dropped = before - grad_norm.slots();
+    clipped.PopNewest(dropped);
+    skipped.PopNewest(dropped);
     max_attn_logit.RewindTo(step);
     log_z.RewindTo(step);
   }
