@@ -185,6 +185,8 @@ void WriteStep(JsonWriter& w, const v1::StepRecord& r, uint32_t rank,
     Int64Array(w, r.batch_ids());
   }
   OptionalDouble(w, "shard_sq_sum", r.has_shard_sq_sum(), r.shard_sq_sum());
+  OptionalDouble(w, "step_time_s", r.has_step_time_s(), r.step_time_s());
+  OptionalDouble(w, "data_wait_s", r.has_data_wait_s(), r.data_wait_s());
   if (!r.layer_stats().empty()) {
     std::map<std::string, v1::LayerStats> sorted(r.layer_stats().begin(),
                                                  r.layer_stats().end());

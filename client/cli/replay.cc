@@ -178,6 +178,9 @@ absl::Status RunReplay(const GlobalOptions& global, const ParsedArgs& args) {
     return UsageError(absl::StrCat(name, " has no run_start line: give --run"));
   }
   options.capacity = kCapacity;
+  // The log's timing and machine are not this process's: step times and the
+  // host come from the log or stay absent.
+  options.measure_locally = false;
   const std::string run_id = options.run_id;
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Create(std::move(options));

@@ -154,6 +154,8 @@ Step ToClientStep(const v1::StepRecord& record) {
   step.time_unix_nanos = record.time_unix_nanos();
   step.batch_ids.assign(record.batch_ids().begin(), record.batch_ids().end());
   if (record.has_shard_sq_sum()) step.shard_sq_sum = record.shard_sq_sum();
+  if (record.has_step_time_s()) step.step_time_s = record.step_time_s();
+  if (record.has_data_wait_s()) step.data_wait_s = record.data_wait_s();
   for (const auto& [name, stats] : record.layer_stats()) {
     step.layer_stats[name] =
         LayerStat{.grad_norm = stats.grad_norm(),
@@ -179,6 +181,7 @@ void ApplyRunStart(const v1::RunStart& start, ClientOptions* options) {
   if (start.has_adam_beta2()) options->adam_beta2 = start.adam_beta2();
   options->labels.clear();
   options->labels.insert(start.labels().begin(), start.labels().end());
+  options->host = start.host();
 }
 
 Precision ToClientPrecision(v1::Precision precision) {

@@ -1,11 +1,14 @@
 #include "trainwatch/client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <utility>
+
+#include <unistd.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
@@ -82,6 +85,13 @@ int64_t NowUnixNanos() {
       .count();
 }
 
+// This machine's name as gethostname() gives it; "" if it cannot.
+std::string LocalHostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
 }  // namespace
 
 std::optional<Precision> ParsePrecision(const std::string& text) {
@@ -100,13 +110,25 @@ class Client::Impl {
  public:
   Impl(const ClientOptions& options,
        std::shared_ptr<grpc::ChannelCredentials> credentials)
-      : intake_(options.capacity),
+      : measure_step_time_(options.measure_locally),
+        intake_(options.capacity),
         sender_(options, &intake_, std::move(credentials)) {}
 
   void Start() { sender_.Start(); }
 
   bool Record(Step&& step) {
     if (step.time_unix_nanos == 0) step.time_unix_nanos = NowUnixNanos();
+    if (measure_step_time_) {
+      // One exchange: Record() may be called from several threads, and each
+      // step's time is then measured from the step recorded just before it.
+      const int64_t previous = previous_step_nanos_.exchange(
+          step.time_unix_nanos, std::memory_order_relaxed);
+      if (!step.step_time_s.has_value() && previous != 0 &&
+          step.time_unix_nanos > previous) {
+        step.step_time_s =
+            static_cast<double>(step.time_unix_nanos - previous) * 1e-9;
+      }
+    }
     return intake_.OfferStep(std::move(step));
   }
 
@@ -172,6 +194,9 @@ class Client::Impl {
   absl::Status Refusal() const { return sender_.refusal(); }
 
  private:
+  const bool measure_step_time_;
+  // time_unix_nanos of the step recorded last; 0 before the first.
+  std::atomic<int64_t> previous_step_nanos_{0};
   internal::Intake intake_;
   internal::Sender sender_;
   absl::Mutex close_mu_;
@@ -182,6 +207,9 @@ class Client::Impl {
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (absl::Status status = ValidateOptions(options); !status.ok()) {
     return status;
+  }
+  if (options.host.empty() && options.measure_locally) {
+    options.host = LocalHostName();
   }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       NewChannelCredentials(options.security);

@@ -50,6 +50,7 @@ v1::RunStart MakeRunStart(const ClientOptions& options) {
   if (options.adam_eps) start.set_adam_eps(*options.adam_eps);
   if (options.adam_beta2) start.set_adam_beta2(*options.adam_beta2);
   start.mutable_labels()->insert(options.labels.begin(), options.labels.end());
+  start.set_host(options.host);
   return start;
 }
 
@@ -84,6 +85,8 @@ void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out) {
   out->set_time_unix_nanos(step.time_unix_nanos);
   out->mutable_batch_ids()->Add(step.batch_ids.begin(), step.batch_ids.end());
   if (step.shard_sq_sum) out->set_shard_sq_sum(*step.shard_sq_sum);
+  if (step.step_time_s) out->set_step_time_s(*step.step_time_s);
+  if (step.data_wait_s) out->set_data_wait_s(*step.data_wait_s);
   for (const auto& [layer, stat] : step.layer_stats) {
     v1::LayerStats& proto = (*out->mutable_layer_stats())[layer];
     proto.set_grad_norm(stat.grad_norm);

@@ -386,5 +386,60 @@ TEST_F(ClientTest, FlushWithNothingRecordedSucceeds) {
   EXPECT_TRUE(client->Flush(milliseconds(1)).ok());
 }
 
+TEST_F(ClientTest, MeasuresStepTimeAndNamesItsHost) {
+  StartServer();
+  std::unique_ptr<Client> client = MakeClient(Options());
+  ASSERT_NE(client, nullptr);
+  constexpr int64_t kSecond = 1'000'000'000;
+  // Times given: each step's time is the gap to the previous step's.
+  ASSERT_TRUE(client->Record({.step = 1, .time_unix_nanos = 10 * kSecond}));
+  ASSERT_TRUE(client->Record({.step = 2, .time_unix_nanos = 12 * kSecond}));
+  // A time the loop measured itself wins.
+  ASSERT_TRUE(client->Record(
+      {.step = 3, .time_unix_nanos = 15 * kSecond, .step_time_s = 0.5}));
+  ASSERT_TRUE(client->Record({.step = 4, .time_unix_nanos = 16 * kSecond,
+                              .data_wait_s = 0.25}));
+  ASSERT_TRUE(client->Flush(seconds(10)).ok());
+  const std::map<uint64_t, v1::StepRecord> records = service_.records();
+  ASSERT_EQ(records.size(), 4u);
+  EXPECT_FALSE(records.at(1).has_step_time_s());  // nothing before it
+  EXPECT_DOUBLE_EQ(records.at(2).step_time_s(), 2.0);
+  EXPECT_DOUBLE_EQ(records.at(3).step_time_s(), 0.5);
+  EXPECT_DOUBLE_EQ(records.at(4).step_time_s(), 1.0);
+  EXPECT_EQ(records.at(4).data_wait_s(), 0.25);
+  EXPECT_FALSE(records.at(2).has_data_wait_s());
+
+  char name[256] = {};
+  ASSERT_EQ(gethostname(name, sizeof(name) - 1), 0);
+  ASSERT_EQ(service_.starts().size(), 1u);
+  EXPECT_EQ(service_.starts()[0].host(), std::string(name));
+  EXPECT_FALSE(service_.starts()[0].host().empty());
+}
+
+TEST_F(ClientTest, ReplayModeMeasuresNothingLocally) {
+  StartServer();
+  ClientOptions options = Options();
+  options.measure_locally = false;
+  std::unique_ptr<Client> client = MakeClient(options);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Record({.step = 1}));
+  ASSERT_TRUE(client->Record({.step = 2}));
+  ASSERT_TRUE(client->Flush(seconds(10)).ok());
+  for (const auto& [step, record] : service_.records()) {
+    EXPECT_FALSE(record.has_step_time_s()) << step;
+  }
+  ASSERT_EQ(service_.starts().size(), 1u);
+  EXPECT_EQ(service_.starts()[0].host(), "");
+
+  ClientOptions named = Options();
+  named.host = "gpu-node-3";
+  std::unique_ptr<Client> second = MakeClient(named);
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE(second->Record({.step = 3}));
+  ASSERT_TRUE(second->Flush(seconds(10)).ok());
+  ASSERT_EQ(service_.starts().size(), 2u);
+  EXPECT_EQ(service_.starts()[1].host(), "gpu-node-3");
+}
+
 }  // namespace
 }  // namespace trainwatch

@@ -201,6 +201,35 @@ TEST(ToClientStep, KeepsOptionalFieldPresence) {
   EXPECT_EQ(step.layer_stats.at("attn.0").g_over_sqrt_v_rms, 6.0);
 }
 
+TEST(StepLogReader, CarriesStepTimesAndTheHost) {
+  const std::vector<StepLogEntry> entries = ReadAll(
+      "{\"run_start\": {\"run_id\": \"r\", \"rank\": 3, \"world_size\": 8, "
+      "\"host\": \"node-17\"}}\n"
+      "{\"step\": 5, \"grad_norm\": 1, \"step_time_s\": 0.42, "
+      "\"data_wait_s\": 0.1}\n");
+  ASSERT_EQ(entries.size(), 2u);
+  ClientOptions options;
+  ApplyRunStart(std::get<v1::RunStart>(entries[0]), &options);
+  EXPECT_EQ(options.host, "node-17");
+  const Step step = ToClientStep(std::get<v1::StepRecord>(entries[1]));
+  EXPECT_EQ(step.step_time_s, 0.42);
+  EXPECT_EQ(step.data_wait_s, 0.1);
+  const Step bare = ToClientStep(v1::StepRecord());
+  EXPECT_FALSE(bare.step_time_s.has_value());
+  EXPECT_FALSE(bare.data_wait_s.has_value());
+}
+
+TEST(WriteStep, WritesStepTimesThatParseBack) {
+  v1::StepRecord record;
+  record.set_step(4);
+  record.set_step_time_s(1.25);
+  record.set_data_wait_s(0.5);
+  std::string out;
+  JsonWriter w(&out);
+  WriteStep(w, record, 0, 0);
+  EXPECT_THAT(out, HasSubstr(R"("step_time_s":1.25,"data_wait_s":0.5)"));
+}
+
 TEST(JsonQuote, EscapesQuotesBackslashNewlineAndControlChars) {
   EXPECT_EQ(JsonQuote("a\"b\\c\nd\x01"
                       "e"),

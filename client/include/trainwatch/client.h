@@ -79,6 +79,14 @@ struct ClientOptions {
   std::optional<double> adam_eps;
   std::optional<double> adam_beta2;
   std::map<std::string, std::string> labels;
+  // The machine this rank runs on (RunStart.host). Empty: this machine's
+  // hostname, when measure_locally is on.
+  std::string host;
+  // Fill what a live trainer knows about itself: `host` from gethostname()
+  // and each step's step_time_s (the time since this client's previous
+  // Record(), from the steps' time_unix_nanos) when the step does not give
+  // one. Off for a replayed log, whose timing and machine are not this one's.
+  bool measure_locally = true;
 
   // Records held in memory (queued plus sent but unacknowledged) before
   // Record() starts dropping.
@@ -114,6 +122,11 @@ struct Step {
   std::vector<int64_t> batch_ids;
   std::optional<double> shard_sq_sum;
   std::map<std::string, LayerStat> layer_stats;
+  // Wall seconds since this rank's previous optimizer step (measured by the
+  // client when absent, see ClientOptions::measure_locally), and the part of
+  // it spent waiting for the input pipeline.
+  std::optional<double> step_time_s;
+  std::optional<double> data_wait_s;
 };
 
 enum class EventKind { kCheckpointSaved = 1, kRunFinished = 2, kRunFailed = 3 };
