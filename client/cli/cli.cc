@@ -36,7 +36,11 @@ Commands:
   alerts [--run R] [--active] [--json]
       Alert history, of one run or all; --active: only those firing.
   spikes --run R [--json]
-      Gradient-norm spikes of a run: steps, batch ids and restart plans.
+      Gradient-norm spikes of a run: steps, batch ids, restart plans and,
+      once a new attempt replayed them, recovered or recurred.
+  plan --run R [--json]
+      The restart plan of the run's latest spike (checkpoint, its step, the
+      batch ids to skip, why), for a launcher or a data loader to act on.
 
 Options (before or after the command):
   --server ADDR      server address (default 127.0.0.1:50051)
@@ -51,7 +55,8 @@ Options (before or after the command):
                      requires them (--tls-client-ca); imply TLS
   --help             print this text
 
---json prints a JSON array (health: an object). Exit status: 0 success,
+--json prints a JSON array (health: an object; plan: an object, or null
+without a spike). Exit status: 0 success,
 1 failure (server, file or data error; a refused call prints its status,
 e.g. UNAUTHENTICATED or PERMISSION_DENIED), 2 usage error.
 )";
@@ -83,6 +88,7 @@ const std::vector<Command>& Commands() {
       {"health", RunHealth, {{"run"}, {"json", false}}},
       {"alerts", RunAlerts, {{"run"}, {"active", false}, {"json", false}}},
       {"spikes", RunSpikes, {{"run"}, {"json", false}}},
+      {"plan", RunPlan, {{"run"}, {"json", false}}},
   };
   return *commands;
 }

@@ -56,6 +56,7 @@ absl::Status RunSteps(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunHealth(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunAlerts(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunSpikes(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunPlan(const GlobalOptions& global, const ParsedArgs& args);
 
 // A stub on a channel to global.server with global.credentials (plaintext
 // when null).

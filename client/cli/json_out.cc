@@ -319,6 +319,37 @@ void WriteSpike(JsonWriter& w, const v1::Spike& spike) {
   w.String(spike.restart_checkpoint());
   w.Key("skip_batch_ids");
   Int64Array(w, spike.batch_ids());
+  w.Key("outcome");
+  w.String(spike.outcome());
+  w.Key("batches_skipped");
+  w.Bool(spike.batches_skipped());
+  w.EndObject();
+}
+
+void WritePlan(JsonWriter& w, const RestartPlan& plan) {
+  w.BeginObject();
+  w.Key("run");
+  w.String(plan.run);
+  w.Key("spike_step");
+  w.Uint(plan.spike_step);
+  w.Key("restart_from_step");
+  if (plan.restart_from_step.has_value()) {
+    w.Uint(*plan.restart_from_step);
+  } else {
+    w.Null();
+  }
+  w.Key("checkpoint");
+  w.String(plan.checkpoint);
+  w.Key("skip_batch_ids");
+  w.BeginArray();
+  for (int64_t id : plan.skip_batch_ids) w.Int(id);
+  w.EndArray();
+  w.Key("outcome");
+  w.String(plan.outcome);
+  w.Key("batches_skipped");
+  w.Bool(plan.batches_skipped);
+  w.Key("why");
+  w.String(plan.why);
   w.EndObject();
 }
 

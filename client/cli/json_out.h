@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "trainwatch/restart_plan.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch::cli {
@@ -78,6 +79,11 @@ void WriteAlert(JsonWriter& w, const v1::Alert& alert);
 // restart_from_step is null when no checkpoint is early enough, and
 // skip_batch_ids (the batches the plan skips) repeats batch_ids.
 void WriteSpike(JsonWriter& w, const v1::Spike& spike);
+
+// A restart plan (`plan --json`). Every key is always present:
+// restart_from_step is null without an early enough checkpoint, outcome is
+// "" until a new attempt replayed the spike's steps.
+void WritePlan(JsonWriter& w, const RestartPlan& plan);
 
 // The run, window, recommendation, active alerts and every spike (oldest
 // first).

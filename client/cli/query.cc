@@ -113,7 +113,7 @@ std::string SkipBatches(const v1::Spike& spike) {
 }
 
 // One line: where to resume after the spike and which batches to skip.
-std::string RestartPlan(const v1::Spike& spike) {
+std::string PlanLine(const v1::Spike& spike) {
   if (!spike.has_restart_from_step()) {
     return absl::StrCat(
         "restart plan for step ", spike.step(),
@@ -130,9 +130,17 @@ std::string RestartPlan(const v1::Spike& spike) {
                       ") and ", SkipBatches(spike), "\n");
 }
 
+// "recovered (batches skipped)", "recurred (same batches)", or "-" before a
+// new attempt replayed the spike's steps.
+std::string Outcome(const v1::Spike& s) {
+  if (s.outcome().empty()) return "-";
+  return absl::StrCat(s.outcome(), s.batches_skipped() ? " (batches skipped)"
+                                                       : " (same batches)");
+}
+
 std::string RenderSpikes(const v1::GetRunHealthResponse& h) {
   Table table({"STEP", "GRAD_NORM", "RATIO", "SIGMAS", "BATCH_IDS",
-               "RESTART_FROM", "CHECKPOINT"});
+               "RESTART_FROM", "CHECKPOINT", "OUTCOME"});
   std::string plans;
   for (const v1::Spike& s : h.spikes()) {
     const bool plan = s.has_restart_from_step();
@@ -142,8 +150,9 @@ std::string RenderSpikes(const v1::GetRunHealthResponse& h) {
                   plan ? absl::StrCat(s.restart_from_step()) : "-",
                   plan && !s.restart_checkpoint().empty()
                       ? s.restart_checkpoint()
-                      : "-"});
-    plans += RestartPlan(s);
+                      : "-",
+                  Outcome(s)});
+    plans += PlanLine(s);
   }
   return table.Render() + plans;
 }
@@ -302,6 +311,47 @@ absl::Status RunSpikes(const GlobalOptions& global, const ParsedArgs& args) {
   for (const v1::Spike& spike : response->spikes()) WriteSpike(w, spike);
   w.EndArray();
   WriteStdout(out + "\n");
+  return absl::OkStatus();
+}
+
+absl::Status RunPlan(const GlobalOptions& global, const ParsedArgs& args) {
+  if (absl::Status s = NoArguments(args); !s.ok()) return s;
+  absl::StatusOr<std::string> run = RequiredFlag(args, "run");
+  if (!run.ok()) return run.status();
+  absl::StatusOr<v1::GetRunHealthResponse> response =
+      GetRunHealth(global, "plan", *run);
+  if (!response.ok()) return response.status();
+  const std::optional<RestartPlan> plan = PlanFromHealth(*response);
+  if (args.Has("json")) {
+    // null: no spike, nothing to restart for.
+    std::string out;
+    if (plan.has_value()) {
+      JsonWriter w(&out);
+      WritePlan(w, *plan);
+    } else {
+      out = "null";
+    }
+    WriteStdout(out + "\n");
+    return absl::OkStatus();
+  }
+  if (!plan.has_value()) {
+    WriteStdout(absl::StrCat("run ", *run, " has no spike: nothing to restart for\n"));
+    return absl::OkStatus();
+  }
+  WriteStdout(absl::StrFormat(
+      "spike          step %d%s\n"
+      "resume from    %s\n"
+      "skip batches   %s\n"
+      "why            %s\n",
+      plan->spike_step,
+      plan->outcome.empty() ? "" : absl::StrCat(" (", plan->outcome, ")"),
+      plan->restart_from_step.has_value()
+          ? absl::StrCat(plan->checkpoint.empty() ? "-" : plan->checkpoint,
+                         " (step ", *plan->restart_from_step, ")")
+          : std::string("- (no checkpoint at least 100 steps before the spike)"),
+      plan->skip_batch_ids.empty() ? std::string("-")
+                                   : absl::StrJoin(plan->skip_batch_ids, ","),
+      plan->why));
   return absl::OkStatus();
 }
 

@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "trainwatch/client.h"
+#include "trainwatch/restart_plan.h"
 
 namespace py = pybind11;
 
@@ -178,7 +179,8 @@ class PyClient {
   int Record(py::handle step, py::handle grad_norm, py::handle loss,
              py::handle loss_scale, py::handle skipped, py::handle clipped,
              py::handle clip_coef, py::handle max_attn_logit, py::handle log_z,
-             py::handle lr, py::handle batch_ids, py::handle shard_sq_sum,
+             py::handle lr, py::handle step_time_s, py::handle data_wait_s,
+             py::handle batch_ids, py::handle shard_sq_sum,
              py::handle layer_stats, int64_t time_unix_nanos) {
     Step s;
     PyObject* step_obj = step.ptr();
@@ -196,6 +198,8 @@ class PyClient {
         !OptionalDouble(max_attn_logit.ptr(), &s.max_attn_logit) ||
         !OptionalDouble(log_z.ptr(), &s.log_z) ||
         !OptionalDouble(lr.ptr(), &s.lr) ||
+        !OptionalDouble(step_time_s.ptr(), &s.step_time_s) ||
+        !OptionalDouble(data_wait_s.ptr(), &s.data_wait_s) ||
         !OptionalDouble(shard_sq_sum.ptr(), &s.shard_sq_sum)) {
       return kDeferred;
     }
@@ -267,8 +271,9 @@ std::unique_ptr<PyClient> CreateClient(
     std::optional<double> adam_eps, std::optional<double> adam_beta2,
     std::map<std::string, std::string> labels, size_t capacity,
     std::string auth_token, bool tls, std::string tls_ca_file,
-    std::string tls_cert_file, std::string tls_key_file) {
+    std::string tls_cert_file, std::string tls_key_file, std::string host) {
   ClientOptions options;
+  options.host = std::move(host);  // "": this machine's hostname
   options.address = std::move(address);
   options.security.auth_token = std::move(auth_token);
   options.security.tls = tls;
@@ -297,6 +302,40 @@ std::unique_ptr<PyClient> CreateClient(
   return std::make_unique<PyClient>(*std::move(client));
 }
 
+// GetRunHealth -> the latest spike's plan as a dict, or None without a spike.
+py::object FetchPlan(const std::string& address, const std::string& run,
+                     std::string auth_token, bool tls, std::string tls_ca_file,
+                     std::string tls_cert_file, std::string tls_key_file,
+                     double timeout_s) {
+  ConnectionSecurity security;
+  security.auth_token = std::move(auth_token);
+  security.tls = tls;
+  security.tls_ca_file = std::move(tls_ca_file);
+  security.tls_cert_file = std::move(tls_cert_file);
+  security.tls_key_file = std::move(tls_key_file);
+  const auto timeout = Millis(timeout_s);
+  absl::StatusOr<std::optional<RestartPlan>> plan;
+  {
+    py::gil_scoped_release release;
+    plan = FetchRestartPlan(address, security, run, timeout);
+  }
+  if (!plan.ok()) ThrowIfError(plan.status());
+  if (!plan->has_value()) return py::none();
+  const RestartPlan& p = **plan;
+  py::dict out;
+  out["run"] = p.run;
+  out["spike_step"] = p.spike_step;
+  out["restart_from_step"] =
+      p.restart_from_step.has_value() ? py::object(py::int_(*p.restart_from_step))
+                                      : py::object(py::none());
+  out["checkpoint"] = p.checkpoint;
+  out["skip_batch_ids"] = p.skip_batch_ids;
+  out["outcome"] = p.outcome;
+  out["batches_skipped"] = p.batches_skipped;
+  out["why"] = p.why;
+  return out;
+}
+
 }  // namespace
 }  // namespace trainwatch
 
@@ -307,6 +346,11 @@ PYBIND11_MODULE(_trainwatch, m) {
   m.attr("DROPPED") = trainwatch::kDropped;
   m.attr("DEFERRED") = trainwatch::kDeferred;
 
+  m.def("restart_plan", &trainwatch::FetchPlan, py::arg("address"),
+        py::arg("run"), py::arg("auth_token"), py::arg("tls"),
+        py::arg("tls_ca_file"), py::arg("tls_cert_file"),
+        py::arg("tls_key_file"), py::arg("timeout"));
+
   py::class_<PyClient>(m, "Client")
       .def(py::init(&trainwatch::CreateClient), py::arg("address"),
            py::arg("run_id"), py::arg("rank"), py::arg("world_size"),
@@ -315,7 +359,7 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("adam_eps"), py::arg("adam_beta2"), py::arg("labels"),
            py::arg("capacity"), py::arg("auth_token"), py::arg("tls"),
            py::arg("tls_ca_file"), py::arg("tls_cert_file"),
-           py::arg("tls_key_file"))
+           py::arg("tls_key_file"), py::arg("host"))
       // Positional only: keyword matching would cost more than Record().
       .def("record", &PyClient::Record)
       .def("event", &PyClient::Event)

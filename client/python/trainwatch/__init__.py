@@ -34,8 +34,9 @@ import weakref
 from typing import NamedTuple
 
 from . import _trainwatch
+from .restart import SkipBatches, restart_plan
 
-__all__ = ["Client", "Stats", "EVENT_KINDS"]
+__all__ = ["Client", "Stats", "EVENT_KINDS", "restart_plan", "SkipBatches"]
 
 _RECORDED = _trainwatch.RECORDED
 _DEFERRED = _trainwatch.DEFERRED
@@ -45,8 +46,8 @@ EVENT_KINDS = {"checkpoint_saved": 1, "run_finished": 2, "run_failed": 3}
 
 # StepRecord fields record() takes after step, in the binding's order.
 _FIELDS = ("grad_norm", "loss", "loss_scale", "skipped", "clipped", "clip_coef",
-           "max_attn_logit", "log_z", "lr", "batch_ids", "shard_sq_sum",
-           "layer_stats")
+           "max_attn_logit", "log_z", "lr", "step_time_s", "data_wait_s",
+           "batch_ids", "shard_sq_sum", "layer_stats")
 _BOOL_FIELDS = frozenset(("skipped", "clipped"))
 _BOOL_POSITIONS = frozenset(_FIELDS.index(f) for f in _BOOL_FIELDS)
 _LAST_SCALAR = _FIELDS.index("batch_ids")  # fields before it are scalars
@@ -105,6 +106,8 @@ class Client:
     tls_ca_file: PEM root certificates the server's certificate must chain to.
     tls_cert_file, tls_key_file: PEM client certificate and key, for a server
         that requires them (--tls-client-ca).
+    host: the machine this rank runs on, named by straggler and lemon-host
+        alerts (default: this machine's hostname).
 
     Raises ValueError for invalid arguments and FileNotFoundError for a TLS
     file that cannot be read. Does not wait for the server: an unreachable
@@ -119,7 +122,8 @@ class Client:
                  max_norm=0.0, warmup_steps=0, labels=None, attempt=0,
                  adam_eps=None, adam_beta2=None, capacity=100000,
                  scaler_growth_interval=0, auth_token=None, tls=False,
-                 tls_ca_file=None, tls_cert_file=None, tls_key_file=None):
+                 tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
+                 host=None):
         if not isinstance(address, str) or not address:
             raise ValueError("address must be a non-empty 'host:port' string")
         if not isinstance(run, str):
@@ -154,12 +158,14 @@ class Client:
             files[name] = "" if value is None else os.fspath(value)
         if not isinstance(auth_token, str):
             raise ValueError("auth_token must be a string")
+        if host is not None and not isinstance(host, str):
+            raise ValueError("host must be a string")
         self._c = _trainwatch.Client(address, run, rank, world_size, attempt,
                                      precision, max_norm, warmup_steps,
                                      scaler_growth_interval, adam_eps, adam_beta2,
                                      labels, capacity, auth_token, bool(tls),
                                      files["tls_ca_file"], files["tls_cert_file"],
-                                     files["tls_key_file"])
+                                     files["tls_key_file"], host or "")
         self._record = self._c.record
         self.run = run
         self.rank = rank
@@ -175,7 +181,8 @@ class Client:
 
     def record(self, step, grad_norm, loss=None, loss_scale=None, skipped=False,
                clipped=None, clip_coef=None, max_attn_logit=None, log_z=None,
-               lr=None, batch_ids=None, shard_sq_sum=None, layer_stats=None):
+               lr=None, batch_ids=None, shard_sq_sum=None, layer_stats=None,
+               step_time_s=None, data_wait_s=None):
         """Records one optimizer step; never blocks.
 
         Every value may be a float/int/bool, a numpy scalar or a torch tensor
@@ -183,23 +190,26 @@ class Client:
         pre-clip global norm (what clip_grad_norm_ returns). batch_ids: ints
         (list, tuple, numpy array or tensor). layer_stats: dict of layer name
         to (grad_norm, grad_rms, g_over_sqrt_v_rms), each entry a tuple, a
-        dict with those keys, or a 3-element tensor.
+        dict with those keys, or a 3-element tensor. step_time_s: seconds
+        since the previous optimizer step (default: measured, the time since
+        the previous record()); data_wait_s: the part of it spent waiting for
+        the input pipeline (trainwatch.torch.StepHook measures it).
 
         Returns False when the step was dropped (buffer full, or the client
         is closed); True otherwise, including a step queued behind a CUDA copy.
         """
         if not self._pending:
             r = self._record(step, grad_norm, loss, loss_scale, skipped, clipped,
-                             clip_coef, max_attn_logit, log_z, lr, batch_ids,
-                             shard_sq_sum, layer_stats, 0)
+                             clip_coef, max_attn_logit, log_z, lr, step_time_s,
+                             data_wait_s, batch_ids, shard_sq_sum, layer_stats, 0)
             if r != _DEFERRED:
                 if r == _RECORDED:
                     self._last_step = step
                 return r == _RECORDED
         return self._record_slow(step, (grad_norm, loss, loss_scale, skipped,
                                         clipped, clip_coef, max_attn_logit,
-                                        log_z, lr, batch_ids, shard_sq_sum,
-                                        layer_stats))
+                                        log_z, lr, step_time_s, data_wait_s,
+                                        batch_ids, shard_sq_sum, layer_stats))
 
     # -- events, flush, close -------------------------------------------------
 

@@ -22,6 +22,7 @@ count, read every layer_stats_every steps only).
 """
 
 import math
+import time
 
 import torch
 from torch import nn
@@ -237,6 +238,12 @@ class StepHook:
     found_inf attribute is set. With torch's GradScaler the scale is read
     from its private `_scale` tensor, so it stays on the device; get_scale()
     (which syncs) is the fallback.
+
+    Input-pipeline waits (data_wait_s, for InputPipelineStall): iterate the
+    loader through hook.timed(loader), which times each next(); or call
+    hook.data_ready() once the step's batch is in hand, which counts the
+    time since the previous post_step() as waiting. step_time_s is measured
+    by the client (the time between records).
     """
 
     def __init__(self, client, max_norm, optimizer=None, scaler=None, model=None,
@@ -249,6 +256,31 @@ class StepHook:
                             if model is not None else None)
         self._scale_before = None
         self._pending_layers = None
+        self._data_wait = None      # seconds waited for this step's input
+        self._last_post = None      # perf_counter() at the previous post_step
+
+    def timed(self, loader):
+        """Yields what `loader` yields, adding the time each next() takes to
+        the data_wait_s of the step recorded next."""
+        it = iter(loader)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            self._add_wait(time.perf_counter() - t0)
+            yield item
+
+    def data_ready(self):
+        """The step's input is ready: the time since the previous post_step()
+        was spent waiting for it (nothing on the first step)."""
+        if self._last_post is not None:
+            self._add_wait(time.perf_counter() - self._last_post)
+            self._last_post = None
+
+    def _add_wait(self, seconds):
+        self._data_wait = seconds if self._data_wait is None else self._data_wait + seconds
 
     def pre_step(self, step):
         if self.scaler is not None:
@@ -273,8 +305,13 @@ class StepHook:
             fields.setdefault("layer_stats", self._pending_layers)
         self._pending_layers = None
         self._scale_before = None
-        return self.client.record(step, grad_norm=_detach(grad_norm), loss=loss, lr=lr,
-                                  clipped=clipped, clip_coef=clip_coef, **fields)
+        if self._data_wait is not None:
+            fields.setdefault("data_wait_s", self._data_wait)
+        self._data_wait = None
+        ok = self.client.record(step, grad_norm=_detach(grad_norm), loss=loss, lr=lr,
+                                clipped=clipped, clip_coef=clip_coef, **fields)
+        self._last_post = time.perf_counter()
+        return ok
 
     def _scale(self):
         s = self.scaler

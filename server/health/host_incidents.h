@@ -1,0 +1,83 @@
+// Lemon hosts (DESIGN.md §4 HostSuspect): the same machine named by
+// NonFiniteUpdate, LossSpike or RankStraggler alerts of at least two
+// different runs within a day. Server-wide and pure: the engine feeds it the
+// incidents as alerts fire (and the stored ones at start), and raises
+// HostSuspect when Add() says a host just became suspect.
+//
+// Not thread-safe: the caller serializes.
+#ifndef TRAINWATCH_SERVER_HEALTH_HOST_INCIDENTS_H_
+#define TRAINWATCH_SERVER_HEALTH_HOST_INCIDENTS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace trainwatch {
+
+struct HostSuspectConfig {
+  int64_t window_seconds = 86400;  // incidents older than this are forgotten
+  uint32_t min_runs = 2;           // distinct runs naming the host
+  // Bounds: hosts tracked (the oldest-touched is dropped past it) and
+  // incidents kept per host (the oldest dropped).
+  size_t max_hosts = 10000;
+  size_t max_incidents_per_host = 64;
+};
+
+struct HostIncident {
+  std::string host;
+  std::string alertname;
+  std::string run;
+  int64_t unix_nanos = 0;
+};
+
+// A host that `min_runs` runs named within the window.
+struct HostSuspicion {
+  std::string host;
+  std::vector<std::string> runs;        // distinct, sorted
+  std::vector<std::string> alertnames;  // distinct, sorted
+  int64_t first_unix_nanos = 0;
+  int64_t last_unix_nanos = 0;
+};
+
+class HostIncidents {
+ public:
+  explicit HostIncidents(HostSuspectConfig config) : config_(config) {}
+
+  // Whether an alert of this name implicates the host it names.
+  static bool Implicates(const std::string& alertname);
+
+  // Records an incident (an empty host is ignored). Returns the host's
+  // suspicion when this incident makes it suspect and it was not already
+  // (one HostSuspect per host until its incidents age out).
+  std::optional<HostSuspicion> Add(const HostIncident& incident);
+  // The host's suspicion now, if it is suspect.
+  std::optional<HostSuspicion> Suspicion(const std::string& host,
+                                         int64_t now_unix_nanos) const;
+  // Forgets incidents older than the window; returns the hosts that stop
+  // being suspect (their HostSuspect may resolve).
+  std::vector<std::string> Expire(int64_t now_unix_nanos);
+
+  size_t hosts() const { return hosts_.size(); }
+
+ private:
+  struct Host {
+    std::deque<HostIncident> incidents;  // oldest first
+    bool suspect = false;
+    int64_t touched = 0;
+  };
+  std::optional<HostSuspicion> Summarize(const std::string& host,
+                                         const Host& h, int64_t since) const;
+
+  const HostSuspectConfig config_;
+  absl::flat_hash_map<std::string, Host> hosts_;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_HEALTH_HOST_INCIDENTS_H_
