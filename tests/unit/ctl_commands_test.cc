@@ -111,6 +111,8 @@ class FakeServer final : public v1::TrainingHealth::Service {
     planned->add_batch_ids(301);
     planned->set_restart_from_step(40);
     planned->set_restart_checkpoint("ckpt/step-40");
+    planned->set_outcome("recurred");
+    planned->set_batches_skipped(true);
     return grpc::Status::OK;
   }
 
@@ -313,9 +315,11 @@ TEST_F(CtlTest, SpikesTableHasEachSpikeAndItsRestartPlan) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(
       r.out,
-      "STEP  GRAD_NORM  RATIO  SIGMAS  BATCH_IDS  RESTART_FROM  CHECKPOINT\n"
-      "90    12         11.5x  7.5     7          -             -\n"
-      "150   42.5       27.4x  8.3     300,301    40            ckpt/step-40\n"
+      "STEP  GRAD_NORM  RATIO  SIGMAS  BATCH_IDS  RESTART_FROM  CHECKPOINT    "
+      "OUTCOME\n"
+      "90    12         11.5x  7.5     7          -             -             -\n"
+      "150   42.5       27.4x  8.3     300,301    40            ckpt/step-40  "
+      "recurred (batches skipped)\n"
       "restart plan for step 90: no checkpoint at least 100 steps before it; "
       "restart from the start or the nearest earlier checkpoint you have, and "
       "skip batches 7\n"
@@ -329,12 +333,35 @@ TEST_F(CtlTest, SpikesJsonIsAnArrayOfSpikesWithRestartPlans) {
   EXPECT_EQ(r.out,
             R"([{"step":90,"grad_norm":12,"ratio_to_ema":11.5,"sigmas":7.5,)"
             R"("batch_ids":[7],"restart_from_step":null,)"
-            R"("restart_checkpoint":"","skip_batch_ids":[7]},)"
+            R"("restart_checkpoint":"","skip_batch_ids":[7],)"
+            R"("outcome":"","batches_skipped":false},)"
             R"({"step":150,"grad_norm":42.5,"ratio_to_ema":27.4,"sigmas":8.3,)"
             R"("batch_ids":[300,301],"restart_from_step":40,)"
             R"("restart_checkpoint":"ckpt/step-40",)"
-            R"("skip_batch_ids":[300,301]}])"
+            R"("skip_batch_ids":[300,301],"outcome":"recurred",)"
+            R"("batches_skipped":true}])"
             "\n");
+}
+
+TEST_F(CtlTest, PlanIsTheLatestSpikesPlanWithItsOutcome) {
+  Result r = Ctl({"plan", "--run", "r1", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out,
+              StartsWith(R"({"run":"r1","spike_step":150,"restart_from_step":40,)"
+                         R"("checkpoint":"ckpt/step-40","skip_batch_ids":[300,301],)"
+                         R"("outcome":"recurred","batches_skipped":true,"why":")"));
+  EXPECT_THAT(r.out, HasSubstr("not the data"));
+  Result text = Ctl({"plan", "--run", "r1"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("spike          step 150 (recurred)\n"
+                                  "resume from    ckpt/step-40 (step 40)\n"
+                                  "skip batches   300,301\n"));
+}
+
+TEST_F(CtlTest, PlanServerErrorNamesTheCommand) {
+  Result r = Ctl({"plan", "--run", "nope"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "trainwatchctl: plan: NOT_FOUND: no run \"nope\"\n");
 }
 
 TEST_F(CtlTest, SpikesServerErrorNamesTheCommand) {
@@ -363,7 +390,8 @@ TEST_F(CtlTest, HealthPrintsWindowRecommendationAndActiveAlerts) {
   EXPECT_THAT(json.out,
               HasSubstr(R"("restart_from_step":40,)"
                         R"("restart_checkpoint":"ckpt/step-40",)"
-                        R"("skip_batch_ids":[300,301]}]})"
+                        R"("skip_batch_ids":[300,301],"outcome":"recurred",)"
+                        R"("batches_skipped":true}]})"
                         "\n"));
 }
 
