@@ -83,6 +83,23 @@ CREATE TABLE spikes (
 ) WITHOUT ROWID;
 )sql";
 
+// Version 4: what goodput and the restart loop keep (DESIGN.md §4): a
+// spike's replay verdict, the host an alert names, and the incidents that
+// implicate a host (HostSuspect remembers them across restarts).
+constexpr const char* kSchemaV4 = R"sql(
+ALTER TABLE spikes ADD COLUMN outcome TEXT NOT NULL DEFAULT '';
+ALTER TABLE spikes ADD COLUMN batches_skipped INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE alerts ADD COLUMN host TEXT NOT NULL DEFAULT '';
+CREATE TABLE host_incidents (
+  host      TEXT NOT NULL,
+  time_ns   INTEGER NOT NULL,
+  run_id    TEXT NOT NULL,
+  alertname TEXT NOT NULL,
+  PRIMARY KEY (host, time_ns, run_id, alertname)
+) WITHOUT ROWID;
+CREATE INDEX host_incidents_time ON host_incidents (time_ns);
+)sql";
+
 absl::StatusOr<int> UserVersion(sqlite3* db) {
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
   if (!s.ok()) return s.status();
@@ -109,6 +126,9 @@ absl::Status MigrateSchema(sqlite3* db, int target_version) {
     }
     if (*version < 2 && target_version >= 2) {
       if (absl::Status s = sqlite::Exec(db, kSchemaV2); !s.ok()) return s;
+    }
+    if (*version < 4 && target_version >= 4) {
+      if (absl::Status s = sqlite::Exec(db, kSchemaV4); !s.ok()) return s;
     }
     return sqlite::Exec(
         db, absl::StrCat("PRAGMA user_version = ", target_version).c_str());

@@ -398,7 +398,8 @@ absl::StatusOr<std::vector<v1::Alert>> Store::ListAlerts(
       db->get(),
       "SELECT r.run_id, a.alertname, a.severity, a.state, a.started_step, "
       "a.resolved_step, a.started_ns, a.resolved_ns, a.peak_value, a.summary, "
-      "a.description, a.likely_cause, a.fix, a.batch_ids, a.rank FROM alerts a "
+      "a.description, a.likely_cause, a.fix, a.batch_ids, a.rank, a.host "
+      "FROM alerts a "
       "JOIN runs r ON r.run_key = a.run_key WHERE (?1 = '' OR r.run_id = ?1) "
       "AND (?2 = 0 OR a.state = 'firing') "
       "ORDER BY a.started_ns DESC, a.started_step DESC");
@@ -425,6 +426,7 @@ absl::StatusOr<std::vector<v1::Alert>> Store::ListAlerts(
     a.set_fix(std::string(s->Text(12)));
     UnpackIds(s->Blob(13), a.mutable_batch_ids());
     a.set_rank(static_cast<uint32_t>(s->Int(14)));
+    a.set_host(std::string(s->Text(15)));
   }
   if (alerts.empty() && !run_id.empty()) {
     absl::StatusOr<v1::RunSummary> run = GetRun(run_id);
@@ -439,7 +441,8 @@ absl::StatusOr<std::vector<v1::Spike>> Store::ListSpikes(
   if (!db.ok()) return db.status();
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(
       db->get(),
-      "SELECT s.step, s.grad_norm, s.ratio_to_ema, s.sigmas, s.batch_ids "
+      "SELECT s.step, s.grad_norm, s.ratio_to_ema, s.sigmas, s.batch_ids, "
+      "s.outcome, s.batches_skipped "
       "FROM spikes s JOIN runs r ON r.run_key = s.run_key WHERE r.run_id = ?1 "
       "ORDER BY s.step");
   if (!s.ok()) return s.status();
@@ -455,8 +458,33 @@ absl::StatusOr<std::vector<v1::Spike>> Store::ListSpikes(
     sp.set_ratio_to_ema(s->Double(2));
     sp.set_sigmas(s->Double(3));
     UnpackIds(s->Blob(4), sp.mutable_batch_ids());
+    sp.set_outcome(std::string(s->Text(5)));
+    sp.set_batches_skipped(s->Int(6) != 0);
   }
   return spikes;
+}
+
+absl::StatusOr<std::vector<HostIncidentRow>> Store::ListHostIncidents(
+    int64_t since_unix_nanos) const {
+  absl::StatusOr<sqlite::DbPtr> db = OpenReader();
+  if (!db.ok()) return db.status();
+  absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(
+      db->get(),
+      "SELECT host, alertname, run_id, time_ns FROM host_incidents "
+      "WHERE time_ns >= ?1 ORDER BY time_ns");
+  if (!s.ok()) return s.status();
+  s->Bind(1, since_unix_nanos);
+  std::vector<HostIncidentRow> rows;
+  while (true) {
+    absl::StatusOr<bool> row = s->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    rows.push_back(HostIncidentRow{.host = std::string(s->Text(0)),
+                                   .alertname = std::string(s->Text(1)),
+                                   .run_id = std::string(s->Text(2)),
+                                   .unix_nanos = s->Int(3)});
+  }
+  return rows;
 }
 
 absl::StatusOr<std::vector<v1::RunEvent>> Store::ListEvents(

@@ -140,16 +140,33 @@ struct WriteResult {
   std::optional<uint64_t> last_step;
 };
 
+// An alert that named a host (HostSuspect's evidence).
+struct HostIncidentRow {
+  std::string host;
+  std::string alertname;
+  std::string run_id;
+  int64_t unix_nanos = 0;
+};
+
 // One unit of work for the writer.
 struct WriteOp {
-  enum class Kind { kStart, kBatch, kEvent, kAlert, kSpike };
+  enum class Kind {
+    kStart,
+    kBatch,
+    kEvent,
+    kAlert,
+    kSpike,
+    kSpikeOutcome,  // sets a stored spike's outcome and batches_skipped
+    kHostIncident,  // server-wide; key.run_id is empty
+  };
   Kind kind = Kind::kBatch;
   StreamKey key;
   v1::RunStart start;                   // kStart
   std::vector<v1::StepRecord> records;  // kBatch, in arrival order
   v1::RunEvent event;                   // kEvent
   v1::Alert alert;                      // kAlert: upserted by (run, alertname, started_step)
-  v1::Spike spike;                      // kSpike
+  v1::Spike spike;                      // kSpike, kSpikeOutcome (by run, step)
+  HostIncidentRow incident;             // kHostIncident
   int64_t received_unix_nanos = 0;
   // Runs on the writer thread once the op's transaction ended; must not block.
   std::function<void(WriteResult)> done;
@@ -196,11 +213,15 @@ class Store {
   absl::StatusOr<std::vector<v1::Spike>> ListSpikes(
       const std::string& run_id) const;
 
+  // Host incidents at or after `since_unix_nanos`, oldest first.
+  absl::StatusOr<std::vector<HostIncidentRow>> ListHostIncidents(
+      int64_t since_unix_nanos) const;
+
   // Events of a run, in step order.
   absl::StatusOr<std::vector<v1::RunEvent>> ListEvents(
       const std::string& run_id) const;
 
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 4;
 
  private:
   explicit Store(StoreOptions options);

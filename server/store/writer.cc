@@ -86,15 +86,22 @@ absl::Status StoreWriter::Prepare() {
       {&upsert_alert_,
        "INSERT INTO alerts (run_key, alertname, started_step, severity, state, "
        "resolved_step, started_ns, resolved_ns, peak_value, summary, "
-       "description, likely_cause, fix, batch_ids, rank) VALUES (?1, ?2, ?3, "
-       "?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) "
+       "description, likely_cause, fix, batch_ids, rank, host) VALUES (?1, ?2, "
+       "?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?18) "
        "ON CONFLICT (run_key, alertname, started_step) DO UPDATE SET "
        "state = excluded.state, resolved_step = excluded.resolved_step, "
        "resolved_ns = excluded.resolved_ns, peak_value = excluded.peak_value, "
-       "description = excluded.description, batch_ids = excluded.batch_ids"},
+       "description = excluded.description, batch_ids = excluded.batch_ids, "
+       "severity = excluded.severity, host = excluded.host"},
       {&insert_spike_,
        "INSERT OR IGNORE INTO spikes (run_key, step, grad_norm, ratio_to_ema, "
        "sigmas, batch_ids) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"},
+      {&update_spike_outcome_,
+       "UPDATE spikes SET outcome = ?3, batches_skipped = ?4 "
+       "WHERE run_key = ?1 AND step = ?2"},
+      {&insert_host_incident_,
+       "INSERT OR IGNORE INTO host_incidents (host, time_ns, run_id, alertname) "
+       "VALUES (?1, ?2, ?3, ?4)"},
       {&insert_event_,
        "INSERT OR IGNORE INTO events (run_key, rank, attempt, step, kind, "
        "detail, time_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
@@ -247,13 +254,27 @@ absl::Status StoreWriter::ApplyOne(
       }
       return absl::OkStatus();
     }
+    case WriteOp::Kind::kHostIncident: {
+      const HostIncidentRow& i = op.incident;
+      insert_host_incident_.Bind(1, i.host).Bind(2, i.unix_nanos)
+          .Bind(3, i.run_id).Bind(4, i.alertname);
+      return insert_host_incident_.Run();
+    }
     case WriteOp::Kind::kAlert:
-    case WriteOp::Kind::kSpike: {
+    case WriteOp::Kind::kSpike:
+    case WriteOp::Kind::kSpikeOutcome: {
       absl::StatusOr<std::optional<int64_t>> run_key = LookupRun(op.key.run_id);
       if (!run_key.ok()) return run_key.status();
       if (!run_key->has_value()) {
         return absl::FailedPreconditionError(
             absl::StrCat("no RunStart stored for run ", op.key.run_id));
+      }
+      if (op.kind == WriteOp::Kind::kSpikeOutcome) {
+        const v1::Spike& sp = op.spike;
+        update_spike_outcome_.Bind(1, **run_key).Bind(2, ToDb(sp.step()))
+            .Bind(3, sp.outcome())
+            .Bind(4, int64_t{sp.batches_skipped() ? 1 : 0});
+        return update_spike_outcome_.Run();
       }
       if (op.kind == WriteOp::Kind::kSpike) {
         const v1::Spike& sp = op.spike;
@@ -269,7 +290,7 @@ absl::Status StoreWriter::ApplyOne(
           .Bind(9, a.peak_value()).Bind(10, a.summary())
           .Bind(11, a.description()).Bind(12, a.likely_cause())
           .Bind(13, a.fix()).BindBlob(14, PackIds(a.batch_ids()))
-          .Bind(15, int64_t{a.rank()});
+          .Bind(15, int64_t{a.rank()}).Bind(18, a.host());
       if (a.state() == "resolved") {
         upsert_alert_.Bind(6, ToDb(a.resolved_step()))
             .Bind(8, a.resolved_unix_nanos());

@@ -61,7 +61,8 @@ class StoreWriter {
   sqlite::DbPtr db_;
   sqlite::Stmt select_run_, insert_run_, update_run_start_, set_run_state_,
       update_run_progress_, select_stream_, insert_stream_, update_stream_,
-      insert_chunk_, insert_event_, upsert_alert_, insert_spike_;
+      insert_chunk_, insert_event_, upsert_alert_, insert_spike_,
+      update_spike_outcome_, insert_host_incident_;
   // Caches of what is committed; cleared when a transaction fails.
   absl::flat_hash_map<std::string, int64_t> run_keys_;
   // node_hash_map: StreamState pointers stay valid while the map grows.

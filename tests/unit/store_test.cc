@@ -175,6 +175,60 @@ TEST_F(StoreTest, EventsAreStoredOnceAndFinishTheRun) {
   EXPECT_EQ(store_->GetRun("r1")->state(), "finished");
 }
 
+TEST_F(StoreTest, SpikeOutcomeAlertHostAndHostIncidentsAreKept) {
+  ASSERT_TRUE(StartStream(Start("r1")).status.ok());
+  v1::Spike spike;
+  spike.set_step(150);
+  spike.set_grad_norm(40);
+  spike.add_batch_ids(1200);
+  ASSERT_TRUE(Write({.kind = WriteOp::Kind::kSpike, .key = {"r1", 0, 0},
+                     .spike = spike})
+                  .status.ok());
+  spike.set_outcome("recovered");
+  spike.set_batches_skipped(true);
+  ASSERT_TRUE(Write({.kind = WriteOp::Kind::kSpikeOutcome, .key = {"r1", 0, 0},
+                     .spike = spike})
+                  .status.ok());
+  absl::StatusOr<std::vector<v1::Spike>> spikes = store_->ListSpikes("r1");
+  ASSERT_TRUE(spikes.ok()) << spikes.status();
+  ASSERT_EQ(spikes->size(), 1u);
+  EXPECT_EQ((*spikes)[0].outcome(), "recovered");
+  EXPECT_TRUE((*spikes)[0].batches_skipped());
+  EXPECT_EQ((*spikes)[0].batch_ids(0), 1200);
+
+  v1::Alert alert;
+  alert.set_alertname("RankStraggler");
+  alert.set_run("r1");
+  alert.set_severity("warning");
+  alert.set_state("firing");
+  alert.set_started_step(10);
+  alert.set_rank(5);
+  alert.set_host("node-3");
+  ASSERT_TRUE(Write({.kind = WriteOp::Kind::kAlert, .key = {"r1", 0, 0},
+                     .alert = alert})
+                  .status.ok());
+  absl::StatusOr<std::vector<v1::Alert>> alerts = store_->ListAlerts("r1", false);
+  ASSERT_TRUE(alerts.ok()) << alerts.status();
+  ASSERT_EQ(alerts->size(), 1u);
+  EXPECT_EQ((*alerts)[0].host(), "node-3");
+
+  for (int64_t t : {100, 200, 200}) {  // the repeat is stored once
+    ASSERT_TRUE(Write({.kind = WriteOp::Kind::kHostIncident,
+                       .incident = {.host = "node-3",
+                                    .alertname = "RankStraggler",
+                                    .run_id = "r1",
+                                    .unix_nanos = t}})
+                    .status.ok());
+  }
+  absl::StatusOr<std::vector<HostIncidentRow>> rows = store_->ListHostIncidents(150);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0].host, "node-3");
+  EXPECT_EQ((*rows)[0].run_id, "r1");
+  EXPECT_EQ((*rows)[0].unix_nanos, 200);
+  EXPECT_EQ(store_->ListHostIncidents(0)->size(), 2u);
+}
+
 TEST_F(StoreTest, UnknownRunIsNotFound) {
   absl::Status s = store_->ReadSteps("nope", 0, 0, std::nullopt, 10,
                                      [](v1::StepRecords&) { return true; });
