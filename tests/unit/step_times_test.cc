@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "health/goodput.h"
 #include "health/host_incidents.h"
+#include "health/run_timing.h"
 #include "health/spike_replay.h"
 #include "health/step_times.h"
 
@@ -273,6 +274,84 @@ TEST(SpikeReplay, RecurrenceWithTheSameBatchesIsTheData) {
   out = replay.OnFinish(320);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].spike_step, 300u);
+}
+
+v1::StepRecord Rec(uint64_t step, double seconds, double wait = -1) {
+  v1::StepRecord r;
+  r.set_step(step);
+  r.set_step_time_s(seconds);
+  if (wait >= 0) r.set_data_wait_s(wait);
+  r.set_time_unix_nanos(static_cast<int64_t>(step) * kSec);
+  return r;
+}
+
+TEST(RunTiming, NamesTheStragglerAndItsHostThenResolves) {
+  TimingConfig config;
+  RunTiming timing(config);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> jitter(0.9, 1.1);
+  uint64_t fired = 0;
+  for (uint64_t s = 0; s < 600; ++s) {
+    for (uint32_t rank = 0; rank < 8; ++rank) {
+      const double slow = rank == 6 && s >= 300 && s < 450 ? 1.3 : 1.0;
+      timing.OnRecord(rank, "node-" + std::to_string(rank / 2),
+                      Rec(s, jitter(rng) * slow));
+    }
+    timing.OnLeadRecord(Rec(s, 1.0), 0);
+    const bool holds = timing.StragglerHolds();
+    if (holds && fired == 0) {
+      fired = s;
+      EXPECT_EQ(timing.straggler_rank(), 6u);
+      EXPECT_EQ(timing.straggler_host(), "node-3");
+      EXPECT_NE(timing.StragglerDescription().find("rank 6 on host node-3"),
+                std::string::npos)
+          << timing.StragglerDescription();
+      EXPECT_EQ(timing.StragglerSummary(), "rank 6 on node-3 is a straggler");
+    }
+    if (s < 300) ASSERT_FALSE(holds) << s;
+    if (s >= 500) EXPECT_FALSE(holds) << s;  // recovered: the level is back
+  }
+  EXPECT_GE(fired, 300u);
+  EXPECT_LE(fired, 400u);
+  v1::WindowStats window;
+  v1::GetRunHealthResponse health;
+  timing.FillHealth(&window, &health);
+  EXPECT_NEAR(window.step_seconds_median(), 1.0, 0.05);
+  ASSERT_EQ(health.slowest_ranks_size(), 8);
+  EXPECT_GE(health.slowest_ranks(0).ratio_to_median(),
+            health.slowest_ranks(7).ratio_to_median());
+  EXPECT_EQ(health.goodput().productive_steps(), 600u);
+}
+
+TEST(RunTiming, InputStallWithHysteresis) {
+  TimingConfig config;
+  RunTiming timing(config);
+  std::vector<bool> holds;
+  for (uint64_t s = 0; s < 200; ++s) {
+    const double wait = s >= 50 && s < 120 ? 0.3 : (s >= 120 && s < 150 ? 0.15 : 0.02);
+    timing.OnLeadRecord(Rec(s, 1.0, wait), 0);
+    holds.push_back(timing.StallHolds());
+  }
+  EXPECT_FALSE(holds[49]);
+  EXPECT_FALSE(holds[60]);   // the median needs half of the recent steps
+  EXPECT_TRUE(holds[70]);
+  EXPECT_TRUE(holds[140]);   // 15%: below the fire threshold, above resolve
+  EXPECT_FALSE(holds[199]);
+  EXPECT_NE(timing.StallDescription().find("waits for its input pipeline"),
+            std::string::npos);
+}
+
+TEST(RunTiming, MemoryAt1024Ranks) {
+  TimingConfig config;
+  RunTiming timing(config);
+  for (uint64_t s = 0; s < 20; ++s) {
+    for (uint32_t rank = 0; rank < 1024; ++rank) {
+      timing.OnRecord(rank, "gpu-node-" + std::to_string(rank / 8), Rec(s, 1.0));
+    }
+  }
+  std::printf("[ memory   ] RunTiming at 1024 ranks: %zu bytes (%.1f a rank)\n",
+              timing.MemoryBytes(), timing.MemoryBytes() / 1024.0);
+  EXPECT_LT(timing.MemoryBytes(), 64u * 1024);
 }
 
 }  // namespace
