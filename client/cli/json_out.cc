@@ -286,6 +286,8 @@ void WriteAlert(JsonWriter& w, const v1::Alert& a) {
   Int64Array(w, a.batch_ids());
   w.Key("rank");
   w.Uint(a.rank());
+  w.Key("host");
+  w.String(a.host());
   w.Key("started_unix_nanos");
   w.Int(a.started_unix_nanos());
   w.Key("resolved_unix_nanos");
@@ -374,6 +376,49 @@ void WriteHealth(JsonWriter& w, const v1::GetRunHealthResponse& health) {
   w.Double(win.skip_fraction());
   w.Key("baseline_grad_norm_median");
   w.Double(win.baseline_grad_norm_median());
+  w.Key("step_seconds_median");
+  w.Double(win.step_seconds_median());
+  w.Key("step_seconds_max");
+  w.Double(win.step_seconds_max());
+  w.Key("straggler_lost_fraction");
+  w.Double(win.straggler_lost_fraction());
+  w.Key("data_wait_fraction");
+  w.Double(win.data_wait_fraction());
+  w.EndObject();
+  w.Key("slowest_ranks");
+  w.BeginArray();
+  for (const v1::RankStepTime& r : health.slowest_ranks()) {
+    w.BeginObject();
+    w.Key("rank");
+    w.Uint(r.rank());
+    w.Key("host");
+    w.String(r.host());
+    w.Key("step_seconds");
+    w.Double(r.step_seconds());
+    w.Key("ratio_to_median");
+    w.Double(r.ratio_to_median());
+    w.EndObject();
+  }
+  w.EndArray();
+  const v1::Goodput& g = health.goodput();
+  w.Key("goodput");
+  w.BeginObject();
+  w.Key("ratio");
+  w.Double(g.ratio());
+  w.Key("wall_seconds");
+  w.Double(g.wall_seconds());
+  w.Key("productive_steps");
+  w.Uint(g.productive_steps());
+  w.Key("skipped_steps");
+  w.Uint(g.skipped_steps());
+  w.Key("rewound_steps");
+  w.Uint(g.rewound_steps());
+  w.Key("skipped_seconds");
+  w.Double(g.skipped_seconds());
+  w.Key("rewound_seconds");
+  w.Double(g.rewound_seconds());
+  w.Key("silent_seconds");
+  w.Double(g.silent_seconds());
   w.EndObject();
   w.Key("recommended_max_norm");
   if (health.has_recommended_max_norm()) {

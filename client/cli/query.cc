@@ -89,6 +89,37 @@ std::string RenderHealth(const v1::GetRunHealthResponse& h) {
       Num(win.grad_norm_p99()), Num(win.clip_fraction()),
       Num(win.skip_fraction()), Num(win.baseline_grad_norm_median()),
       OptNum(h.has_recommended_max_norm(), h.recommended_max_norm()));
+  if (win.step_seconds_median() > 0) {
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("step time      median rank %.3f s, slowest %.3f s "
+                        "(%.0f%% of each step waits for it)\n",
+                        win.step_seconds_median(), win.step_seconds_max(),
+                        100 * win.straggler_lost_fraction()));
+    std::vector<std::string> slow;
+    for (const v1::RankStepTime& r : h.slowest_ranks()) {
+      slow.push_back(absl::StrFormat("%d%s %.2fx", r.rank(),
+                                     r.host().empty() ? "" : "@" + r.host(),
+                                     r.ratio_to_median()));
+    }
+    absl::StrAppend(&out, "slowest ranks  ", absl::StrJoin(slow, ", "), "\n");
+  }
+  if (win.data_wait_fraction() > 0) {
+    absl::StrAppend(&out, absl::StrFormat("input wait     %.0f%% of the lead "
+                                          "rank's step time\n",
+                                          100 * win.data_wait_fraction()));
+  }
+  if (h.has_goodput() && h.goodput().wall_seconds() > 0) {
+    const v1::Goodput& g = h.goodput();
+    absl::StrAppend(
+        &out,
+        absl::StrFormat(
+            "goodput        %.1f%% of %.0f s wall time; lost: %d skipped steps "
+            "(%.0f s), %d rewound steps (%.0f s), %.0f s silent\n",
+            100 * g.ratio(), g.wall_seconds(), g.skipped_steps(),
+            g.skipped_seconds(), g.rewound_steps(), g.rewound_seconds(),
+            g.silent_seconds()));
+  }
   if (h.active_alerts().empty()) return out + "active alerts  none\n";
   std::vector<const v1::Alert*> alerts;
   for (const v1::Alert& a : h.active_alerts()) alerts.push_back(&a);
