@@ -21,6 +21,12 @@ Faults to inject, to see the alerts fire:
   --fp16-scaler          emulate fp16 dynamic loss scaling (GradScaler's policy,
                          in Python, since GradScaler needs CUDA): report
                          precision fp16, loss_scale and skipped steps
+  --auto-restart         close the restart loop after a --corrupt-batch-at
+                         spike: stop the attempt, ask the server for the
+                         plan (trainwatch.restart_plan), reload its
+                         checkpoint, skip its batches (trainwatch.SkipBatches)
+                         and finish as attempt 1; the server then marks the
+                         spike recovered (or recurred)
   --lr 0.5               too high a learning rate: clipping on most steps
                          (ClipFractionHigh) and attention logits past the cap
                          (AttentionLogitGrowth); --lr 0.05 is not enough for
@@ -33,6 +39,7 @@ Faults to inject, to see the alerts fire:
 """
 
 import argparse
+import copy
 import math
 import sys
 import time
@@ -73,10 +80,25 @@ class Batches:
         self.corpus, self.batch, self.seq = corpus, batch, seq
         self.samples = (len(corpus) - 1) // seq
 
+    def ids(self, index):
+        """Sample ids of batch `index`."""
+        return [(index * self.batch + j) % self.samples for j in range(self.batch)]
+
     def get(self, step):
-        ids = [(step * self.batch + j) % self.samples for j in range(self.batch)]
+        return self.load(self.ids(step))
+
+    def load(self, ids):
         x = torch.stack([self.corpus[i * self.seq: i * self.seq + self.seq + 1] for i in ids])
         return x[:, :-1], x[:, 1:], ids
+
+
+def batch_sampler(data, first):
+    """(index, sample ids) of batches first, first+1, ...: SkipBatches reads
+    the ids from the last element and drops the batches it is told to."""
+    index = first
+    while True:
+        yield index, data.ids(index)
+        index += 1
 
 
 # -- model -------------------------------------------------------------------
@@ -177,44 +199,13 @@ class DynamicLossScaler:
                 self.clean = 0
 
 
-# -- training ------------------------------------------------------------------
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--server", default="127.0.0.1:50051")
-    ap.add_argument("--run", default="tiny-lm")
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup-steps", type=int, default=20)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=32)
-    ap.add_argument("--max-norm", type=float, default=1.0)
-    ap.add_argument("--corrupt-batch-at", type=int, default=None, metavar="N")
-    ap.add_argument("--corrupt-scale", type=float, default=1000.0)
-    ap.add_argument("--drift-logits", action="store_true")
-    ap.add_argument("--drift-rate", type=float, default=1.01)
-    ap.add_argument("--no-zloss", action="store_true")
-    ap.add_argument("--fp16-scaler", action="store_true")
-    ap.add_argument("--checkpoint-every", type=int, default=100, metavar="K")
-    ap.add_argument("--layer-stats-every", type=int, default=50)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
-    corpus = markov_corpus(max(50_000, (args.batch * args.seq + 1) * 64), seed=args.seed)
-    data = Batches(corpus, args.batch, args.seq)
-    model = TinyLM(seq=args.seq)
-    betas, eps = (0.9, 0.95), 1e-8
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=betas, eps=eps,
-                            weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
-    scaler = DynamicLossScaler() if args.fp16_scaler else None
-
-    tw = trainwatch.Client(args.server, run=args.run,
+def run_attempt(args, data, model, opt, sched, scaler, corrupt_ids, checkpoints,
+                state, stop_at, betas, eps):
+    """Trains one attempt from state["first_step"] (on batches from
+    state["first_batch"], without those holding state["skip"] ids) to the
+    last step, or to stop_at. Returns the last step trained; sets
+    state["next_batch"]."""
+    tw = trainwatch.Client(args.server, run=args.run, attempt=state["attempt"],
                            precision="fp16" if scaler else "bf16",
                            max_norm=args.max_norm, warmup_steps=args.warmup_steps,
                            adam_eps=eps, adam_beta2=betas[1],
@@ -222,11 +213,19 @@ def main(argv=None):
     hook = StepHook(tw, max_norm=args.max_norm, optimizer=opt, scaler=scaler,
                     model=model, layer_stats_every=args.layer_stats_every)
     params = [p for p in model.parameters()]
-    started = time.monotonic()
+    batches = trainwatch.SkipBatches(batch_sampler(data, state["first_batch"]), state["skip"])
+    if state["skip"]:
+        print(f"attempt {state['attempt']}: resuming at step {state['first_step']}, "
+              f"skipping batches {','.join(map(str, state['skip']))}", flush=True)
+    consumed = state["first_batch"]  # batch index of the next batch drawn
+    step = state["first_step"] - 1
     with tw:
-        for step in range(args.steps):
-            x, y, ids = data.get(step)
-            corrupt = step == args.corrupt_batch_at
+        it = hook.timed(iter(batches))
+        for step in range(state["first_step"], args.steps):
+            index, ids = next(it)
+            consumed = index + 1
+            x, y, ids = data.load(ids)
+            corrupt = corrupt_ids is not None and ids == corrupt_ids
             if corrupt:
                 x = torch.randint(0, VOCAB, x.shape)
                 y = torch.randint(0, VOCAB, y.shape)
@@ -259,16 +258,119 @@ def main(argv=None):
             sched.step()
             opt.zero_grad(set_to_none=True)
             if args.checkpoint_every and step > 0 and step % args.checkpoint_every == 0:
-                tw.event("checkpoint_saved", step, f"ckpt-{step}")
+                name = f"ckpt-{step}"
+                checkpoints[name] = dict(
+                    step=step, next_batch=consumed,
+                    model=copy.deepcopy(model.state_dict()),
+                    opt=copy.deepcopy(opt.state_dict()), sched=sched.state_dict(),
+                    scaler=copy.deepcopy(scaler.__dict__) if scaler else None)
+                tw.event("checkpoint_saved", step, name)
             if step % 50 == 0 or step == args.steps - 1:
                 print(f"step {step:5d} loss {loss.item():.3f} norm {float(norm):.3g} "
                       f"logZ {float(z):.2f}", flush=True)
+            if stop_at is not None and step >= stop_at:
+                print(f"attempt {state['attempt']}: stopping at step {step} for the restart plan",
+                      flush=True)
+                tw.flush(timeout=30.0)
+                state["next_batch"] = consumed
+                return step
         tw.event("run_finished", args.steps - 1)
         tw.flush(timeout=30.0)
     s = tw.stats
-    print(f"done: {args.steps} steps in {time.monotonic() - started:.1f} s; "
+    print(f"attempt {state['attempt']}: steps {state['first_step']}..{args.steps - 1}; "
           f"trainwatch recorded {s.recorded}, acked {s.acked}, dropped {s.dropped}",
           flush=True)
+    state["next_batch"] = consumed
+    return step
+
+
+# -- training ------------------------------------------------------------------
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--server", default="127.0.0.1:50051")
+    ap.add_argument("--run", default="tiny-lm")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup-steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--max-norm", type=float, default=1.0)
+    ap.add_argument("--corrupt-batch-at", type=int, default=None, metavar="N")
+    ap.add_argument("--corrupt-scale", type=float, default=1000.0)
+    ap.add_argument("--drift-logits", action="store_true")
+    ap.add_argument("--drift-rate", type=float, default=1.01)
+    ap.add_argument("--no-zloss", action="store_true")
+    ap.add_argument("--fp16-scaler", action="store_true")
+    ap.add_argument("--checkpoint-every", type=int, default=100, metavar="K")
+    ap.add_argument("--layer-stats-every", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--auto-restart", action="store_true")
+    ap.add_argument("--restart-check-after", type=int, default=10, metavar="N",
+                    help="with --auto-restart: steps after the corrupted one before "
+                         "attempt 0 stops to ask for the plan")
+    args = ap.parse_args(argv)
+
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    corpus = markov_corpus(max(50_000, (args.batch * args.seq + 1) * 64), seed=args.seed)
+    data = Batches(corpus, args.batch, args.seq)
+    model = TinyLM(seq=args.seq)
+    betas, eps = (0.9, 0.95), 1e-8
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=betas, eps=eps,
+                            weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
+    scaler = DynamicLossScaler() if args.fp16_scaler else None
+
+    corrupt_ids = data.ids(args.corrupt_batch_at) if args.corrupt_batch_at is not None else None
+    checkpoints = {}  # name -> state after that step (a real run writes files)
+    # Attempt 0 trains from step 0 on batches 0, 1, ...; with --auto-restart
+    # it stops a few steps after the spike to ask for the restart plan.
+    stop_at = None
+    if args.auto_restart and args.corrupt_batch_at is not None:
+        stop_at = args.corrupt_batch_at + args.restart_check_after
+    started = time.monotonic()
+    state = dict(attempt=0, first_step=0, first_batch=0, skip=())
+    while True:
+        last = run_attempt(args, data, model, opt, sched, scaler, corrupt_ids,
+                           checkpoints, state, stop_at, betas, eps)
+        if last == args.steps - 1:
+            break
+        # The attempt stopped after the spike: the restart loop.
+        plan = trainwatch.restart_plan(args.server, args.run)
+        if plan is None or plan["restart_from_step"] is None:
+            print(f"no restart plan ({plan!r}); continuing without a restart", flush=True)
+            state = dict(attempt=state["attempt"], first_step=last + 1,
+                         first_batch=state["next_batch"], skip=())
+            stop_at = None
+            continue
+        print(f"PLAN spike_step={plan['spike_step']} checkpoint={plan['checkpoint']} "
+              f"restart_from_step={plan['restart_from_step']} "
+              f"skip={','.join(map(str, plan['skip_batch_ids']))}", flush=True)
+        print(f"  why: {plan['why']}", flush=True)
+        ckpt = checkpoints[plan["checkpoint"]]
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        sched.load_state_dict(ckpt["sched"])
+        if scaler is not None:
+            scaler.__dict__.update(copy.deepcopy(ckpt["scaler"]))
+        state = dict(attempt=state["attempt"] + 1, first_step=ckpt["step"] + 1,
+                     first_batch=ckpt["next_batch"], skip=plan["skip_batch_ids"])
+        stop_at = None
+    if args.auto_restart and args.corrupt_batch_at is not None:
+        # The server judges the replay once it is past the spike's step.
+        deadline = time.monotonic() + 10
+        while True:
+            plan = trainwatch.restart_plan(args.server, args.run)
+            if (plan and plan["outcome"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        print(f"OUTCOME {plan['outcome'] if plan else None} "
+              f"batches_skipped={plan['batches_skipped'] if plan else None}", flush=True)
+    print(f"done: {args.steps} steps in {time.monotonic() - started:.1f} s", flush=True)
     return 0
 
 
