@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "auth/tls_files.h"
 #include "common/validate.h"
-#include "engine/health_config.h"
+#include "health/health_config.h"
 
 namespace trainwatch {
 

@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-#include "engine/alert_catalog.h"
+#include "health/alert_catalog.h"
 
 namespace trainwatch {
 namespace {

@@ -20,7 +20,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engine/health_config.h"
+#include "health/health_config.h"
 
 namespace trainwatch {
 

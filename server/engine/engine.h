@@ -1,4 +1,6 @@
-// The health engine: per-run state, sharded over threads by run id.
+// The health engine: the concurrency around the health library. Each run's
+// RunPipeline (server/health) lives on one shard thread, chosen by run id;
+// the engine adds the threads, the store and the timers around it.
 //
 // Records are processed on the run's shard as they arrive, before their
 // commit, so an alert does not wait behind the store's queue; the shard then
@@ -9,13 +11,12 @@
 // batch resent after a reconnect or a crash is neither counted twice by the
 // engine nor stored twice by the store (which dedups the same way).
 //
-// Each run has a RunHealth (windows, baselines, detectors, alert lifecycle)
-// fed by the run's lead stream: the lowest rank reporting, and of that rank
-// the latest attempt. Every rank's records also feed the cross-rank checks.
-// A new attempt whose first step is at or below the last step seen rewinds
-// the windows to that step. Alert fires and resolves are stored, exported
-// and handed to the notifier. At start the engine rebuilds the windows, baselines and alert
-// states of unfinished runs from the store, without firing again.
+// Each run's pipeline picks the lead stream, dedups, rewinds and feeds the
+// detectors (health/run_pipeline.h); what it reports goes through the run's
+// AlertRouter (engine/alert_router.h) to the store, /metrics and the
+// notifier. At start the engine rebuilds the windows, baselines and alert
+// states of unfinished runs from the store (engine/recovery.cc), without
+// firing again.
 //
 // A run that reported RUN_FINISHED or RUN_FAILED keeps its live state and
 // series for `finished_runs.retention_seconds`, then the engine forgets it
@@ -46,8 +47,9 @@
 #include "absl/status/statusor.h"
 #include "alerting/notifier.h"
 #include "common/clock.h"
-#include "engine/health_config.h"
 #include "engine/shard.h"
+#include "health/health_config.h"
+#include "health/run_pipeline.h"
 #include "metrics/metrics.h"
 #include "store/store.h"
 #include "trainwatch/v1/trainwatch.pb.h"
@@ -87,13 +89,6 @@ struct Stream {
 };
 using StreamHandle = std::shared_ptr<const Stream>;
 using DoneCallback = std::function<void(absl::Status)>;
-
-// What GetRunHealth reports from memory.
-struct HealthSnapshot {
-  v1::WindowStats window;
-  std::vector<v1::Alert> active_alerts;
-  std::optional<double> recommended_max_norm;
-};
 
 class Engine {
  public:
@@ -138,25 +133,17 @@ class Engine {
  private:
   Engine(EngineOptions options, Store* store, Metrics* metrics,
          const Clock* clock);
-  std::shared_ptr<RunState> FindOrAddRunLocked(const std::string& run_id,
-                                               bool* added)
+  std::shared_ptr<RunState> FindOrAddRunLocked(const std::string& run_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Shard* ShardFor(const std::string& run_id);
-  void EnsureHealth(RunState& run, const v1::RunStart& start);
-  // Feeds one lead-stream record to the run's health (rewinding on a new
-  // attempt that restarts at or before the last step).
-  void FeedLead(RunState& run, uint32_t attempt, const v1::StepRecord& r);
   // On the shard: runs `work` now, or holds it until the stream's start is
   // committed when the engine does not yet know where the stream resumes.
-  void RunInOrder(const StreamHandle& stream,
-                  std::function<void(absl::Status)> work);
-  void OnStartCommitted(const Stream& stream, const WriteResult& result);
-  // Feeds the records above the stream's last processed step.
-  void ProcessRecords(RunState& run, const Stream& stream,
-                      const std::vector<v1::StepRecord>& records,
-                      uint64_t client_dropped);
-  void ProcessEvent(RunState& run, const v1::RunEvent& event);
-  void UpdateWindowMetrics(RunState& run);
+  static void RunInOrder(const StreamHandle& stream,
+                         std::function<void(absl::Status)> work);
+  static void OnStartCommitted(const Stream& stream, const WriteResult& result);
+  // The run reported RUN_FINISHED or RUN_FAILED.
+  void MarkFinished(RunState& run);
+  // recovery.cc: an unfinished run's pipeline and series from the store.
   absl::Status Rebuild(RunState& run, const v1::RunSummary& summary);
   // At start: alerts stored as firing for runs that finished (before the
   // server stopped) resolve at the run's last step, as ForgetFinishedRuns

@@ -14,8 +14,8 @@
 #include <random>
 #include <vector>
 
-#include "engine/detectors_internal.h"
-#include "engine/run_health.h"
+#include "health/detectors_internal.h"
+#include "health/run_health.h"
 
 namespace {
 
@@ -100,7 +100,14 @@ void BM_DetectorGroup(benchmark::State& state) {
   const RunInfo info = Info();
   Detectors detectors;
   switch (state.range(0)) {
-    case kNorm: AddNormDetectors(config, &detectors); state.SetLabel("norm"); break;
+    case kNorm:  // the detectors of the norm, clipping and logits files
+      for (auto make : {MakeClipFractionHigh, MakeGradNormSpike, MakeGradNormDrift,
+                        MakePostClipNormReported, MakeAttentionLogitGrowth,
+                        MakeLogZDrift}) {
+        detectors.push_back(make(config));
+      }
+      state.SetLabel("norm");
+      break;
     case kFp16: AddFp16Detectors(config, &detectors); state.SetLabel("fp16"); break;
     case kRanks: AddRankDetectors(config, &detectors); state.SetLabel("ranks"); break;
     case kLayers: AddLayerDetectors(config, &detectors); state.SetLabel("layers"); break;

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/window.h"
+#include "health/window.h"
 
 namespace {
 

@@ -78,7 +78,7 @@ def main():
     # Rules: every alertname of the catalog has a rule, with the catalog's severity.
     rules = docs.get("deploy/prometheus/trainwatch-rules.yml", [{}])[0]
     by_name = {r["alert"]: r for g in rules.get("groups", []) for r in g["rules"] if "alert" in r}
-    cat = open(D("server/engine/alert_catalog.cc")).read()
+    cat = open(D("server/health/alert_catalog.cc")).read()
     specs = re.findall(r'\{K::k\w+,\s*"(\w+)",\s*"(\w+)"', cat)
     check(len(specs) >= 17, f"alert_catalog.cc parsed: {len(specs)} alertnames")
     for name, sev in specs:

@@ -134,7 +134,7 @@ def main():
         print(f"ok    ClipFractionHigh firing with labels {alert['labels']}, value {alert['value']}")
 
         # 5. Rules loaded and evaluated without errors.
-        cat = open(f"{SRC}/server/engine/alert_catalog.cc").read()
+        cat = open(f"{SRC}/server/health/alert_catalog.cc").read()
         want = set(re.findall(r'\{K::k\w+,\s*"(\w+)"', cat)) | {"TrainwatchDown", "TrainwatchIngestRejecting",
                                                                  "TrainwatchStoreBackedUp", "TrainwatchStoreErrors"}
         def rules_ok():

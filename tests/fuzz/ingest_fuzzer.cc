@@ -43,10 +43,10 @@
 
 #include "common/validate.h"
 #include "google/protobuf/stubs/logging.h"
-#include "engine/alert_catalog.h"
-#include "engine/alert_tracker.h"
-#include "engine/convert.h"
-#include "engine/run_health.h"
+#include "health/alert_catalog.h"
+#include "health/alert_tracker.h"
+#include "health/convert.h"
+#include "health/run_health.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {

@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "engine/alert_catalog.h"
+#include "health/alert_catalog.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "engine/alert_catalog.h"
+#include "health/alert_catalog.h"
 #include "health_test_util.h"
 
 namespace trainwatch {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/run_health.h"
+#include "health/run_health.h"
 
 namespace trainwatch::testing {
 

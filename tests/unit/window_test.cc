@@ -1,5 +1,5 @@
 // StepRing, OrderStatWindow and FlagWindow against brute force.
-#include "engine/window.h"
+#include "health/window.h"
 
 #include <gtest/gtest.h>
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "engine/detectors_internal.h"
+#include "health/detectors_internal.h"
 
 namespace trainwatch {
 namespace {

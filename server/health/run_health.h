@@ -2,16 +2,16 @@
 // lifecycle. The engine feeds it the run's records in commit order.
 //
 // Not thread-safe: owned by the run's shard.
-#ifndef TRAINWATCH_SERVER_ENGINE_RUN_HEALTH_H_
-#define TRAINWATCH_SERVER_ENGINE_RUN_HEALTH_H_
+#ifndef TRAINWATCH_SERVER_HEALTH_RUN_HEALTH_H_
+#define TRAINWATCH_SERVER_HEALTH_RUN_HEALTH_H_
 
 #include <memory>
 #include <optional>
 #include <vector>
 
-#include "engine/alert_tracker.h"
-#include "engine/detector.h"
-#include "engine/window.h"
+#include "health/alert_tracker.h"
+#include "health/detector.h"
+#include "health/window.h"
 
 namespace trainwatch {
 
@@ -60,4 +60,4 @@ class RunHealth {
 
 }  // namespace trainwatch
 
-#endif  // TRAINWATCH_SERVER_ENGINE_RUN_HEALTH_H_
+#endif  // TRAINWATCH_SERVER_HEALTH_RUN_HEALTH_H_

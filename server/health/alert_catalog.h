@@ -1,7 +1,7 @@
 // Every alert trainwatch raises (DESIGN.md §4): its name, severity, and what
 // to tell the person it wakes up: the likely cause and the fix.
-#ifndef TRAINWATCH_SERVER_ENGINE_ALERT_CATALOG_H_
-#define TRAINWATCH_SERVER_ENGINE_ALERT_CATALOG_H_
+#ifndef TRAINWATCH_SERVER_HEALTH_ALERT_CATALOG_H_
+#define TRAINWATCH_SERVER_HEALTH_ALERT_CATALOG_H_
 
 #include <array>
 #include <optional>
@@ -44,4 +44,4 @@ std::optional<AlertKind> AlertKindByName(std::string_view name);
 
 }  // namespace trainwatch
 
-#endif  // TRAINWATCH_SERVER_ENGINE_ALERT_CATALOG_H_
+#endif  // TRAINWATCH_SERVER_HEALTH_ALERT_CATALOG_H_

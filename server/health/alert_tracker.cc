@@ -1,4 +1,4 @@
-#include "engine/alert_tracker.h"
+#include "health/alert_tracker.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "engine/run_health.h"
+#include "health/run_health.h"
 
 namespace trainwatch {
 

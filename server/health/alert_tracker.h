@@ -5,8 +5,8 @@
 // after resolve_after_steps without another event.
 //
 // Not thread-safe: owned by the run's shard.
-#ifndef TRAINWATCH_SERVER_ENGINE_ALERT_TRACKER_H_
-#define TRAINWATCH_SERVER_ENGINE_ALERT_TRACKER_H_
+#ifndef TRAINWATCH_SERVER_HEALTH_ALERT_TRACKER_H_
+#define TRAINWATCH_SERVER_HEALTH_ALERT_TRACKER_H_
 
 #include <array>
 #include <cstdint>
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/detector.h"
+#include "health/detector.h"
 
 namespace trainwatch {
 
@@ -93,4 +93,4 @@ class AlertTracker final : public AlertSink {
 
 }  // namespace trainwatch
 
-#endif  // TRAINWATCH_SERVER_ENGINE_ALERT_TRACKER_H_
+#endif  // TRAINWATCH_SERVER_HEALTH_ALERT_TRACKER_H_

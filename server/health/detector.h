@@ -8,8 +8,8 @@
 //  - OnRankRecord() for each record of every rank (for cross-rank checks).
 // A detector reports through AlertSink; the engine's alert tracker turns
 // that into fire / resolve transitions, storage and metrics.
-#ifndef TRAINWATCH_SERVER_ENGINE_DETECTOR_H_
-#define TRAINWATCH_SERVER_ENGINE_DETECTOR_H_
+#ifndef TRAINWATCH_SERVER_HEALTH_DETECTOR_H_
+#define TRAINWATCH_SERVER_HEALTH_DETECTOR_H_
 
 #include <cstdint>
 #include <functional>
@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/alert_catalog.h"
-#include "engine/health_config.h"
-#include "engine/window.h"
+#include "health/alert_catalog.h"
+#include "health/health_config.h"
+#include "health/window.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {
@@ -117,4 +117,4 @@ std::vector<std::unique_ptr<Detector>> MakeDetectors(const HealthConfig& config)
 
 }  // namespace trainwatch
 
-#endif  // TRAINWATCH_SERVER_ENGINE_DETECTOR_H_
+#endif  // TRAINWATCH_SERVER_HEALTH_DETECTOR_H_

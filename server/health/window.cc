@@ -1,4 +1,4 @@
-#include "engine/window.h"
+#include "health/window.h"
 
 #include <algorithm>
 #include <cmath>

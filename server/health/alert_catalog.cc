@@ -1,4 +1,4 @@
-#include "engine/alert_catalog.h"
+#include "health/alert_catalog.h"
 
 namespace trainwatch {
 namespace {

@@ -1,6 +1,6 @@
-#include "engine/convert.h"
+#include "health/convert.h"
 
-#include "engine/alert_catalog.h"
+#include "health/alert_catalog.h"
 
 namespace trainwatch {
 
@@ -56,27 +56,6 @@ AlertEpisode FromProto(const v1::Alert& a) {
   return e;
 }
 
-AlertNotice ToNotice(const v1::Alert& a,
-                     const std::map<std::string, std::string>& run_labels) {
-  AlertNotice n;
-  n.alertname = a.alertname();
-  n.run = a.run();
-  n.severity = a.severity();
-  n.firing = a.state() == "firing";
-  n.run_labels = run_labels;
-  n.summary = a.summary();
-  n.description = a.description();
-  n.likely_cause = a.likely_cause();
-  n.fix = a.fix();
-  n.started_step = a.started_step();
-  n.resolved_step = a.resolved_step();
-  n.peak_value = a.peak_value();
-  n.batch_ids.assign(a.batch_ids().begin(), a.batch_ids().end());
-  n.started_unix_nanos = a.started_unix_nanos();
-  n.resolved_unix_nanos = a.resolved_unix_nanos();
-  return n;
-}
-
 std::vector<std::pair<std::string, std::string>> AlertLabels() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const AlertSpec& s : AllAlertSpecs()) {
@@ -84,6 +63,5 @@ std::vector<std::pair<std::string, std::string>> AlertLabels() {
   }
   return out;
 }
-
 
 }  // namespace trainwatch

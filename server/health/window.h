@@ -11,8 +11,8 @@
 // log Z) and can rewind to a step when a job restarts from a checkpoint.
 //
 // Not thread-safe: owned by one engine shard.
-#ifndef TRAINWATCH_SERVER_ENGINE_WINDOW_H_
-#define TRAINWATCH_SERVER_ENGINE_WINDOW_H_
+#ifndef TRAINWATCH_SERVER_HEALTH_WINDOW_H_
+#define TRAINWATCH_SERVER_HEALTH_WINDOW_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -178,4 +178,4 @@ struct Baselines {
 
 }  // namespace trainwatch
 
-#endif  // TRAINWATCH_SERVER_ENGINE_WINDOW_H_
+#endif  // TRAINWATCH_SERVER_HEALTH_WINDOW_H_

@@ -1,7 +1,7 @@
 // Detector thresholds (DESIGN.md §4). The defaults here are the documented
 // defaults; a deployment changes them in the YAML file given with --config.
-#ifndef TRAINWATCH_SERVER_ENGINE_HEALTH_CONFIG_H_
-#define TRAINWATCH_SERVER_ENGINE_HEALTH_CONFIG_H_
+#ifndef TRAINWATCH_SERVER_HEALTH_HEALTH_CONFIG_H_
+#define TRAINWATCH_SERVER_HEALTH_HEALTH_CONFIG_H_
 
 #include <cstdint>
 #include <set>
@@ -102,4 +102,4 @@ struct HealthConfig {
 
 }  // namespace trainwatch
 
-#endif  // TRAINWATCH_SERVER_ENGINE_HEALTH_CONFIG_H_
+#endif  // TRAINWATCH_SERVER_HEALTH_HEALTH_CONFIG_H_

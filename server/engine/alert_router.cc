@@ -1,0 +1,138 @@
+#include "engine/alert_router.h"
+
+#include <cmath>
+#include <optional>
+#include <utility>
+
+#include "health/convert.h"
+
+namespace trainwatch {
+namespace {
+
+AlertNotice ToNotice(const v1::Alert& a,
+                     const std::map<std::string, std::string>& run_labels) {
+  AlertNotice n;
+  n.alertname = a.alertname();
+  n.run = a.run();
+  n.severity = a.severity();
+  n.firing = a.state() == "firing";
+  n.run_labels = run_labels;
+  n.summary = a.summary();
+  n.description = a.description();
+  n.likely_cause = a.likely_cause();
+  n.fix = a.fix();
+  n.started_step = a.started_step();
+  n.resolved_step = a.resolved_step();
+  n.peak_value = a.peak_value();
+  n.batch_ids.assign(a.batch_ids().begin(), a.batch_ids().end());
+  n.started_unix_nanos = a.started_unix_nanos();
+  n.resolved_unix_nanos = a.resolved_unix_nanos();
+  return n;
+}
+
+}  // namespace
+
+AlertRouter::AlertRouter(std::string run_id, Store* store, Metrics* metrics,
+                         RunMetrics* run_metrics, Notifier* notifier)
+    : run_id_(std::move(run_id)),
+      store_(store),
+      metrics_(metrics),
+      run_metrics_(run_metrics),
+      notifier_(notifier) {}
+
+void AlertRouter::SetLabels(const v1::RunStart& lead) {
+  labels_ = std::map<std::string, std::string>(lead.labels().begin(),
+                                               lead.labels().end());
+}
+
+void AlertRouter::Route(v1::Alert alert) {
+  // Only enqueues: the notifier's threads do the network.
+  if (notifier_ != nullptr) notifier_->Notify(ToNotice(alert, labels_));
+  store_->Submit(WriteOp{.kind = WriteOp::Kind::kAlert,
+                         .key = {alert.run(), 0, 0},
+                         .alert = std::move(alert)});
+}
+
+void AlertRouter::Restore(const v1::Alert& firing) {
+  if (std::optional<AlertKind> kind = AlertKindByName(firing.alertname());
+      kind.has_value() && run_metrics_ != nullptr) {
+    run_metrics_->alert_active[static_cast<size_t>(*kind)].Set(1);
+  }
+  if (notifier_ != nullptr) notifier_->Restore(ToNotice(firing, labels_));
+}
+
+void AlertRouter::OnAlert(const AlertEpisode& e) {
+  const size_t i = static_cast<size_t>(e.kind);
+  run_metrics_->alert_active[i].Set(e.firing ? 1 : 0);
+  if (e.firing) run_metrics_->alerts_fired[i].Get().Increment();
+  Route(ToProto(run_id_, e));
+}
+
+void AlertRouter::OnSpike(const SpikeInfo& s) {
+  v1::Spike spike;
+  spike.set_step(s.step);
+  spike.set_grad_norm(s.grad_norm);
+  spike.set_ratio_to_ema(s.ratio_to_ema);
+  spike.set_sigmas(s.sigmas);
+  spike.mutable_batch_ids()->Add(s.batch_ids.begin(), s.batch_ids.end());
+  store_->Submit(WriteOp{.kind = WriteOp::Kind::kSpike,
+                         .key = {run_id_, 0, 0},
+                         .spike = std::move(spike)});
+}
+
+void AlertRouter::OnLeadChanged(const v1::RunStart& start) {
+  SetLabels(start);
+  if (start.max_norm() > 0) run_metrics_->clip_threshold.Set(start.max_norm());
+}
+
+void AlertRouter::OnLeadRecord(const v1::StepRecord& r) {
+  RunMetrics& m = *run_metrics_;
+  m.steps.Increment();
+  // A skipped step applied no update, so nothing was clipped.
+  if (r.clipped() && !r.skipped()) m.clipped_steps.Increment();
+  if (r.skipped()) m.skipped_steps.Increment();
+  if (!std::isfinite(r.grad_norm()) || (r.has_loss() && !std::isfinite(r.loss()))) {
+    m.nonfinite_steps.Increment();
+  }
+  // Optional fields keep the last value reported, not the last record's.
+  if (r.has_clip_coef()) m.clip_coefficient.Set(r.clip_coef());
+  if (r.has_loss_scale()) m.loss_scale.Set(r.loss_scale());
+  if (r.has_max_attn_logit()) m.max_attention_logit.Set(r.max_attn_logit());
+  if (r.has_log_z()) m.log_z.Set(r.log_z());
+  if (r.has_loss()) m.loss.Set(r.loss());
+  if (r.has_lr()) m.learning_rate.Set(r.lr());
+}
+
+void AlertRouter::OnRecordsAccepted(size_t fresh, uint64_t client_dropped) {
+  if (client_dropped > 0) {
+    run_metrics_->client_dropped_steps.Increment(static_cast<double>(client_dropped));
+  }
+  metrics_->ingest_records.Increment(static_cast<double>(fresh));
+}
+
+void AlertRouter::OnLeadBatchDone(const v1::StepRecord& last,
+                                  int64_t now_unix_nanos) {
+  RunMetrics& m = *run_metrics_;
+  m.last_step.Set(static_cast<double>(last.step()));
+  const int64_t t =
+      last.time_unix_nanos() != 0 ? last.time_unix_nanos() : now_unix_nanos;
+  m.last_step_timestamp.Set(static_cast<double>(t) * 1e-9);
+  m.grad_norm.Set(last.grad_norm());
+}
+
+void AlertRouter::OnWindows(const RunHealth& h) {
+  RunMetrics& m = *run_metrics_;
+  const RunWindow& w = h.window();
+  if (w.grad_norm.ranked() > 0) {
+    m.grad_norm_p50.Set(*w.grad_norm.Quantile(0.50));
+    m.grad_norm_p90.Set(*w.grad_norm.Quantile(0.90));
+    m.grad_norm_p99.Set(*w.grad_norm.Quantile(0.99));
+  }
+  if (w.clipped.size() > 0) m.clip_fraction.Set(w.clipped.fraction());
+  if (w.skipped.size() > 0) m.skip_fraction.Set(w.skipped.fraction());
+  if (std::optional<double> rec = h.RecommendedMaxNorm()) {
+    m.recommended_clip_threshold.Set(*rec);
+  }
+}
+
+}  // namespace trainwatch

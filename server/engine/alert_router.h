@@ -1,0 +1,63 @@
+// Where what a run's pipeline reports goes: alert fires and resolves to the
+// store, /metrics and the notifier (Alertmanager, webhook); spikes to the
+// store; the run's record and window figures to /metrics. The one path every
+// alert leaves by, also the resolves the engine sends at start-up for runs
+// that finished before a restart.
+//
+// Not thread-safe: a run's router is called on the run's shard thread (or
+// before serving, or once nothing else holds the run). The store and the
+// notifier it hands work to are thread-safe and only enqueue.
+#ifndef TRAINWATCH_SERVER_ENGINE_ALERT_ROUTER_H_
+#define TRAINWATCH_SERVER_ENGINE_ALERT_ROUTER_H_
+
+#include <map>
+#include <string>
+
+#include "alerting/notifier.h"
+#include "health/run_pipeline.h"
+#include "metrics/metrics.h"
+#include "store/store.h"
+#include "trainwatch/v1/trainwatch.pb.h"
+
+namespace trainwatch {
+
+class AlertRouter final : public RunObserver {
+ public:
+  // All borrowed. `run_metrics` (the run's series) is null for a run not held
+  // in memory; `notifier` may be null.
+  AlertRouter(std::string run_id, Store* store, Metrics* metrics,
+              RunMetrics* run_metrics, Notifier* notifier);
+
+  // The lead RunStart's labels, sent with every notification.
+  void SetLabels(const v1::RunStart& lead);
+  bool wants_labels() const { return notifier_ != nullptr; }
+
+  // Stores a fire or resolve and hands it to the notifier.
+  void Route(v1::Alert alert);
+  // An alert stored as firing before a restart: exported as firing and
+  // re-sent to Alertmanager (which forgets an alert that is not re-sent),
+  // not stored again.
+  void Restore(const v1::Alert& firing);
+
+  // RunObserver.
+  void OnAlert(const AlertEpisode& episode) override;
+  void OnSpike(const SpikeInfo& spike) override;
+  void OnLeadChanged(const v1::RunStart& start) override;
+  void OnLeadRecord(const v1::StepRecord& record) override;
+  void OnRecordsAccepted(size_t fresh, uint64_t client_dropped) override;
+  void OnLeadBatchDone(const v1::StepRecord& last,
+                       int64_t now_unix_nanos) override;
+  void OnWindows(const RunHealth& health) override;
+
+ private:
+  const std::string run_id_;
+  Store* const store_;
+  Metrics* const metrics_;
+  RunMetrics* const run_metrics_;
+  Notifier* const notifier_;
+  std::map<std::string, std::string> labels_;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_ENGINE_ALERT_ROUTER_H_

@@ -1,0 +1,133 @@
+// Gradient norm detectors (DESIGN.md §4): GradNormSpike (an isolated spike
+// against an EMA) and GradNormDrift (the window median against its
+// baseline). They read the lead stream only (OnStep).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "absl/strings/str_format.h"
+#include "health/detectors_internal.h"
+
+namespace trainwatch {
+namespace {
+
+// Catches an isolated gradient spike. Norms are close to lognormal, so it
+// keeps an EMA of the mean and variance of post-warmup log norms, started
+// from the first spike.min_steps finite norms (Welford), and flags
+// log n >= m + sigmas*sd with n >= min_ratio*e^m, or n >= hard_ratio*e^m.
+// Every log norm enters the EMA winsorized to m ± 3 sd, so a spike (or a
+// near-zero norm) moves it no more than a 3-sd step would, and a lasting
+// level shift is still followed within tens of steps.
+class GradNormSpike final : public Detector {
+ public:
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    const double norm = ctx.record.grad_norm();
+    // Non-finite norms are NonFiniteUpdate's; a zero norm has no log.
+    if (!ctx.post_warmup || !std::isfinite(norm) || norm <= 0) return;
+    const auto& cfg = ctx.config.spike;
+    const double x = std::log(norm);
+    if (count_ < std::max<uint32_t>(cfg.min_steps, 1)) {
+      Welford(x);
+      return;
+    }
+    const double sd = std::max(std::sqrt(var_), kMinSd);
+    const double sigmas = (x - mean_) / sd;
+    const double ratio = std::exp(x - mean_);
+    if ((sigmas >= cfg.sigmas && ratio >= cfg.min_ratio) ||
+        ratio >= cfg.hard_ratio) {
+      Report(sink, SpikeInfo{.step = ctx.record.step(),
+                             .grad_norm = norm,
+                             .ratio_to_ema = ratio,
+                             .sigmas = sigmas,
+                             .batch_ids = {ctx.record.batch_ids().begin(),
+                                           ctx.record.batch_ids().end()}});
+    }
+    const double clamped =
+        std::clamp(x, mean_ - kClampSd * sd, mean_ + kClampSd * sd);
+    const double diff = clamped - mean_;
+    const double increment = (1 - cfg.ema_beta) * diff;
+    mean_ += increment;
+    var_ = cfg.ema_beta * (var_ + diff * increment);
+  }
+
+  // The EMA is kept: it describes the run's typical norm, which a restart
+  // from a checkpoint does not change.
+  void OnRewind(uint64_t step) override {}
+
+ private:
+  // Log norms enter the EMA at most this many sd from its mean.
+  static constexpr double kClampSd = 3.0;
+  // The sd never counts as smaller than this (log space), so constant norms
+  // give finite sigmas and the EMA can still move.
+  static constexpr double kMinSd = 1e-6;
+
+  void Welford(double x) {
+    ++count_;
+    const double delta = x - mean_;
+    mean_ += delta / count_;
+    m2_ += delta * (x - mean_);
+    var_ = count_ > 1 ? m2_ / (count_ - 1) : 0.0;
+  }
+
+  static void Report(AlertSink& sink, const SpikeInfo& spike) {
+    sink.Event(
+        AlertKind::kGradNormSpike, spike.step, spike.grad_norm, spike.batch_ids,
+        [&] {
+          const double geo_mean = spike.grad_norm / spike.ratio_to_ema;
+          return AlertText{
+              absl::StrFormat("Gradient norm spike at step %d", spike.step),
+              absl::StrFormat(
+                  "grad norm %.3g at step %d is %.1fx the EMA geometric "
+                  "mean %.3g (%.1f sd above in log space)",
+                  spike.grad_norm, spike.step, spike.ratio_to_ema, geo_mean,
+                  spike.sigmas)};
+        });
+    sink.Spike(spike);
+  }
+
+  uint32_t count_ = 0;  // finite post-warmup norms, up to spike.min_steps
+  double mean_ = 0.0;   // of log norms: Welford, then EMA
+  double m2_ = 0.0;     // Welford's sum of squared deviations
+  double var_ = 0.0;
+};
+
+// Catches a typical norm that keeps growing (sharpness, an LR too high for
+// the phase): holds while the median over a full window of W post-warmup
+// steps is at least drift.ratio times the baseline median.
+class GradNormDrift final : public Detector {
+ public:
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    const std::optional<double>& baseline = ctx.baselines.grad_norm_median;
+    std::optional<double> median = MedianPastBaseline(
+        ctx, ctx.window.grad_norm, baseline, ctx.config.window_steps);
+    if (!median.has_value() || *baseline <= 0) return;
+    const double ratio = *median / *baseline;
+    sink.Condition(
+        AlertKind::kGradNormDrift, ctx.record.step(),
+        ratio >= ctx.config.drift.ratio, ratio, [&] {
+          return AlertText{
+              absl::StrFormat("Median gradient norm is %.1fx its baseline",
+                              ratio),
+              absl::StrFormat(
+                  "median grad norm over the last %d post-warmup steps is "
+                  "%.3g, %.2fx the baseline median %.3g (first %d "
+                  "post-warmup steps, through step %d)",
+                  ctx.window.grad_norm.slots(), *median, ratio, *baseline,
+                  ctx.config.window_steps, ctx.baselines.through_step)};
+        });
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Detector> MakeGradNormSpike(const HealthConfig&) {
+  return std::make_unique<GradNormSpike>();
+}
+
+std::unique_ptr<Detector> MakeGradNormDrift(const HealthConfig&) {
+  return std::make_unique<GradNormDrift>();
+}
+
+}  // namespace trainwatch

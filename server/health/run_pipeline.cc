@@ -1,0 +1,189 @@
+#include "health/run_pipeline.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "health/alert_catalog.h"
+#include "health/convert.h"
+
+namespace trainwatch {
+namespace {
+
+uint64_t StreamSlot(uint32_t rank, uint32_t attempt) {
+  return (uint64_t{rank} << 32) | attempt;
+}
+
+}  // namespace
+
+RunPipeline::RunPipeline(std::string run_id, const HealthConfig& config,
+                         RunObserver* observer, int64_t now_unix_nanos)
+    : run_id_(std::move(run_id)),
+      config_(config),
+      observer_(observer),
+      last_record_unix_nanos_(now_unix_nanos) {}
+
+bool RunPipeline::KnowsStream(uint32_t rank, uint32_t attempt) const {
+  return next_step_.contains(StreamSlot(rank, attempt));
+}
+
+void RunPipeline::OnStreamStarted(uint32_t rank, uint32_t attempt,
+                                  std::optional<uint64_t> last_stored_step) {
+  const uint64_t resume = last_stored_step.has_value() ? *last_stored_step + 1 : 0;
+  auto [it, added] = next_step_.try_emplace(StreamSlot(rank, attempt), resume);
+  if (!added) it->second = std::max(it->second, resume);
+}
+
+void RunPipeline::SetLead(const v1::RunStart& start) {
+  if (health_ != nullptr) {
+    health_->set_info(InfoFrom(start));
+    return;
+  }
+  health_ = std::make_unique<RunHealth>(
+      InfoFrom(start), config_,
+      [this](const AlertEpisode& e) { observer_->OnAlert(e); },
+      [this](const SpikeInfo& s) { observer_->OnSpike(s); });
+}
+
+void RunPipeline::FeedLead(uint32_t attempt, const v1::StepRecord& r,
+                           int64_t now_unix_nanos) {
+  RunHealth& h = *health_;
+  if (health_attempt_ != attempt) {
+    // A restart from a checkpoint: forget what came after its first step.
+    if (health_attempt_.has_value() && h.last_step().has_value() &&
+        r.step() <= *h.last_step()) {
+      h.Rewind(r.step());
+    }
+    health_attempt_ = attempt;
+  }
+  h.OnLeadRecord(r, now_unix_nanos);
+}
+
+void RunPipeline::ResolveSilent(uint64_t step) {
+  if (health_ != nullptr && health_->tracker().firing(AlertKind::kRunSilent)) {
+    health_->tracker().Resolve(AlertKind::kRunSilent, step);
+  }
+}
+
+void RunPipeline::OnBatch(const v1::RunStart& start,
+                          const std::vector<v1::StepRecord>& records,
+                          uint64_t client_dropped, int64_t now_unix_nanos) {
+  const uint32_t rank = start.rank(), attempt = start.attempt();
+  // A duplicate or a step that went backwards (a resent batch) is skipped,
+  // as the store skips it (DESIGN.md §3).
+  uint64_t& next = next_step_[StreamSlot(rank, attempt)];
+  size_t first = 0;
+  while (first < records.size() && records[first].step() < next) ++first;
+  if (first == records.size()) return;
+  if (rank < lead_rank_ || (rank == lead_rank_ && attempt > lead_attempt_)) {
+    lead_rank_ = rank;
+    lead_attempt_ = attempt;
+    SetLead(start);
+    observer_->OnLeadChanged(start);
+  }
+  const bool lead = rank == lead_rank_ && attempt == lead_attempt_;
+  RunHealth& health = *health_;
+  last_record_unix_nanos_ = now_unix_nanos;
+  ResolveSilent(records[first].step());
+  const v1::StepRecord* last = nullptr;
+  size_t fresh = 0;
+  for (size_t i = first; i < records.size(); ++i) {
+    const v1::StepRecord& r = records[i];
+    if (r.step() < next) continue;
+    next = r.step() + 1;
+    last = &r;
+    ++fresh;
+    health.OnRankRecord(rank, attempt, r);
+    if (!lead) continue;
+    FeedLead(attempt, r, now_unix_nanos);
+    observer_->OnLeadRecord(r);
+  }
+  observer_->OnRecordsAccepted(fresh, client_dropped);
+  if (!lead) return;
+  last_step_ = last->step();
+  observer_->OnLeadBatchDone(*last, now_unix_nanos);
+  observer_->OnWindows(health);
+}
+
+bool RunPipeline::OnEvent(const v1::RunEvent& event) {
+  if (event.kind() != v1::RUN_FINISHED && event.kind() != v1::RUN_FAILED) {
+    return false;
+  }
+  ResolveSilent(event.step());
+  return true;
+}
+
+void RunPipeline::CheckSilence(int64_t now, int64_t silent_nanos) {
+  if (health_ == nullptr || now - last_record_unix_nanos_ < silent_nanos) {
+    return;
+  }
+  const double seconds = static_cast<double>(now - last_record_unix_nanos_) * 1e-9;
+  AlertTracker& tracker = health_->tracker();
+  tracker.BeginStep(last_step_, now);
+  tracker.Fire(AlertKind::kRunSilent, last_step_, seconds,
+               AlertText{absl::StrCat("run ", run_id_, " is silent"),
+                         absl::StrFormat("no step from run %s for %.0f s (last step %d); "
+                                         "the run has not reported RUN_FINISHED",
+                                         run_id_, seconds, last_step_)});
+}
+
+void RunPipeline::ResolveAll(int64_t now_unix_nanos) {
+  if (health_ == nullptr) return;
+  AlertTracker& tracker = health_->tracker();
+  tracker.BeginStep(last_step_, now_unix_nanos);
+  for (const AlertSpec& spec : AllAlertSpecs()) {
+    tracker.Resolve(spec.kind, last_step_);
+  }
+}
+
+void RunPipeline::Recover(const v1::RunStart& lead, uint64_t last_step) {
+  last_step_ = last_step;
+  lead_rank_ = lead.rank();
+  lead_attempt_ = lead.attempt();
+  SetLead(lead);
+}
+
+void RunPipeline::RestoreAlert(const AlertEpisode& episode) {
+  health_->tracker().Restore(episode);
+}
+
+void RunPipeline::BeginReplay() { health_->tracker().set_muted(true); }
+
+void RunPipeline::Replay(uint32_t attempt, const v1::StepRecord& record,
+                         int64_t now_unix_nanos) {
+  if (attempt > lead_attempt_) return;
+  FeedLead(attempt, record, now_unix_nanos);
+}
+
+void RunPipeline::EndReplay() {
+  health_->tracker().set_muted(false);
+  observer_->OnWindows(*health_);
+}
+
+HealthSnapshot RunPipeline::Snapshot() const {
+  HealthSnapshot snap;
+  if (health_ == nullptr) return snap;
+  const RunHealth& h = *health_;
+  const RunWindow& w = h.window();
+  v1::WindowStats& ws = snap.window;
+  ws.set_steps(static_cast<uint32_t>(w.grad_norm.slots()));
+  if (w.grad_norm.ranked() > 0) {
+    ws.set_grad_norm_p50(*w.grad_norm.Quantile(0.5));
+    ws.set_grad_norm_p90(*w.grad_norm.Quantile(0.9));
+    ws.set_grad_norm_p99(*w.grad_norm.Quantile(0.99));
+  }
+  ws.set_clip_fraction(w.clipped.fraction());
+  ws.set_skip_fraction(w.skipped.fraction());
+  if (h.baselines().grad_norm_median.has_value()) {
+    ws.set_baseline_grad_norm_median(*h.baselines().grad_norm_median);
+  }
+  for (const AlertSpec& spec : AllAlertSpecs()) {
+    const AlertEpisode& e = h.tracker().episode(spec.kind);
+    if (e.firing) snap.active_alerts.push_back(ToProto(run_id_, e));
+  }
+  snap.recommended_max_norm = h.RecommendedMaxNorm();
+  return snap;
+}
+
+}  // namespace trainwatch

@@ -1,0 +1,154 @@
+// One run's pipeline: what the server does with a run's records, minus the
+// threads and the I/O (the engine adds those). It picks the lead stream, skips
+// records it has seen before, rewinds on a restart from a checkpoint, feeds
+// the run's RunHealth, and reports everything the outside world sees through
+// one RunObserver.
+//
+//  - Lead stream (DESIGN.md §3): the lowest rank reporting, and of that rank
+//    the latest attempt. Its records feed the windows, baselines and
+//    detectors; every rank's records feed the cross-rank checks.
+//  - Dedup: per stream (rank, attempt) the pipeline remembers the first step
+//    not yet processed, starting from where the store says the stream
+//    resumes, so a batch resent after a reconnect or a crash counts once.
+//  - Rewind: a new attempt whose first step is at or below the last step seen
+//    rewinds the windows to that step.
+//  - RunSilent: fired by CheckSilence(), resolved by the next record or by
+//    the run's end.
+//
+// Not thread-safe: the engine keeps each run's pipeline on one shard thread.
+// No clock either: every call that stamps time takes `now_unix_nanos`.
+#ifndef TRAINWATCH_SERVER_HEALTH_RUN_PIPELINE_H_
+#define TRAINWATCH_SERVER_HEALTH_RUN_PIPELINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "health/alert_tracker.h"
+#include "health/health_config.h"
+#include "health/run_health.h"
+#include "trainwatch/v1/trainwatch.pb.h"
+
+namespace trainwatch {
+
+// Everything a run's pipeline tells the outside world (the engine's
+// AlertRouter stores, exports and notifies it). Called on the pipeline's
+// thread, from inside the pipeline's calls; must not call back into it.
+class RunObserver {
+ public:
+  virtual ~RunObserver() = default;
+
+  // An alert fired or resolved (never while replaying history).
+  virtual void OnAlert(const AlertEpisode& episode) = 0;
+  // A gradient spike, for the spike list (never while replaying history).
+  virtual void OnSpike(const SpikeInfo& spike) = 0;
+  // Another stream became the lead (a lower rank, or a later attempt of the
+  // lead rank); `start` is its RunStart. Not called by Recover().
+  virtual void OnLeadChanged(const v1::RunStart& start) = 0;
+  // A lead-stream record, after the health took it in.
+  virtual void OnLeadRecord(const v1::StepRecord& record) = 0;
+  // A batch brought `fresh` records not seen before (any stream);
+  // `client_dropped` is the drop count the client sent with it (a batch
+  // whose records were all seen before reports nothing).
+  virtual void OnRecordsAccepted(size_t fresh, uint64_t client_dropped) = 0;
+  // After a batch of lead-stream records: the last of them.
+  virtual void OnLeadBatchDone(const v1::StepRecord& last,
+                               int64_t now_unix_nanos) = 0;
+  // The windows moved (after a lead batch, and after replaying history).
+  virtual void OnWindows(const RunHealth& health) = 0;
+};
+
+// What GetRunHealth reports from memory.
+struct HealthSnapshot {
+  v1::WindowStats window;
+  std::vector<v1::Alert> active_alerts;
+  std::optional<double> recommended_max_norm;
+};
+
+class RunPipeline {
+ public:
+  // `config` and `observer` are borrowed and must outlive the pipeline.
+  // `now_unix_nanos` starts the silence clock.
+  RunPipeline(std::string run_id, const HealthConfig& config,
+              RunObserver* observer, int64_t now_unix_nanos);
+  RunPipeline(const RunPipeline&) = delete;
+  RunPipeline& operator=(const RunPipeline&) = delete;
+
+  // Whether the pipeline knows where the stream (rank, attempt) resumes.
+  bool KnowsStream(uint32_t rank, uint32_t attempt) const;
+  // The stream's RunStart is stored; the store held its records up to
+  // `last_stored_step` (none: nothing stored). Records below the resume
+  // point are skipped. The store can only be behind what the pipeline
+  // processed, so a resume point already known is only ever raised.
+  void OnStreamStarted(uint32_t rank, uint32_t attempt,
+                       std::optional<uint64_t> last_stored_step);
+
+  // A batch of the stream that sent `start`, in step order, after
+  // OnStreamStarted() for that stream. Records at or below a step already
+  // processed for the stream are skipped.
+  void OnBatch(const v1::RunStart& start,
+               const std::vector<v1::StepRecord>& records,
+               uint64_t client_dropped, int64_t now_unix_nanos);
+  // A stored event. Returns whether it ends the run (RUN_FINISHED,
+  // RUN_FAILED), which resolves RunSilent.
+  bool OnEvent(const v1::RunEvent& event);
+
+  // Fires RunSilent if no record came for `silent_nanos`.
+  void CheckSilence(int64_t now_unix_nanos, int64_t silent_nanos);
+  // The run is forgotten: resolves every alert still firing at its last step.
+  void ResolveAll(int64_t now_unix_nanos);
+
+  // Recovery after a restart, before any other call: the run's lead
+  // RunStart and last stored step; then RestoreAlert() for each alert stored
+  // as firing, and the lead's history between BeginReplay() and EndReplay(),
+  // during which nothing fires and the observer hears only OnWindows() (at
+  // EndReplay()).
+  void Recover(const v1::RunStart& lead, uint64_t last_step);
+  void RestoreAlert(const AlertEpisode& episode);
+  void BeginReplay();
+  // A stored lead-rank record; records of attempts after the lead's are
+  // ignored.
+  void Replay(uint32_t attempt, const v1::StepRecord& record,
+              int64_t now_unix_nanos);
+  void EndReplay();
+
+  // The live health for GetRunHealth; empty before the first lead record.
+  HealthSnapshot Snapshot() const;
+
+  const std::string& run_id() const { return run_id_; }
+  // Null until the run has a lead stream.
+  const RunHealth* health() const { return health_.get(); }
+  uint64_t last_step() const { return last_step_; }
+  uint32_t lead_rank() const { return lead_rank_; }
+  uint32_t lead_attempt() const { return lead_attempt_; }
+
+ private:
+  void SetLead(const v1::RunStart& start);
+  // Feeds one lead-stream record to the health, rewinding first on a new
+  // attempt that restarts at or before the last step.
+  void FeedLead(uint32_t attempt, const v1::StepRecord& record,
+                int64_t now_unix_nanos);
+  void ResolveSilent(uint64_t step);
+
+  const std::string run_id_;
+  const HealthConfig& config_;
+  RunObserver* const observer_;
+  std::unique_ptr<RunHealth> health_;
+  uint32_t lead_rank_ = std::numeric_limits<uint32_t>::max();
+  uint32_t lead_attempt_ = 0;
+  // The attempt whose records the health last took in.
+  std::optional<uint32_t> health_attempt_;
+  int64_t last_record_unix_nanos_ = 0;
+  uint64_t last_step_ = 0;  // of the lead stream
+  // Per stream (rank << 32 | attempt): the first step not yet processed.
+  absl::flat_hash_map<uint64_t, uint64_t> next_step_;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_HEALTH_RUN_PIPELINE_H_

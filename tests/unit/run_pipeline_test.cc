@@ -1,0 +1,230 @@
+// RunPipeline on its own: no threads, no store, no metrics; a recording
+// observer sees everything it reports.
+#include "health/run_pipeline.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "health/alert_catalog.h"
+
+namespace trainwatch {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr int64_t kSecond = 1'000'000'000;
+
+v1::RunStart Start(uint32_t rank, uint32_t attempt = 0, double max_norm = 1.0) {
+  v1::RunStart s;
+  s.set_run_id("r");
+  s.set_rank(rank);
+  s.set_attempt(attempt);
+  s.set_world_size(2);
+  s.set_precision(v1::BF16);
+  s.set_max_norm(max_norm);
+  return s;
+}
+
+std::vector<v1::StepRecord> Steps(uint64_t from, uint64_t to, double norm = 0.5) {
+  std::vector<v1::StepRecord> out;
+  for (uint64_t i = from; i < to; ++i) {
+    v1::StepRecord r;
+    r.set_step(i);
+    r.set_grad_norm(norm);
+    r.set_clipped(norm > 1.0);
+    out.push_back(r);
+  }
+  return out;
+}
+
+struct Recorder final : RunObserver {
+  void OnAlert(const AlertEpisode& e) override {
+    alerts.push_back(std::string(e.firing ? "fire " : "resolve ") +
+                     std::string(Spec(e.kind).name));
+  }
+  void OnSpike(const SpikeInfo& s) override { spikes.push_back(s.step); }
+  void OnLeadChanged(const v1::RunStart& s) override {
+    leads.push_back(s.rank() * 100 + s.attempt());
+  }
+  void OnLeadRecord(const v1::StepRecord& r) override { lead_steps.push_back(r.step()); }
+  void OnRecordsAccepted(size_t fresh, uint64_t dropped) override {
+    accepted.push_back(fresh);
+    client_dropped += dropped;
+  }
+  void OnLeadBatchDone(const v1::StepRecord& last, int64_t) override {
+    batch_ends.push_back(last.step());
+  }
+  void OnWindows(const RunHealth& h) override {
+    window_slots.push_back(h.window().grad_norm.slots());
+  }
+
+  std::vector<std::string> alerts;
+  std::vector<uint64_t> spikes;
+  std::vector<uint32_t> leads;  // rank * 100 + attempt
+  std::vector<uint64_t> lead_steps;
+  std::vector<size_t> accepted;
+  uint64_t client_dropped = 0;
+  std::vector<uint64_t> batch_ends;
+  std::vector<size_t> window_slots;
+};
+
+class RunPipelineTest : public ::testing::Test {
+ protected:
+  RunPipelineTest() { config_.window_steps = 100; }
+
+  void Send(const v1::RunStart& start, const std::vector<v1::StepRecord>& records,
+            uint64_t dropped = 0) {
+    now_ += kSecond;
+    pipeline_.OnBatch(start, records, dropped, now_);
+  }
+
+  HealthConfig config_;
+  Recorder seen_;
+  int64_t now_ = 1'700'000'000 * kSecond;
+  RunPipeline pipeline_{"r", config_, &seen_, now_};
+};
+
+TEST_F(RunPipelineTest, KnowsAStreamOnceStartedAndResumesAfterTheStoredStep) {
+  EXPECT_FALSE(pipeline_.KnowsStream(0, 0));
+  pipeline_.OnStreamStarted(0, 0, 9);
+  EXPECT_TRUE(pipeline_.KnowsStream(0, 0));
+  EXPECT_FALSE(pipeline_.KnowsStream(0, 1));
+  Send(Start(0), Steps(5, 15));
+  // Steps 5..9 are stored already: only 10..14 count.
+  EXPECT_THAT(seen_.lead_steps, ElementsAre(10, 11, 12, 13, 14));
+  EXPECT_THAT(seen_.accepted, ElementsAre(5));
+  EXPECT_THAT(seen_.batch_ends, ElementsAre(14));
+  EXPECT_EQ(pipeline_.last_step(), 14u);
+}
+
+TEST_F(RunPipelineTest, AResentBatchCountsOnceAndItsDropsNotAgain) {
+  pipeline_.OnStreamStarted(0, 0, std::nullopt);
+  Send(Start(0), Steps(0, 10), /*dropped=*/3);
+  Send(Start(0), Steps(0, 10), /*dropped=*/3);  // all seen: nothing reported
+  Send(Start(0), Steps(5, 12), /*dropped=*/3);  // 10, 11 are new
+  EXPECT_THAT(seen_.accepted, ElementsAre(10, 2));
+  EXPECT_EQ(seen_.client_dropped, 6u);
+  EXPECT_EQ(seen_.lead_steps.size(), 12u);
+  // A later resume point already known is only ever raised.
+  pipeline_.OnStreamStarted(0, 0, 3);
+  Send(Start(0), Steps(11, 13));
+  EXPECT_THAT(seen_.accepted, ElementsAre(10, 2, 1));
+}
+
+TEST_F(RunPipelineTest, TheLowestRankLeadsAndTheLatestAttemptOfIt) {
+  for (uint32_t rank : {0u, 1u}) pipeline_.OnStreamStarted(rank, 0, std::nullopt);
+  pipeline_.OnStreamStarted(0, 1, std::nullopt);
+  Send(Start(1), Steps(0, 3));  // rank 1 leads until rank 0 reports
+  Send(Start(0), Steps(0, 2));  // rank 0 takes over
+  Send(Start(1), Steps(3, 5));  // no longer the lead: cross-rank checks only
+  Send(Start(0, 1), Steps(2, 4));  // a later attempt of rank 0 leads
+  Send(Start(0, 0), Steps(2, 4));  // the old attempt no longer does
+  EXPECT_THAT(seen_.leads, ElementsAre(100, 0, 1));
+  EXPECT_THAT(seen_.lead_steps, ElementsAre(0, 1, 2, 0, 1, 2, 3));
+  EXPECT_THAT(seen_.accepted, ElementsAre(3, 2, 2, 2, 2));
+  EXPECT_EQ(pipeline_.lead_rank(), 0u);
+  EXPECT_EQ(pipeline_.lead_attempt(), 1u);
+  EXPECT_EQ(pipeline_.last_step(), 3u);
+}
+
+TEST_F(RunPipelineTest, ANewAttemptFromAnEarlierStepRewindsTheWindows) {
+  pipeline_.OnStreamStarted(0, 0, std::nullopt);
+  pipeline_.OnStreamStarted(0, 1, std::nullopt);
+  Send(Start(0, 0), Steps(0, 50));
+  ASSERT_NE(pipeline_.health(), nullptr);
+  EXPECT_EQ(pipeline_.health()->window().grad_norm.slots(), 50u);
+  // The restart from a checkpoint at step 20 forgets steps 20..49.
+  Send(Start(0, 1), Steps(20, 25));
+  EXPECT_EQ(pipeline_.health()->window().grad_norm.slots(), 25u);
+  EXPECT_EQ(pipeline_.health()->last_step(), 24u);
+  EXPECT_EQ(seen_.window_slots.back(), 25u);
+}
+
+TEST_F(RunPipelineTest, ANewAttemptPastTheLastStepKeepsTheWindows) {
+  pipeline_.OnStreamStarted(0, 0, std::nullopt);
+  pipeline_.OnStreamStarted(0, 1, std::nullopt);
+  Send(Start(0, 0), Steps(0, 50));
+  Send(Start(0, 1), Steps(50, 55));
+  EXPECT_EQ(pipeline_.health()->window().grad_norm.slots(), 55u);
+}
+
+TEST_F(RunPipelineTest, SilenceFiresRunSilentAndTheNextRecordResolvesIt) {
+  pipeline_.CheckSilence(now_ + 1000 * kSecond, 300 * kSecond);
+  EXPECT_THAT(seen_.alerts, IsEmpty()) << "no lead yet: nothing to be silent";
+  pipeline_.OnStreamStarted(0, 0, std::nullopt);
+  Send(Start(0), Steps(0, 10));
+  pipeline_.CheckSilence(now_ + 299 * kSecond, 300 * kSecond);
+  EXPECT_THAT(seen_.alerts, IsEmpty());
+  pipeline_.CheckSilence(now_ + 300 * kSecond, 300 * kSecond);
+  EXPECT_THAT(seen_.alerts, ElementsAre("fire RunSilent"));
+  EXPECT_EQ(pipeline_.Snapshot().active_alerts.size(), 1u);
+  Send(Start(0), Steps(10, 11));
+  EXPECT_THAT(seen_.alerts, ElementsAre("fire RunSilent", "resolve RunSilent"));
+  EXPECT_THAT(pipeline_.Snapshot().active_alerts, IsEmpty());
+}
+
+TEST_F(RunPipelineTest, OnlyFinishedOrFailedEndsTheRunAndResolvesRunSilent) {
+  pipeline_.OnStreamStarted(0, 0, std::nullopt);
+  Send(Start(0), Steps(0, 10));
+  pipeline_.CheckSilence(now_ + 400 * kSecond, 300 * kSecond);
+  v1::RunEvent event;
+  event.set_kind(v1::CHECKPOINT_SAVED);
+  event.set_step(9);
+  EXPECT_FALSE(pipeline_.OnEvent(event));
+  EXPECT_THAT(seen_.alerts, ElementsAre("fire RunSilent"));
+  event.set_kind(v1::RUN_FINISHED);
+  EXPECT_TRUE(pipeline_.OnEvent(event));
+  EXPECT_THAT(seen_.alerts, ElementsAre("fire RunSilent", "resolve RunSilent"));
+  event.set_kind(v1::RUN_FAILED);
+  EXPECT_TRUE(pipeline_.OnEvent(event));
+}
+
+TEST_F(RunPipelineTest, ClippingFiresAndResolveAllResolvesAtTheLastStep) {
+  pipeline_.OnStreamStarted(0, 0, std::nullopt);
+  Send(Start(0), Steps(0, 150, /*norm=*/2.0));  // every step clipped
+  EXPECT_THAT(seen_.alerts, ElementsAre("fire ClipFractionHigh"));
+  HealthSnapshot snap = pipeline_.Snapshot();
+  ASSERT_EQ(snap.active_alerts.size(), 1u);
+  EXPECT_EQ(snap.active_alerts[0].alertname(), "ClipFractionHigh");
+  EXPECT_EQ(snap.window.clip_fraction(), 1.0);
+  EXPECT_EQ(snap.window.steps(), 100u);
+  ASSERT_TRUE(snap.recommended_max_norm.has_value());
+  EXPECT_EQ(*snap.recommended_max_norm, 2.0);
+  pipeline_.ResolveAll(now_);
+  EXPECT_THAT(seen_.alerts, ElementsAre("fire ClipFractionHigh", "resolve ClipFractionHigh"));
+  EXPECT_THAT(pipeline_.Snapshot().active_alerts, IsEmpty());
+}
+
+TEST_F(RunPipelineTest, RecoveryReplaysMutedAndKeepsStoredAlertsFiring) {
+  pipeline_.Recover(Start(0, 1), /*last_step=*/149);
+  AlertEpisode stored;
+  stored.kind = AlertKind::kClipFractionHigh;
+  stored.firing = true;
+  stored.started_step = 110;
+  pipeline_.RestoreAlert(stored);
+  pipeline_.BeginReplay();
+  for (const v1::StepRecord& r : Steps(0, 150, 2.0)) pipeline_.Replay(1, r, now_);
+  // A later attempt than the lead's is not the lead's history.
+  for (const v1::StepRecord& r : Steps(150, 160, 2.0)) pipeline_.Replay(2, r, now_);
+  pipeline_.EndReplay();
+  EXPECT_THAT(seen_.alerts, IsEmpty());
+  EXPECT_THAT(seen_.spikes, IsEmpty());
+  EXPECT_THAT(seen_.window_slots, ElementsAre(100));
+  EXPECT_EQ(pipeline_.last_step(), 149u);
+  EXPECT_EQ(pipeline_.health()->last_step(), 149u);
+  HealthSnapshot snap = pipeline_.Snapshot();
+  ASSERT_EQ(snap.active_alerts.size(), 1u);
+  EXPECT_EQ(snap.active_alerts[0].started_step(), 110u);
+  // Live again after the replay: the clipping goes on, nothing new fires,
+  // and healthy steps resolve the stored alert.
+  pipeline_.OnStreamStarted(0, 1, 149);
+  Send(Start(0, 1), Steps(150, 400, 0.5));
+  EXPECT_THAT(seen_.alerts, ElementsAre("resolve ClipFractionHigh"));
+  EXPECT_THAT(seen_.leads, IsEmpty()) << "the recovered lead is still the lead";
+}
+
+}  // namespace
+}  // namespace trainwatch
