@@ -16,12 +16,14 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libsqlite3-dev libyaml-cpp-dev libcurl4-openssl-dev
-  nlohmann-json3-dev libssl-dev
+  nlohmann-json3-dev libssl-dev libcrypt-dev
   # Python client (built for Debian's /usr/bin/python3)
   python3 python3-dev pybind11-dev python3-pybind11 python3-numpy
   # tests and tools
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   sqlite3 curl openssl prometheus prometheus-alertmanager python3-yaml python3-pytest
+  # the fleet proxy (deploy/fleet, tests/integration/fleet_test.cc)
+  nginx
   python3-torch python3-prometheus-client python3-grpcio
   # Debian's torch uses the reference BLAS unless an optimized one is present
   libopenblas0

@@ -21,6 +21,9 @@ constexpr const char* kUsage = R"(usage: trainwatch-server [flags]
 
   --listen ADDR            gRPC address (default 127.0.0.1:50051; port 0 = any free port)
   --metrics-listen ADDR    Prometheus /metrics address (default 127.0.0.1:9464)
+  --web-config-file FILE   TLS and basic auth for /metrics, in the Prometheus
+                           exporters' web config format (tls_server_config,
+                           basic_auth_users; docs/fleet.md)
   --db PATH                SQLite database (default ./trainwatch.db)
   --synchronous MODE       SQLite synchronous: NORMAL (default) or FULL
   --engine-threads N       health-engine threads (default 2)
@@ -75,6 +78,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, std::string*> string_flags = {
       {"--listen", &options.listen},
       {"--metrics-listen", &options.metrics_listen},
+      {"--web-config-file", &options.web_config_file},
       {"--db", &options.db},
       {"--synchronous", &options.synchronous},
       {"--config", &config_path},
@@ -166,8 +170,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::string host = options.listen.substr(0, options.listen.rfind(':'));
-  printf("trainwatch-server: gRPC on %s:%d, /metrics on http://%s/metrics, db %s\n",
-         host.c_str(), (*server)->grpc_port(),
+  printf("trainwatch-server: gRPC on %s:%d, /metrics on %s://%s/metrics, db %s\n",
+         host.c_str(), (*server)->grpc_port(), (*server)->metrics_scheme(),
          (*server)->metrics_address().c_str(), options.db.c_str());
   const char* tls = options.tls.cert_file.empty()          ? "off (plaintext)"
                     : options.tls.client_ca_file.empty() ? "on"

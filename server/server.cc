@@ -138,8 +138,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
     server->authorizer_ = *std::move(authorizer);
   }
 
+  WebConfig web;
+  if (!options.web_config_file.empty()) {
+    absl::StatusOr<WebConfig> loaded = LoadWebConfig(options.web_config_file);
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("--web-config-file ",
+                                       loaded.status().message()));
+    }
+    web = *std::move(loaded);
+  }
+  server->metrics_tls_ = web.tls();
   absl::StatusOr<std::unique_ptr<Metrics>> metrics =
-      Metrics::Create(options.metrics_listen);
+      Metrics::Create(options.metrics_listen, web);
   if (!metrics.ok()) return metrics.status();
   server->metrics_ = std::move(*metrics);
   Metrics* m = server->metrics_.get();

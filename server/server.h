@@ -31,6 +31,9 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:50051";
   // /metrics address; port 0 picks a free port; "" serves no /metrics.
   std::string metrics_listen = "127.0.0.1:9464";
+  // The exporters' web configuration file for /metrics (TLS, basic auth;
+  // metrics/web_config.h); "" = plain HTTP without auth.
+  std::string web_config_file;
   // SQLite database file (the embedded default).
   std::string db = "trainwatch.db";
   // PRAGMA synchronous of the store: NORMAL or FULL.
@@ -78,6 +81,8 @@ class Server {
   int grpc_port() const { return grpc_port_; }
   // host:port of /metrics, "" when not served.
   std::string metrics_address() const { return metrics_address_; }
+  // "https" when --web-config-file turns TLS on for /metrics, else "http".
+  const char* metrics_scheme() const { return metrics_tls_ ? "https" : "http"; }
 
   // Drains: stops taking messages, commits and acks what arrived, ends every
   // stream with UNAVAILABLE, then stops the parts in dependency order.
@@ -99,6 +104,7 @@ class Server {
   std::unique_ptr<grpc::Server> grpc_server_;
   int grpc_port_ = 0;
   std::string metrics_address_;
+  bool metrics_tls_ = false;
   bool shut_down_ = false;
 };
 

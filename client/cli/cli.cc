@@ -20,7 +20,7 @@ constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
 constexpr absl::string_view kUsage =
-    R"(usage: trainwatchctl [--server ADDR] [--timeout SECONDS] COMMAND [ARGS]
+    R"(usage: trainwatchctl [--server ADDR[,ADDR...]] [--timeout SECONDS] COMMAND [ARGS]
 
 Commands:
   replay FILE.jsonl [--run R] [--rank N] [--world-size N] [--attempt N]
@@ -43,7 +43,10 @@ Commands:
       batch ids to skip, why), for a launcher or a data loader to act on.
 
 Options (before or after the command):
-  --server ADDR      server address (default 127.0.0.1:50051)
+  --server ADDR      server address (default 127.0.0.1:50051): a server or a
+                     fleet's proxy. A fleet's servers as a list A,B,C: runs
+                     and alerts ask them all (one that does not answer is
+                     named, exit 1); the other commands find the run's server
   --timeout SECONDS  deadline of a query (default 30; steps 600), or how long
                      replay waits for acknowledgements (default 120)
   --token-file FILE  bearer token for a server with --auth-token-file (the

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "trainwatch/channel.h"
 
 namespace trainwatch::cli {
@@ -18,7 +19,15 @@ namespace trainwatch::cli {
 absl::Status ApplyGlobalFlags(const ParsedArgs& args, GlobalOptions* global) {
   if (std::optional<std::string> server = args.Get("server")) {
     if (server->empty()) return UsageError("--server needs an address");
+    std::vector<std::string> servers = absl::StrSplit(*server, ',');
+    for (const std::string& one : servers) {
+      if (one.empty()) {
+        return UsageError(absl::StrCat("--server ", *server,
+                                       ": an empty address in the list"));
+      }
+    }
     global->server = *server;
+    global->servers = std::move(servers);
   }
   absl::StatusOr<std::optional<double>> seconds = args.GetDouble("timeout");
   if (!seconds.ok()) return seconds.status();
@@ -93,6 +102,7 @@ std::unique_ptr<grpc::ClientContext> NewContext(
   context->set_deadline(std::chrono::system_clock::now() +
                         global.timeout.value_or(fallback));
   AddAuthToken(global.security, context.get());
+  AddRunHeader(global.run, context.get());
   return context;
 }
 

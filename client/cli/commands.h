@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -20,8 +21,15 @@
 namespace trainwatch::cli {
 
 struct GlobalOptions {
-  // Server address, host:port.
+  // Server address, host:port: --server as given (a fleet's list stays
+  // comma-separated here; NewStub wants one address, see fleet.h).
   std::string server = "127.0.0.1:50051";
+  // --server split at commas: one address (a server, or a fleet's proxy), or
+  // every server of a fleet.
+  std::vector<std::string> servers = {"127.0.0.1:50051"};
+  // The run a command is about (fleet.h ForRun); NewContext sends it as
+  // x-trainwatch-run so that a fleet's proxy routes the call to its server.
+  std::string run;
   // --timeout: the deadline of a query, or how long replay waits for acks.
   // Unset: each command's default.
   std::optional<std::chrono::milliseconds> timeout;
@@ -63,7 +71,8 @@ absl::Status RunPlan(const GlobalOptions& global, const ParsedArgs& args);
 std::unique_ptr<v1::TrainingHealth::Stub> NewStub(const GlobalOptions& global);
 
 // A context whose deadline is global.timeout, or `fallback` when unset, so
-// that no call can hang forever on a stalled server; it carries the token.
+// that no call can hang forever on a stalled server; it carries the token
+// and, when global.run is set, the run header.
 std::unique_ptr<grpc::ClientContext> NewContext(
     const GlobalOptions& global, std::chrono::milliseconds fallback);
 

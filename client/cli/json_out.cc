@@ -221,7 +221,8 @@ absl::string_view PrecisionName(v1::Precision precision) {
   }
 }
 
-void WriteRun(JsonWriter& w, const v1::RunSummary& run) {
+void WriteRun(JsonWriter& w, const v1::RunSummary& run,
+              absl::string_view server) {
   w.BeginObject();
   w.Key("run_id");
   w.String(run.run_id());
@@ -249,10 +250,15 @@ void WriteRun(JsonWriter& w, const v1::RunSummary& run) {
   w.String(run.state());
   w.Key("active_alerts");
   w.Uint(run.active_alerts());
+  if (!server.empty()) {
+    w.Key("server");
+    w.String(server);
+  }
   w.EndObject();
 }
 
-void WriteAlert(JsonWriter& w, const v1::Alert& a) {
+void WriteAlert(JsonWriter& w, const v1::Alert& a,
+                absl::string_view server) {
   // The wire says "0 while firing"; JSON can say it plainly.
   const bool resolved = a.state() == "resolved";
   w.BeginObject();
@@ -295,6 +301,10 @@ void WriteAlert(JsonWriter& w, const v1::Alert& a) {
     w.Int(a.resolved_unix_nanos());
   } else {
     w.Null();
+  }
+  if (!server.empty()) {
+    w.Key("server");
+    w.String(server);
   }
   w.EndObject();
 }

@@ -69,11 +69,14 @@ void WriteStep(JsonWriter& w, const v1::StepRecord& record, uint32_t rank,
 // "FP16", "BF16", "FP32" or "PRECISION_UNSPECIFIED".
 absl::string_view PrecisionName(v1::Precision precision);
 
-void WriteRun(JsonWriter& w, const v1::RunSummary& run);
+// `server`: the fleet server that answered, as a "server" key; "" for none.
+void WriteRun(JsonWriter& w, const v1::RunSummary& run,
+              absl::string_view server = "");
 
 // Every key is always present; resolved_step and resolved_unix_nanos are null
-// while the alert is firing.
-void WriteAlert(JsonWriter& w, const v1::Alert& alert);
+// while the alert is firing. `server` as for WriteRun.
+void WriteAlert(JsonWriter& w, const v1::Alert& alert,
+                absl::string_view server = "");
 
 // One spike with its restart plan. Every key is always present:
 // restart_from_step is null when no checkpoint is early enough, and

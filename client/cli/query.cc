@@ -1,7 +1,11 @@
 // The read-only commands: runs, steps, health, alerts, spikes. Each is one
 // query RPC rendered as a table or, with --json, as the JSON of json_out.h.
+// With several --server addresses, `runs` and `alerts` ask every server and
+// add a SERVER column (a "server" key in JSON); the others ask the run's.
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -10,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "commands.h"
+#include "fleet.h"
 #include "json_out.h"
 #include "text_out.h"
 
@@ -29,17 +34,34 @@ std::string Labels(const google::protobuf::Map<std::string, std::string>& m) {
   return absl::StrJoin(sorted, ",", absl::PairFormatter("="));
 }
 
-std::string RenderRuns(const v1::ListRunsResponse& response) {
+// A run or an alert and the server that answered with it ("" for a single
+// server, whose output has no SERVER column).
+template <typename T>
+struct FromServer {
+  const T* item;
+  std::string server;
+};
+
+std::string RenderRuns(const std::vector<FromServer<v1::RunSummary>>& runs,
+                       bool fleet) {
   // The wire has the world size, not how many ranks reported.
-  Table table({"RUN", "WORLD", "ATTEMPT", "PRECISION", "LAST STEP", "STEPS",
-               "STATE", "ALERTS"});
-  for (const v1::RunSummary& run : response.runs()) {
-    table.AddRow({run.run_id(), absl::StrCat(run.world_size()),
-                  absl::StrCat(run.attempt()),
-                  std::string(PrecisionName(run.precision())),
-                  absl::StrCat(run.last_step()), absl::StrCat(run.steps()),
-                  run.state().empty() ? "-" : run.state(),
-                  absl::StrCat(run.active_alerts())});
+  std::vector<std::string> header = {"RUN",       "WORLD",     "ATTEMPT",
+                                     "PRECISION", "LAST STEP", "STEPS",
+                                     "STATE",     "ALERTS"};
+  if (fleet) header.push_back("SERVER");
+  Table table(header);
+  for (const auto& [run, server] : runs) {
+    std::vector<std::string> row = {
+        run->run_id(),
+        absl::StrCat(run->world_size()),
+        absl::StrCat(run->attempt()),
+        std::string(PrecisionName(run->precision())),
+        absl::StrCat(run->last_step()),
+        absl::StrCat(run->steps()),
+        run->state().empty() ? "-" : run->state(),
+        absl::StrCat(run->active_alerts())};
+    if (fleet) row.push_back(server);
+    table.AddRow(row);
   }
   return table.Render();
 }
@@ -51,22 +73,29 @@ std::string AlertSteps(const v1::Alert& alert) {
   return absl::StrCat(alert.started_step(), "-", alert.resolved_step());
 }
 
-std::string RenderAlerts(const std::vector<const v1::Alert*>& alerts) {
-  Table table({"ALERTNAME", "SEVERITY", "STATE", "RUN", "RANK", "STEPS", "PEAK",
-               "SUMMARY"});
-  for (const v1::Alert* a : alerts) {
-    table.AddRow({a->alertname(), a->severity(), a->state(), a->run(),
-                  absl::StrCat(a->rank()), AlertSteps(*a), Num(a->peak_value()),
-                  a->summary()});
+std::string RenderAlerts(const std::vector<FromServer<v1::Alert>>& alerts,
+                         bool fleet) {
+  std::vector<std::string> header = {"ALERTNAME", "SEVERITY", "STATE", "RUN",
+                                     "RANK",      "STEPS",    "PEAK",  "SUMMARY"};
+  if (fleet) header.push_back("SERVER");
+  Table table(header);
+  for (const auto& [a, server] : alerts) {
+    std::vector<std::string> row = {
+        a->alertname(),        a->severity(),
+        a->state(),            a->run(),
+        absl::StrCat(a->rank()), AlertSteps(*a),
+        Num(a->peak_value()),  a->summary()};
+    if (fleet) row.push_back(server);
+    table.AddRow(row);
   }
   return table.Render();
 }
 
-std::string AlertsJson(const std::vector<const v1::Alert*>& alerts) {
+std::string AlertsJson(const std::vector<FromServer<v1::Alert>>& alerts) {
   std::string out;
   JsonWriter w(&out);
   w.BeginArray();
-  for (const v1::Alert* a : alerts) WriteAlert(w, *a);
+  for (const auto& [a, server] : alerts) WriteAlert(w, *a, server);
   w.EndArray();
   out += '\n';
   return out;
@@ -121,9 +150,9 @@ std::string RenderHealth(const v1::GetRunHealthResponse& h) {
             g.silent_seconds()));
   }
   if (h.active_alerts().empty()) return out + "active alerts  none\n";
-  std::vector<const v1::Alert*> alerts;
-  for (const v1::Alert& a : h.active_alerts()) alerts.push_back(&a);
-  return absl::StrCat(out, "active alerts\n", RenderAlerts(alerts));
+  std::vector<FromServer<v1::Alert>> alerts;
+  for (const v1::Alert& a : h.active_alerts()) alerts.push_back({&a, ""});
+  return absl::StrCat(out, "active alerts\n", RenderAlerts(alerts, false));
 }
 
 // "27.4x": a spike's norm over the EMA's geometric mean.
@@ -192,12 +221,14 @@ std::string RenderSpikes(const v1::GetRunHealthResponse& h) {
 absl::StatusOr<v1::GetRunHealthResponse> GetRunHealth(
     const GlobalOptions& global, absl::string_view command,
     std::string run_id) {
+  absl::StatusOr<GlobalOptions> aimed = ForRun(global, command, run_id);
+  if (!aimed.ok()) return aimed.status();
   v1::GetRunHealthRequest request;
   request.set_run_id(std::move(run_id));
   v1::GetRunHealthResponse response;
-  auto context = NewContext(global, kUnaryDeadline);
+  auto context = NewContext(*aimed, kUnaryDeadline);
   grpc::Status status =
-      NewStub(global)->GetRunHealth(context.get(), request, &response);
+      NewStub(*aimed)->GetRunHealth(context.get(), request, &response);
   if (!status.ok()) return RpcError(command, "GetRunHealth", status);
   return response;
 }
@@ -222,28 +253,52 @@ absl::StatusOr<v1::ListAlertsResponse> ListAlerts(const GlobalOptions& global,
 
 absl::Status RunRuns(const GlobalOptions& global, const ParsedArgs& args) {
   if (absl::Status s = NoArguments(args); !s.ok()) return s;
-  v1::ListRunsResponse response;
-  auto context = NewContext(global, kUnaryDeadline);
-  grpc::Status status = NewStub(global)->ListRuns(
-      context.get(), v1::ListRunsRequest(), &response);
-  if (!status.ok()) return RpcError("runs", "ListRuns", status);
-  if (!args.Has("json")) {
-    WriteStdout(RenderRuns(response));
-    return absl::OkStatus();
+  std::function<absl::StatusOr<v1::ListRunsResponse>(const GlobalOptions&)>
+      list = [](const GlobalOptions& one)
+      -> absl::StatusOr<v1::ListRunsResponse> {
+    v1::ListRunsResponse response;
+    auto context = NewContext(one, kUnaryDeadline);
+    grpc::Status status = NewStub(one)->ListRuns(
+        context.get(), v1::ListRunsRequest(), &response);
+    if (!status.ok()) return RpcError("runs", "ListRuns", status);
+    return response;
+  };
+  const std::vector<ServerAnswer<v1::ListRunsResponse>> answers =
+      FanOut(global, list);
+  const bool fleet = answers.size() > 1;
+  if (!fleet && !answers[0].answer.ok()) return answers[0].answer.status();
+  std::vector<FromServer<v1::RunSummary>> runs;
+  for (const ServerAnswer<v1::ListRunsResponse>& a : answers) {
+    if (!a.answer.ok()) continue;
+    for (const v1::RunSummary& run : a.answer->runs()) {
+      runs.push_back({&run, fleet ? a.server : ""});
+    }
   }
-  std::string out;
-  JsonWriter w(&out);
-  w.BeginArray();
-  for (const v1::RunSummary& run : response.runs()) WriteRun(w, run);
-  w.EndArray();
-  WriteStdout(out + "\n");
-  return absl::OkStatus();
+  if (fleet) {
+    std::stable_sort(runs.begin(), runs.end(),
+                     [](const auto& x, const auto& y) {
+                       return x.item->run_id() < y.item->run_id();
+                     });
+  }
+  if (!args.Has("json")) {
+    WriteStdout(RenderRuns(runs, fleet));
+  } else {
+    std::string out;
+    JsonWriter w(&out);
+    w.BeginArray();
+    for (const auto& [run, server] : runs) WriteRun(w, *run, server);
+    w.EndArray();
+    WriteStdout(out + "\n");
+  }
+  return ReportUnanswered("runs", answers);
 }
 
 absl::Status RunSteps(const GlobalOptions& global, const ParsedArgs& args) {
   if (absl::Status s = NoArguments(args); !s.ok()) return s;
   absl::StatusOr<std::string> run = RequiredFlag(args, "run");
   if (!run.ok()) return run.status();
+  absl::StatusOr<GlobalOptions> aimed = ForRun(global, "steps", *run);
+  if (!aimed.ok()) return aimed.status();
   v1::QueryStepsRequest request;
   request.set_run_id(*run);
   absl::StatusOr<std::optional<uint64_t>> from = args.GetUint64("from");
@@ -260,8 +315,8 @@ absl::Status RunSteps(const GlobalOptions& global, const ParsedArgs& args) {
   if (rank->has_value()) request.set_rank(**rank);
 
   const bool json = args.Has("json");
-  auto context = NewContext(global, kStreamDeadline);
-  auto stub = NewStub(global);
+  auto context = NewContext(*aimed, kStreamDeadline);
+  auto stub = NewStub(*aimed);
   std::unique_ptr<grpc::ClientReader<v1::StepRecords>> reader =
       stub->QuerySteps(context.get(), request);
   // Printed as it arrives: a history can be millions of records.
@@ -316,13 +371,30 @@ absl::Status RunHealth(const GlobalOptions& global, const ParsedArgs& args) {
 
 absl::Status RunAlerts(const GlobalOptions& global, const ParsedArgs& args) {
   if (absl::Status s = NoArguments(args); !s.ok()) return s;
-  absl::StatusOr<v1::ListAlertsResponse> response = ListAlerts(
-      global, "alerts", args.Get("run").value_or(""), args.Has("active"));
-  if (!response.ok()) return response.status();
-  std::vector<const v1::Alert*> alerts;
-  for (const v1::Alert& a : response->alerts()) alerts.push_back(&a);
-  WriteStdout(args.Has("json") ? AlertsJson(alerts) : RenderAlerts(alerts));
-  return absl::OkStatus();
+  const std::string run = args.Get("run").value_or("");
+  const bool active = args.Has("active");
+  std::function<absl::StatusOr<v1::ListAlertsResponse>(const GlobalOptions&)>
+      list = [&run, active](const GlobalOptions& one) {
+        GlobalOptions aimed = one;
+        aimed.run = run;  // a proxy routes a run's alerts to its server
+        return ListAlerts(aimed, "alerts", run, active);
+      };
+  // Every server, even for one run: after the fleet changed, a run's older
+  // alerts stay on the server that held it then.
+  const std::vector<ServerAnswer<v1::ListAlertsResponse>> answers =
+      FanOut(global, list);
+  const bool fleet = answers.size() > 1;
+  if (!fleet && !answers[0].answer.ok()) return answers[0].answer.status();
+  std::vector<FromServer<v1::Alert>> alerts;
+  for (const ServerAnswer<v1::ListAlertsResponse>& a : answers) {
+    if (!a.answer.ok()) continue;
+    for (const v1::Alert& alert : a.answer->alerts()) {
+      alerts.push_back({&alert, fleet ? a.server : ""});
+    }
+  }
+  WriteStdout(args.Has("json") ? AlertsJson(alerts)
+                               : RenderAlerts(alerts, fleet));
+  return ReportUnanswered("alerts", answers);
 }
 
 absl::Status RunSpikes(const GlobalOptions& global, const ParsedArgs& args) {

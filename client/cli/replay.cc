@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "commands.h"
+#include "fleet.h"
 #include "steplog.h"
 #include "trainwatch/client.h"
 
@@ -182,6 +183,11 @@ absl::Status RunReplay(const GlobalOptions& global, const ParsedArgs& args) {
   // host come from the log or stay absent.
   options.measure_locally = false;
   const std::string run_id = options.run_id;
+  // A fleet's servers listed one by one: resume the run on the server that
+  // holds it. The client sends x-trainwatch-run itself, for a proxy.
+  absl::StatusOr<GlobalOptions> aimed = ForRun(global, "replay", run_id);
+  if (!aimed.ok()) return aimed.status();
+  options.address = aimed->server;
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Create(std::move(options));
   if (!client.ok()) {
@@ -242,7 +248,7 @@ absl::Status RunReplay(const GlobalOptions& global, const ParsedArgs& args) {
                         "(is the server at %s running?): %s",
                         stats.acked, replayer.steps(),
                         std::chrono::duration<double>(timeout).count(),
-                        global.server, flushed.message()));
+                        aimed->server, flushed.message()));
   }
   if (stats.dropped > replayer.step_rejections()) {
     return absl::DataLossError(

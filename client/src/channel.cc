@@ -73,4 +73,14 @@ void AddAuthToken(const ConnectionSecurity& security,
                        absl::StrCat("Bearer ", security.auth_token));
 }
 
+void AddRunHeader(const std::string& run_id, grpc::ClientContext* context) {
+  // A value gRPC would refuse as metadata is not a valid run id either: the
+  // server refuses its RunStart, which says why better than a failed call.
+  if (run_id.empty()) return;
+  for (char c : run_id) {
+    if (c < ' ' || c >= 0x7f) return;
+  }
+  context->AddMetadata(kRunHeader, run_id);
+}
+
 }  // namespace trainwatch

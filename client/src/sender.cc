@@ -141,6 +141,7 @@ void Sender::Run() {
 grpc::Status Sender::RunStream(uint64_t* written_through) {
   grpc::ClientContext context;
   AddAuthToken(options_.security, &context);
+  AddRunHeader(options_.run_id, &context);
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return grpc::Status(grpc::StatusCode::CANCELLED, "stopping");

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "metrics/web_config.h"
 
 namespace trainwatch {
 
@@ -110,8 +111,11 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
 
  public:
-  // Starts serving /metrics on `listen` (host:port); "" serves nothing (tests).
-  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& listen);
+  // Starts serving /metrics on `listen` (host:port); "" serves nothing
+  // (tests). `web` (--web-config-file, web_config.h): HTTPS and basic auth;
+  // plain HTTP without one.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(
+      const std::string& listen, const WebConfig& web = WebConfig());
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
@@ -168,6 +172,8 @@ class Metrics {
 
  private:
   explicit Metrics(std::shared_ptr<prometheus::Registry> registry);
+  // Declared before the exposer, whose threads call it until it is gone.
+  std::unique_ptr<BasicAuthChecker> auth_;
   std::unique_ptr<prometheus::Exposer> exposer_;
 };
 

@@ -4,6 +4,9 @@
   deploy_files_test.py SOURCE_DIR            run every check; exit 1 on any failure
   deploy_files_test.py SOURCE_DIR --write-prometheusrule
                                              regenerate deploy/k8s/prometheusrule.yaml
+  deploy_files_test.py SOURCE_DIR --write-proxy-configmap
+                                             regenerate the nginx configuration in
+                                             deploy/k8s/proxy.yaml (render.sh, same arguments)
 
 Runs promtool (check rules, test rules, check config) and amtool check-config:
 a missing tool is a failure, not a skip.
@@ -46,15 +49,154 @@ def write_prometheusrule():
     open(path, "w").write(hdr + yaml.safe_dump(doc, sort_keys=False, width=1000))
     print("wrote", path)
 
+RENDERED_BY = re.compile(r"^# (deploy/fleet/render\.sh .*)$", re.M)
+
+def render(conf):
+    """render.sh's output for the command line recorded in `conf`'s header."""
+    m = RENDERED_BY.search(conf)
+    if not m: return None
+    argv = m.group(1).split()
+    r = subprocess.run(["bash", D(argv[0]), *argv[1:]], capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else None
+
+def write_proxy_configmap():
+    path = D("deploy/k8s/proxy.yaml")
+    text = open(path).read()
+    conf = load_yaml_all(path)[0]["data"]["trainwatch-fleet.conf"]
+    head, _, rest = text.partition("  trainwatch-fleet.conf: |\n")
+    tail = rest[rest.index("\n---\n"):]
+    body = "".join(("    " + l if l.strip() else l) for l in render(conf).splitlines(True))
+    open(path, "w").write(head + "  trainwatch-fleet.conf: |\n" + body.rstrip("\n") + tail)
+    print("wrote", path)
+
+def upstream_servers(conf):
+    return re.findall(r"^\s*server\s+(\S+?)(?:\s+([^;]*))?;", conf.split("upstream trainwatch_servers", 1)[-1].split("}", 1)[0], re.M)
+
+def check_fleet(docs, kinds):
+    """deploy/fleet and the Kubernetes fleet agree with each other and with the clients."""
+    channel_h = open(D("client/include/trainwatch/channel.h")).read()
+    m = re.search(r'kRunHeader\[\] = "([a-z0-9-]+)"', channel_h)
+    header = m.group(1) if m else ""
+    check(header == "x-trainwatch-run", f"clients send the run header x-trainwatch-run ({header})")
+    nginx_var = "$http_" + header.replace("-", "_")
+    render_sh = D("deploy/fleet/render.sh")
+    check(os.access(render_sh, os.X_OK), "deploy/fleet/render.sh is executable")
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    check(nginx is not None, "nginx found (Debian's nginx, deploy/install.sh installs it)")
+    confs = {"deploy/fleet/trainwatch-fleet.conf": open(D("deploy/fleet/trainwatch-fleet.conf")).read()}
+    proxy_cm = [d for d in kinds.get("ConfigMap", []) if d["metadata"]["name"] == "trainwatch-proxy"]
+    if check(len(proxy_cm) == 1, "k8s: the proxy's ConfigMap trainwatch-proxy"):
+        confs["deploy/k8s/proxy.yaml ConfigMap"] = proxy_cm[0]["data"].get("trainwatch-fleet.conf", "")
+    for where, conf in confs.items():
+        check(render(conf) == conf, f"{where}: is render.sh's output for the command line in its header")
+        check(f"hash {nginx_var} consistent;" in conf, f"{where}: hash {nginx_var} consistent")
+        check(re.search(r"grpc_pass grpcs?://trainwatch_servers;", conf) is not None, f"{where}: grpc_pass to the upstream")
+        check("grpc_next_upstream off;" in conf, f"{where}: grpc_next_upstream off (no rerouting)")
+        servers = upstream_servers(conf)
+        check(len(servers) >= 2 and all("max_fails=0" in (opts or "") for _, opts in servers),
+              f"{where}: {len(servers)} servers, each max_fails=0 (never taken out of the ring)")
+        check("client_max_body_size 0;" in conf and "grpc_read_timeout 1d;" in conf and "client_body_timeout 1d;" in conf,
+              f"{where}: no body limit and day-long timeouts for long-lived streams")
+        if nginx:
+            with tempfile.TemporaryDirectory() as tmp:
+                # Stand-ins: loopback for the hosts, a throwaway certificate
+                # for the PEM files, /dev/null for the log.
+                subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{tmp}/key.pem",
+                                "-out", f"{tmp}/cert.pem", "-days", "1", "-subj", "/CN=test"], capture_output=True)
+                local = re.sub(r"(server\s+)[^\s:]+:", r"\g<1>127.0.0.1:", conf)
+                local = re.sub(r"(_key)\s+/\S+;", rf"\1 {tmp}/key.pem;", local)
+                local = re.sub(r"(certificate)\s+/\S+;", rf"\1 {tmp}/cert.pem;", local)
+                local = re.sub(r"access_log\s+/\S+", "access_log /dev/null", local)
+                open(f"{tmp}/nginx.conf", "w").write(
+                    f"pid {tmp}/nginx.pid; error_log {tmp}/error.log; events {{}} http {{ client_body_temp_path {tmp}; {local} }}")
+                run([nginx, "-t", "-q", "-c", f"{tmp}/nginx.conf", "-p", tmp, "-e", f"{tmp}/error.log"],
+                    what=f"nginx -t: {where}")
+
+    # Kubernetes: replicas == per-pod Services == upstream entries; ports and names agree.
+    sts = [s for s in kinds.get("StatefulSet", []) if s["metadata"]["name"] == "trainwatch"]
+    if not check(len(sts) == 1 and proxy_cm, "k8s: StatefulSet trainwatch and the proxy"): return
+    sts = sts[0]
+    replicas = sts["spec"]["replicas"]
+    check(replicas >= 2, f"k8s: the StatefulSet has several replicas ({replicas})")
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    args = container["args"]
+    check(args[args.index("--listen") + 1].endswith(f":{ports.get('grpc')}"), "k8s: --listen on the grpc containerPort")
+    check(args[args.index("--metrics-listen") + 1].endswith(f":{ports.get('metrics')}"), "k8s: --metrics-listen on the metrics containerPort")
+    ns = sts["metadata"]["namespace"]
+    services = {d["metadata"]["name"]: d for d in kinds.get("Service", [])}
+    headless = services.get(sts["spec"]["serviceName"], {})
+    check(headless.get("spec", {}).get("clusterIP") == "None", f"k8s: serviceName {sts['spec']['serviceName']} is headless")
+    sel = sts["spec"]["selector"]["matchLabels"]
+    check(all(headless.get("spec", {}).get("selector", {}).get(k) == v for k, v in sel.items()), "k8s: the headless Service selects the StatefulSet's pods")
+    per_pod = sorted(n for n, d in services.items() if d["metadata"].get("labels", {}).get("trainwatch.io/per-pod") == "true")
+    want = [f"{sts['metadata']['name']}-{i}" for i in range(replicas)]
+    check(per_pod == want, f"k8s: one per-pod Service per replica ({per_pod} == {want})")
+    for name in per_pod:
+        spec = services[name]["spec"]
+        check(spec.get("selector") == {"statefulset.kubernetes.io/pod-name": name}, f"k8s: Service {name} selects pod {name}")
+        check(any(p.get("targetPort") in ("grpc", ports.get("grpc")) for p in spec["ports"]), f"k8s: Service {name} targets the grpc port")
+    conf = proxy_cm[0]["data"]["trainwatch-fleet.conf"]
+    entries = [s for s, _ in upstream_servers(conf)]
+    svc_port = {n: next((p["port"] for p in services[n]["spec"]["ports"] if p["name"] == "grpc"), None) for n in per_pod}
+    want_entries = [f"{n}.{ns}.svc.cluster.local:{svc_port[n]}" for n in per_pod]
+    check(sorted(entries) == sorted(want_entries), f"k8s: the proxy's upstream is the per-pod Services ({entries})")
+    deploy = [d for d in kinds.get("Deployment", []) if d["metadata"]["name"] == "trainwatch-proxy"]
+    if check(len(deploy) == 1, "k8s: Deployment trainwatch-proxy"):
+        pod = deploy[0]["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        cm_vol = next((v["name"] for v in pod["volumes"] if v.get("configMap", {}).get("name") == "trainwatch-proxy"), None)
+        check(any(m["name"] == cm_vol and m["mountPath"] == "/etc/nginx/conf.d" for m in c["volumeMounts"]),
+              "k8s: the proxy mounts the ConfigMap at /etc/nginx/conf.d")
+        listen = re.search(r"^\s*listen\s+(?:\S+:)?(\d+)\b", conf, re.M)
+        proxy_ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        check(listen and int(listen.group(1)) == proxy_ports.get("grpc"), "k8s: nginx listens on the proxy's grpc containerPort")
+        mounts = [m["mountPath"] for m in c["volumeMounts"]]
+        for path in re.findall(r"(?:ssl_certificate|ssl_certificate_key|grpc_ssl_trusted_certificate)\s+(\S+);", conf):
+            check(any(path.startswith(m + "/") for m in mounts), f"k8s: proxy file {path} is mounted")
+        front = services.get("trainwatch", {})
+        check(front.get("spec", {}).get("selector") == deploy[0]["spec"]["selector"]["matchLabels"],
+              "k8s: Service trainwatch (what trainers dial) selects the proxy")
+        check(any(p["port"] == 50051 for p in front.get("spec", {}).get("ports", [])), "k8s: Service trainwatch on 50051")
+    m = re.search(r"grpc_ssl_name (\S+);", conf)
+    if m: check(m.group(1) == f"{headless['metadata']['name']}.{ns}.svc", f"k8s: the proxy verifies the servers as {m.group(1)}")
+    for sm in kinds.get("ServiceMonitor", []):
+        sel = sm["spec"]["selector"]
+        match = lambda d: all(d["metadata"].get("labels", {}).get(k) == v for k, v in sel.get("matchLabels", {}).items()) and \
+            all(e["key"] not in d["metadata"].get("labels", {}) for e in sel.get("matchExpressions", []) if e["operator"] == "DoesNotExist")
+        chosen = sorted(n for n, d in services.items() if match(d))
+        check(chosen == [headless["metadata"]["name"]],
+              f"k8s: the ServiceMonitor scrapes the headless Service only, i.e. every replica once ({chosen})")
+        ep = sm["spec"]["endpoints"][0]
+        check(any(p["name"] == ep["port"] for p in headless["spec"]["ports"]), "k8s: the ServiceMonitor's port is on the headless Service")
+        check(ep.get("scheme") == "https" and "basicAuth" in ep and "tlsConfig" in ep,
+              "k8s: the ServiceMonitor scrapes with https, tlsConfig and basicAuth")
+    check("--web-config-file" in args, "k8s: the servers serve /metrics with --web-config-file")
+
 def main():
     if "--write-prometheusrule" in sys.argv:
         write_prometheusrule(); return 0
+    if "--write-proxy-configmap" in sys.argv:
+        write_proxy_configmap(); return 0
     promtool, amtool = tool("promtool"), tool("amtool")
     prom_dir = D("deploy/prometheus")
     if promtool:
         run([promtool, "check", "rules", "trainwatch-rules.yml"], cwd=prom_dir, what="promtool check rules")
         run([promtool, "test", "rules", "trainwatch-rules.test.yml"], cwd=prom_dir, what="promtool test rules")
         run([promtool, "check", "config", "prometheus.yml"], cwd=prom_dir, what="promtool check config")
+        # The fleet's config refers to the CA and password files of a real
+        # deployment: checked with stand-ins for them.
+        with tempfile.TemporaryDirectory() as tmp:
+            fleet = yaml.safe_load(open(f"{prom_dir}/prometheus-fleet.yml"))
+            fleet["rule_files"] = [f"{prom_dir}/{f}" for f in fleet["rule_files"]]
+            job = next(j for j in fleet["scrape_configs"] if j["job_name"] == "trainwatch")
+            check(job.get("scheme") == "https" and "basic_auth" in job and len(job["static_configs"][0]["targets"]) >= 2,
+                  "prometheus-fleet.yml: several servers, https and basic_auth")
+            for section, key in (("tls_config", "ca_file"), ("basic_auth", "password_file")):
+                open(f"{tmp}/{key}", "w").write("x")
+                job[section][key] = f"{tmp}/{key}"
+            yaml.safe_dump(fleet, open(f"{tmp}/prometheus-fleet.yml", "w"))
+            run([promtool, "check", "config", f"{tmp}/prometheus-fleet.yml"], what="promtool check config prometheus-fleet.yml")
     if amtool:
         run([amtool, "check-config", "alertmanager.yml"], cwd=D("deploy/alertmanager"), what="amtool check-config")
 
@@ -123,6 +265,7 @@ def main():
             path = args[args.index(flag) + 1] if flag in args else ""
             vol = next((n for n, m in mounts.items() if path.startswith(m + "/")), None)
             check(vol is not None and bool(secrets.get(vol)), f"k8s: {flag} {path} is in a mounted Secret")
+    check_fleet(docs, kinds)
     for pr in kinds.get("PrometheusRule", []):
         check(pr["spec"]["groups"] == rules.get("groups"), "k8s: PrometheusRule groups == trainwatch-rules.yml groups")
 

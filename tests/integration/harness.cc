@@ -56,8 +56,8 @@ ServerProcess::ServerProcess(std::string db_path, int grpc_port,
     execv(cargs[0], cargs.data());
     _exit(127);
   }
-  // Wait for "gRPC on HOST:PORT, /metrics on http://HOST:PORT/metrics".
-  std::regex ready(R"(gRPC on [^:]+:(\d+), /metrics on http://([^/]+)/metrics)");
+  // Wait for "gRPC on HOST:PORT, /metrics on http(s)://HOST:PORT/metrics".
+  std::regex ready(R"(gRPC on [^:]+:(\d+), /metrics on https?://([^/]+)/metrics)");
   for (int i = 0; i < 300; ++i) {
     std::ifstream in(log_path_);
     std::stringstream ss;

@@ -4,7 +4,7 @@
 //
 //   trainwatch-loadgen --server HOST:PORT --streams N --runs M --batch B
 //                      --seconds S [--inflight K] [--metrics URL]
-//                      [--alert-probes P] [--rate R] [--json]
+//                      [--alert-probes P] [--rate R] [--run-header] [--json]
 //   trainwatch-loadgen --server HOST:PORT --populate-runs M [--records-per-run R]
 //                      [--streams N] [--batch B]
 //
@@ -22,6 +22,8 @@
 //    (polled as fast as /metrics answers).
 // --rate R caps the offered load at R records/s in all (each stream paces
 // its batches to R / N records/s), e.g. for a soak at half the peak.
+// --run-header sends x-trainwatch-run: RUN on every stream, as trainwatch's
+// clients do, so that the load can go through a fleet's proxy (docs/fleet.md).
 // With --json the last line of stdout is one JSON object.
 //
 // --populate-runs M instead makes M runs active (for memory per run and
@@ -71,12 +73,19 @@ struct Options {
   double rate = 0;  // records/s over all streams; 0 = as fast as acked
   int populate_runs = 0;
   int records_per_run = 1200;
+  bool run_header = false;  // x-trainwatch-run on every stream
 };
+
+// The routing metadata of a fleet's proxy, when --run-header asks for it.
+void AddRunHeader(const Options& o, const std::string& run,
+                  grpc::ClientContext* ctx) {
+  if (o.run_header) ctx->AddMetadata("x-trainwatch-run", run);
+}
 
 const char kUsage[] =
     "usage: trainwatch-loadgen --server HOST:PORT [--streams N] [--runs M]\n"
     "         [--batch B] [--seconds S] [--inflight K] [--metrics URL]\n"
-    "         [--alert-probes P] [--rate R] [--json]\n"
+    "         [--alert-probes P] [--rate R] [--run-header] [--json]\n"
     "       trainwatch-loadgen --server HOST:PORT --populate-runs M\n"
     "         [--records-per-run R] [--streams N] [--batch B]\n";
 
@@ -99,6 +108,7 @@ bool ParseArgs(int argc, char** argv, Options* o) {
     else if (a == "--inflight") o->inflight = atoi(value());
     else if (a == "--alert-probes") o->alert_probes = atoi(value());
     else if (a == "--json") o->json = true;
+    else if (a == "--run-header") o->run_header = true;
     else if (a == "--rate") o->rate = atof(value());
     else if (a == "--populate-runs") o->populate_runs = atoi(value());
     else if (a == "--records-per-run") o->records_per_run = atoi(value());
@@ -184,6 +194,7 @@ class LoadStream {
   void Run(const std::atomic<bool>& stop) {
     auto stub = v1::TrainingHealth::NewStub(NewChannel(o_.server));
     grpc::ClientContext ctx;
+    AddRunHeader(o_, run_, &ctx);
     auto rw = stub->Report(&ctx);
     if (!rw->Write(Start(run_, rank_, world_))) {
       Fail(rw->Finish());
@@ -348,6 +359,7 @@ double AlertActive(const std::string& text, const std::string& alertname,
 double AlertProbe(const Options& o, const std::string& run) {
   auto stub = v1::TrainingHealth::NewStub(NewChannel(o.server));
   grpc::ClientContext ctx;
+  AddRunHeader(o, run, &ctx);
   auto rw = stub->Report(&ctx);
   v1::ReportResponse resp;
   v1::ReportRequest req;
@@ -394,6 +406,7 @@ double AlertProbe(const Options& o, const std::string& run) {
 // every ack and ends without RUN_FINISHED. False on any error.
 bool PopulateRun(const Options& o, const std::string& run, v1::TrainingHealth::Stub* stub) {
   grpc::ClientContext ctx;
+  AddRunHeader(o, run, &ctx);
   auto rw = stub->Report(&ctx);
   bool ok = rw->Write(Start(run, 0, 1));
   v1::ReportRequest req;

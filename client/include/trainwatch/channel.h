@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "trainwatch/client.h"
@@ -24,6 +25,16 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> NewChannelCredentials(
 // Adds the bearer token, if any, to a call's metadata.
 void AddAuthToken(const ConnectionSecurity& security,
                   grpc::ClientContext* context);
+
+// The metadata key that names the run a call is about. A fleet's proxy
+// (deploy/fleet, docs/fleet.md) routes each call by it with consistent
+// hashing, so that all of a run's streams and queries reach the one server
+// that holds the run; a single server ignores it.
+inline constexpr char kRunHeader[] = "x-trainwatch-run";
+
+// Adds `x-trainwatch-run: RUN` to a call's metadata; nothing for an empty
+// run or one with characters metadata cannot carry.
+void AddRunHeader(const std::string& run_id, grpc::ClientContext* context);
 
 }  // namespace trainwatch
 
