@@ -48,9 +48,14 @@ std::vector<ServerAnswer<T>> FanOut(
 }
 
 // Prints "trainwatchctl: server ADDR: <message>" on stderr for each server
-// that did not answer, and returns the status a fan-out command ends with: OK
-// when all answered, else UNAVAILABLE "<command>: N of M servers did not
+// whose status is not OK, and returns the status a fan-out command ends with:
+// OK when all answered, else UNAVAILABLE "<command>: N of M servers did not
 // answer" (the others' answers are printed all the same).
+absl::Status ReportUnansweredStatuses(
+    absl::string_view command,
+    const std::vector<std::pair<std::string, absl::Status>>& statuses);
+
+// ReportUnansweredStatuses for the answers of FanOut.
 template <typename T>
 absl::Status ReportUnanswered(absl::string_view command,
                               const std::vector<ServerAnswer<T>>& answers) {
@@ -60,9 +65,6 @@ absl::Status ReportUnanswered(absl::string_view command,
   }
   return ReportUnansweredStatuses(command, statuses);
 }
-absl::Status ReportUnansweredStatuses(
-    absl::string_view command,
-    const std::vector<std::pair<std::string, absl::Status>>& statuses);
 
 // `global` aimed at the server that holds `run_id`, with global.run set so
 // that every call carries `x-trainwatch-run` (a proxy routes by it). With one

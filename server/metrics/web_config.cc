@@ -4,7 +4,6 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
-#include <openssl/sha.h>
 #include <openssl/x509.h>
 #include <yaml-cpp/yaml.h>
 
@@ -45,10 +44,10 @@ std::string CheckPem(const std::string& path, bool key) {
 }
 
 std::string Sha256(const std::string& text) {
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(),
-         digest);
-  return std::string(reinterpret_cast<const char*>(digest), sizeof(digest));
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_Digest(text.data(), text.size(), digest, &size, EVP_sha256(), nullptr);
+  return std::string(reinterpret_cast<const char*>(digest), size);
 }
 
 }  // namespace

@@ -378,11 +378,17 @@ TEST(Fleet, RunsStayWholeOnOneServerThroughTheProxyAcrossAServerRestart) {
   }
 
   // Every acknowledged step stored exactly once, every run whole on its
-  // server, and the proxy's log agrees on where each run went.
+  // server, and the proxy's log (a stream is logged when it ends) agrees on
+  // where each run went.
+  std::vector<ClientStats> stats_at_end;
+  for (auto& client : clients) {
+    stats_at_end.push_back(client->Stats());
+    EXPECT_TRUE(client->Close().ok());
+  }
   const auto stored = StoredBy(dbs);
   const auto routes = nginx.Routes();
   for (size_t c = 0; c < clients.size(); ++c) {
-    const ClientStats stats = clients[c]->Stats();
+    const ClientStats& stats = stats_at_end[c];
     EXPECT_EQ(stats.acked, stats.recorded) << run_of(c);
     EXPECT_EQ(stats.dropped, 0u) << run_of(c);
     const RunRank stream{run_of(c), static_cast<uint32_t>(c % kRanks)};
@@ -405,7 +411,7 @@ TEST(Fleet, RunsStayWholeOnOneServerThroughTheProxyAcrossAServerRestart) {
   }
   for (const auto& [run, s] : home) {
     const auto route = routes.find(run);
-    if (route == routes.end()) continue;  // streams still open: not logged
+    ASSERT_NE(route, routes.end()) << run << " is not in the proxy's log";
     EXPECT_EQ(route->second, std::set<std::string>{addresses[s]}) << run;
   }
 
@@ -472,8 +478,6 @@ TEST(Fleet, RunsStayWholeOnOneServerThroughTheProxyAcrossAServerRestart) {
                                  {rank0->second.begin()->first, 250}}))
         << "the independent client's stream landed on another server";
   }
-
-  for (auto& client : clients) EXPECT_TRUE(client->Close().ok());
 }
 
 }  // namespace
