@@ -2,17 +2,11 @@
 
 #include <prometheus/text_serializer.h>
 
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <exception>
-#include <fstream>
 #include <sstream>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "metrics/https_exposer.h"
 
 namespace trainwatch {
 namespace {
@@ -30,33 +24,6 @@ prometheus::Family<prometheus::Gauge>& Gauge(prometheus::Registry& r,
                                              const char* name,
                                              const char* help) {
   return BuildGauge().Name(name).Help(help).Register(r);
-}
-
-// A memfd holding `cert_file` then `key_file`, for civetweb's
-// ssl_certificate.
-absl::StatusOr<int> JoinedPem(const std::string& cert_file,
-                              const std::string& key_file) {
-  std::string pem;
-  for (const std::string& path : {cert_file, key_file}) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      return absl::NotFoundError(
-          absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
-    }
-    std::stringstream text;
-    text << in.rdbuf();
-    absl::StrAppend(&pem, text.str(), "\n");
-  }
-  const int fd = memfd_create("trainwatch-metrics-pem", MFD_CLOEXEC);
-  if (fd < 0) {
-    return absl::InternalError(
-        absl::StrCat("memfd_create: ", std::strerror(errno)));
-  }
-  if (write(fd, pem.data(), pem.size()) != static_cast<ssize_t>(pem.size())) {
-    close(fd);
-    return absl::InternalError(absl::StrCat("memfd write: ", std::strerror(errno)));
-  }
-  return fd;
 }
 
 }  // namespace
@@ -220,42 +187,25 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
   std::unique_ptr<Metrics> m(
       new Metrics(std::make_shared<prometheus::Registry>()));
   if (listen.empty()) return m;
-  std::vector<std::string> options = {"listening_ports",
-                                      web.tls() ? listen + "s" : listen,
-                                      "num_threads", "2"};
-  // civetweb wants the certificate and its key in one PEM file; they are
-  // joined in memory (a memfd, never on disk) and read once at start.
-  int pem_fd = -1;
-  absl::Cleanup close_pem = [&pem_fd] {
-    if (pem_fd >= 0) close(pem_fd);
-  };
-  if (web.tls()) {
-    absl::StatusOr<int> fd = JoinedPem(web.cert_file, web.key_file);
-    if (!fd.ok()) return fd.status();
-    pem_fd = *fd;
-    options.insert(options.end(),
-                   {"ssl_certificate", absl::StrCat("/proc/self/fd/", pem_fd),
-                    // TLS 1.2 and later.
-                    "ssl_protocol_version", "4"});
-    if (!web.client_ca_file.empty()) {
-      options.insert(options.end(), {"ssl_ca_file", web.client_ca_file});
-    }
-    if (web.client_auth_type == "RequireAndVerifyClientCert") {
-      options.insert(options.end(), {"ssl_verify_peer", "yes"});
-    } else if (web.client_auth_type == "VerifyClientCertIfGiven") {
-      options.insert(options.end(), {"ssl_verify_peer", "optional"});
-    }
-  }
-  try {
-    m->exposer_ = std::make_unique<prometheus::Exposer>(options);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot serve /metrics on ", listen, web.tls() ? " with TLS" : "",
-        ": ", e.what()));
-  }
   if (!web.basic_auth_users.empty()) {
     m->auth_ = std::make_unique<BasicAuthChecker>(web.basic_auth_users);
-    BasicAuthChecker* auth = m->auth_.get();
+  }
+  BasicAuthChecker* auth = m->auth_.get();
+  if (web.tls()) {
+    Metrics* metrics = m.get();
+    absl::StatusOr<std::unique_ptr<HttpsExposer>> https = HttpsExposer::Start(
+        listen, web, [metrics] { return metrics->Serialize(); }, auth);
+    if (!https.ok()) return https.status();
+    m->https_ = *std::move(https);
+    return m;
+  }
+  try {
+    m->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve /metrics on ", listen, ": ", e.what()));
+  }
+  if (auth != nullptr) {
     m->exposer_->RegisterAuth(
         [auth](const std::string& user, const std::string& password) {
           return auth->Check(user, password);
@@ -274,6 +224,7 @@ std::unique_ptr<RunMetrics> Metrics::AddRun(
 }
 
 int Metrics::ListeningPort() const {
+  if (https_ != nullptr) return https_->port();
   if (exposer_ == nullptr) return 0;
   std::vector<int> ports = exposer_->GetListeningPorts();
   return ports.empty() ? 0 : ports.front();

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "metrics/https_exposer.h"
 #include "metrics/web_config.h"
 
 namespace trainwatch {
@@ -172,9 +173,11 @@ class Metrics {
 
  private:
   explicit Metrics(std::shared_ptr<prometheus::Registry> registry);
-  // Declared before the exposer, whose threads call it until it is gone.
+  // Declared before the exposers, whose threads call it until they are gone.
   std::unique_ptr<BasicAuthChecker> auth_;
+  // Plain HTTP (prometheus-cpp's civetweb), or HTTPS (web_config.h).
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<HttpsExposer> https_;
 };
 
 }  // namespace trainwatch

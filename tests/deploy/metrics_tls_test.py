@@ -109,7 +109,7 @@ def main():
             "plain-password": ({"basic_auth_users": {"prometheus": "hunter2"}}, "basic_auth_users.prometheus: want a bcrypt hash"),
             "unknown-key": ({"tls_server_config": {**web["tls_server_config"], "min_version": "TLS13"}},
                             "tls_server_config.min_version: not supported"),
-            "no-key": ({"tls_server_config": {"cert_file": f"{tmp}/metrics.pem"}}, "cert_file and key_file go together"),
+            "no-key": ({"tls_server_config": {"cert_file": f"{tmp}/metrics.pem"}}, "tls_server_config: cert_file and key_file go together"),
             "cert-as-key": ({"tls_server_config": {"cert_file": f"{tmp}/metrics.pem", "key_file": f"{tmp}/metrics.pem"}},
                             "tls_server_config.key_file: " + f"{tmp}/metrics.pem holds no PEM private key"),
         }

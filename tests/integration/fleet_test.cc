@@ -133,14 +133,19 @@ class NginxProcess {
         prefix_ + "/access.log"};
     render.insert(render.end(), servers.begin(), servers.end());
     CommandResult r = RunCommand(render);
-    ASSERT_EQ(r.exit_code, 0) << "render.sh: " << r.err;
+    if (r.exit_code != 0) {
+      ADD_FAILURE() << "render.sh: " << r.err;
+      return;
+    }
     std::ofstream(prefix_ + "/nginx.conf") << r.out;
     pid_ = Spawn({kNginx, "-c", prefix_ + "/nginx.conf", "-p", prefix_, "-e",
                   prefix_ + "/error.log", "-g", "daemon off;"},
                  prefix_ + "/stdout.log");
-    ASSERT_TRUE(Poll([&] { return Accepts(port_); }))
-        << "nginx did not listen; its log:\n"
-        << ReadFile(prefix_ + "/error.log") << ReadFile(prefix_ + "/stdout.log");
+    if (!Poll([&] { return Accepts(port_); })) {
+      ADD_FAILURE() << "nginx did not listen; its log:\n"
+                    << ReadFile(prefix_ + "/error.log")
+                    << ReadFile(prefix_ + "/stdout.log");
+    }
   }
   ~NginxProcess() { Stop(pid_); }
 
@@ -246,7 +251,7 @@ TEST(Fleet, RunsStayWholeOnOneServerThroughTheProxyAcrossAServerRestart) {
     addresses.push_back(servers[s]->grpc_address());
   }
   NginxProcess nginx(dir, addresses);
-  if (::testing::Test::HasFatalFailure()) return;
+  if (::testing::Test::HasFailure()) return;
   const std::string all_servers = addresses[0] + "," + addresses[1] + "," +
                                   addresses[2];
 

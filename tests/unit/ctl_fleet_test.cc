@@ -3,6 +3,11 @@
 // `--server A,B,C` fans `runs` and `alerts` out to every server and sends a
 // run-scoped command to the server that holds the run. Against in-process
 // fake servers that record what they were asked and with which metadata.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <fstream>
 #include <memory>
@@ -163,13 +168,15 @@ Result Ctl(std::vector<std::string> args) {
 
 // A loopback address nothing listens on: a port bound and released.
 std::string DeadAddress() {
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  server->Shutdown();
-  return absl::StrCat("127.0.0.1:", port);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
 }
 
 // Three fake servers: a holds run-a, b holds run-b1 and run-b2, c holds

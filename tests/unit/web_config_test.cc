@@ -76,12 +76,12 @@ TEST(WebConfig, ErrorsNameTheFileAndWhatIsWrong) {
     const std::string path = Write("bad" + std::to_string(i++) + ".yml", c.text);
     absl::StatusOr<WebConfig> config = LoadWebConfig(path);
     ASSERT_FALSE(config.ok()) << c.text;
-    EXPECT_THAT(config.status().message(), StartsWith(path + ": ")) << c.text;
-    EXPECT_THAT(config.status().message(), HasSubstr(c.message)) << c.text;
+    EXPECT_THAT(std::string(config.status().message()), StartsWith(path + ": ")) << c.text;
+    EXPECT_THAT(std::string(config.status().message()), HasSubstr(c.message)) << c.text;
   }
   absl::StatusOr<WebConfig> missing = LoadWebConfig("/nonexistent/web.yml");
   ASSERT_FALSE(missing.ok());
-  EXPECT_THAT(missing.status().message(),
+  EXPECT_THAT(std::string(missing.status().message()),
               StartsWith("/nonexistent/web.yml: cannot read"));
 }
 
