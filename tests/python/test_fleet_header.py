@@ -57,7 +57,7 @@ def test_report_stream_carries_the_run_header():
             for step in range(10):
                 tw.record(step, grad_norm=0.5)
             tw.flush(timeout=10)
-            assert tw.stats().acked == 10
+            assert tw.stats.acked == 10
     finally:
         server.stop(None)
     assert seen, "the client never opened a Report stream"
