@@ -64,8 +64,9 @@ name, before, after = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 r = json.loads(sys.stdin.read())
 rec = r["records_acked"]
 cpu = (after - before) / rec * 1e6 if rec else float("nan")
-print(f"{name:8s} {r[\"records_per_s\"]:>10.0f} records/s  ack p50 {r[\"ack_latency_p50_ms\"]:.2f} ms"
-      f"  p99 {r[\"ack_latency_p99_ms\"]:.2f} ms  nginx CPU {cpu:.2f} s per 1e6 records")' "$name" "$before" "$after"
+rate, p50, p99 = r["records_per_s"], r["ack_latency_p50_ms"], r["ack_latency_p99_ms"]
+print(f"{name:8s} {rate:>10.0f} records/s  ack p50 {p50:.2f} ms  p99 {p99:.2f} ms"
+      f"  nginx CPU {cpu:.3f} s per 1e6 records")' "$name" "$before" "$after"
 }
 
 echo "$(nproc) cores; $STREAMS stream(s) of run 1, batches of 1024, ${SECONDS_PER_RUN} s each"
