@@ -25,7 +25,8 @@ struct ServerAnswer {
 };
 
 // Calls `call(global_for_that_server)` on every server of global.servers at
-// once, one thread each, and returns the answers in the order of the list.
+// once, one thread each (so `call` must be safe to run concurrently), and
+// returns the answers in the order of the list.
 template <typename T>
 std::vector<ServerAnswer<T>> FanOut(
     const GlobalOptions& global,
