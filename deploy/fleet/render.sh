@@ -34,7 +34,7 @@
 # order does not matter).
 set -euo pipefail
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 command_line="deploy/fleet/render.sh $*"
 
 listen=50051
