@@ -192,6 +192,25 @@ def main():
               "401" in got["trainwatch-without-password"].get("lastError", ""),
               "Prometheus without the password is refused: up == 0, 401",
               json.dumps(got["trainwatch-without-password"]))
+        # Client certificates: client_auth_type RequireAndVerifyClientCert.
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "client.key", "-out", "client.csr",
+                "-subj", "/CN=prometheus", cwd=tmp)
+        openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", "client.pem", "-days", "2", cwd=tmp)
+        mtls = {"tls_server_config": {**web["tls_server_config"], "client_ca_file": f"{tmp}/ca.pem",
+                                      "client_auth_type": "RequireAndVerifyClientCert"}}
+        yaml.safe_dump(mtls, open(f"{tmp}/mtls.yml", "w"))
+        srv2 = start([SERVER, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db", f"{tmp}/tw2.db",
+                      "--web-config-file", f"{tmp}/mtls.yml"], f"{tmp}/server2.log")
+        m2 = poll("the second server's ports",
+                  lambda: re.search(r"/metrics on https://([^/\s]+)/metrics", open(srv2.log_path).read()), timeout=20)
+        url2 = f"https://{m2.group(1)}/metrics"
+        code, status, body = curl("--cacert", f"{tmp}/ca.pem", "--cert", f"{tmp}/client.pem", "--key", f"{tmp}/client.key", url2)
+        check(status == 200 and "trainwatch_" in body, "client certificate required: curl with one gets 200", body)
+        code, status, body = curl("--cacert", f"{tmp}/ca.pem", url2)
+        check(status != 200 and "trainwatch_" not in body,
+              f"client certificate required: curl without one is refused (curl exit {code})", body)
+
         q = urllib.parse.urlencode({"query": 'trainwatch_runs_active{job="trainwatch"}'})
         with urllib.request.urlopen(f"{prom}/api/v1/query?{q}", timeout=5) as r:
             check(bool(json.load(r)["data"]["result"]), "the scraped series are in Prometheus")
