@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "metrics/https_exposer.h"
+#include "metrics/run_family.h"
 #include "metrics/web_config.h"
 
 namespace trainwatch {
@@ -37,7 +38,7 @@ template <typename T>
 class LazySeries {
  public:
   // Labels run="<run>", plus key2="<value2>" and key3="<value3>" when given.
-  LazySeries(prometheus::Family<T>* family, std::string_view run,
+  LazySeries(RunFamily<T>* family, std::string_view run,
              std::string_view key2 = {}, std::string_view value2 = {},
              std::string_view key3 = {}, std::string_view value3 = {})
       : family_(family), label_views_{run, key2, value2, key3, value3} {}
@@ -49,9 +50,9 @@ class LazySeries {
           labels.emplace(label_views_[i], label_views_[i + 1]);
         }
       }
-      series_ = &family_->Add(labels);
+      series_ = family_->Add(std::move(labels));
     }
-    return *series_;
+    return series_->metric;
   }
   void Set(double v) { Get().Set(v); }
   bool exists() const { return series_ != nullptr; }
@@ -61,20 +62,23 @@ class LazySeries {
   }
 
  private:
-  prometheus::Family<T>* family_;
+  RunFamily<T>* family_;
   std::array<std::string_view, 5> label_views_;
-  T* series_ = nullptr;
+  RunSeries<T>* series_ = nullptr;
 };
 using LazyGauge = LazySeries<prometheus::Gauge>;
 using LazyCounter = LazySeries<prometheus::Counter>;
 
 // The per-run series. Not thread-safe: updated by the engine shard that owns
-// the run. Removes its series when destroyed.
+// the run. Removes its series when destroyed (a hash lookup per series).
 class RunMetrics {
  private:
   // Declared first: the series below keep views of them.
   const std::string run_id_;
   const std::vector<std::pair<std::string, std::string>> alerts_;
+  // The series behind the references below, kept to remove them.
+  const std::array<RunSeries<prometheus::Counter>*, 5> counters_;
+  const std::array<RunSeries<prometheus::Gauge>*, 3> gauges_;
 
  public:
   ~RunMetrics();
@@ -110,6 +114,8 @@ class Metrics {
  private:
   // Declared first: every family below is registered on it.
   std::shared_ptr<prometheus::Registry> registry_;
+  class Exposition;
+  std::shared_ptr<Exposition> exposition_;  // what the exposer serves
 
  public:
   // Starts serving /metrics on `listen` (host:port); "" serves nothing
@@ -147,32 +153,37 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& notification_failures_total;
   prometheus::Family<prometheus::Counter>& notifications_dropped_total;
 
-  // Per-run families (label `run`), used by RunMetrics.
-  prometheus::Family<prometheus::Counter>& steps_total;
-  prometheus::Family<prometheus::Counter>& clipped_steps_total;
-  prometheus::Family<prometheus::Counter>& skipped_steps_total;
-  prometheus::Family<prometheus::Counter>& nonfinite_steps_total;
-  prometheus::Family<prometheus::Counter>& client_dropped_steps_total;
-  prometheus::Family<prometheus::Gauge>& last_step;
-  prometheus::Family<prometheus::Gauge>& last_step_timestamp_seconds;
-  prometheus::Family<prometheus::Gauge>& run_finished;
-  prometheus::Family<prometheus::Gauge>& grad_norm;
-  prometheus::Family<prometheus::Gauge>& clip_coefficient;
-  prometheus::Family<prometheus::Gauge>& clip_threshold;
-  prometheus::Family<prometheus::Gauge>& loss_scale;
-  prometheus::Family<prometheus::Gauge>& max_attention_logit;
-  prometheus::Family<prometheus::Gauge>& log_z;
-  prometheus::Family<prometheus::Gauge>& loss;
-  prometheus::Family<prometheus::Gauge>& learning_rate;
-  prometheus::Family<prometheus::Gauge>& grad_norm_window;  // {percentile}
-  prometheus::Family<prometheus::Gauge>& clip_fraction;
-  prometheus::Family<prometheus::Gauge>& skip_fraction;
-  prometheus::Family<prometheus::Gauge>& recommended_clip_threshold;
-  prometheus::Family<prometheus::Gauge>& alert_active;       // {alertname,severity}
-  prometheus::Family<prometheus::Counter>& alerts_fired_total;  // {alertname}
+  // Per-run families (label `run`), used by RunMetrics. Kept out of the
+  // registry (see run_family.h); the exposition merges them in.
+  RunFamily<prometheus::Counter> steps_total;
+  RunFamily<prometheus::Counter> clipped_steps_total;
+  RunFamily<prometheus::Counter> skipped_steps_total;
+  RunFamily<prometheus::Counter> nonfinite_steps_total;
+  RunFamily<prometheus::Counter> client_dropped_steps_total;
+  RunFamily<prometheus::Gauge> last_step;
+  RunFamily<prometheus::Gauge> last_step_timestamp_seconds;
+  RunFamily<prometheus::Gauge> run_finished;
+  RunFamily<prometheus::Gauge> grad_norm;
+  RunFamily<prometheus::Gauge> clip_coefficient;
+  RunFamily<prometheus::Gauge> clip_threshold;
+  RunFamily<prometheus::Gauge> loss_scale;
+  RunFamily<prometheus::Gauge> max_attention_logit;
+  RunFamily<prometheus::Gauge> log_z;
+  RunFamily<prometheus::Gauge> loss;
+  RunFamily<prometheus::Gauge> learning_rate;
+  RunFamily<prometheus::Gauge> grad_norm_window;  // {percentile}
+  RunFamily<prometheus::Gauge> clip_fraction;
+  RunFamily<prometheus::Gauge> skip_fraction;
+  RunFamily<prometheus::Gauge> recommended_clip_threshold;
+  RunFamily<prometheus::Gauge> alert_active;          // {alertname,severity}
+  RunFamily<prometheus::Counter> alerts_fired_total;  // {alertname}
 
  private:
   explicit Metrics(std::shared_ptr<prometheus::Registry> registry);
+  // The registry's families with the per-run ones merged in, in the order
+  // prometheus::Registry gives them (counters, gauges, then the rest).
+  std::vector<prometheus::MetricFamily> Collect() const;
+
   // Declared before the exposers, whose threads call it until they are gone.
   std::unique_ptr<BasicAuthChecker> auth_;
   // Plain HTTP (prometheus-cpp's civetweb), or HTTPS (web_config.h).
