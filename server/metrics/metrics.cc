@@ -15,21 +15,21 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
-prometheus::Family<prometheus::Counter> &Counter(prometheus::Registry &r,
-                                                 const char *name,
-                                                 const char *help) {
+prometheus::Family<prometheus::Counter>& Counter(prometheus::Registry& r,
+                                                 const char* name,
+                                                 const char* help) {
   return BuildCounter().Name(name).Help(help).Register(r);
 }
-prometheus::Family<prometheus::Gauge> &Gauge(prometheus::Registry &r,
-                                             const char *name,
-                                             const char *help) {
+prometheus::Family<prometheus::Gauge>& Gauge(prometheus::Registry& r,
+                                             const char* name,
+                                             const char* help) {
   return BuildGauge().Name(name).Help(help).Register(r);
 }
 
 }  // namespace
 
 namespace {
-prometheus::Labels RunLabel(const std::string &run_id) {
+prometheus::Labels RunLabel(const std::string& run_id) {
   return {{"run", run_id}};
 }
 }  // namespace
@@ -37,18 +37,18 @@ prometheus::Labels RunLabel(const std::string &run_id) {
 // What the exposer serves: Metrics::Collect.
 class Metrics::Exposition final : public prometheus::Collectable {
  public:
-  explicit Exposition(const Metrics *metrics) : metrics_(metrics) {}
+  explicit Exposition(const Metrics* metrics) : metrics_(metrics) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
     return metrics_->Collect();
   }
 
  private:
-  const Metrics *const metrics_;
+  const Metrics* const metrics_;
 };
 
 RunMetrics::RunMetrics(
-    Metrics &m, const std::string &run_id,
-    const std::vector<std::pair<std::string, std::string>> &alerts)
+    Metrics& m, const std::string& run_id,
+    const std::vector<std::pair<std::string, std::string>>& alerts)
     : run_id_(run_id),
       alerts_(alerts),
       counters_{m.steps_total.Add(RunLabel(run_id_)),
@@ -84,7 +84,7 @@ RunMetrics::RunMetrics(
       metrics_(m) {
   alerts_fired.reserve(alerts_.size());
   alert_active.reserve(alerts_.size());
-  for (const auto &[name, severity] : alerts_) {
+  for (const auto& [name, severity] : alerts_) {
     alerts_fired.emplace_back(&m.alerts_fired_total, run_id_, "alertname",
                               name);
     alert_active.emplace_back(&m.alert_active, run_id_, "alertname", name,
@@ -93,28 +93,28 @@ RunMetrics::RunMetrics(
 }
 
 RunMetrics::~RunMetrics() {
-  RunFamily<prometheus::Counter> *counter_families[] = {
+  RunFamily<RunCounter>* counter_families[] = {
       &metrics_.steps_total, &metrics_.clipped_steps_total,
       &metrics_.skipped_steps_total, &metrics_.nonfinite_steps_total,
       &metrics_.client_dropped_steps_total};
   for (size_t i = 0; i < counters_.size(); ++i) {
     counter_families[i]->Remove(counters_[i]);
   }
-  RunFamily<prometheus::Gauge> *gauge_families[] = {
+  RunFamily<RunGauge>* gauge_families[] = {
       &metrics_.last_step, &metrics_.last_step_timestamp_seconds,
       &metrics_.run_finished};
   for (size_t i = 0; i < gauges_.size(); ++i) {
     gauge_families[i]->Remove(gauges_[i]);
   }
-  for (LazyGauge *g :
+  for (LazyGauge* g :
        {&grad_norm, &clip_coefficient, &clip_threshold, &loss_scale,
         &max_attention_logit, &log_z, &loss, &learning_rate, &grad_norm_p50,
         &grad_norm_p90, &grad_norm_p99, &clip_fraction, &skip_fraction,
         &recommended_clip_threshold}) {
     g->Remove();
   }
-  for (LazyGauge &g : alert_active) g.Remove();
-  for (LazyCounter &c : alerts_fired) c.Remove();
+  for (LazyGauge& g : alert_active) g.Remove();
+  for (LazyCounter& c : alerts_fired) c.Remove();
 }
 
 Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
@@ -246,8 +246,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
 }
 
 std::unique_ptr<RunMetrics> Metrics::AddRun(
-    const std::string &run_id,
-    const std::vector<std::pair<std::string, std::string>> &alerts) {
+    const std::string& run_id,
+    const std::vector<std::pair<std::string, std::string>>& alerts) {
   return std::unique_ptr<RunMetrics>(new RunMetrics(*this, run_id, alerts));
 }
 
@@ -273,14 +273,14 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
     }
   };
   take_server(prometheus::MetricType::Counter);
-  for (const RunFamily<prometheus::Counter> *f :
+  for (const RunFamily<RunCounter>* f :
        {&steps_total, &clipped_steps_total, &skipped_steps_total,
         &nonfinite_steps_total, &client_dropped_steps_total,
         &alerts_fired_total}) {
     f->Collect(&all);
   }
   take_server(prometheus::MetricType::Gauge);
-  for (const RunFamily<prometheus::Gauge> *f :
+  for (const RunFamily<RunGauge>* f :
        {&last_step, &last_step_timestamp_seconds, &run_finished, &grad_norm,
         &clip_coefficient, &clip_threshold, &loss_scale, &max_attention_logit,
         &log_z, &loss, &learning_rate, &grad_norm_window, &clip_fraction,

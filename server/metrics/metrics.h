@@ -66,8 +66,8 @@ class LazySeries {
   std::array<std::string_view, 5> label_views_;
   RunSeries<T>* series_ = nullptr;
 };
-using LazyGauge = LazySeries<prometheus::Gauge>;
-using LazyCounter = LazySeries<prometheus::Counter>;
+using LazyGauge = LazySeries<RunGauge>;
+using LazyCounter = LazySeries<RunCounter>;
 
 // The per-run series. Not thread-safe: updated by the engine shard that owns
 // the run. Removes its series when destroyed (a hash lookup per series).
@@ -77,22 +77,22 @@ class RunMetrics {
   const std::string run_id_;
   const std::vector<std::pair<std::string, std::string>> alerts_;
   // The series behind the references below, kept to remove them.
-  const std::array<RunSeries<prometheus::Counter>*, 5> counters_;
-  const std::array<RunSeries<prometheus::Gauge>*, 3> gauges_;
+  const std::array<RunSeries<RunCounter>*, 5> counters_;
+  const std::array<RunSeries<RunGauge>*, 3> gauges_;
 
  public:
   ~RunMetrics();
   RunMetrics(const RunMetrics&) = delete;
   RunMetrics& operator=(const RunMetrics&) = delete;
 
-  prometheus::Counter& steps;
-  prometheus::Counter& clipped_steps;
-  prometheus::Counter& skipped_steps;
-  prometheus::Counter& nonfinite_steps;
-  prometheus::Counter& client_dropped_steps;
-  prometheus::Gauge& last_step;
-  prometheus::Gauge& last_step_timestamp;
-  prometheus::Gauge& finished;  // 1 after RUN_FINISHED or RUN_FAILED
+  RunCounter& steps;
+  RunCounter& clipped_steps;
+  RunCounter& skipped_steps;
+  RunCounter& nonfinite_steps;
+  RunCounter& client_dropped_steps;
+  RunGauge& last_step;
+  RunGauge& last_step_timestamp;
+  RunGauge& finished;  // 1 after RUN_FINISHED or RUN_FAILED
   LazyGauge grad_norm, clip_coefficient, clip_threshold, loss_scale,
       max_attention_logit, log_z, loss, learning_rate;
   // Windowed series (health engine).
@@ -155,28 +155,28 @@ class Metrics {
 
   // Per-run families (label `run`), used by RunMetrics. Kept out of the
   // registry (see run_family.h); the exposition merges them in.
-  RunFamily<prometheus::Counter> steps_total;
-  RunFamily<prometheus::Counter> clipped_steps_total;
-  RunFamily<prometheus::Counter> skipped_steps_total;
-  RunFamily<prometheus::Counter> nonfinite_steps_total;
-  RunFamily<prometheus::Counter> client_dropped_steps_total;
-  RunFamily<prometheus::Gauge> last_step;
-  RunFamily<prometheus::Gauge> last_step_timestamp_seconds;
-  RunFamily<prometheus::Gauge> run_finished;
-  RunFamily<prometheus::Gauge> grad_norm;
-  RunFamily<prometheus::Gauge> clip_coefficient;
-  RunFamily<prometheus::Gauge> clip_threshold;
-  RunFamily<prometheus::Gauge> loss_scale;
-  RunFamily<prometheus::Gauge> max_attention_logit;
-  RunFamily<prometheus::Gauge> log_z;
-  RunFamily<prometheus::Gauge> loss;
-  RunFamily<prometheus::Gauge> learning_rate;
-  RunFamily<prometheus::Gauge> grad_norm_window;  // {percentile}
-  RunFamily<prometheus::Gauge> clip_fraction;
-  RunFamily<prometheus::Gauge> skip_fraction;
-  RunFamily<prometheus::Gauge> recommended_clip_threshold;
-  RunFamily<prometheus::Gauge> alert_active;          // {alertname,severity}
-  RunFamily<prometheus::Counter> alerts_fired_total;  // {alertname}
+  RunFamily<RunCounter> steps_total;
+  RunFamily<RunCounter> clipped_steps_total;
+  RunFamily<RunCounter> skipped_steps_total;
+  RunFamily<RunCounter> nonfinite_steps_total;
+  RunFamily<RunCounter> client_dropped_steps_total;
+  RunFamily<RunGauge> last_step;
+  RunFamily<RunGauge> last_step_timestamp_seconds;
+  RunFamily<RunGauge> run_finished;
+  RunFamily<RunGauge> grad_norm;
+  RunFamily<RunGauge> clip_coefficient;
+  RunFamily<RunGauge> clip_threshold;
+  RunFamily<RunGauge> loss_scale;
+  RunFamily<RunGauge> max_attention_logit;
+  RunFamily<RunGauge> log_z;
+  RunFamily<RunGauge> loss;
+  RunFamily<RunGauge> learning_rate;
+  RunFamily<RunGauge> grad_norm_window;  // {percentile}
+  RunFamily<RunGauge> clip_fraction;
+  RunFamily<RunGauge> skip_fraction;
+  RunFamily<RunGauge> recommended_clip_threshold;
+  RunFamily<RunGauge> alert_active;          // {alertname,severity}
+  RunFamily<RunCounter> alerts_fired_total;  // {alertname}
 
  private:
   explicit Metrics(std::shared_ptr<prometheus::Registry> registry);

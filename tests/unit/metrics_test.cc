@@ -1,5 +1,7 @@
 // RunFamily (per-run series owned by trainwatch, O(1) removal) against
 // prometheus-cpp's Family, and Metrics' exposition with many runs.
+#include "metrics/metrics.h"
+
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
@@ -14,7 +16,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "metrics/metrics.h"
 #include "metrics/run_family.h"
 
 namespace trainwatch {
@@ -41,8 +42,8 @@ TEST(RunFamily, CollectsWhatAPrometheusFamilyWould) {
                         .Name("trainwatch_grad_norm_window")
                         .Help("Percentile \"of\" norms.\nSecond line.")
                         .Register(registry);
-  RunFamily<prometheus::Gauge> ours("trainwatch_grad_norm_window",
-                                    "Percentile \"of\" norms.\nSecond line.");
+  RunFamily<RunGauge> ours("trainwatch_grad_norm_window",
+                           "Percentile \"of\" norms.\nSecond line.");
   for (int run = 0; run < 20; ++run) {
     for (const char* p : {"50", "99"}) {
       prometheus::Labels labels{{"run", absl::StrCat("r\\", run, "\"")},
@@ -65,7 +66,7 @@ TEST(RunFamily, CollectsWhatAPrometheusFamilyWould) {
 TEST(RunFamily, EmptyFamilyIsNotCollected) {
   prometheus::Registry registry;
   prometheus::BuildGauge().Name("g").Help("h").Register(registry);
-  RunFamily<prometheus::Gauge> ours("g", "h");
+  RunFamily<RunGauge> ours("g", "h");
   std::vector<prometheus::MetricFamily> collected;
   ours.Collect(&collected);
   EXPECT_EQ(collected.size(), registry.Collect().size());
@@ -75,9 +76,9 @@ TEST(RunFamily, EmptyFamilyIsNotCollected) {
 }
 
 TEST(RunFamily, SameLabelsShareASeriesUntilEveryAddIsRemoved) {
-  RunFamily<prometheus::Counter> f("c_total", "h");
-  RunSeries<prometheus::Counter>* a = f.Add({{"run", "x"}});
-  RunSeries<prometheus::Counter>* b = f.Add({{"run", "x"}});
+  RunFamily<RunCounter> f("c_total", "h");
+  RunSeries<RunCounter>* a = f.Add({{"run", "x"}});
+  RunSeries<RunCounter>* b = f.Add({{"run", "x"}});
   ASSERT_EQ(a, b);
   a->metric.Increment(3);
   f.Add({{"run", "y"}});
@@ -150,12 +151,16 @@ TEST(Metrics, ExpositionOrderAndPromtool) {
     ADD_FAILURE() << family << " missing from\n" << text;
     return -1;
   };
-  EXPECT_LT(pos("trainwatch_ingest_records_total"), pos("trainwatch_steps_total"));
-  EXPECT_LT(pos("trainwatch_steps_total"), pos("trainwatch_alerts_fired_total"));
-  EXPECT_LT(pos("trainwatch_alerts_fired_total"), pos("trainwatch_streams_active"));
+  EXPECT_LT(pos("trainwatch_ingest_records_total"),
+            pos("trainwatch_steps_total"));
+  EXPECT_LT(pos("trainwatch_steps_total"),
+            pos("trainwatch_alerts_fired_total"));
+  EXPECT_LT(pos("trainwatch_alerts_fired_total"),
+            pos("trainwatch_streams_active"));
   EXPECT_LT(pos("trainwatch_store_failing"), pos("trainwatch_last_step"));
   EXPECT_LT(pos("trainwatch_last_step"), pos("trainwatch_alert_active"));
-  EXPECT_LT(pos("trainwatch_alert_active"), pos("trainwatch_store_commit_seconds"));
+  EXPECT_LT(pos("trainwatch_alert_active"),
+            pos("trainwatch_store_commit_seconds"));
 
   char path[] = "/tmp/metrics_test_XXXXXX";
   int fd = mkstemp(path);
@@ -163,7 +168,8 @@ TEST(Metrics, ExpositionOrderAndPromtool) {
   FILE* f = fdopen(fd, "w");
   fputs(text.c_str(), f);
   fclose(f);
-  std::string command = absl::StrCat("promtool check metrics < ", path, " 2>&1");
+  std::string command =
+      absl::StrCat("promtool check metrics < ", path, " 2>&1");
   FILE* p = popen(command.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;

@@ -3,7 +3,8 @@
 # machine: end to end records/s at 1 / 16 / 64 streams with ack and alert
 # latency, the server's CPU per record and peak RSS, the raw SQLite reference
 # measured right after (the ratio server/reference), memory per active run at
-# 100 / 1,000 / 10,000 runs, and /metrics with 1,000 runs.
+# 100 / 1,000 / 10,000 runs, /metrics with 1,000 runs, and how long the
+# server takes to exit on SIGTERM with 10,000 active runs.
 #
 #   tools/perf/perf_table.sh [BUILD_DIR] [SECONDS]     (defaults: build, 10)
 #
@@ -81,7 +82,9 @@ for m in 100 1000 10000; do
     SERIES=$(curl -s "$METRICS" | grep -vc '^#')
   fi
 done
-stop_server
+t0=$(date +%s.%N)
+stop_server  # SIGTERM with 10,000 active runs, waits for the exit
+SIGTERM_S=$($PY -c "print(round($(date +%s.%N) - $t0, 2))")
 
 cat <<TABLE
 
@@ -96,10 +99,11 @@ cat <<TABLE
 | server at 16 streams / reference | ${RATIO} |
 | RSS per active run at 100 / 1,000 / 10,000 runs (1,200 records each) | ${PER_RUN[100]} / ${PER_RUN[1000]} / ${PER_RUN[10000]} KiB |
 | /metrics with 1,000 runs: median of 11 scrapes, size, samples | ${METRICS_MS} ms, ${METRICS_KB} KiB, ${SERIES} |
+| SIGTERM to exit with 10,000 active runs (everything acked committed) | ${SIGTERM_S} s |
 TABLE
 echo "{\"records_per_s\": {\"1\": ${RATE[1]}, \"16\": ${RATE[16]}, \"64\": ${RATE[64]}}," \
      "\"alert_latency_p99_ms\": {\"1\": ${ALERT[1]}, \"16\": ${ALERT[16]}, \"64\": ${ALERT[64]}}," \
      "\"cpu_us_per_record\": {\"1\": ${US[1]}, \"16\": ${US[16]}, \"64\": ${US[64]}}," \
      "\"reference_rows_per_s\": $REF, \"ratio_16\": $RATIO, \"peak_rss_mib\": $PEAK_RSS_MIB," \
      "\"kib_per_run\": {\"100\": ${PER_RUN[100]}, \"1000\": ${PER_RUN[1000]}, \"10000\": ${PER_RUN[10000]}}," \
-     "\"metrics_ms_1000_runs\": $METRICS_MS}"
+     "\"metrics_ms_1000_runs\": $METRICS_MS, \"sigterm_s_10000_runs\": $SIGTERM_S}"
