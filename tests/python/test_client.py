@@ -103,6 +103,26 @@ def test_stats_count_recorded_and_dropped_without_a_server():
     assert tw.record(99, 1.0) is False  # closed
 
 
+def test_fast_record_keeps_its_client_alive_and_checks_its_arguments():
+    # record()'s C fast path is a builtin bound to the binding's client: it
+    # holds a reference, so it works after the Python Client is gone.
+    tw = trainwatch.Client(NOWHERE, run="r", capacity=10)
+    fast = tw._record
+    with pytest.raises(TypeError, match="record takes 16 arguments"):
+        fast(0, 1.0)
+    c = tw._c
+    del tw
+    import gc
+    gc.collect()
+    # step, grad_norm, loss, loss_scale, skipped, then 10 optional fields, time
+    rest = [None, None, False] + [None] * 10 + [0]
+    assert fast(0, 1.0, *rest) == trainwatch._trainwatch.RECORDED
+    assert fast(1, "x", *rest) == trainwatch._trainwatch.DEFERRED
+    assert c.stats()[0] == 1  # recorded
+    with pytest.raises(TimeoutError):  # nothing listens: not acknowledged
+        c.close(0.1)
+
+
 def test_flush_releases_the_gil():
     tw = trainwatch.Client(NOWHERE, run="r")
     tw.record(0, 1.0)

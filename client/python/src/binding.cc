@@ -176,6 +176,7 @@ class PyClient {
   }
 
   // Fields in the order of the Python layer's record(); see the file comment.
+  // Called through FastRecord (below), not pybind11's dispatcher.
   int Record(py::handle step, py::handle grad_norm, py::handle loss,
              py::handle loss_scale, py::handle skipped, py::handle clipped,
              py::handle clip_coef, py::handle max_attn_logit, py::handle log_z,
@@ -263,6 +264,52 @@ class PyClient {
  private:
   std::unique_ptr<Client> client_;
 };
+
+// record() as a METH_FASTCALL builtin bound to a capsule of the PyClient:
+// pybind11's dispatcher (argument vectors, overload loop, casts) cost more
+// than the rest of record() together. The capsule's context holds a
+// reference to the pybind11 object, so the function keeps its client alive.
+constexpr int kRecordArgs = 16;
+
+PyObject* FastRecord(PyObject* capsule, PyObject* const* args,
+                     Py_ssize_t nargs) {
+  if (nargs != kRecordArgs) {
+    PyErr_Format(PyExc_TypeError, "record takes %d arguments (%zd given)",
+                 kRecordArgs, nargs);
+    return nullptr;
+  }
+  auto* client = static_cast<PyClient*>(PyCapsule_GetPointer(capsule, nullptr));
+  if (client == nullptr) return nullptr;
+  const long long stamp = PyLong_AsLongLong(args[kRecordArgs - 1]);
+  if (stamp == -1 && PyErr_Occurred()) return nullptr;
+  const int r = client->Record(args[0], args[1], args[2], args[3], args[4],
+                               args[5], args[6], args[7], args[8], args[9],
+                               args[10], args[11], args[12], args[13], args[14],
+                               stamp);
+  return PyLong_FromLong(r);  // a cached small int
+}
+
+PyMethodDef fast_record_def = {
+    "record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastRecord)),
+    METH_FASTCALL, "record(step, grad_norm, ..., time_unix_nanos) -> int"};
+
+void ReleaseClientRef(PyObject* capsule) {
+  Py_XDECREF(static_cast<PyObject*>(PyCapsule_GetContext(capsule)));
+}
+
+py::object MakeFastRecord(py::object self) {
+  PyClient* client = self.cast<PyClient*>();
+  py::object capsule = py::reinterpret_steal<py::object>(
+      PyCapsule_New(client, nullptr, ReleaseClientRef));
+  if (!capsule) throw py::error_already_set();
+  if (PyCapsule_SetContext(capsule.ptr(), self.release().ptr()) != 0) {
+    throw py::error_already_set();
+  }
+  py::object f = py::reinterpret_steal<py::object>(
+      PyCFunction_NewEx(&fast_record_def, capsule.ptr(), nullptr));
+  if (!f) throw py::error_already_set();
+  return f;
+}
 
 std::unique_ptr<PyClient> CreateClient(
     std::string address, std::string run_id, uint32_t rank, uint32_t world_size,
@@ -362,6 +409,8 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("tls_key_file"), py::arg("host"))
       // Positional only: keyword matching would cost more than Record().
       .def("record", &PyClient::Record)
+      // The same, as a builtin that skips pybind11's dispatcher (hot path).
+      .def("fast_record", &trainwatch::MakeFastRecord)
       .def("event", &PyClient::Event)
       .def("flush", &PyClient::Flush)
       .def("close", &PyClient::Close)

@@ -166,7 +166,7 @@ class Client:
                                      labels, capacity, auth_token, bool(tls),
                                      files["tls_ca_file"], files["tls_cert_file"],
                                      files["tls_key_file"], host or "")
-        self._record = self._c.record
+        self._record = self._c.fast_record()
         self.run = run
         self.rank = rank
         # FIFO of ("step", args, host_buffers, cuda_event) and
