@@ -91,6 +91,13 @@ class ReportReactor final
     delete this;
   }
 
+  // Re-evaluates what to do next (Ingest::Processed made room for a read).
+  void Kick() {
+    std::unique_lock<std::mutex> lock(mu_);
+    waiting_budget_ = false;
+    Progress(std::move(lock));
+  }
+
   void BeginDrain() {
     std::unique_lock<std::mutex> lock(mu_);
     EndLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -155,12 +162,15 @@ class ReportReactor final
           return InStream(s);
         }
         uint64_t seq = request_.batch().seq();
+        const size_t n = static_cast<size_t>(request_.batch().records_size());
+        last_batch_records_ = n;
         ++pending_;
         ++unprocessed_;
+        ingest_->Submitted(n);
         ingest_->engine_->SubmitBatch(
             stream_, std::move(*request_.mutable_batch()),
             [this, seq](absl::Status s) { OnDurable(seq, s); },
-            [this] { OnProcessed(); });
+            [this, n] { OnProcessed(n); });
         return absl::OkStatus();
       }
       case v1::ReportRequest::kEvent: {
@@ -186,9 +196,10 @@ class ReportReactor final
         "empty ReportRequest: set one of start, batch or event");
   }
 
-  // From the engine's shard: a batch went through the detectors (always
-  // before its OnDurable).
-  void OnProcessed() {
+  // From the engine's shard: a batch of `records` went through the
+  // detectors (always before its OnDurable).
+  void OnProcessed(size_t records) {
+    ingest_->Processed(records);
     std::unique_lock<std::mutex> lock(mu_);
     --unprocessed_;
     Progress(std::move(lock));
@@ -208,6 +219,16 @@ class ReportReactor final
     Progress(std::move(lock));
   }
 
+  // Whether the shared bound on unprocessed records lets this stream read
+  // (small-batch streams are not held back); if not, Ingest kicks it later.
+  bool AdmittedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (last_batch_records_ <= ingest_->options_.small_batch_records) return true;
+    if (waiting_budget_) return false;  // queued once; Kick() clears it
+    if (ingest_->Admit(this)) return true;
+    waiting_budget_ = true;
+    return false;
+  }
+
   void EndLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!end_status_.has_value()) end_status_ = std::move(status);
   }
@@ -220,7 +241,8 @@ class ReportReactor final
     if (finished_) return;
     if (!end_status_.has_value() && !read_in_flight_ &&
         pending_ < ingest_->options_.max_inflight_batches &&
-        unprocessed_ < ingest_->options_.max_unprocessed_batches) {
+        unprocessed_ < ingest_->options_.max_unprocessed_batches &&
+        AdmittedLocked()) {
       read_in_flight_ = true;
       next_read = kRead;
     }
@@ -253,6 +275,8 @@ class ReportReactor final
   StreamHandle stream_;          // set by the first message
   size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
   size_t unprocessed_ ABSL_GUARDED_BY(mu_) = 0;  // batches before the detectors
+  size_t last_batch_records_ ABSL_GUARDED_BY(mu_) = 0;
+  bool waiting_budget_ ABSL_GUARDED_BY(mu_) = false;  // queued in Ingest::Admit
   uint64_t acked_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t written_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;
@@ -309,6 +333,46 @@ void Ingest::Unregister(ReportReactor* r) {
   std::lock_guard<std::mutex> lock(mu_);
   reactors_.erase(r);
   cv_.notify_all();
+}
+
+bool Ingest::Admit(ReportReactor* r) {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  if (unprocessed_records_ < options_.max_unprocessed_records) return true;
+  budget_waiters_.push_back(r);
+  return false;
+}
+
+void Ingest::Submitted(size_t records) {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  unprocessed_records_ += records;
+}
+
+void Ingest::Processed(size_t records) {
+  std::vector<ReportReactor*> woken;
+  {
+    std::lock_guard<std::mutex> lock(budget_mu_);
+    unprocessed_records_ -= records;
+    if (unprocessed_records_ >= options_.max_unprocessed_records) return;
+    woken.swap(budget_waiters_);
+  }
+  if (woken.empty()) return;
+  // A waiter may have ended since it queued: wake only those still
+  // registered, pinned (as Drain does) so that none is deleted meanwhile. A
+  // new reactor at a freed one's address just re-evaluates, harmlessly.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t kept = 0;
+    for (ReportReactor* r : woken) {
+      if (!reactors_.contains(r)) continue;
+      r->Pin();
+      woken[kept++] = r;
+    }
+    woken.resize(kept);
+  }
+  for (ReportReactor* r : woken) {
+    r->Kick();
+    r->Unpin();
+  }
 }
 
 void Ingest::CountRejected(const absl::Status& status) {

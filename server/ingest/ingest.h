@@ -25,6 +25,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -47,6 +48,16 @@ struct IngestOptions {
   // front of the detectors: a bad step from any stream is then detected
   // within a few batches' processing time.
   size_t max_unprocessed_batches = 2;
+  // Step records of all streams read and not yet through the detectors
+  // before bulk streams (see below) stop reading: it bounds the work queued
+  // in front of the detectors whatever the number of streams, so a bad step
+  // waits behind at most this many records (issue 16: alert latency at
+  // saturation). Large enough to keep every engine shard busy.
+  size_t max_unprocessed_records = 8192;
+  // A stream whose last batch held at most this many records (a trainer
+  // reporting at its own pace) is not held back by max_unprocessed_records:
+  // only bulk senders (backfill, replay, a client catching up) wait for it.
+  size_t small_batch_records = 256;
   // Checks each stream's bearer token before reading it, and its RunStart's
   // run_id against the token's write scopes; null: auth off. Borrowed.
   const Authorizer* authorizer = nullptr;
@@ -76,6 +87,12 @@ class Ingest {
   void Register(ReportReactor* r);
   void Unregister(ReportReactor* r);
   void CountRejected(const absl::Status& status);
+  // The shared bound on unprocessed records. Admit() is true while the
+  // bound has room, else queues `r` to be woken (ReportReactor::Kick) when
+  // Processed() makes room. Lock order: a reactor's mu_, then budget_mu_.
+  bool Admit(ReportReactor* r);
+  void Submitted(size_t records);
+  void Processed(size_t records);
 
   const IngestOptions options_;
   Engine* const engine_;
@@ -84,6 +101,9 @@ class Ingest {
   std::condition_variable cv_;
   absl::flat_hash_set<ReportReactor*> reactors_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  std::mutex budget_mu_;  // a leaf: nothing else is locked under it
+  size_t unprocessed_records_ ABSL_GUARDED_BY(budget_mu_) = 0;
+  std::vector<ReportReactor*> budget_waiters_ ABSL_GUARDED_BY(budget_mu_);
 };
 
 }  // namespace trainwatch

@@ -198,6 +198,29 @@ TEST(IngestIntegration, LargeReplayIsCompleteAndQueryable) {
   ExpectEachStepOnce(steps, 0, kSteps);
 }
 
+// Many bulk streams at once (1,024-record batches): together they exceed the
+// shared bound on records waiting for the detectors (8,192), so streams stop
+// reading and are woken as the detectors catch up. None may stall: every
+// batch is acked and every record stored once.
+TEST(IngestIntegration, BulkStreamsBeyondTheSharedBoundAllCompleteAndAreStored) {
+  TempDir dir;
+  const std::string db = dir.File("tw.db");
+  ServerProcess server(db);
+  ASSERT_GT(server.grpc_port(), 0);
+  CommandResult load = RunCommand(
+      {BinDir() + "/trainwatch-loadgen", "--server", server.grpc_address(),
+       "--populate-runs", "64", "--records-per-run", "5000", "--batch", "1024",
+       "--streams", "32"});
+  ASSERT_EQ(load.exit_code, 0) << load.out << load.err;
+  EXPECT_EQ(server.Terminate(), 0);
+  const std::map<RunRank, int64_t> stored = CountStoredRecords(db);
+  EXPECT_EQ(stored.size(), 64u);
+  for (const auto& [run_rank, count] : stored) {
+    EXPECT_EQ(count, 5000) << run_rank.first;
+  }
+  EXPECT_EQ(CountOverlappingChunks(db), 0);
+}
+
 TEST(IngestIntegration, ClientResendsAcrossAServerKillAndEachStepIsStoredOnce) {
   TempDir dir;
   auto server = std::make_unique<ServerProcess>(dir.File("tw.db"));
