@@ -9,6 +9,32 @@ namespace trainwatch {
 
 namespace {
 constexpr uint64_t kMaxOffset = std::numeric_limits<uint32_t>::max();
+
+// The first of the `n` sorted values at `first` for which `before` is false
+// (std::partition_point), without data-dependent branches: a window's values
+// are noise, so std::lower_bound's ~10 branches at W = 1,000 mispredict
+// about half the time. The loop's only branch is on `n`, and the pointer
+// step compiles to a conditional move. Same result as the std:: bounds.
+template <typename Before>
+double* BranchFreeBound(double* first, size_t n, Before before) {
+  if (n == 0) return first;
+  while (n > 1) {
+    const size_t half = n / 2;
+    first = before(first[half - 1]) ? first + half : first;
+    n -= half;
+  }
+  return before(*first) ? first + 1 : first;
+}
+// std::lower_bound: the first value >= v.
+double* LowerBound(double* first, double* last, double v) {
+  return BranchFreeBound(first, static_cast<size_t>(last - first),
+                         [v](double x) { return x < v; });
+}
+// std::upper_bound: the first value > v.
+double* UpperBound(double* first, double* last, double v) {
+  return BranchFreeBound(first, static_cast<size_t>(last - first),
+                         [v](double x) { return !(v < x); });
+}
 }  // namespace
 
 void StepRing::MakeRoom(uint64_t step) {
@@ -87,26 +113,31 @@ void OrderStatWindow::Push(uint64_t step, double value) {
 void OrderStatWindow::ReplaceSorted(double old_value, double new_value) {
   double* data = sorted_.data();
   double* end = data + sorted_.size();
-  double* from = std::lower_bound(data, end, old_value);
+  double* from = LowerBound(data, end, old_value);
   if (new_value >= old_value) {
     // Entries in (from, to) move one place left; the new value lands before `to`.
-    double* to = std::upper_bound(from + 1, end, new_value);
+    double* to = UpperBound(from + 1, end, new_value);
     std::memmove(from, from + 1, (to - from - 1) * sizeof(double));
     *(to - 1) = new_value;
   } else {
     // Entries in [to, from) move one place right; the new value lands at `to`.
-    double* to = std::upper_bound(data, from, new_value);
+    double* to = UpperBound(data, from, new_value);
     std::memmove(to + 1, to, (from - to) * sizeof(double));
     *to = new_value;
   }
 }
 
 void OrderStatWindow::EraseSorted(double value) {
-  sorted_.erase(std::lower_bound(sorted_.begin(), sorted_.end(), value));
+  double* data = sorted_.data();
+  sorted_.erase(sorted_.begin() +
+                (LowerBound(data, data + sorted_.size(), value) - data));
 }
 
 void OrderStatWindow::InsertSorted(double value) {
-  sorted_.insert(std::upper_bound(sorted_.begin(), sorted_.end(), value), value);
+  double* data = sorted_.data();
+  sorted_.insert(sorted_.begin() +
+                     (UpperBound(data, data + sorted_.size(), value) - data),
+                 value);
 }
 
 void OrderStatWindow::RewindTo(uint64_t step) {
