@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Where the server's CPU goes under load: perf samples trainwatch-server while
+# trainwatch-loadgen drives it with N streams (batch 1024, as perf_table.sh),
+# then prints the hottest functions (self time) and a coarse split by part.
+#
+#   tools/perf/profile_server.sh [BUILD_DIR] [STREAMS] [SECONDS]   (build 16 8)
+#
+# Needs perf (Debian linux-perf) and a RelWithDebInfo build.
+set -euo pipefail
+BUILD=${1:-build}
+STREAMS=${2:-16}
+SECS=${3:-8}
+BIN=$BUILD/bin
+WORK=$(mktemp -d)
+SERVER_PID=
+cleanup() { [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+"$BIN/trainwatch-server" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+  --db "$WORK/p.db" --max-active-runs 20000 >"$WORK/server.log" 2>&1 &
+SERVER_PID=$!
+for _ in $(seq 100); do grep -q "gRPC on" "$WORK/server.log" && break; sleep 0.1; done
+GRPC=$(sed -n 's/.*gRPC on \([0-9.:]*\),.*/\1/p' "$WORK/server.log" | head -1)
+METRICS=$(sed -n 's|.*/metrics on \(http://[0-9.:]*/metrics\).*|\1|p' "$WORK/server.log" | head -1)
+runs=$(( STREAMS < 16 ? STREAMS : 16 ))
+"$BIN/trainwatch-loadgen" --server "$GRPC" --metrics "$METRICS" --streams "$STREAMS" \
+  --runs "$runs" --batch 1024 --seconds $(( SECS + 2 )) --alert-probes 10 --json >"$WORK/load.out" &
+LOAD_PID=$!
+sleep 1
+perf record -e cpu-clock -F 999 -g -p "$SERVER_PID" -o "$WORK/perf.data" -- sleep "$SECS" 2>/dev/null
+wait "$LOAD_PID"
+echo "load average $(cut -d' ' -f1-3 /proc/loadavg); loadgen: $(tail -1 "$WORK/load.out")"
+echo "--- self time, top 40 ---"
+perf report -i "$WORK/perf.data" --stdio --no-children --percent-limit 0.7 \
+  --sort symbol 2>/dev/null | grep -E '^ +[0-9]' | head -40
+echo "--- by thread ---"
+perf report -i "$WORK/perf.data" --stdio --no-children --sort comm 2>/dev/null | grep -E '^ +[0-9]' | head -12
