@@ -1,0 +1,188 @@
+// TrendForecaster, LossSpikeRule, ScaleBleed and StepDigests (DESIGN.md §4)
+// on synthetic signals with fixed seeds.
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "health/loss_spike.h"
+#include "health/scale_bleed.h"
+#include "health/step_digests.h"
+#include "health/trend_forecast.h"
+
+namespace trainwatch {
+namespace {
+
+TEST(TrendForecaster, ForecastsALinearClimbReachingTheCap) {
+  TrendForecaster f(TrendForecaster::Options{});
+  std::mt19937 rng(1);
+  std::normal_distribution<double> noise(0.0, 0.03);
+  // 60 at step 1000, +0.01 a step: reaches 100 at step 5000.
+  for (uint64_t s = 1000; s <= 2500; ++s) {
+    f.Add(s, (60.0 + 0.01 * (s - 1000)) * std::exp(noise(rng)));
+  }
+  ASSERT_TRUE(f.trend().has_value());
+  EXPECT_NEAR(f.trend()->slope, 0.01, 0.002);
+  std::optional<uint64_t> at = f.StepReaching(100.0);
+  ASSERT_TRUE(at.has_value());
+  EXPECT_NEAR(static_cast<double>(*at), 5000.0, 400.0);
+}
+
+TEST(TrendForecaster, AFlatNoisySignalForecastsNoCrossingWithinAHorizon) {
+  TrendForecaster f(TrendForecaster::Options{});
+  std::mt19937 rng(2);
+  std::normal_distribution<double> noise(0.0, 0.05);
+  for (uint64_t s = 1; s <= 20000; ++s) {
+    if (f.Add(s, 15.0 * std::exp(noise(rng)))) {
+      std::optional<uint64_t> at = f.StepReaching(100.0);
+      ASSERT_TRUE(!at.has_value() || *at > s + 2000) << s;
+    }
+  }
+}
+
+TEST(TrendForecaster, ResistsOutliersAndRewinds) {
+  TrendForecaster f(TrendForecaster::Options{.stride = 1, .points = 50,
+                                             .min_points = 10});
+  for (uint64_t s = 1; s <= 50; ++s) {
+    f.Add(s, s % 7 == 0 ? 1000.0 : 2.0 * s);
+  }
+  ASSERT_TRUE(f.trend().has_value());
+  EXPECT_NEAR(f.trend()->slope, 2.0, 1e-9);
+  f.RewindTo(21);
+  ASSERT_TRUE(f.trend().has_value());
+  EXPECT_EQ(f.trend()->step, 20u);
+  EXPECT_FALSE(f.StepReaching(-5.0).has_value());  // moving away
+}
+
+// A loss curve: falling slowly, 1.5% multiplicative noise.
+double Loss(std::mt19937& rng, uint64_t step) {
+  std::normal_distribution<double> g(0.0, 0.015);
+  return (2.1 + 3.0 * std::exp(-static_cast<double>(step) / 2000.0)) *
+         std::exp(g(rng));
+}
+
+TEST(LossSpikeRule, NamesABloomLikeSpikeAtItsOnset) {
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  std::mt19937 rng(3);
+  std::optional<uint64_t> fired, onset;
+  for (uint64_t s = 1; s <= 3000; ++s) {
+    double loss = Loss(rng, s);
+    // 2.2 -> 5.1 over 8 steps, back over ~30.
+    if (s >= 2000 && s < 2008) loss *= 1.0 + 1.35 * (s - 1999) / 8.0;
+    if (s >= 2008 && s < 2040) loss *= 1.0 + 1.35 * (2040 - s) / 32.0;
+    auto r = rule.Add(s, loss);
+    if (r && r->fired_now) {
+      ASSERT_FALSE(fired.has_value()) << "fired twice";
+      fired = s;
+      onset = r->onset_step;
+    }
+  }
+  ASSERT_TRUE(fired.has_value());
+  EXPECT_LE(*fired, 2010u);
+  EXPECT_GE(*onset, 2000u);
+  EXPECT_LE(*onset, 2003u);
+}
+
+TEST(LossSpikeRule, OneOrTwoHighStepsAndNoiseAreNotASpike) {
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  std::mt19937 rng(4);
+  for (uint64_t s = 1; s <= 20000; ++s) {
+    double loss = Loss(rng, s);
+    if (s == 5000) loss *= 3.0;                  // a corrupted batch
+    if (s == 9000 || s == 9001) loss *= 1.3;     // two steps
+    auto r = rule.Add(s, loss);
+    ASSERT_FALSE(r && r->fired_now) << s;
+  }
+}
+
+TEST(LossSpikeRule, IgnoresLossesWithoutALog) {
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  EXPECT_FALSE(rule.Add(1, -0.5).has_value());
+  EXPECT_FALSE(rule.Add(2, NAN).has_value());
+}
+
+TEST(ScaleBleed, ASlowBleedIsNamedAfterFiveHalvingsWithAForecast) {
+  ScaleBleed bleed(5, 1.0);
+  double scale = 32768;
+  std::optional<uint64_t> named;
+  for (uint64_t s = 1; s <= 3000; ++s) {
+    if (s >= 1000 && (s - 1000) % 150 == 0) scale /= 2;
+    bleed.Add(s, scale);
+    if (!named && bleed.bleed().has_value()) named = s;
+  }
+  ASSERT_TRUE(named.has_value());
+  EXPECT_EQ(*named, 1600u);  // halvings at 1000, 1150, ..., 1600
+  ScaleBleed again(5, 1.0);
+  scale = 32768;
+  for (uint64_t s = 1; s <= 1600; ++s) {
+    if (s >= 1000 && (s - 1000) % 150 == 0) scale /= 2;
+    again.Add(s, scale);
+  }
+  auto b = again.bleed();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_DOUBLE_EQ(b->steps_per_halving, 150.0);
+  // 1024 after five halvings: ten more at 150 steps each.
+  ASSERT_TRUE(b->forecast_step.has_value());
+  EXPECT_EQ(*b->forecast_step, 1600u + 11 * 150);
+}
+
+TEST(ScaleBleed, TheHealthySawtoothIsNotABleed) {
+  ScaleBleed bleed(5, 1.0);
+  double scale = 65536;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  uint32_t clean = 0;
+  for (uint64_t s = 1; s <= 40000; ++s) {
+    // Overflows above 2^15; a stray overflow every ~10,000 steps.
+    const bool overflow = (scale > 32768 && u(rng) < 0.01) || u(rng) < 0.0001;
+    if (overflow) {
+      scale /= 2;
+      clean = 0;
+    } else if (++clean == 2000) {
+      scale *= 2;
+      clean = 0;
+    }
+    bleed.Add(s, scale, s > 10);
+    ASSERT_FALSE(bleed.bleed().has_value()) << s;
+  }
+}
+
+struct Digest {
+  float norm = 0;
+  uint16_t ranks = 0;
+};
+
+TEST(StepDigests, ComparesRanksArrivingFarApartStepByStepWithBoundedMemory) {
+  StepDigests<Digest> d(100000);
+  for (uint64_t s = 1; s <= 100000; ++s) {
+    Digest* g = d.Get(0, s);
+    ASSERT_NE(g, nullptr);
+    g->norm = static_cast<float>(s);
+    ++g->ranks;
+  }
+  EXPECT_EQ(d.size(), 100000u);
+  for (uint64_t s = 1; s <= 100000; ++s) {
+    Digest* g = d.Get(0, s);
+    ASSERT_NE(g, nullptr) << s;
+    ASSERT_EQ(g->norm, static_cast<float>(s));
+    ++g->ranks;
+    d.Trim(2);
+  }
+  EXPECT_EQ(d.size(), 0u);
+  // A step further behind than the lag is dropped, not held.
+  StepDigests<Digest> small(10);
+  for (uint64_t s = 1; s <= 100; ++s) ++small.Get(0, s)->ranks;
+  EXPECT_EQ(small.size(), 10u);
+  EXPECT_EQ(small.Get(0, 5), nullptr);
+  EXPECT_NE(small.Get(0, 95), nullptr);
+  // A newer attempt starts afresh; an older one is ignored.
+  EXPECT_NE(small.Get(1, 50), nullptr);
+  EXPECT_EQ(small.Get(0, 51), nullptr);
+  // A jump far ahead does not allocate the gap.
+  EXPECT_NE(small.Get(1, 1'000'000'000), nullptr);
+  EXPECT_LE(small.size(), 10u);
+}
+
+}  // namespace
+}  // namespace trainwatch
