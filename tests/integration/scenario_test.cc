@@ -39,6 +39,7 @@ const std::string kManifest = kScenarioDir + "/expected.json";
 struct ExpectedAlert {
   std::string alertname;
   uint64_t onset_step = 0;  // the generating process meets the condition
+  std::optional<int64_t> max_delay;  // the delay budget, if the scenario has one
 };
 
 struct Scenario {
@@ -51,6 +52,10 @@ struct Scenario {
   std::optional<uint64_t> failure_step;  // none: a healthy run
   std::vector<ExpectedAlert> expected;
   std::set<std::string> allowed;  // may fire; neither missed nor false
+  // When set, the only alertnames that may page (warning or critical without
+  // caused_by): info alerts and inhibited consequences do not page.
+  std::optional<std::set<std::string>> pages;
+  std::map<std::string, int> max_fires;  // fire events per alertname, at most
 };
 
 // gtest prints a parameter in test listings and failures: its name will do.
@@ -76,9 +81,15 @@ std::vector<Scenario> LoadManifest() {
       sc.stages = s.at("replay").get<std::vector<std::vector<std::string>>>();
       if (!s.at("failure_step").is_null()) sc.failure_step = s["failure_step"];
       for (const json& e : s.at("expected")) {
-        sc.expected.push_back({e.at("alertname"), e.at("onset_step")});
+        ExpectedAlert alert{e.at("alertname"), e.at("onset_step")};
+        if (e.contains("max_delay")) alert.max_delay = e["max_delay"].get<int64_t>();
+        sc.expected.push_back(std::move(alert));
       }
       sc.allowed = s.at("allowed").get<std::set<std::string>>();
+      if (s.contains("pages")) sc.pages = s["pages"].get<std::set<std::string>>();
+      if (s.contains("max_fires")) {
+        sc.max_fires = s["max_fires"].get<std::map<std::string, int>>();
+      }
       out.push_back(std::move(sc));
     }
   } catch (const json::exception& e) {
@@ -271,6 +282,11 @@ TEST_P(ScenarioTest, RaisesTheExpectedAlertsAndNoOthers) {
     const int64_t delay = static_cast<int64_t>(*first) -
                           static_cast<int64_t>(e.onset_step);
     outcome.detected[e.alertname] = delay;
+    if (e.max_delay.has_value()) {
+      EXPECT_LE(delay, *e.max_delay)
+          << e.alertname << " fired at step " << *first << ", " << delay
+          << " steps after its onset " << e.onset_step << ": over its budget";
+    }
     std::printf("[ scenario ] %s: %s fired at step %llu (onset %llu, delay %lld)\n",
                 s.name.c_str(), e.alertname.c_str(),
                 static_cast<unsigned long long>(*first),
@@ -286,6 +302,19 @@ TEST_P(ScenarioTest, RaisesTheExpectedAlertsAndNoOthers) {
       continue;
     }
     outcome.false_alarms[name] = steps.front();
+  }
+  for (const auto& [name, bound] : s.max_fires) {
+    EXPECT_LE(static_cast<int>(started[name].size()), bound)
+        << name << " fired " << started[name].size() << " times (flapping)";
+  }
+  if (s.pages.has_value()) {
+    for (const json& a : *alerts) {
+      const std::string severity = a.value("severity", "");
+      const bool pages = (severity == "warning" || severity == "critical") &&
+                         a.value("caused_by", "").empty();
+      EXPECT_TRUE(!pages || s.pages->count(a.at("alertname").get<std::string>()))
+          << "pages but should not: " << a.dump();
+    }
   }
   for (const auto& [name, step] : outcome.false_alarms) {
     std::string fired;

@@ -304,9 +304,12 @@ def run_start(name, **fields):
 
 
 def entry(name, description, files, run, expected=(), allowed=(), failure_step=None,
-          world_size=1, replay=None):
+          world_size=1, replay=None, pages=None, max_fires=None):
     """A manifest entry. `files` (one per rank) are streamed together;
-    `replay` instead gives stages streamed one after the other (a restart)."""
+    `replay` instead gives stages streamed one after the other (a restart).
+    `pages`, when given, lists the only alertnames that may page (severity
+    warning or critical, and no caused_by); `max_fires` bounds the fire
+    events of an alertname (a hovering quantity must not flap)."""
     return {
         "name": name,
         "description": description,
@@ -316,9 +319,20 @@ def entry(name, description, files, run, expected=(), allowed=(), failure_step=N
         "steps": run.steps,
         "warmup_steps": run.warmup,
         "failure_step": failure_step,
-        "expected": [{"alertname": a, "onset_step": s} for a, s in expected],
+        "expected": [expected_alert(*e) for e in expected],
         "allowed": sorted(allowed),
+        **({"pages": sorted(pages)} if pages is not None else {}),
+        **({"max_fires": max_fires} if max_fires else {}),
     }
+
+
+def expected_alert(alertname, onset_step, max_delay=None):
+    """An expected alert; with max_delay, the test also asserts that it fires
+    no later than onset_step + max_delay (its delay budget)."""
+    e = {"alertname": alertname, "onset_step": onset_step}
+    if max_delay is not None:
+        e["max_delay"] = max_delay
+    return e
 
 
 def open_logs(out, name, world_size, start):
@@ -927,6 +941,259 @@ def layer_update_stall(rng, out):
                  f"and sits at 5e-8 (< 10 eps) from step {dead_from}",
                  files, run, [("LayerUpdateStall", dead_from + 200)],
                  failure_step=dead_from)
+
+
+# ------------------------------------------------ detection v2 (issue 12)
+#
+# Each names a failure within its delay budget (max_delay) or stays silent
+# where a healthy run does what healthy runs do; `pages` lists what may page.
+
+
+def level_run(name, rng, out, run, median_of, description, expected, failure_step,
+              allowed=(), pages=None, max_fires=None, sigma=0.15, loss_of=None,
+              spikes=(), lr_of=None, excursion=None):
+    """A bf16 run whose typical norm is median_of(step); loss_of(step, loss)
+    and lr_of(step) reshape the loss and the LR; excursion(step) multiplies a
+    step's norm (the steps in `spikes` may be 5x their trailing median)."""
+    start = run_start(name, precision="BF16", warmup_steps=run.warmup)
+    logs, files = open_logs(out, name, 1, start)
+    logs[0].spikes.update(spikes)
+    noise = LogNoise(rng, sigma)
+    for step in range(1, run.steps + 1):
+        norm = median_of(step) * math.exp(noise.next())
+        if excursion:
+            norm *= excursion(step)
+        rec = run.base(rng, step, norm)
+        if loss_of:
+            rec["loss"] = num(loss_of(step, rec["loss"]), 5)
+        if lr_of:
+            rec["lr"] = num(lr_of(step), 4)
+        logs[0].step(rec)
+        checkpoints(logs[0], step)
+    finish(logs, run.steps)
+    return entry(name, description, files, run, expected, allowed, failure_step,
+                 pages=pages, max_fires=max_fires)
+
+
+@scenario
+def sudden_norm_shift(rng, out):
+    run = Run(5000, 200, 0.3)
+    at = 3100
+    return level_run(
+        "sudden-norm-shift", rng, out, run,
+        lambda s: run.median(s) * (3.0 if s >= at else 1.0),
+        f"bf16, max_norm 1: the typical norm jumps 3x (0.26 -> 0.8) at step {at} "
+        "and stays there", [("GradNormDrift", at, 50)], at,
+        allowed=["ClipFractionHigh"])
+
+
+@scenario
+def clip_rate_jump(rng, out):
+    # Typical norm 0.68 (about 1% of steps above max_norm 1), then 0.87 from
+    # `at`: about 20% clipped. The level moves 1.28x: no drift.
+    run = Run(5000, 200, 0.68, 0.68)
+    at, hi = 3000, 0.87
+    noise = LogNoise(random.Random(0), 0.15)
+    rate = noise.prob_above(math.log(1.0 / hi))
+    check(0.15 <= rate <= 0.25, f"clip-rate-jump clips {rate:.3f}")
+    return level_run(
+        "clip-rate-jump", rng, out, run,
+        lambda s: run.median(s) if s < at else hi,
+        f"bf16, max_norm 1: the clipped share jumps from ~1% to {100 * rate:.0f}% "
+        f"at step {at} (the typical norm moves 1.28x)",
+        [("ClipFractionHigh", at, 90)], at, pages=["ClipFractionHigh"])
+
+
+@scenario
+def clip_hover(rng, out):
+    # The clipped share wanders between 4.6% and 7% for 9,000 steps.
+    run = Run(10200, 200, 0.6, 0.6)
+    noise = LogNoise(random.Random(0), 0.15)
+    level = {}
+    wander = random.Random(7)
+    target = 0.055
+    for block in range(0, run.steps + 300, 300):
+        target = wander.uniform(0.046, 0.07)
+        # The median whose share above max_norm 1 is `target`.
+        lo, hi = 0.1, 1.0
+        for _ in range(50):
+            mid = 0.5 * (lo + hi)
+            (lo, hi) = (mid, hi) if noise.prob_above(math.log(1.0 / mid)) < target else (lo, mid)
+        level[block // 300] = lo
+    return level_run(
+        "clip-hover", rng, out, run,
+        lambda s: run.median(s) if s < 1200 else level[s // 300],
+        "bf16, max_norm 1: the clipped share hovers between 4.6% and 7% from "
+        "step 1200 to the end (9,000 steps): one alert, not a flapping pager",
+        [("ClipFractionHigh", 1200, 1500)], 1200, pages=["ClipFractionHigh"],
+        max_fires={"ClipFractionHigh": 2})
+
+
+@scenario
+def scale_bleed(rng, out):
+    run = Run(5000, 200, 0.4)
+    at = 2000
+
+    def overflow(step, scale):
+        # From `at`, one overflow every 150 steps: never 2000 clean steps in a
+        # row, so the scale never grows back.
+        return early_overflows(step, scale) or (step > at and (step - at) % 150 == 0)
+
+    e, scaler, skipped = fp16_run(
+        "scale-bleed", rng, out, run, overflow,
+        f"fp16: from step {at} the scale halves every 150 steps and never grows "
+        "back (0.7% of steps skipped, never 4 halvings within 100 steps)",
+        expected=[("LossScaleCollapse", at + 150, 1200)], allowed=["SkipRateHigh"],
+        failure_step=at)
+    check(max_halvings_without_growth(scaler.history) < 4, "scale-bleed collapses fast")
+    e["pages"] = ["LossScaleCollapse"]
+    return e
+
+
+@scenario
+def logit_climb(rng, out):
+    # Baseline ~60 (2x is past the cap), climbing linearly to 100 at step
+    # 6200: named at least 1,000 steps before the crossing.
+    run = Run(7000, 200, 0.45)
+    start_climb, cross, lo = 1500, 6200, 60.0
+
+    def level(step):
+        f = max(0.0, (step - start_climb) / (cross - start_climb))
+        return lo + (100.0 - lo) * f
+
+    return logit_logz_run(
+        "logit-climb", rng, out, run,
+        lambda step: attn_logit(rng, step, run.warmup, level(step)),
+        lambda step: 10.8 + rng.gauss(0, 0.05),
+        f"bf16, the max attention logit starts at ~{lo:g} and climbs linearly "
+        f"from step {start_climb} to 100 at step {cross}: forecast before it crosses",
+        [("AttentionLogitGrowth", cross - 1000, 0)], start_climb)
+
+
+@scenario
+def ranks_far_apart(rng, out):
+    # Per-shard clipping from step `at`; rank 1's whole log arrives after
+    # rank 0 has finished (a client catching up after an outage).
+    name = "ranks-far-apart"
+    run = Run(6000, 200, 0.5)
+    at = 1500
+    start = run_start(name, precision="BF16", warmup_steps=run.warmup)
+    logs, files = open_logs(out, name, 2, start)
+    noise = LogNoise(rng, 0.15)
+    for step in range(1, run.steps + 1):
+        norm = num(run.median(step) * math.exp(noise.next()))
+        rec = run.base(rng, step, norm)
+        for rank, log in enumerate(logs):
+            r = dict(rec)
+            if step >= at:
+                share = 0.5 + (0.06 if rank == 0 else -0.06) + rng.gauss(0, 0.01)
+                r["grad_norm"] = num(norm * math.sqrt(share))
+            log.step(r)
+            checkpoints(log, step)
+    finish(logs, run.steps)
+    return entry(name, f"2 ranks agreeing until step {at}, then clipping by their own "
+                 "shard's norm; rank 1's log is replayed after rank 0's has ended "
+                 f"({run.steps} steps apart)", None, run,
+                 [("RankNormMismatch", at, 0)], failure_step=at, world_size=2,
+                 replay=[[files[0]], [files[1]]])
+
+
+@scenario
+def absorbed_spikes(rng, out):
+    # 10-15x norm spikes that clipping absorbs: the loss does not move.
+    run = Run(6000, 200, 0.45)
+    at = [2500, 3700, 4900]
+    mult = {s: rng.uniform(10.0, 15.0) for s in at}
+    return level_run(
+        "absorbed-spikes", rng, out, run, run.median,
+        f"bf16, max_norm 1: grad-norm spikes of 10-15x at steps {at} that clipping "
+        "absorbs (the loss does not move): info only, nothing pages",
+        [("GradNormSpike", at[0])], at[0], pages=[], spikes=at,
+        excursion=lambda s: mult.get(s, 1.0))
+
+
+@scenario
+def loss_spike(rng, out):
+    # BLOOM-176B's first spike, in shape: the norm climbs from 0.24 to ~960
+    # over 8 steps while the loss goes 2.2 -> 5.1, both back in ~30 steps.
+    run = Run(5000, 200, 0.24, 0.22)
+    at = 3000
+
+    def bump(step):
+        """0 -> 1 over 8 steps, 1 -> 0 over the next 30."""
+        if at <= step < at + 8:
+            return (step - at + 1) / 8.0
+        if at + 8 <= step < at + 38:
+            return (at + 38 - step) / 30.0
+        return 0.0
+
+    spikes = [s for s in range(at, at + 38) if bump(s) > 0]
+    return level_run(
+        "loss-spike", rng, out, run,
+        run.median,
+        f"bf16, a BLOOM-like loss spike at step {at}: grad norm 0.24 -> ~960 in 8 "
+        "steps, loss 2.2 -> 5.1, both recovered ~30 steps later",
+        [("LossSpike", at + 2, 10)], at,
+        allowed=["GradNormSpike", "ClipFractionHigh", "GradNormDrift"],
+        pages=["LossSpike"], spikes=spikes,
+        excursion=lambda s: 4000.0 ** bump(s),
+        loss_of=lambda s, loss: loss * (5.1 / 2.2) ** bump(s))
+
+
+@scenario
+def healthy_heavy_tailed(rng, out):
+    # Occasional single-step 4-6x excursions on top of the usual tails.
+    run = Run(9000, 300, 0.4)
+    exc = {s: rng.uniform(4.0, 6.0) for s in range(1500, 9000) if rng.random() < 0.002}
+    return level_run(
+        "healthy-heavy-tailed", rng, out, run, run.median,
+        f"bf16, healthy, noisier norms (sigma 0.2) with {len(exc)} single-step "
+        "excursions of 4-6x: nothing pages", [], None, allowed=["GradNormSpike"],
+        pages=[], sigma=0.2, spikes=list(exc), excursion=lambda s: exc.get(s, 1.0))
+
+
+@scenario
+def healthy_cosine_end(rng, out):
+    # Cosine LR to 1% of its peak; over the last 15% of the run the norm rises
+    # 2.3x as the LR reaches its floor (AdamW: steady-state norm ~ sqrt(wd/lr)).
+    run = Run(10000, 300, 0.4, 0.36)
+    rise_from = run.steps - int(0.15 * run.steps)
+
+    def lr(step):
+        if step < run.warmup:
+            return run.peak_lr * step / run.warmup
+        return run.peak_lr * (0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * run.progress(step))))
+
+    def median(step):
+        f = max(0.0, (step - rise_from) / (run.steps - rise_from))
+        return run.median(step) * 2.3 ** f
+
+    return level_run(
+        "healthy-cosine-end", rng, out, run, median,
+        "bf16, cosine LR to 1% of its peak; the norm rises 2.3x over the last "
+        "15% of the run as the LR reaches its floor: not drift", [], None,
+        pages=[], lr_of=lr)
+
+
+@scenario
+def healthy_fp16_sawtooth(rng, out):
+    run = Run(12000, 300, 0.4)
+    stray = {s for s in range(1000, 12000) if rng.random() < 0.0004}
+
+    def overflow(step, scale):
+        # The scale grows every 1000 clean steps; above 2^15 an overflow comes
+        # within ~100 steps and halves it back; a few stray overflows.
+        return (early_overflows(step, scale) or step in stray
+                or (scale > 2.0**15 and rng.random() < 0.01))
+
+    e, scaler, skipped = fp16_run(
+        "healthy-fp16-sawtooth", rng, out, run, overflow,
+        f"fp16, GradScaler growth every 1000 clean steps: the scale grows past "
+        f"2^15, overflows within ~100 steps and halves back, {len(stray)} stray "
+        "overflows: nothing pages", scaler=Scaler(growth_interval=1000))
+    check(max_halvings_without_growth(scaler.history) < 4, "sawtooth collapses")
+    e["pages"] = []
+    return e
 
 
 # --------------------------------------------------------------------- main
