@@ -294,6 +294,11 @@ void WriteAlert(JsonWriter& w, const v1::Alert& a,
   w.Uint(a.rank());
   w.Key("host");
   w.String(a.host());
+  // 0: the alert has no change-point estimate; "": a cause of its own.
+  w.Key("onset_step");
+  w.Uint(a.onset_step());
+  w.Key("caused_by");
+  w.String(a.caused_by());
   w.Key("started_unix_nanos");
   w.Int(a.started_unix_nanos());
   w.Key("resolved_unix_nanos");

@@ -76,7 +76,8 @@ std::string AlertSteps(const v1::Alert& alert) {
 std::string RenderAlerts(const std::vector<FromServer<v1::Alert>>& alerts,
                          bool fleet) {
   std::vector<std::string> header = {"ALERTNAME", "SEVERITY", "STATE", "RUN",
-                                     "RANK",      "STEPS",    "PEAK",  "SUMMARY"};
+                                     "RANK",      "STEPS",    "ONSET", "CAUSED BY",
+                                     "PEAK",      "SUMMARY"};
   if (fleet) header.push_back("SERVER");
   Table table(header);
   for (const auto& [a, server] : alerts) {
@@ -84,6 +85,8 @@ std::string RenderAlerts(const std::vector<FromServer<v1::Alert>>& alerts,
         a->alertname(),        a->severity(),
         a->state(),            a->run(),
         absl::StrCat(a->rank()), AlertSteps(*a),
+        a->onset_step() > 0 ? absl::StrCat(a->onset_step()) : "-",
+        a->caused_by().empty() ? "-" : "<- " + a->caused_by(),
         Num(a->peak_value()),  a->summary()};
     if (fleet) row.push_back(server);
     table.AddRow(row);

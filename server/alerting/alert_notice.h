@@ -13,7 +13,7 @@ namespace trainwatch {
 struct AlertNotice {
   std::string alertname;
   std::string run;
-  std::string severity;  // warning | critical
+  std::string severity;  // info | warning | critical
   bool firing = true;
   // The run's RunStart labels (model, owner, cluster, ...); names are valid
   // Prometheus label names (checked at ingest).
@@ -24,6 +24,8 @@ struct AlertNotice {
   std::string fix;
   uint64_t started_step = 0;
   uint64_t resolved_step = 0;  // when !firing
+  uint64_t onset_step = 0;     // the change-point estimate; 0: none
+  std::string caused_by;       // the alert this one is a consequence of
   double peak_value = 0.0;
   std::vector<int64_t> batch_ids;
   int64_t started_unix_nanos = 0;

@@ -26,6 +26,13 @@ std::string AlertmanagerPayload(const std::vector<const AlertNotice*>& alerts,
         {"fix", a->fix},
         {"started_step", std::to_string(a->started_step)},
     };
+    // Annotations, not labels: the labels stay {alertname, run, severity}
+    // (and the run's), so the Prometheus rules' copy of the alert has the
+    // same fingerprint; the shipped inhibit_rules match on alertname.
+    if (a->onset_step > 0) {
+      annotations["onset_step"] = std::to_string(a->onset_step);
+    }
+    if (!a->caused_by.empty()) annotations["caused_by"] = a->caused_by;
     if (!a->batch_ids.empty()) {
       std::string ids;
       for (int64_t id : a->batch_ids) {

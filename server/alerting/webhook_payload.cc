@@ -18,6 +18,8 @@ std::string WebhookPayload(const AlertNotice& a) {
       {"likely_cause", a.likely_cause},
       {"fix", a.fix},
       {"started_step", a.started_step},
+      {"onset_step", a.onset_step},
+      {"caused_by", a.caused_by},
       {"resolved_step", nullptr},
       {"peak_value", nullptr},
       {"batch_ids", a.batch_ids},

@@ -100,6 +100,14 @@ CREATE TABLE host_incidents (
 CREATE INDEX host_incidents_time ON host_incidents (time_ns);
 )sql";
 
+// Version 5: an alert's change-point estimate and the alert it is a
+// consequence of (DESIGN.md §4). After 4 so that a database already at 4
+// gets them too.
+constexpr const char* kSchemaV5 = R"sql(
+ALTER TABLE alerts ADD COLUMN onset_step INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE alerts ADD COLUMN caused_by TEXT NOT NULL DEFAULT '';
+)sql";
+
 absl::StatusOr<int> UserVersion(sqlite3* db) {
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
   if (!s.ok()) return s.status();
@@ -129,6 +137,9 @@ absl::Status MigrateSchema(sqlite3* db, int target_version) {
     }
     if (*version < 4 && target_version >= 4) {
       if (absl::Status s = sqlite::Exec(db, kSchemaV4); !s.ok()) return s;
+    }
+    if (*version < 5 && target_version >= 5) {
+      if (absl::Status s = sqlite::Exec(db, kSchemaV5); !s.ok()) return s;
     }
     return sqlite::Exec(
         db, absl::StrCat("PRAGMA user_version = ", target_version).c_str());

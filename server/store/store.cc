@@ -398,8 +398,8 @@ absl::StatusOr<std::vector<v1::Alert>> Store::ListAlerts(
       db->get(),
       "SELECT r.run_id, a.alertname, a.severity, a.state, a.started_step, "
       "a.resolved_step, a.started_ns, a.resolved_ns, a.peak_value, a.summary, "
-      "a.description, a.likely_cause, a.fix, a.batch_ids, a.rank, a.host "
-      "FROM alerts a "
+      "a.description, a.likely_cause, a.fix, a.batch_ids, a.rank, a.host, "
+      "a.onset_step, a.caused_by FROM alerts a "
       "JOIN runs r ON r.run_key = a.run_key WHERE (?1 = '' OR r.run_id = ?1) "
       "AND (?2 = 0 OR a.state = 'firing') "
       "ORDER BY a.started_ns DESC, a.started_step DESC");
@@ -427,6 +427,8 @@ absl::StatusOr<std::vector<v1::Alert>> Store::ListAlerts(
     UnpackIds(s->Blob(13), a.mutable_batch_ids());
     a.set_rank(static_cast<uint32_t>(s->Int(14)));
     a.set_host(std::string(s->Text(15)));
+    a.set_onset_step(static_cast<uint64_t>(s->Int(16)));
+    a.set_caused_by(std::string(s->Text(17)));
   }
   if (alerts.empty() && !run_id.empty()) {
     absl::StatusOr<v1::RunSummary> run = GetRun(run_id);

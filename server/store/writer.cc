@@ -86,13 +86,15 @@ absl::Status StoreWriter::Prepare() {
       {&upsert_alert_,
        "INSERT INTO alerts (run_key, alertname, started_step, severity, state, "
        "resolved_step, started_ns, resolved_ns, peak_value, summary, "
-       "description, likely_cause, fix, batch_ids, rank, host) VALUES (?1, ?2, "
-       "?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?18) "
+       "description, likely_cause, fix, batch_ids, rank, onset_step, "
+       "caused_by, host) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "
+       "?12, ?13, ?14, ?15, ?16, ?17, ?18) "
        "ON CONFLICT (run_key, alertname, started_step) DO UPDATE SET "
        "state = excluded.state, resolved_step = excluded.resolved_step, "
        "resolved_ns = excluded.resolved_ns, peak_value = excluded.peak_value, "
        "description = excluded.description, batch_ids = excluded.batch_ids, "
-       "severity = excluded.severity, host = excluded.host"},
+       "severity = excluded.severity, host = excluded.host, "
+       "caused_by = excluded.caused_by"},
       {&insert_spike_,
        "INSERT OR IGNORE INTO spikes (run_key, step, grad_norm, ratio_to_ema, "
        "sigmas, batch_ids) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"},
@@ -290,7 +292,8 @@ absl::Status StoreWriter::ApplyOne(
           .Bind(9, a.peak_value()).Bind(10, a.summary())
           .Bind(11, a.description()).Bind(12, a.likely_cause())
           .Bind(13, a.fix()).BindBlob(14, PackIds(a.batch_ids()))
-          .Bind(15, int64_t{a.rank()}).Bind(18, a.host());
+          .Bind(15, int64_t{a.rank()}).Bind(16, ToDb(a.onset_step()))
+          .Bind(17, a.caused_by()).Bind(18, a.host());
       if (a.state() == "resolved") {
         upsert_alert_.Bind(6, ToDb(a.resolved_step()))
             .Bind(8, a.resolved_unix_nanos());

@@ -199,6 +199,14 @@ def main():
             run([promtool, "check", "config", f"{tmp}/prometheus-fleet.yml"], what="promtool check config prometheus-fleet.yml")
     if amtool:
         run([amtool, "check-config", "alertmanager.yml"], cwd=D("deploy/alertmanager"), what="amtool check-config")
+        # info is recorded, not paged; warning and critical reach a person.
+        for labels, receiver in ((["severity=info", "alertname=GradNormSpike"], "trainwatch-record-only"),
+                                 (["severity=warning", "alertname=ClipFractionHigh"], "trainwatch-webhook"),
+                                 (["severity=critical", "alertname=LossSpike"], "trainwatch-webhook")):
+            r = subprocess.run([amtool, "config", "routes", "test", "--config.file=alertmanager.yml", *labels],
+                               cwd=D("deploy/alertmanager"), capture_output=True, text=True)
+            check(r.stdout.strip() == receiver,
+                  f"alertmanager routes {' '.join(labels)} to {receiver} (got {r.stdout.strip()!r} {r.stderr.strip()})")
 
     # Every YAML and JSON file parses.
     ymls = [p for pat in ("deploy/**/*.yml", "deploy/**/*.yaml", "dashboards/**/*.yml", "dashboards/**/*.yaml")
