@@ -93,6 +93,18 @@ void ShiftAlarm::Reset() {
   phase_ = Phase::kIdle;
 }
 
+bool Hysteresis::Update(uint64_t step, bool fires, bool holds) {
+  if (fires || (firing_ && holds)) {
+    firing_ = true;
+    last_hold_step_ = step;
+    return true;
+  }
+  if (firing_ && step >= last_hold_step_ + resolve_after_steps_) {
+    firing_ = false;
+  }
+  return false;
+}
+
 std::optional<RobustStats> Robust(std::vector<double>& values) {
   if (values.empty()) return std::nullopt;
   auto mid = values.begin() + values.size() / 2;

@@ -89,6 +89,25 @@ class ShiftAlarm {
   uint64_t cooling_since_ = 0;
 };
 
+// The hysteresis of a level alert fed by several rules (a CUSUM, a windowed
+// quantity, a forecast): it fires when a rule fires, holds while a rule still
+// holds (each against its lower resolve threshold), and is idle again after
+// resolve_after_steps without holding, when the alert tracker resolves it.
+class Hysteresis {
+ public:
+  explicit Hysteresis(uint32_t resolve_after_steps)
+      : resolve_after_steps_(resolve_after_steps) {}
+  // The alert's condition at `step`.
+  bool Update(uint64_t step, bool fires, bool holds);
+  bool firing() const { return firing_; }
+  void Reset() { firing_ = false; }
+
+ private:
+  uint32_t resolve_after_steps_;
+  bool firing_ = false;
+  uint64_t last_hold_step_ = 0;
+};
+
 // The median and robust standard deviation (1.4826 x MAD) of `values`
 // (reordered); nullopt when empty.
 struct RobustStats {

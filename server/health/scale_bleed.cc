@@ -23,8 +23,9 @@ void ScaleBleed::Add(uint64_t step, double scale, bool counts) {
   scale_ = scale;
 }
 
-std::optional<ScaleBleed::Bleed> ScaleBleed::bleed() const {
-  if (count_ < halvings_ || count_ < 2) return std::nullopt;
+std::optional<ScaleBleed::Bleed> ScaleBleed::bleed(uint32_t halvings,
+                                                   double min_scale) const {
+  if (count_ < halvings || count_ < 2) return std::nullopt;
   Bleed b{.halvings = count_,
           .first_step = first_step_,
           .first_scale = first_scale_,
@@ -32,11 +33,11 @@ std::optional<ScaleBleed::Bleed> ScaleBleed::bleed() const {
           .forecast_step = std::nullopt};
   b.steps_per_halving =
       static_cast<double>(last_halving_step_ - first_step_) / (count_ - 1);
-  if (scale_ < min_scale_) {
+  if (scale_ < min_scale) {
     b.forecast_step = last_step_;
   } else {
     // Halvings until the scale is below min_scale.
-    const double left = std::floor(std::log2(scale_ / min_scale_)) + 1;
+    const double left = std::floor(std::log2(scale_ / min_scale)) + 1;
     b.forecast_step = last_halving_step_ +
                       static_cast<uint64_t>(left * b.steps_per_halving);
   }

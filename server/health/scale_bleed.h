@@ -5,9 +5,9 @@
 // healthy sawtooth (a growth, an overflow soon after, a halving back, a stray
 // overflow now and then) grows back between its few halvings.
 //
-// Counts the halvings since the last growth; `halvings` of them make a bleed,
-// and their mean spacing forecasts the step at which the scale reaches
-// min_scale.
+// Counts the halvings since the last growth; enough of them make a bleed,
+// and their mean spacing forecasts the step at which the scale falls below a
+// minimum.
 //
 // Pure and not thread-safe: one instance per run.
 #ifndef TRAINWATCH_SERVER_HEALTH_SCALE_BLEED_H_
@@ -28,19 +28,15 @@ class ScaleBleed {
     std::optional<uint64_t> forecast_step;  // scale < min_scale, at this pace
   };
 
-  explicit ScaleBleed(uint32_t halvings = 5, double min_scale = 1.0)
-      : halvings_(halvings), min_scale_(min_scale) {}
-
   // The scale after `step`'s update; `counts` false for decreases that are
   // not a bleed (the scaler searching its starting scale in warmup).
   void Add(uint64_t step, double scale, bool counts = true);
-  // Whether the scale is bleeding, and how fast.
-  std::optional<Bleed> bleed() const;
+  // Whether the scale bled at least `halvings` times since it last grew, and
+  // when it falls below `min_scale` at that pace.
+  std::optional<Bleed> bleed(uint32_t halvings, double min_scale) const;
   void Reset();
 
  private:
-  uint32_t halvings_;
-  double min_scale_;
   std::optional<double> last_scale_;
   uint64_t last_step_ = 0;
   double scale_ = 0.0;

@@ -246,3 +246,24 @@ TEST(RateShiftDetector, ARateWellBelowTheThresholdNeverFires) {
 
 }  // namespace
 }  // namespace trainwatch
+
+namespace trainwatch {
+namespace {
+
+TEST(Hysteresis, FiresOnAFireHoldsOnAHoldAndForgetsAfterResolveSteps) {
+  Hysteresis h(10);
+  EXPECT_FALSE(h.Update(1, false, true));  // a hold alone does not fire
+  EXPECT_TRUE(h.Update(2, true, false));
+  EXPECT_TRUE(h.Update(3, false, true));
+  EXPECT_FALSE(h.Update(4, false, false));
+  EXPECT_TRUE(h.firing());  // cooling: a hold now is the same episode
+  EXPECT_TRUE(h.Update(8, false, true));
+  EXPECT_FALSE(h.Update(17, false, false));
+  EXPECT_TRUE(h.firing());
+  EXPECT_FALSE(h.Update(18, false, false));
+  EXPECT_FALSE(h.firing());
+  EXPECT_FALSE(h.Update(19, false, true));
+}
+
+}  // namespace
+}  // namespace trainwatch

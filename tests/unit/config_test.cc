@@ -28,6 +28,9 @@ void ExpectSameConfig(const HealthConfig& a, const HealthConfig& b) {
   EXPECT_EQ(a.window_steps, b.window_steps);
   EXPECT_EQ(a.resolve_after_steps, b.resolve_after_steps);
   EXPECT_EQ(a.disabled, b.disabled);
+  EXPECT_EQ(a.change.arl0, b.change.arl0);
+  EXPECT_EQ(a.change.resolve_ratio, b.change.resolve_ratio);
+  EXPECT_EQ(a.change.min_steps, b.change.min_steps);
   EXPECT_EQ(a.clip_fraction.threshold, b.clip_fraction.threshold);
   EXPECT_EQ(a.clip_fraction.min_steps, b.clip_fraction.min_steps);
   EXPECT_EQ(a.spike.sigmas, b.spike.sigmas);
@@ -36,6 +39,8 @@ void ExpectSameConfig(const HealthConfig& a, const HealthConfig& b) {
   EXPECT_EQ(a.spike.ema_beta, b.spike.ema_beta);
   EXPECT_EQ(a.spike.min_steps, b.spike.min_steps);
   EXPECT_EQ(a.drift.ratio, b.drift.ratio);
+  EXPECT_EQ(a.drift.lr_decay_fraction, b.drift.lr_decay_fraction);
+  EXPECT_EQ(a.loss_scale.bleed_halvings, b.loss_scale.bleed_halvings);
   EXPECT_EQ(a.loss_scale.halvings, b.loss_scale.halvings);
   EXPECT_EQ(a.loss_scale.within_steps, b.loss_scale.within_steps);
   EXPECT_EQ(a.loss_scale.min_scale, b.loss_scale.min_scale);
@@ -53,6 +58,14 @@ void ExpectSameConfig(const HealthConfig& a, const HealthConfig& b) {
   EXPECT_EQ(a.attention.ratio, b.attention.ratio);
   EXPECT_EQ(a.attention.cap, b.attention.cap);
   EXPECT_EQ(a.log_z.nats, b.log_z.nats);
+  EXPECT_EQ(a.attention.horizon_steps, b.attention.horizon_steps);
+  EXPECT_EQ(a.log_z.horizon_steps, b.log_z.horizon_steps);
+  EXPECT_EQ(a.loss_spike.sigmas, b.loss_spike.sigmas);
+  EXPECT_EQ(a.loss_spike.min_ratio, b.loss_spike.min_ratio);
+  EXPECT_EQ(a.loss_spike.stay_steps, b.loss_spike.stay_steps);
+  EXPECT_EQ(a.loss_spike.recent_steps, b.loss_spike.recent_steps);
+  EXPECT_EQ(a.adam.jump_ratio, b.adam.jump_ratio);
+  EXPECT_EQ(a.adam.min_reports, b.adam.min_reports);
   EXPECT_EQ(a.rank_mismatch.relative_spread, b.rank_mismatch.relative_spread);
   EXPECT_EQ(a.rank_mismatch.horizon_steps, b.rank_mismatch.horizon_steps);
   EXPECT_EQ(a.shard_mismatch.relative_error, b.shard_mismatch.relative_error);
@@ -78,6 +91,10 @@ std::vector<Override> AllOverrides() {
        [](HealthConfig& c) { c.resolve_after_steps = 7; }},
       {"", "disabled", "[RunSilent, LogZDrift]",
        [](HealthConfig& c) { c.disabled = {"RunSilent", "LogZDrift"}; }},
+      {"change", "arl0", "1e4", [](HealthConfig& c) { c.change.arl0 = 1e4; }},
+      {"change", "resolve_ratio", "0.5",
+       [](HealthConfig& c) { c.change.resolve_ratio = 0.5; }},
+      {"change", "min_steps", "8", [](HealthConfig& c) { c.change.min_steps = 8; }},
       {"clip_fraction", "threshold", "0.2",
        [](HealthConfig& c) { c.clip_fraction.threshold = 0.2; }},
       {"clip_fraction", "min_steps", "50",
@@ -90,6 +107,10 @@ std::vector<Override> AllOverrides() {
        [](HealthConfig& c) { c.spike.ema_beta = 0.95; }},
       {"spike", "min_steps", "10", [](HealthConfig& c) { c.spike.min_steps = 10; }},
       {"drift", "ratio", "1.5", [](HealthConfig& c) { c.drift.ratio = 1.5; }},
+      {"drift", "lr_decay_fraction", "0.1",
+       [](HealthConfig& c) { c.drift.lr_decay_fraction = 0.1; }},
+      {"loss_scale", "bleed_halvings", "7",
+       [](HealthConfig& c) { c.loss_scale.bleed_halvings = 7; }},
       {"loss_scale", "halvings", "6",
        [](HealthConfig& c) { c.loss_scale.halvings = 6; }},
       {"loss_scale", "within_steps", "200",
@@ -117,6 +138,20 @@ std::vector<Override> AllOverrides() {
       {"attention", "ratio", "3", [](HealthConfig& c) { c.attention.ratio = 3; }},
       {"attention", "cap", "50", [](HealthConfig& c) { c.attention.cap = 50; }},
       {"log_z", "nats", "2.5", [](HealthConfig& c) { c.log_z.nats = 2.5; }},
+      {"attention", "horizon_steps", "500",
+       [](HealthConfig& c) { c.attention.horizon_steps = 500; }},
+      {"log_z", "horizon_steps", "800",
+       [](HealthConfig& c) { c.log_z.horizon_steps = 800; }},
+      {"loss_spike", "sigmas", "8", [](HealthConfig& c) { c.loss_spike.sigmas = 8; }},
+      {"loss_spike", "min_ratio", "1.5",
+       [](HealthConfig& c) { c.loss_spike.min_ratio = 1.5; }},
+      {"loss_spike", "stay_steps", "5",
+       [](HealthConfig& c) { c.loss_spike.stay_steps = 5; }},
+      {"loss_spike", "recent_steps", "200",
+       [](HealthConfig& c) { c.loss_spike.recent_steps = 200; }},
+      {"adam", "jump_ratio", "4", [](HealthConfig& c) { c.adam.jump_ratio = 4; }},
+      {"adam", "min_reports", "6",
+       [](HealthConfig& c) { c.adam.min_reports = 6; }},
       {"rank_mismatch", "relative_spread", "0.01",
        [](HealthConfig& c) { c.rank_mismatch.relative_spread = 0.01; }},
       {"rank_mismatch", "horizon_steps", "1024",
