@@ -391,6 +391,11 @@ void WriteHealth(JsonWriter& w, const v1::GetRunHealthResponse& health) {
   w.Double(win.skip_fraction());
   w.Key("baseline_grad_norm_median");
   w.Double(win.baseline_grad_norm_median());
+  // 0: no crossing forecast.
+  w.Key("max_attn_logit_forecast_step");
+  w.Uint(win.max_attn_logit_forecast_step());
+  w.Key("log_z_forecast_step");
+  w.Uint(win.log_z_forecast_step());
   w.Key("step_seconds_median");
   w.Double(win.step_seconds_median());
   w.Key("step_seconds_max");

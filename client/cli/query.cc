@@ -104,6 +104,11 @@ std::string AlertsJson(const std::vector<FromServer<v1::Alert>>& alerts) {
   return out;
 }
 
+// A forecast step, or "-" when none is ahead.
+std::string Forecast(uint64_t step) {
+  return step == 0 ? "-" : absl::StrCat(step);
+}
+
 std::string RenderHealth(const v1::GetRunHealthResponse& h) {
   const v1::RunSummary& run = h.run();
   const v1::WindowStats& win = h.window();
@@ -113,6 +118,8 @@ std::string RenderHealth(const v1::GetRunHealthResponse& h) {
       "history        %d records stored, last step %d\n"
       "window         %d post-warmup steps: grad norm p50 %s  p90 %s  p99 %s\n"
       "               clip fraction %s, skip fraction %s, baseline median %s\n"
+      "forecast       max attention logit reaches the cap at step %s, log Z "
+      "moves its threshold at step %s\n"
       "recommended    max_norm %s\n",
       run.run_id(), run.state().empty() ? "-" : run.state(), run.attempt(),
       run.world_size(), PrecisionName(run.precision()), Num(run.max_norm()),
@@ -120,6 +127,8 @@ std::string RenderHealth(const v1::GetRunHealthResponse& h) {
       win.steps(), Num(win.grad_norm_p50()), Num(win.grad_norm_p90()),
       Num(win.grad_norm_p99()), Num(win.clip_fraction()),
       Num(win.skip_fraction()), Num(win.baseline_grad_norm_median()),
+      Forecast(win.max_attn_logit_forecast_step()),
+      Forecast(win.log_z_forecast_step()),
       OptNum(h.has_recommended_max_norm(), h.recommended_max_norm()));
   if (win.step_seconds_median() > 0) {
     absl::StrAppend(
