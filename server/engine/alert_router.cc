@@ -23,6 +23,8 @@ AlertNotice ToNotice(const v1::Alert& a,
   n.fix = a.fix();
   n.started_step = a.started_step();
   n.resolved_step = a.resolved_step();
+  n.onset_step = a.onset_step();
+  n.caused_by = a.caused_by();
   n.peak_value = a.peak_value();
   n.batch_ids.assign(a.batch_ids().begin(), a.batch_ids().end());
   n.started_unix_nanos = a.started_unix_nanos();
@@ -64,7 +66,7 @@ void AlertRouter::Restore(const v1::Alert& firing) {
 void AlertRouter::OnAlert(const AlertEpisode& e) {
   const size_t i = static_cast<size_t>(e.kind);
   run_metrics_->alert_active[i].Set(e.firing ? 1 : 0);
-  if (e.firing) run_metrics_->alerts_fired[i].Get().Increment();
+  if (e.firing && !e.update) run_metrics_->alerts_fired[i].Get().Increment();
   Route(ToProto(run_id_, e));
 }
 

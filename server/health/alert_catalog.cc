@@ -13,11 +13,13 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Fix the learning rate or the data upstream rather than leaning on "
      "clipping; set max_norm from trainwatch_recommended_clip_threshold (98th "
      "percentile of pre-clip norms)."},
-    {K::kGradNormSpike, "GradNormSpike", "warning",
+    {K::kGradNormSpike, "GradNormSpike", "info",
      "An isolated gradient spike: usually a bad or unusual batch, or an "
-     "out-of-date Adam second moment meeting a large gradient.",
-     "If loss also jumped, restart from the last checkpoint ~100 steps before "
-     "the spike and skip the batches listed (trainwatchctl spikes --run R)."},
+     "out-of-date Adam second moment meeting a large gradient. Clipping "
+     "usually absorbs it: when the loss does not move, nothing needs doing.",
+     "If loss also jumped (LossSpike), restart from the last checkpoint ~100 "
+     "steps before the spike and skip the batches listed (trainwatchctl "
+     "spikes --run R)."},
     {K::kGradNormDrift, "GradNormDrift", "warning",
      "The typical gradient norm has grown steadily since the start of "
      "training: rising sharpness, a learning rate too high for this phase, or "
@@ -82,6 +84,13 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
     {K::kLayerUpdateStall, "LayerUpdateStall", "warning",
      "A layer's gradient RMS is near Adam's eps: its updates vanish.",
      "Use a smaller eps (e.g. 1e-15 for large models)."},
+    {K::kLossSpike, "LossSpike", "critical",
+     "The loss jumped far above its recent level and stayed up: the PaLM / "
+     "BLOOM kind of loss spike (bad batches meeting an out-of-date Adam "
+     "second moment, or an LR too high for this phase); it may not recover.",
+     "Restart from the last checkpoint at least 100 steps before the spike "
+     "and skip the batches listed (trainwatchctl spikes --run R); if it "
+     "recurs without them, lower the LR or beta2."},
     {K::kRunSilent, "RunSilent", "warning",
      "No step arrived for a while from a run that has not finished: the job "
      "hung, crashed, or lost its connection to trainwatch.",

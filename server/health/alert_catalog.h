@@ -26,14 +26,17 @@ enum class AlertKind {
   kFp16WithoutScaler,
   kAdamStaleSecondMoment,
   kLayerUpdateStall,
+  kLossSpike,
   kRunSilent,
 };
-inline constexpr size_t kAlertKindCount = 17;
+inline constexpr size_t kAlertKindCount = 18;
 
 struct AlertSpec {
   AlertKind kind;
   std::string_view name;      // the alertname label
-  std::string_view severity;  // warning | critical
+  // critical and warning page; info is recorded, exported and drawn, not
+  // paged (the shipped Alertmanager routes).
+  std::string_view severity;  // info | warning | critical
   std::string_view likely_cause;
   std::string_view fix;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace trainwatch {
 
@@ -35,8 +36,72 @@ void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
                    .text = std::move(text)};
   e.batch_ids.assign(batch_ids.begin(),
                      batch_ids.begin() + std::min(batch_ids.size(), kMaxBatchIds));
+  e.caused_by = CauseOf(kind, step);
   s.last_true_step = step;
   if (on_transition_) on_transition_(e);
+  MarkConsequences(kind, e.text.onset_step > 0 ? e.text.onset_step : step);
+}
+
+namespace {
+
+// How many steps before its cause's onset a consequence may have fired (a
+// norm spike shows a step or two before the loss jumps).
+constexpr uint64_t kCauseLeadSteps = 8;
+
+// The pairs of DESIGN.md §4 (and deploy/alertmanager's inhibit_rules): the
+// cause of `kind`, tried in order.
+std::vector<AlertKind> CausesOf(AlertKind kind) {
+  switch (kind) {
+    case AlertKind::kSkipRateHigh:
+    case AlertKind::kNonFiniteUpdate:
+      return {AlertKind::kLossScaleCollapse};
+    case AlertKind::kGradNormSpike:
+    case AlertKind::kGradNormDrift:
+    case AlertKind::kClipFractionHigh:
+      return {AlertKind::kLossSpike};
+    case AlertKind::kAdamStaleSecondMoment:
+      return {AlertKind::kLossSpike, AlertKind::kGradNormSpike};
+    default:
+      return {};
+  }
+}
+
+}  // namespace
+
+std::optional<AlertKind> AlertTracker::CauseOf(AlertKind kind,
+                                               uint64_t step) const {
+  for (AlertKind cause : CausesOf(kind)) {
+    const State& c = states_[static_cast<size_t>(cause)];
+    if (!c.episode.firing) continue;
+    // A spike is an event: only one at this step (or the step before, when
+    // the layer statistics come with the next record) is a cause.
+    if (cause == AlertKind::kGradNormSpike && c.last_true_step + 1 < step) {
+      continue;
+    }
+    return cause;
+  }
+  return std::nullopt;
+}
+
+void AlertTracker::MarkConsequences(AlertKind cause, uint64_t onset_step) {
+  const uint64_t from =
+      onset_step > kCauseLeadSteps ? onset_step - kCauseLeadSteps : 0;
+  for (size_t i = 0; i < kAlertKindCount; ++i) {
+    State& s = states_[i];
+    const AlertKind kind = static_cast<AlertKind>(i);
+    if (!s.episode.firing || s.episode.caused_by.has_value() || kind == cause ||
+        s.episode.started_step < from) {
+      continue;
+    }
+    for (AlertKind c : CausesOf(kind)) {
+      if (c != cause) continue;
+      s.episode.caused_by = cause;
+      s.episode.update = true;
+      if (on_transition_) on_transition_(s.episode);
+      s.episode.update = false;
+      break;
+    }
+  }
 }
 
 void AlertTracker::Condition(AlertKind kind, uint64_t step, bool holds,

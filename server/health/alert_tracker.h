@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,9 +28,14 @@ struct AlertEpisode {
   int64_t started_unix_nanos = 0;
   int64_t resolved_unix_nanos = 0;
   double peak_value = 0.0;
-  AlertText text;
+  AlertText text;  // text.onset_step: the change-point estimate, 0: none
   std::vector<int64_t> batch_ids;
   uint32_t rank = 0;
+  // The alert this one is a consequence of at the same steps (DESIGN.md §4).
+  std::optional<AlertKind> caused_by;
+  // Set on the report of an episode already firing whose caused_by was just
+  // found (its cause fired a few steps after it): not a new fire.
+  bool update = false;
 };
 
 class AlertTracker final : public AlertSink {
@@ -80,6 +86,12 @@ class AlertTracker final : public AlertSink {
     uint64_t last_true_step = 0;
   };
   bool Enabled(AlertKind kind) const;
+  // The alert firing now that `kind`, firing at `step`, is a consequence of.
+  std::optional<AlertKind> CauseOf(AlertKind kind, uint64_t step) const;
+  // `cause` fired at `step`: the consequences that fired at its steps just
+  // before it (a norm spike a step or two before the loss follows) get
+  // caused_by and are reported again.
+  void MarkConsequences(AlertKind cause, uint64_t onset_step);
   void FireNow(State& s, AlertKind kind, uint64_t step, double value,
                AlertText text, const std::vector<int64_t>& batch_ids);
 

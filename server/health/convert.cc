@@ -38,6 +38,10 @@ v1::Alert ToProto(const std::string& run, const AlertEpisode& e) {
   a.set_fix(std::string(spec.fix));
   a.mutable_batch_ids()->Add(e.batch_ids.begin(), e.batch_ids.end());
   a.set_rank(e.rank);
+  a.set_onset_step(e.text.onset_step);
+  if (e.caused_by.has_value()) {
+    a.set_caused_by(std::string(Spec(*e.caused_by).name));
+  }
   return a;
 }
 
@@ -50,7 +54,8 @@ AlertEpisode FromProto(const v1::Alert& a) {
   e.started_unix_nanos = a.started_unix_nanos();
   e.resolved_unix_nanos = a.resolved_unix_nanos();
   e.peak_value = a.peak_value();
-  e.text = AlertText{a.summary(), a.description()};
+  e.text = AlertText{a.summary(), a.description(), a.onset_step()};
+  if (!a.caused_by().empty()) e.caused_by = AlertKindByName(a.caused_by());
   e.batch_ids.assign(a.batch_ids().begin(), a.batch_ids().end());
   e.rank = a.rank();
   return e;

@@ -37,11 +37,14 @@ struct RunInfo {
   std::optional<double> adam_beta2;
 };
 
-// The human text of one alert transition; likely_cause and fix come from the
-// catalog. The description carries the numbers that fired it.
+// What a detector says about one alert transition: the human text
+// (likely_cause and fix come from the catalog; the description carries the
+// numbers that fired it) and, for a level shift, the detector's estimate of
+// the step the change began (DESIGN.md §4's onset_step; 0: none).
 struct AlertText {
   std::string summary;
   std::string description;
+  uint64_t onset_step = 0;
 };
 
 // A gradient spike, for `trainwatchctl spikes` and its restart plan.
@@ -88,6 +91,7 @@ struct StepContext {
   // post-warmup.
   const RunWindow& window;
   const Baselines& baselines;
+  const Trends& trends;
   bool post_warmup = false;
   // Lead-stream records seen so far in this attempt, this one included.
   uint64_t records_seen = 0;

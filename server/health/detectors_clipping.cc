@@ -1,6 +1,7 @@
 // Clipping detectors (DESIGN.md §4): ClipFractionHigh (the clip fraction:
 // too many steps clipped) and PostClipNormReported (the reported norm is the
 // post-clip one). They read the lead stream only (OnStep).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -13,35 +14,73 @@
 namespace trainwatch {
 namespace {
 
-// Catches a clip threshold that has turned into a lower learning rate: holds
-// while more than clip_fraction.threshold of the last W post-warmup steps were
-// clipped, once W holds clip_fraction.min_steps steps.
+// Catches a clip threshold that has turned into a lower learning rate: the
+// clipped share of post-warmup steps above clip_fraction.threshold, named by
+// RateAlert (a CUSUM for a jump, the window W for a creep; hysteresis).
+// While the LR decays to its floor, a step clipped only because of the
+// benign end-of-schedule rise (LrAllowance) does not count for the CUSUM.
 class ClipFractionHigh final : public Detector {
  public:
+  explicit ClipFractionHigh(const HealthConfig& config)
+      : rate_(config, config.clip_fraction.threshold) {}
+
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    const v1::StepRecord& r = ctx.record;
+    const double allowance = lr_.Update(r, ctx.config.drift.lr_decay_fraction);
     if (!ctx.post_warmup) return;
     const FlagSeries& clipped = ctx.window.clipped;
     const auto& cfg = ctx.config.clip_fraction;
+    // As RunHealth flags it: a skipped step applied no update.
+    bool flag = r.clipped() && !r.skipped();
+    if (flag && allowance > 0 && ctx.run.max_norm > 0) {
+      flag = std::log(r.grad_norm() / ctx.run.max_norm) > allowance;
+    }
+    const RateAlert::State s = rate_.Add(r.step(), flag, clipped,
+                                         allowance > 0 ? kNever : cfg.min_steps);
     const double fraction = clipped.fraction();
-    const bool holds =
-        clipped.size() >= cfg.min_steps && fraction > cfg.threshold;
     sink.Condition(
-        AlertKind::kClipFractionHigh, ctx.record.step(), holds, fraction, [&] {
-          std::string description = absl::StrFormat(
-              "%d of the last %d post-warmup steps clipped "
-              "(%.1f%% > %.1f%%) at max_norm %g",
-              clipped.count(), clipped.size(), 100 * fraction,
-              100 * cfg.threshold, ctx.run.max_norm);
+        AlertKind::kClipFractionHigh, r.step(), s.holds,
+        std::max(fraction, s.rate_since), [&] {
+          std::string description;
+          if (s.by_change) {
+            description = absl::StrFormat(
+                "%.1f%% of the post-warmup steps since step %d (the change "
+                "point) clipped at max_norm %g, above %.1f%% (sequential test, "
+                "ARL0 %g steps); %d of the last %d steps (%.1f%%)",
+                100 * s.rate_since, s.onset_step, ctx.run.max_norm,
+                100 * cfg.threshold, ctx.config.change.arl0, clipped.count(),
+                clipped.size(), 100 * fraction);
+          } else {
+            description = absl::StrFormat(
+                "%d of the last %d post-warmup steps clipped "
+                "(%.1f%% > %.1f%%) at max_norm %g",
+                clipped.count(), clipped.size(), 100 * fraction,
+                100 * cfg.threshold, ctx.run.max_norm);
+          }
           // Same definition as RunHealth::RecommendedMaxNorm().
           if (auto p98 = ctx.window.grad_norm.Quantile(0.98)) {
             absl::StrAppendFormat(&description,
                                   "; recommended max_norm (p98) %.3g", *p98);
           }
+          const double shown = s.by_change ? s.rate_since : fraction;
           return AlertText{
-              absl::StrFormat("Clipping on %.1f%% of steps", 100 * fraction),
-              std::move(description)};
+              s.by_change ? absl::StrFormat("Clipping on %.1f%% of steps since "
+                                            "step %d",
+                                            100 * shown, s.onset_step)
+                          : absl::StrFormat("Clipping on %.1f%% of steps",
+                                            100 * shown),
+              std::move(description), s.onset_step};
         });
   }
+
+  void OnRewind(uint64_t step) override { rate_.Reset(); }
+
+ private:
+  // No windowed rule while the allowance applies.
+  static constexpr uint32_t kNever = ~uint32_t{0};
+
+  RateAlert rate_;
+  LrAllowance lr_;
 };
 
 // Catches a trainer that logs the post-clip norm: over at least
@@ -94,8 +133,8 @@ class PostClipNormReported final : public Detector {
 
 }  // namespace
 
-std::unique_ptr<Detector> MakeClipFractionHigh(const HealthConfig&) {
-  return std::make_unique<ClipFractionHigh>();
+std::unique_ptr<Detector> MakeClipFractionHigh(const HealthConfig& config) {
+  return std::make_unique<ClipFractionHigh>(config);
 }
 
 std::unique_ptr<Detector> MakePostClipNormReported(const HealthConfig& config) {

@@ -1,6 +1,7 @@
 // FP16 loss-scaling detectors (DESIGN.md §4): LossScaleCollapse, SkipRateHigh,
 // ScalerStuck, NonFiniteUpdate, ClipBeforeUnscale, Fp16WithoutScaler. They
 // read the lead stream only (OnStep).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <deque>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/str_format.h"
 #include "health/detectors_internal.h"
+#include "health/scale_bleed.h"
 
 namespace trainwatch {
 namespace {
@@ -28,9 +30,12 @@ bool Clipped(const StepContext& ctx) {
 // Catches a diverging fp16 run: gradients overflow at every scale, so the
 // scaler cuts the loss scale step after step. Holds while >= halvings
 // decreases happened within the last within_steps steps with no growth
-// between, or while the scale is below min_scale. Decreases in warmup before
-// the run's first clean step are the scaler searching for its starting scale
-// (65536 is usually too high), not a collapse, and do not count.
+// between, or while the scale is below min_scale, or while it bleeds: >=
+// bleed_halvings post-warmup halvings with no growth since (ScaleBleed; the
+// description forecasts the step it reaches min_scale). Decreases in warmup
+// before the run's first clean step are the scaler searching for its
+// starting scale (65536 is usually too high), not a collapse, and do not
+// count.
 class LossScaleCollapse final : public Detector {
  public:
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
@@ -48,6 +53,7 @@ class LossScaleCollapse final : public Detector {
       }
     }
     last_ = Point{step, scale};
+    bleed_.Add(step, scale, ctx.post_warmup);
     if (!r.skipped()) seen_clean_step_ = true;
     while (!halvings_.empty() &&
            halvings_.front().to.step + cfg.within_steps <= step) {
@@ -56,10 +62,13 @@ class LossScaleCollapse final : public Detector {
 
     const bool too_many = halvings_.size() >= cfg.halvings;
     const bool too_low = scale < cfg.min_scale;
+    const std::optional<ScaleBleed::Bleed> bleed =
+        bleed_.bleed(cfg.bleed_halvings, cfg.min_scale);
     const double value =
         too_many ? static_cast<double>(halvings_.size()) : scale;
     sink.Condition(
-        AlertKind::kLossScaleCollapse, step, too_many || too_low, value, [&] {
+        AlertKind::kLossScaleCollapse, step,
+        too_many || too_low || bleed.has_value(), value, [&] {
           std::string d;
           if (too_many) {
             const Point& from = halvings_.front().from;
@@ -75,7 +84,21 @@ class LossScaleCollapse final : public Detector {
             d += absl::StrFormat("loss scale %g at step %d is below %g", scale,
                                  step, cfg.min_scale);
           }
-          return AlertText{"FP16 loss scale collapsing", d};
+          uint64_t onset = 0;
+          if (bleed.has_value() && !too_many) {
+            if (!d.empty()) d += "; ";
+            d += absl::StrFormat(
+                "loss scale bled %g -> %g in %d halvings since step %d (one "
+                "every %.0f steps) without growing back",
+                bleed->first_scale, scale, bleed->halvings, bleed->first_step,
+                bleed->steps_per_halving);
+            if (bleed->forecast_step.has_value() && scale >= cfg.min_scale) {
+              d += absl::StrFormat(": at this pace it falls below %g at step %d",
+                                   cfg.min_scale, *bleed->forecast_step);
+            }
+            onset = bleed->first_step;
+          }
+          return AlertText{"FP16 loss scale collapsing", d, onset};
         });
   }
 
@@ -85,6 +108,7 @@ class LossScaleCollapse final : public Detector {
     }
     // The restored scaler's scale is not a change from the pre-rewind one.
     last_.reset();
+    bleed_.Reset();
   }
 
  private:
@@ -99,30 +123,47 @@ class LossScaleCollapse final : public Detector {
 
   std::optional<Point> last_;
   std::deque<Halving> halvings_;  // since the last growth, oldest first
+  ScaleBleed bleed_;
   bool seen_clean_step_ = false;
 };
 
 // Catches fp16 overflow on many steps: the optimizer skips them, so the run
-// silently trains on fewer steps. Holds when the skipped share of the
-// post-warmup window exceeds skip_rate.threshold, once it has min_steps.
+// silently trains on fewer steps. The skipped share of post-warmup steps
+// above skip_rate.threshold, named by RateAlert (a CUSUM for a jump, the
+// window W for a creep; hysteresis).
 class SkipRateHigh final : public Detector {
  public:
+  explicit SkipRateHigh(const HealthConfig& config)
+      : rate_(config, config.skip_rate.threshold) {}
+
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     if (!IsFp16(ctx) || !ctx.post_warmup) return;
     const auto& cfg = ctx.config.skip_rate;
     const FlagSeries& w = ctx.window.skipped;
-    const bool holds =
-        w.size() >= cfg.min_steps && w.fraction() > cfg.threshold;
+    const RateAlert::State s =
+        rate_.Add(ctx.record.step(), ctx.record.skipped(), w, cfg.min_steps);
     sink.Condition(
-        AlertKind::kSkipRateHigh, ctx.record.step(), holds, w.fraction(), [&] {
-          return AlertText{
-              "Many fp16 steps skipped",
-              absl::StrFormat("skipped %d of the last %d post-warmup "
-                              "steps (%.3g%%, above %.3g%%)",
-                              w.count(), w.size(), 100 * w.fraction(),
-                              100 * cfg.threshold)};
+        AlertKind::kSkipRateHigh, ctx.record.step(), s.holds,
+        std::max(w.fraction(), s.rate_since), [&] {
+          std::string d = absl::StrFormat(
+              "skipped %d of the last %d post-warmup steps (%.3g%%, threshold "
+              "%.3g%%)",
+              w.count(), w.size(), 100 * w.fraction(), 100 * cfg.threshold);
+          if (s.by_change) {
+            absl::StrAppendFormat(
+                &d, "; %.3g%% of the steps since step %d (the change point; "
+                    "sequential test, ARL0 %g steps)",
+                100 * s.rate_since, s.onset_step, ctx.config.change.arl0);
+          }
+          return AlertText{"Many fp16 steps skipped", std::move(d),
+                           s.onset_step};
         });
   }
+
+  void OnRewind(uint64_t step) override { rate_.Reset(); }
+
+ private:
+  RateAlert rate_;
 };
 
 // Catches scaler.update() being called only on clean steps: the steps keep
@@ -290,7 +331,7 @@ class Fp16WithoutScaler final : public Detector {
 
 void AddFp16Detectors(const HealthConfig& config, Detectors* out) {
   out->push_back(std::make_unique<LossScaleCollapse>());
-  out->push_back(std::make_unique<SkipRateHigh>());
+  out->push_back(std::make_unique<SkipRateHigh>(config));
   out->push_back(std::make_unique<ScalerStuck>());
   out->push_back(std::make_unique<NonFiniteUpdate>());
   out->push_back(std::make_unique<ClipBeforeUnscale>(config));

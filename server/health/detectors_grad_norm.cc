@@ -1,11 +1,12 @@
 // Gradient norm detectors (DESIGN.md §4): GradNormSpike (an isolated spike
-// against an EMA) and GradNormDrift (the window median against its
-// baseline). They read the lead stream only (OnStep).
+// against an EMA) and GradNormDrift (the norm's level against its baseline,
+// by change detection). They read the lead stream only (OnStep).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "health/detectors_internal.h"
@@ -93,31 +94,61 @@ class GradNormSpike final : public Detector {
   double var_ = 0.0;
 };
 
-// Catches a typical norm that keeps growing (sharpness, an LR too high for
-// the phase): holds while the median over a full window of W post-warmup
-// steps is at least drift.ratio times the baseline median.
+// Catches a typical norm that keeps growing or jumps (sharpness, an LR too
+// high for the phase, a data change): a CUSUM on the log norm against its
+// baseline (the first W post-warmup steps) names a level drift.ratio or more
+// above it within tens of steps (LevelShiftDetector), and resolves with
+// hysteresis. Not drift: while the LR decays below drift.lr_decay_fraction of
+// its peak, the norm may rise like sqrt(fraction x peak / lr) (under AdamW
+// the steady-state norm grows like sqrt(wd / lr) at the end of a schedule);
+// that allowance is taken off the log norm first.
 class GradNormDrift final : public Detector {
  public:
+  explicit GradNormDrift(const HealthConfig& config)
+      : shift_(LevelOptions(config, std::log(config.drift.ratio), false)) {}
+
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
-    const std::optional<double>& baseline = ctx.baselines.grad_norm_median;
-    std::optional<double> median = MedianPastBaseline(
-        ctx, ctx.window.grad_norm, baseline, ctx.config.window_steps);
-    if (!median.has_value() || *baseline <= 0) return;
-    const double ratio = *median / *baseline;
+    const v1::StepRecord& r = ctx.record;
+    const double allowance =
+        lr_.Update(r, ctx.config.drift.lr_decay_fraction);
+    const double norm = r.grad_norm();
+    if (!ctx.post_warmup || !std::isfinite(norm) || !(norm > 0)) return;
+    std::optional<LevelShiftDetector::Result> s =
+        shift_.Add(r.step(), std::log(norm) - allowance);
+    if (!s.has_value()) return;
+    const double base = std::exp(shift_.baseline()->median);
+    const double ratio = std::exp(s->level) / base;
     sink.Condition(
-        AlertKind::kGradNormDrift, ctx.record.step(),
-        ratio >= ctx.config.drift.ratio, ratio, [&] {
+        AlertKind::kGradNormDrift, r.step(), s->holds, ratio, [&] {
+          std::string d = absl::StrFormat(
+              "the grad norm's level since step %d (the change point) is "
+              "%.3g, %.2fx the baseline median %.3g (first %d post-warmup "
+              "steps); sequential test on the log norm, ARL0 %g steps",
+              s->onset_step, std::exp(s->level), ratio, base,
+              ctx.config.window_steps, ctx.config.change.arl0);
+          if (auto median = ctx.window.grad_norm.Median()) {
+            absl::StrAppendFormat(&d, "; median over the last %d steps %.3g",
+                                  ctx.window.grad_norm.slots(), *median);
+          }
+          if (allowance > 0) {
+            absl::StrAppendFormat(&d, " (LR at %.2g%% of its peak: %.2fx of "
+                                  "the rise allowed)",
+                                  100 * r.lr() / lr_.peak_lr(),
+                                  std::exp(allowance));
+          }
           return AlertText{
-              absl::StrFormat("Median gradient norm is %.1fx its baseline",
-                              ratio),
-              absl::StrFormat(
-                  "median grad norm over the last %d post-warmup steps is "
-                  "%.3g, %.2fx the baseline median %.3g (first %d "
-                  "post-warmup steps, through step %d)",
-                  ctx.window.grad_norm.slots(), *median, ratio, *baseline,
-                  ctx.config.window_steps, ctx.baselines.through_step)};
+              absl::StrFormat("Gradient norm level %.1fx its baseline since "
+                              "step %d",
+                              ratio, s->onset_step),
+              std::move(d), s->onset_step};
         });
   }
+
+  void OnRewind(uint64_t step) override { shift_.RewindTo(step); }
+
+ private:
+  LevelShiftDetector shift_;
+  LrAllowance lr_;
 };
 
 }  // namespace
@@ -126,8 +157,8 @@ std::unique_ptr<Detector> MakeGradNormSpike(const HealthConfig&) {
   return std::make_unique<GradNormSpike>();
 }
 
-std::unique_ptr<Detector> MakeGradNormDrift(const HealthConfig&) {
-  return std::make_unique<GradNormDrift>();
+std::unique_ptr<Detector> MakeGradNormDrift(const HealthConfig& config) {
+  return std::make_unique<GradNormDrift>(config);
 }
 
 }  // namespace trainwatch

@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "health/change_detection.h"
 #include "health/detector.h"
 
 namespace trainwatch {
@@ -25,6 +26,9 @@ std::unique_ptr<Detector> MakeGradNormDrift(const HealthConfig& config);
 // detectors_logits.cc: attention logits and log Z.
 std::unique_ptr<Detector> MakeAttentionLogitGrowth(const HealthConfig& config);
 std::unique_ptr<Detector> MakeLogZDrift(const HealthConfig& config);
+
+// detectors_loss.cc: LossSpike.
+std::unique_ptr<Detector> MakeLossSpike(const HealthConfig& config);
 
 // detectors_fp16.cc: LossScaleCollapse, SkipRateHigh, ScalerStuck,
 // NonFiniteUpdate, ClipBeforeUnscale, Fp16WithoutScaler.
@@ -46,6 +50,55 @@ std::optional<double> MedianPastBaseline(const StepContext& ctx,
 // The trend detectors (attention logits, log Z) compare a window median with
 // a baseline only once the window holds this many values, or W when smaller.
 size_t TrendSlots(const HealthConfig& config);
+
+// A rate alert (the clipped or the skipped share of post-warmup steps): a
+// Bernoulli CUSUM names a jump of the rate within tens of steps, and the
+// share over the window W (above the threshold once W holds min_steps)
+// catches a rate that creeps up; once firing, the alert holds while the
+// CUSUM has not seen the rate fall below resolve_ratio x threshold or the
+// window's share is still above that (hysteresis).
+class RateAlert {
+ public:
+  RateAlert(const HealthConfig& config, double threshold);
+
+  struct State {
+    bool holds = false;
+    bool by_change = false;   // the CUSUM named it (else the window)
+    uint64_t onset_step = 0;  // the CUSUM's change point
+    double rate_since = 0.0;  // flagged share since the change point
+  };
+  // One post-warmup step; `window` already holds its flag.
+  State Add(uint64_t step, bool flagged, const FlagSeries& window,
+            uint32_t min_steps);
+  void Reset();
+
+ private:
+  double threshold_;
+  double resolve_ratio_;
+  RateShiftDetector change_;
+  Hysteresis hysteresis_;
+  State last_fire_;
+};
+
+// The end-of-schedule allowance of GradNormDrift and ClipFractionHigh (not
+// drift): while the LR is below drift.lr_decay_fraction of its peak, the norm
+// may rise like sqrt(fraction x peak / lr), as the steady-state norm under
+// AdamW grows like sqrt(wd / lr) while a schedule decays to its floor.
+class LrAllowance {
+ public:
+  // Takes in every lead record (warmup included: the peak); returns the log
+  // of the allowed rise at this record (0 while the LR is high).
+  double Update(const v1::StepRecord& r, double fraction);
+  double peak_lr() const { return peak_lr_; }
+
+ private:
+  double peak_lr_ = 0.0;
+};
+
+// The options of a LevelShiftDetector for a shift of `shift` (in the
+// signal's units), from the config's change-detection parameters.
+LevelShiftDetector::Options LevelOptions(const HealthConfig& config,
+                                         double shift, bool two_sided);
 
 }  // namespace trainwatch
 

@@ -2,6 +2,7 @@
 // LayerUpdateStall. They read the layer_stats the clients send every N steps
 // on the lead stream; records without layer_stats leave them unchanged.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -35,36 +36,78 @@ std::string NameLayers(
 
 // Catches a layer whose Adam second moment is out of date: its gradient is
 // far above what v has seen (RMS of g/sqrt(v) >= adam.g_over_sqrt_v, ~1 in
-// steady state), and a loss spike tends to follow within a few steps. Holds on
-// each post-warmup report naming such a layer; in warmup v is still filling
-// up from 0 (g/sqrt(v) is huge on the first steps by construction).
+// steady state), and a loss spike tends to follow within a few steps. A layer
+// counts on a post-warmup report once it also jumped: its value is at least
+// adam.jump_ratio x its median over its previous post-warmup reports (at
+// least adam.min_reports of them). In warmup v is still filling up from 0,
+// and for a while after it Adam is still adapting to the new LR (values of
+// 5 and more that fall back by themselves); a layer whose g/sqrt(v) is
+// always high (rare tokens in an embedding) has not gone stale either.
 class AdamStaleSecondMoment final : public Detector {
  public:
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     const v1::StepRecord& r = ctx.record;
     if (r.layer_stats().empty() || !ctx.post_warmup) return;
-    const double threshold = ctx.config.adam.g_over_sqrt_v;
+    const auto& cfg = ctx.config.adam;
     std::vector<std::pair<std::string, double>> stale;
     for (const auto& [layer, stats] : r.layer_stats()) {
-      // NaN compares false: no evidence either way.
-      if (stats.g_over_sqrt_v_rms() >= threshold) {
-        stale.emplace_back(layer, stats.g_over_sqrt_v_rms());
+      const double value = stats.g_over_sqrt_v_rms();
+      // NaN: no evidence either way.
+      if (!std::isfinite(value)) continue;
+      auto it = history_.find(layer);
+      if (it == history_.end()) {
+        if (history_.size() >= kMaxLayers) continue;
+        it = history_.emplace(layer, History{}).first;
       }
+      History& h = it->second;
+      if (value >= cfg.g_over_sqrt_v && h.size >= cfg.min_reports &&
+          value >= cfg.jump_ratio * h.Median()) {
+        stale.emplace_back(layer, value);
+      }
+      h.Push(value);
     }
     std::sort(stale.begin(), stale.end(), [](const auto& a, const auto& b) {
       return a.second != b.second ? a.second > b.second : a.first < b.first;
     });
     const double largest = stale.empty() ? 0.0 : stale.front().second;
-    sink.Condition(AlertKind::kAdamStaleSecondMoment, r.step(), !stale.empty(),
-                   largest, [&] {
-                     return AlertText{
-                         "Adam second moment out of date",
-                         absl::StrFormat("step %d: g/sqrt(v) RMS >= %g in %d "
-                                         "layer(s): %s",
-                                         r.step(), threshold, stale.size(),
-                                         NameLayers(stale))};
-                   });
+    sink.Condition(
+        AlertKind::kAdamStaleSecondMoment, r.step(), !stale.empty(), largest,
+        [&] {
+          return AlertText{
+              "Adam second moment out of date",
+              absl::StrFormat("step %d: g/sqrt(v) RMS >= %g and >= %gx the "
+                              "layer's recent median in %d layer(s): %s",
+                              r.step(), cfg.g_over_sqrt_v, cfg.jump_ratio,
+                              stale.size(), NameLayers(stale))};
+        });
   }
+
+  // Reports of a layer before the restart still describe its typical value.
+  void OnRewind(uint64_t step) override {}
+
+ private:
+  static constexpr size_t kMaxLayers = 4096;
+
+  // A layer's last post-warmup values, for its median.
+  struct History {
+    static constexpr size_t kSize = 8;
+    std::array<float, kSize> values{};
+    size_t size = 0;
+    size_t next = 0;
+
+    void Push(double v) {
+      values[next] = static_cast<float>(v);
+      next = (next + 1) % kSize;
+      if (size < kSize) ++size;
+    }
+    double Median() const {
+      std::array<float, kSize> v = values;
+      auto mid = v.begin() + size / 2;
+      std::nth_element(v.begin(), mid, v.begin() + size);
+      return *mid;
+    }
+  };
+  std::map<std::string, History> history_;
 };
 
 // Catches layers whose gradients are so small that Adam's eps dominates

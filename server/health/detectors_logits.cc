@@ -1,6 +1,7 @@
 // Logit trend detectors (DESIGN.md §4): AttentionLogitGrowth (max attention
-// logit against a cap and its baseline) and LogZDrift (log Z against its
-// baseline). They read the lead stream only (OnStep).
+// logit against a cap, its baseline and its forecast) and LogZDrift (log Z
+// against its baseline and its forecast). They read the lead stream only (OnStep).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -12,83 +13,171 @@
 namespace trainwatch {
 namespace {
 
-// Catches attention logits blowing up (query/key norm growth): holds on any
-// max_attn_logit >= attention.cap, or while the window median is at least
-// attention.ratio times the baseline median.
+// Steps until a forecast crossing, if the trend forecasts one.
+std::optional<uint64_t> StepsUntil(std::optional<uint64_t> at, uint64_t step) {
+  if (!at.has_value()) return std::nullopt;
+  return *at > step ? *at - step : 0;
+}
+
+// Catches attention logits blowing up (query/key norm growth), by three
+// rules with one hysteresis: any max_attn_logit >= attention.cap (holds while
+// values stay above resolve_ratio x cap); a level attention.ratio x its
+// baseline or more, named by a CUSUM on the log logit (LevelShiftDetector);
+// and a robust trend (RunHealth's Theil-Sen) forecast to reach the cap within
+// attention.horizon_steps, which warns before the crossing (holds while the
+// forecast stays within horizon / resolve_ratio).
 class AttentionLogitGrowth final : public Detector {
  public:
+  explicit AttentionLogitGrowth(const HealthConfig& config)
+      : shift_(LevelOptions(config, std::log(config.attention.ratio), false)),
+        hysteresis_(config.resolve_after_steps) {}
+
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
-    if (!ctx.record.has_max_attn_logit()) return;
+    const v1::StepRecord& r = ctx.record;
+    if (!r.has_max_attn_logit() || !std::isfinite(r.max_attn_logit())) return;
     const auto& cfg = ctx.config.attention;
-    const uint64_t step = ctx.record.step();
-    const double logit = ctx.record.max_attn_logit();
-    if (logit >= cfg.cap) {
-      sink.Condition(AlertKind::kAttentionLogitGrowth, step, true, logit, [&] {
+    const double resolve = ctx.config.change.resolve_ratio;
+    const uint64_t step = r.step();
+    const double logit = r.max_attn_logit();
+    const bool cap_fires = logit >= cfg.cap;
+    const bool cap_holds = logit >= resolve * cfg.cap;
+    std::optional<LevelShiftDetector::Result> level;
+    std::optional<uint64_t> until;
+    if (ctx.post_warmup) {
+      if (logit > 0) level = shift_.Add(step, std::log(logit));
+      until = StepsUntil(ctx.trends.max_attn_logit.StepReaching(cfg.cap), step);
+    }
+    const bool level_fires = level.has_value() && level->fired_now;
+    const bool level_holds = level.has_value() && level->holds;
+    const bool forecast_fires = until.has_value() && *until <= cfg.horizon_steps;
+    const bool forecast_holds =
+        until.has_value() && *until <= cfg.horizon_steps / resolve;
+    const bool holds =
+        hysteresis_.Update(step, cap_fires || level_fires || forecast_fires,
+                           cap_holds || level_holds || forecast_holds);
+    sink.Condition(AlertKind::kAttentionLogitGrowth, step, holds, logit, [&] {
+      // The rule that fired; after a restart's replay, one that still holds.
+      if (cap_fires || (cap_holds && !level_holds && !until.has_value())) {
         return AlertText{
             absl::StrFormat("Attention logit %.4g at step %d", logit, step),
             absl::StrFormat("max attention logit %.4g at step %d is at or "
                             "above the cap %g (cap rule)",
                             logit, step, cfg.cap)};
-      });
-      return;
-    }
-    const std::optional<double>& baseline = ctx.baselines.max_attn_logit_median;
-    std::optional<double> median = MedianPastBaseline(
-        ctx, ctx.window.max_attn_logit, baseline, TrendSlots(ctx.config));
-    if (!median.has_value() || *baseline <= 0) return;
-    const double ratio = *median / *baseline;
-    sink.Condition(
-        AlertKind::kAttentionLogitGrowth, step, ratio >= cfg.ratio, *median,
-        [&] {
-          return AlertText{
-              absl::StrFormat("Attention logits grew %.1fx", ratio),
-              absl::StrFormat(
-                  "median max attention logit over the last %d post-warmup "
-                  "values is %.4g, %.2fx its baseline median %.4g (growth "
-                  "rule, >= %gx)",
-                  ctx.window.max_attn_logit.slots(), *median, ratio, *baseline,
-                  cfg.ratio)};
-        });
+      }
+      if (level_fires || level_holds || !until.has_value()) {
+        const double base = std::exp(shift_.baseline()->median);
+        const double ratio = std::exp(level->level) / base;
+        return AlertText{
+            absl::StrFormat("Attention logits grew %.1fx since step %d", ratio,
+                            level->onset_step),
+            absl::StrFormat(
+                "the max attention logit's level since step %d (the change "
+                "point) is %.4g, %.2fx its baseline median %.4g (growth rule, "
+                ">= %gx; sequential test, ARL0 %g steps)",
+                level->onset_step, std::exp(level->level), ratio, base,
+                cfg.ratio, ctx.config.change.arl0),
+            level->onset_step};
+      }
+      const TrendForecaster::Trend& t = *ctx.trends.max_attn_logit.trend();
+      return AlertText{
+          absl::StrFormat("Attention logit forecast to reach %g at step %d",
+                          cfg.cap, step + *until),
+          absl::StrFormat(
+              "the max attention logit's trend (Theil-Sen over its last "
+              "~1000 values) is %.4g at step %d and rising %.3g per 1000 "
+              "steps: it reaches the cap %g at step %d, within the %d-step "
+              "horizon (forecast rule)",
+              t.level, t.step, 1000 * t.slope, cfg.cap, step + *until,
+              cfg.horizon_steps)};
+    });
   }
+
+  void OnRewind(uint64_t step) override { shift_.RewindTo(step); }
+
+ private:
+  LevelShiftDetector shift_;
+  Hysteresis hysteresis_;
 };
 
-// Catches output logits growing or shrinking without bound: holds while the
-// window median of log Z is log_z.nats or more from its baseline, either
-// way. Only movement counts: a healthy run without z-loss sits near log V.
+// Catches output logits growing or shrinking without bound, by two rules
+// with one hysteresis: log Z's level log_z.nats or more from its baseline,
+// either way, named by a two-sided CUSUM (LevelShiftDetector, in nats); and
+// a robust trend forecast to get that far within log_z.horizon_steps. Only
+// movement counts: a healthy run without z-loss sits near log V.
 class LogZDrift final : public Detector {
  public:
+  explicit LogZDrift(const HealthConfig& config)
+      : shift_(LevelOptions(config, config.log_z.nats, true)),
+        hysteresis_(config.resolve_after_steps) {}
+
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
-    if (!ctx.record.has_log_z()) return;
-    const std::optional<double>& baseline = ctx.baselines.log_z_median;
-    std::optional<double> median = MedianPastBaseline(
-        ctx, ctx.window.log_z, baseline, TrendSlots(ctx.config));
-    if (!median.has_value()) return;
-    const double drift = *median - *baseline;
-    sink.Condition(
-        AlertKind::kLogZDrift, ctx.record.step(),
-        std::abs(drift) >= ctx.config.log_z.nats, std::abs(drift), [&] {
-          return AlertText{
-              absl::StrFormat("log Z moved %.1f nats from its baseline",
-                              std::abs(drift)),
-              absl::StrFormat(
-                  "median log Z over the last %d post-warmup values is %.3g, "
-                  "%.2f nats %s its baseline median %.3g (>= %g nats either "
-                  "way)",
-                  ctx.window.log_z.slots(), *median, std::abs(drift),
-                  drift > 0 ? "above" : "below", *baseline,
-                  ctx.config.log_z.nats)};
-        });
+    const v1::StepRecord& r = ctx.record;
+    if (!ctx.post_warmup || !r.has_log_z() || !std::isfinite(r.log_z())) {
+      return;
+    }
+    const auto& cfg = ctx.config.log_z;
+    const double resolve = ctx.config.change.resolve_ratio;
+    const uint64_t step = r.step();
+    std::optional<LevelShiftDetector::Result> level = shift_.Add(step, r.log_z());
+    if (!level.has_value()) return;  // the baseline is being taken
+    const double base = shift_.baseline()->median;
+    // The trend's crossing of base +- nats, whichever way it moves.
+    const TrendForecaster& trend = ctx.trends.log_z;
+    std::optional<uint64_t> until;
+    if (trend.trend().has_value() && trend.trend()->slope != 0) {
+      const double target =
+          base + (trend.trend()->slope > 0 ? cfg.nats : -cfg.nats);
+      until = StepsUntil(trend.StepReaching(target), step);
+    }
+    const bool forecast_fires = until.has_value() && *until <= cfg.horizon_steps;
+    const bool forecast_holds =
+        until.has_value() && *until <= cfg.horizon_steps / resolve;
+    const bool holds = hysteresis_.Update(step, level->fired_now || forecast_fires,
+                                          level->holds || forecast_holds);
+    const double drift = level->level - base;
+    sink.Condition(AlertKind::kLogZDrift, step, holds, std::abs(drift), [&] {
+      if (level->fired_now || level->holds || !until.has_value()) {
+        return AlertText{
+            absl::StrFormat("log Z moved %.1f nats since step %d",
+                            std::abs(drift), level->onset_step),
+            absl::StrFormat(
+                "log Z's level since step %d (the change point) is %.3g, "
+                "%.2f nats %s its baseline median %.3g (>= %g nats either "
+                "way; sequential test, ARL0 %g steps)",
+                level->onset_step, level->level, std::abs(drift),
+                drift > 0 ? "above" : "below", base, cfg.nats,
+                ctx.config.change.arl0),
+            level->onset_step};
+      }
+      const TrendForecaster::Trend& t = *trend.trend();
+      return AlertText{
+          absl::StrFormat("log Z forecast to move %g nats by step %d", cfg.nats,
+                          step + *until),
+          absl::StrFormat(
+              "log Z's trend (Theil-Sen over its last ~1000 values) is %.3g "
+              "at step %d, moving %.3g nats per 1000 steps from its baseline "
+              "median %.3g: %g nats away at step %d, within the %d-step "
+              "horizon (forecast rule)",
+              t.level, t.step, 1000 * t.slope, base, cfg.nats, step + *until,
+              cfg.horizon_steps)};
+    });
   }
+
+  void OnRewind(uint64_t step) override { shift_.RewindTo(step); }
+
+ private:
+  LevelShiftDetector shift_;
+  Hysteresis hysteresis_;
 };
 
 }  // namespace
 
-std::unique_ptr<Detector> MakeAttentionLogitGrowth(const HealthConfig&) {
-  return std::make_unique<AttentionLogitGrowth>();
+std::unique_ptr<Detector> MakeAttentionLogitGrowth(const HealthConfig& config) {
+  return std::make_unique<AttentionLogitGrowth>(config);
 }
 
-std::unique_ptr<Detector> MakeLogZDrift(const HealthConfig&) {
-  return std::make_unique<LogZDrift>();
+std::unique_ptr<Detector> MakeLogZDrift(const HealthConfig& config) {
+  return std::make_unique<LogZDrift>(config);
 }
 
 }  // namespace trainwatch

@@ -17,6 +17,21 @@ struct HealthConfig {
   // Alertnames switched off in this deployment.
   std::set<std::string> disabled;
 
+  // Sequential change detection of the level signals (log grad norm, clip
+  // and skip rates, max attention logit, log Z) against the run's baseline.
+  struct {
+    // In-control average run length: steps between false alarms of one
+    // signal on a run with no change (CUSUM threshold by Siegmund's
+    // approximation). Larger: fewer false alarms, slightly later detection.
+    double arl0 = 1e6;
+    // A level alert resolves once the signal is clearly below this fraction
+    // of its fire level (hysteresis) for resolve_after_steps.
+    double resolve_ratio = 0.8;
+    // A level shift must persist about this many steps to be named: no
+    // single value (a heavy tail, a 4-6x excursion) counts for more.
+    uint32_t min_steps = 16;
+  } change;
+
   struct {
     double threshold = 0.05;   // clipped fraction over W
     uint32_t min_steps = 100;  // steps in W before it may fire
@@ -31,13 +46,20 @@ struct HealthConfig {
   } spike;
 
   struct {
-    double ratio = 2.0;  // window median >= ratio * baseline median
+    double ratio = 2.0;  // the norm's level >= ratio * baseline level
+    // While the LR is below this fraction of its peak (a schedule's decay
+    // to its floor), the norm may rise like sqrt(fraction * peak / lr)
+    // without counting as drift (AdamW: steady-state norm ~ sqrt(wd / lr)).
+    double lr_decay_fraction = 0.5;
   } drift;
 
   struct {
     uint32_t halvings = 4;        // decreases of the scale ...
     uint32_t within_steps = 100;  // ... within this many steps, no growth between
     double min_scale = 1.0;       // or a scale below this
+    // or this many halvings with no growth between (a slow bleed: the
+    // scaler never gets growth_interval clean steps to grow back).
+    uint32_t bleed_halvings = 5;
   } loss_scale;
 
   struct {
@@ -62,17 +84,30 @@ struct HealthConfig {
   } post_clip;
 
   struct {
-    double ratio = 2.0;  // window median >= ratio * baseline median
+    double ratio = 2.0;  // the level >= ratio * baseline level
     double cap = 100.0;  // or any value >= cap
+    // or the trend forecasts reaching the cap within this many steps.
+    uint32_t horizon_steps = 2000;
   } attention;
 
   struct {
-    double nats = 5.0;  // |window median - baseline median| >= nats
+    double nats = 5.0;  // |level - baseline level| >= nats
+    // or the trend forecasts moving that far within this many steps.
+    uint32_t horizon_steps = 2000;
   } log_z;
 
   struct {
+    double sigmas = 6.0;        // log loss >= recent level + sigmas * sd ...
+    double min_ratio = 1.25;    // ... and loss >= min_ratio * recent level
+    uint32_t stay_steps = 3;    // on this many steps in a row
+    uint32_t recent_steps = 100;  // the recent level: median of these
+  } loss_spike;
+
+  struct {
     double relative_spread = 1e-3;  // (max - min) / max over ranks of one step
-    uint32_t horizon_steps = 256;   // steps kept waiting for other ranks
+    // Ranks arriving up to this many steps apart are compared step by step
+    // (a few bytes per step kept for the slowest rank).
+    uint32_t horizon_steps = 100000;
   } rank_mismatch;
 
   struct {
@@ -85,6 +120,10 @@ struct HealthConfig {
 
   struct {
     double g_over_sqrt_v = 5.0;  // a layer's RMS of g/sqrt(v) at least this
+    // ... and at least this times its median over the layer's previous
+    // reports (min_reports of them): Adam adapting after warmup is not stale.
+    double jump_ratio = 3.0;
+    uint32_t min_reports = 3;
     double eps_multiple = 10.0;  // a layer's grad RMS at most this * adam_eps ...
     uint32_t stall_reports = 3;  // ... on this many reports in a row
   } adam;

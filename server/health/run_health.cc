@@ -24,6 +24,10 @@ void RunHealth::OnLeadRecord(const v1::StepRecord& r, int64_t now_unix_nanos) {
       window_.max_attn_logit.Push(r.step(), r.max_attn_logit());
     }
     if (r.has_log_z()) window_.log_z.Push(r.step(), r.log_z());
+    if (r.has_max_attn_logit()) {
+      trends_.max_attn_logit.Add(r.step(), r.max_attn_logit());
+    }
+    if (r.has_log_z()) trends_.log_z.Add(r.step(), r.log_z());
     ++post_warmup_seen_;
     if (post_warmup_seen_ == config_.window_steps) {
       // The window now holds exactly the first W post-warmup steps.
@@ -40,6 +44,7 @@ void RunHealth::OnLeadRecord(const v1::StepRecord& r, int64_t now_unix_nanos) {
                   .config = config_,
                   .window = window_,
                   .baselines = baselines_,
+                  .trends = trends_,
                   .post_warmup = post_warmup,
                   .records_seen = records_seen_};
   for (auto& d : detectors_) d->OnStep(ctx, tracker_);
@@ -58,6 +63,7 @@ void RunHealth::OnRankRecord(uint32_t rank, uint32_t attempt,
 
 void RunHealth::Rewind(uint64_t step) {
   window_.RewindTo(step);
+  trends_.RewindTo(step);
   if (baselines_.grad_norm_median.has_value() &&
       baselines_.through_step >= step) {
     baselines_ = Baselines{};

@@ -36,6 +36,7 @@ class RunHealth {
   const RunInfo& info() const { return info_; }
   const RunWindow& window() const { return window_; }
   const Baselines& baselines() const { return baselines_; }
+  const Trends& trends() const { return trends_; }
   AlertTracker& tracker() { return tracker_; }
   const AlertTracker& tracker() const { return tracker_; }
   // Post-warmup records seen (this attempt's history included).
@@ -51,6 +52,7 @@ class RunHealth {
   const HealthConfig& config_;
   RunWindow window_;
   Baselines baselines_;
+  Trends trends_;
   uint64_t post_warmup_seen_ = 0;
   uint64_t records_seen_ = 0;
   std::optional<uint64_t> last_step_;

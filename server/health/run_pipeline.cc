@@ -178,6 +178,18 @@ HealthSnapshot RunPipeline::Snapshot() const {
   if (h.baselines().grad_norm_median.has_value()) {
     ws.set_baseline_grad_norm_median(*h.baselines().grad_norm_median);
   }
+  const Trends& t = h.trends();
+  if (auto at = t.max_attn_logit.StepReaching(config_.attention.cap)) {
+    ws.set_max_attn_logit_forecast_step(*at);
+  }
+  if (h.baselines().log_z_median.has_value() && t.log_z.trend().has_value() &&
+      t.log_z.trend()->slope != 0) {
+    const double nats = t.log_z.trend()->slope > 0 ? config_.log_z.nats
+                                                   : -config_.log_z.nats;
+    if (auto at = t.log_z.StepReaching(*h.baselines().log_z_median + nats)) {
+      ws.set_log_z_forecast_step(*at);
+    }
+  }
   for (const AlertSpec& spec : AllAlertSpecs()) {
     const AlertEpisode& e = h.tracker().episode(spec.kind);
     if (e.firing) snap.active_alerts.push_back(ToProto(run_id_, e));

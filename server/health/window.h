@@ -19,6 +19,8 @@
 #include <optional>
 #include <vector>
 
+#include "health/trend_forecast.h"
+
 namespace trainwatch {
 
 // The steps of the last `capacity` pushes, oldest first, in a ring of 32-bit
@@ -161,6 +163,19 @@ struct RunWindow {
     const size_t dropped = before - grad_norm.slots();
     clipped.PopNewest(dropped);
     skipped.PopNewest(dropped);
+    max_attn_logit.RewindTo(step);
+    log_z.RewindTo(step);
+  }
+};
+
+// Robust linear trends of the slowly moving signals over their last ~1,000
+// post-warmup values, for the forecasts of DESIGN.md §4 (AttentionLogitGrowth
+// reaching the cap, LogZDrift moving its threshold, within a horizon).
+struct Trends {
+  TrendForecaster max_attn_logit{TrendForecaster::Options{}};
+  TrendForecaster log_z{TrendForecaster::Options{}};
+
+  void RewindTo(uint64_t step) {
     max_attn_logit.RewindTo(step);
     log_z.RewindTo(step);
   }

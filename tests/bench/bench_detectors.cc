@@ -116,6 +116,7 @@ void BM_DetectorGroup(benchmark::State& state) {
   std::vector<v1::StepRecord> stream = Stream();
   RunWindow window(config.window_steps);
   Baselines baselines;
+  Trends trends;
   NullSink sink;
   uint64_t step = 0;
   auto feed = [&] {
@@ -136,6 +137,7 @@ void BM_DetectorGroup(benchmark::State& state) {
                                  .run = info, .config = config};
     const StepContext ctx{.record = r, .run = info, .config = config,
                           .window = window, .baselines = baselines,
+                          .trends = trends,
                           .post_warmup = true, .records_seen = step + 1};
     for (auto& d : detectors) {
       d->OnRankRecord(rctx, sink);

@@ -1,0 +1,91 @@
+// LossSpike (DESIGN.md §4): the loss jumps far above its recent level and
+// stays up for a few steps (LossSpikeRule). Reads the lead stream only.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "health/detectors_internal.h"
+#include "health/loss_spike.h"
+
+namespace trainwatch {
+namespace {
+
+// Catches the PaLM / BLOOM kind of loss spike, which needs a person: an event
+// per spike, with the batch ids of its high steps and, like a gradient
+// spike, an entry in the spike list with its restart plan (the checkpoint
+// at least 100 steps before it, the batches to skip). A gradient spike that
+// clipping absorbed leaves the loss where it was and stays GradNormSpike's
+// (info).
+class LossSpike final : public Detector {
+ public:
+  explicit LossSpike(const HealthConfig& config)
+      : rule_(LossSpikeRule::Options{
+            .recent_steps = config.loss_spike.recent_steps,
+            .min_steps = std::min<uint32_t>(50, config.loss_spike.recent_steps),
+            .sigmas = config.loss_spike.sigmas,
+            .min_ratio = config.loss_spike.min_ratio,
+            .stay_steps = config.loss_spike.stay_steps}) {}
+
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    const v1::StepRecord& r = ctx.record;
+    if (!ctx.post_warmup || !r.has_loss()) return;
+    std::optional<LossSpikeRule::Result> s = rule_.Add(r.step(), r.loss());
+    if (!s.has_value() || !s->high) {
+      high_batch_ids_.clear();
+      return;
+    }
+    if (high_batch_ids_.empty()) onset_norm_ = r.grad_norm();
+    for (int64_t id : r.batch_ids()) {
+      if (high_batch_ids_.size() < kMaxBatchIds) high_batch_ids_.push_back(id);
+    }
+    const uint32_t stay = ctx.config.loss_spike.stay_steps;
+    if (r.step() < s->onset_step + stay - 1) return;  // not up long enough yet
+    const std::vector<int64_t> ids = s->fired_now
+        ? high_batch_ids_
+        : std::vector<int64_t>(r.batch_ids().begin(), r.batch_ids().end());
+    sink.Event(AlertKind::kLossSpike, r.step(), s->ratio, ids, [&] {
+      return AlertText{
+          absl::StrFormat("Loss spike at step %d", s->onset_step),
+          absl::StrFormat(
+              "loss %.4g at step %d is %.2fx its recent level %.4g (median of "
+              "the last %d losses) and has stayed >= %gx and %g robust sd "
+              "above it since step %d; restart plan: trainwatchctl spikes "
+              "(the checkpoint >= 100 steps before step %d, skip the batches "
+              "listed)",
+              r.loss(), r.step(), s->ratio, s->level,
+              ctx.config.loss_spike.recent_steps,
+              ctx.config.loss_spike.min_ratio, ctx.config.loss_spike.sigmas,
+              s->onset_step, s->onset_step),
+          s->onset_step};
+    });
+    if (s->fired_now) {
+      sink.Spike(SpikeInfo{.step = s->onset_step,
+                           .grad_norm = onset_norm_,
+                           .ratio_to_ema = 0.0,
+                           .sigmas = 0.0,
+                           .batch_ids = high_batch_ids_});
+    }
+  }
+
+  // The recent level is the run's, which a restart does not change.
+  void OnRewind(uint64_t step) override { high_batch_ids_.clear(); }
+
+ private:
+  static constexpr size_t kMaxBatchIds = 256;
+
+  LossSpikeRule rule_;
+  std::vector<int64_t> high_batch_ids_;  // of the current high steps
+  double onset_norm_ = 0.0;
+};
+
+}  // namespace
+
+std::unique_ptr<Detector> MakeLossSpike(const HealthConfig& config) {
+  return std::make_unique<LossSpike>(config);
+}
+
+}  // namespace trainwatch
