@@ -345,7 +345,7 @@ TEST(AlertmanagerIntegration, SpikeFiresInAlertmanagerSurvivesARestartAndResolve
   const auto visible = Clock::now();
   const json& a = *FindAlert(alerts, "GradNormSpike");
   EXPECT_EQ(a["labels"], (json{{"alertname", "GradNormSpike"}, {"run", run},
-                               {"severity", "warning"}, {"model", "llama-7b"},
+                               {"severity", "info"}, {"model", "llama-7b"},
                                {"owner", "ana"}}));
   EXPECT_EQ(a["annotations"]["started_step"], "3000");
   EXPECT_EQ(a["annotations"]["batch_ids"], "21000,21001");
@@ -423,7 +423,7 @@ TEST(AlertmanagerIntegration, WebhookGetsTheFireAndTheResolveDirectly) {
   const json& f = fired->body;
   EXPECT_EQ(f["alertname"], "GradNormSpike");
   EXPECT_EQ(f["run"], run);
-  EXPECT_EQ(f["severity"], "warning");
+  EXPECT_EQ(f["severity"], "info");  // recorded, not paged (DESIGN.md §4)
   EXPECT_EQ(f["labels"], (json{{"model", "llama-7b"}, {"owner", "ana"}}));
   EXPECT_EQ(f["started_step"], kSpikeStep);
   EXPECT_EQ(f["peak_value"], 12.0);

@@ -65,7 +65,7 @@ TEST(AlertsIntegration, ASpikeIsOnMetricsByItsAckStoredWithARestartPlanAndSurviv
 
   // replay returned once the spike's batch was acked: the alert is visible.
   std::string metrics = HttpGet(server->metrics_url());
-  EXPECT_EQ(MetricValue(metrics, "trainwatch_alert_active{alertname=\"GradNormSpike\",run=\"spiky\",severity=\"warning\"}"), 1);
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_alert_active{alertname=\"GradNormSpike\",run=\"spiky\",severity=\"info\"}"), 1);
   EXPECT_EQ(MetricValue(metrics, "trainwatch_alerts_fired_total{alertname=\"GradNormSpike\",run=\"spiky\"}"), 1);
 
   json alerts = Ctl(*server, {"alerts", "--run", "spiky", "--json"});
@@ -91,7 +91,7 @@ TEST(AlertsIntegration, ASpikeIsOnMetricsByItsAckStoredWithARestartPlanAndSurviv
   server->Kill();
   server = std::make_unique<ServerProcess>(dir.File("tw.db"), port);
   metrics = HttpGet(server->metrics_url());
-  EXPECT_EQ(MetricValue(metrics, "trainwatch_alert_active{alertname=\"GradNormSpike\",run=\"spiky\",severity=\"warning\"}"), 1);
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_alert_active{alertname=\"GradNormSpike\",run=\"spiky\",severity=\"info\"}"), 1);
   EXPECT_TRUE(std::isnan(MetricValue(metrics, "trainwatch_alerts_fired_total{alertname=\"GradNormSpike\",run=\"spiky\"}")));
   json health = Ctl(*server, {"health", "--run", "spiky", "--json"});
   EXPECT_GT(health["window"]["baseline_grad_norm_median"].get<double>(), 0.3);
@@ -112,7 +112,7 @@ TEST(AlertsIntegration, ASpikeIsOnMetricsByItsAckStoredWithARestartPlanAndSurviv
   EXPECT_EQ(alerts[0]["state"], "resolved");
   EXPECT_EQ(alerts[0]["resolved_step"], kSpikeStep + 100);
   metrics = HttpGet(server->metrics_url());
-  EXPECT_EQ(MetricValue(metrics, "trainwatch_alert_active{alertname=\"GradNormSpike\",run=\"spiky\",severity=\"warning\"}"), 0);
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_alert_active{alertname=\"GradNormSpike\",run=\"spiky\",severity=\"info\"}"), 0);
 }
 
 TEST(AlertsIntegration, AFinishedRunLeavesMetricsAfterItsRetentionWithItsAlertsResolved) {
@@ -130,7 +130,7 @@ TEST(AlertsIntegration, AFinishedRunLeavesMetricsAfterItsRetentionWithItsAlertsR
   CommandResult r = RunCommand({BinDir() + "/trainwatchctl", "--server",
                                 server.grpc_address(), "replay", dir.File("spike.jsonl")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const std::string active = "trainwatch_alert_active{alertname=\"GradNormSpike\",run=\"done\",severity=\"warning\"}";
+  const std::string active = "trainwatch_alert_active{alertname=\"GradNormSpike\",run=\"done\",severity=\"info\"}";
   std::string metrics = HttpGet(server.metrics_url());
   // The RUN_FINISHED was acked: the run is marked finished, still exported.
   // (If the 1 s retention already passed, the series are gone instead.)

@@ -19,6 +19,8 @@ struct Transition {
   double peak;
   std::string description;
   std::vector<int64_t> batch_ids;
+  uint64_t onset_step = 0;
+  std::string caused_by;  // "" when a cause of its own
 };
 
 // A step record as a client would send it: clipped and clip_coef derived
@@ -43,9 +45,21 @@ class HealthHarness {
       : config_(std::move(config)),
         health_(std::move(info), config_,
                 [this](const AlertEpisode& e) {
+                  const std::string cause =
+                      e.caused_by ? std::string(Spec(*e.caused_by).name) : "";
+                  if (e.update) {  // caused_by found later: not a new fire
+                    for (auto t = transitions.rbegin(); t != transitions.rend(); ++t) {
+                      if (t->kind == e.kind && t->firing) {
+                        t->caused_by = cause;
+                        break;
+                      }
+                    }
+                    return;
+                  }
                   transitions.push_back(
                       {e.kind, e.firing, e.firing ? e.started_step : e.resolved_step,
-                       e.peak_value, e.text.description, e.batch_ids});
+                       e.peak_value, e.text.description, e.batch_ids,
+                       e.text.onset_step, cause});
                 },
                 [this](const SpikeInfo& s) { spikes.push_back(s); }) {}
 

@@ -1,0 +1,256 @@
+// Detection v2 (DESIGN.md §4) through RunHealth with the real detectors and
+// alert tracker: level shifts named within tens of steps at their change
+// point, hysteresis, forecasts, the slow scale bleed, LossSpike, caused_by,
+// ranks compared whatever their arrival order, and the healthy shapes that
+// must stay silent.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "health_test_util.h"
+
+namespace trainwatch {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+using ::trainwatch::testing::HealthHarness;
+using ::trainwatch::testing::Rec;
+
+RunInfo Bf16(uint64_t warmup = 100, double max_norm = 1.0) {
+  return RunInfo{.run_id = "r", .precision = v1::BF16, .max_norm = max_norm,
+                 .warmup_steps = warmup};
+}
+
+// Lognormal norms with a mild heavy tail, seeded.
+class Norms {
+ public:
+  explicit Norms(uint64_t seed, double sigma = 0.15) : rng_(seed), sigma_(sigma) {}
+  double Next(double median) {
+    const double s = u_(rng_) < 0.03 ? 2.2 * sigma_ : sigma_;
+    return median * std::exp(s * z_(rng_));
+  }
+  double Loss(double level) { return level * std::exp(0.01 * z_(rng_)); }
+
+ private:
+  std::mt19937_64 rng_;
+  double sigma_;
+  std::normal_distribution<double> z_;
+  std::uniform_real_distribution<double> u_{0.0, 1.0};
+};
+
+TEST(GradNormDriftV2, NamesASudden3xShiftWithinTensOfStepsAtItsChangePoint) {
+  HealthHarness h(Bf16());
+  Norms n(1);
+  for (uint64_t s = 1; s <= 3000; ++s) {
+    h.Lead(Rec(s, n.Next(s >= 2500 ? 0.75 : 0.25), /*max_norm=*/10.0));
+  }
+  auto fired = h.Fired(AlertKind::kGradNormDrift);
+  ASSERT_THAT(fired, SizeIs(1));
+  EXPECT_GE(fired[0].step, 2500u);
+  EXPECT_LE(fired[0].step, 2540u);
+  EXPECT_NEAR(static_cast<double>(fired[0].onset_step), 2500.0, 5.0);
+  EXPECT_THAT(fired[0].description, HasSubstr("since step"));
+}
+
+TEST(GradNormDriftV2, TheRiseAsTheLrDecaysToItsFloorIsNotDrift) {
+  HealthHarness h(Bf16());
+  Norms n(2);
+  for (uint64_t s = 1; s <= 10000; ++s) {
+    const double p = s / 10000.0;
+    const double lr = 3e-4 * (0.01 + 0.99 * 0.5 * (1 + std::cos(M_PI * p)));
+    const double rise = p > 0.85 ? std::pow(2.5, (p - 0.85) / 0.15) : 1.0;
+    v1::StepRecord r = Rec(s, n.Next(0.3 * rise), 10.0);
+    r.set_lr(lr);
+    h.Lead(r);
+  }
+  EXPECT_THAT(h.FiredNames(), IsEmpty());
+}
+
+TEST(ClipFractionHighV2, NamesAJumpTo20PercentInTensOfStepsAndHoversAsOneAlert) {
+  HealthHarness h(Bf16());
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  double p = 0.0;
+  for (uint64_t s = 1; s <= 12000; ++s) {
+    if (s == 2000) p = 0.2;
+    if (s >= 3000 && s % 300 == 0) p = 0.046 + 0.024 * u(rng);  // hover
+    h.Lead(Rec(s, u(rng) < p ? 1.5 : 0.4));
+  }
+  auto fired = h.Fired(AlertKind::kClipFractionHigh);
+  ASSERT_THAT(fired, SizeIs(1));
+  EXPECT_LE(fired[0].step - 2000, 90u);
+  EXPECT_NEAR(static_cast<double>(fired[0].onset_step), 2000.0, 30.0);
+}
+
+TEST(AttentionLogitGrowthV2, ForecastsTheCapWellBeforeTheCrossing) {
+  HealthHarness h(Bf16());
+  Norms n(4);
+  std::optional<uint64_t> crossed;
+  for (uint64_t s = 1; s <= 7000; ++s) {
+    v1::StepRecord r = Rec(s, n.Next(0.3));
+    const double level = 60.0 + (s > 1500 ? 0.008 * (s - 1500) : 0.0);
+    r.set_max_attn_logit(level * std::exp(0.02 * std::sin(s * 0.7)));
+    if (!crossed && r.max_attn_logit() >= 100) crossed = s;
+    h.Lead(r);
+  }
+  ASSERT_TRUE(crossed.has_value());
+  auto fired = h.Fired(AlertKind::kAttentionLogitGrowth);
+  ASSERT_THAT(fired, SizeIs(1));
+  EXPECT_LE(fired[0].step + 1000, *crossed);
+  EXPECT_THAT(fired[0].description, HasSubstr("forecast"));
+  const Trends& t = h.health().trends();
+  ASSERT_TRUE(t.max_attn_logit.trend().has_value());
+  EXPECT_NEAR(t.max_attn_logit.trend()->slope, 0.008, 0.002);
+}
+
+TEST(LossSpikeV2, ABloomLikeSpikePagesOnceAndTheNormSpikeIsItsConsequence) {
+  HealthHarness h(Bf16());
+  Norms n(5);
+  for (uint64_t s = 1; s <= 3000; ++s) {
+    double bump = 0;
+    if (s >= 2000 && s < 2008) bump = (s - 1999) / 8.0;
+    if (s >= 2008 && s < 2038) bump = (2038 - s) / 30.0;
+    v1::StepRecord r = Rec(s, n.Next(0.24) * std::pow(4000.0, bump));
+    r.set_loss(n.Loss(2.2) * std::pow(5.1 / 2.2, bump));
+    h.Lead(r);
+  }
+  auto loss = h.Fired(AlertKind::kLossSpike);
+  ASSERT_THAT(loss, SizeIs(1));
+  EXPECT_LE(loss[0].step, 2008u);
+  EXPECT_EQ(Spec(AlertKind::kLossSpike).severity, "critical");
+  EXPECT_FALSE(loss[0].batch_ids.empty());
+  for (AlertKind k : {AlertKind::kGradNormSpike, AlertKind::kClipFractionHigh,
+                      AlertKind::kGradNormDrift}) {
+    for (const auto& t : h.Fired(k)) {
+      EXPECT_EQ(t.caused_by, "LossSpike") << Spec(k).name << " at " << t.step;
+    }
+  }
+  EXPECT_THAT(h.Fired(AlertKind::kGradNormSpike), SizeIs(1));
+  EXPECT_EQ(Spec(AlertKind::kGradNormSpike).severity, "info");
+  // The spike list has it, for its restart plan.
+  bool listed = false;
+  for (const SpikeInfo& s : h.spikes) listed |= s.step >= 2000 && s.step <= 2004;
+  EXPECT_TRUE(listed);
+}
+
+TEST(LossSpikeV2, AnAbsorbedNormSpikeIsNotALossSpike) {
+  HealthHarness h(Bf16());
+  Norms n(6);
+  for (uint64_t s = 1; s <= 3000; ++s) {
+    v1::StepRecord r = Rec(s, n.Next(0.3) * (s == 2000 ? 12.0 : 1.0));
+    r.set_loss(n.Loss(2.4));
+    h.Lead(r);
+  }
+  EXPECT_THAT(h.FiredNames(), ::testing::ElementsAre("GradNormSpike"));
+}
+
+TEST(LossScaleCollapseV2, ASlowBleedIsNamedWithItsForecastAndTheSawtoothIsNot) {
+  RunInfo info = Bf16();
+  info.precision = v1::FP16;
+  HealthHarness h(info);
+  Norms n(7);
+  double scale = 32768;
+  for (uint64_t s = 1; s <= 4000; ++s) {
+    const bool overflow = s > 2000 && (s - 2000) % 150 == 0;
+    if (overflow) scale /= 2;
+    v1::StepRecord r = Rec(s, overflow ? INFINITY : n.Next(0.3));
+    r.set_skipped(overflow);
+    r.set_loss_scale(scale);
+    h.Lead(r);
+  }
+  auto fired = h.Fired(AlertKind::kLossScaleCollapse);
+  ASSERT_THAT(fired, SizeIs(1));
+  EXPECT_EQ(fired[0].step, 2750u);  // the 5th halving
+  EXPECT_THAT(fired[0].description, HasSubstr("falls below 1 at step"));
+  EXPECT_EQ(fired[0].onset_step, 2150u);
+
+  HealthHarness saw(info);
+  scale = 16384;
+  uint32_t clean = 0;
+  std::mt19937_64 rng(8);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (uint64_t s = 1; s <= 30000; ++s) {
+    const bool overflow = (scale > 32768 && u(rng) < 0.01) || u(rng) < 0.0002;
+    if (overflow) {
+      scale /= 2;
+      clean = 0;
+    } else if (++clean == 1000) {
+      scale *= 2;
+      clean = 0;
+    }
+    v1::StepRecord r = Rec(s, overflow ? INFINITY : n.Next(0.3));
+    r.set_skipped(overflow);
+    r.set_loss_scale(scale);
+    saw.Lead(r);
+  }
+  EXPECT_THAT(saw.FiredNames(), IsEmpty());
+}
+
+TEST(CausedByV2, SkipsUnderACollapsingScaleAreItsConsequence) {
+  RunInfo info = Bf16();
+  info.precision = v1::FP16;
+  HealthHarness h(info);
+  Norms n(9);
+  double scale = 65536;
+  for (uint64_t s = 1; s <= 2100; ++s) {
+    const bool overflow = s >= 2000;
+    if (overflow) scale /= 2;
+    v1::StepRecord r = Rec(s, overflow ? INFINITY : n.Next(0.3));
+    r.set_skipped(overflow);
+    r.set_loss_scale(scale);
+    h.Lead(r);
+  }
+  ASSERT_THAT(h.Fired(AlertKind::kLossScaleCollapse), SizeIs(1));
+  auto skips = h.Fired(AlertKind::kSkipRateHigh);
+  ASSERT_THAT(skips, SizeIs(1));
+  EXPECT_EQ(skips[0].caused_by, "LossScaleCollapse");
+}
+
+TEST(AdamStaleSecondMomentV2, AdaptingAfterWarmupIsSilentAJumpAtASpikeIsItsConsequence) {
+  HealthHarness h(Bf16(20));
+  Norms n(10);
+  for (uint64_t s = 1; s <= 400; ++s) {
+    const bool corrupt = s == 300;
+    v1::StepRecord r = Rec(s, corrupt ? 300.0 : n.Next(0.3));
+    if (s % 50 == 0) {
+      v1::LayerStats stats;
+      // Adam still adapting after warmup: 9, 7, 5.5, then ~1.5.
+      double v = s <= 150 ? 10.5 - 0.03 * s : 1.5;
+      if (corrupt) v = 400.0;
+      stats.set_g_over_sqrt_v_rms(v);
+      (*r.mutable_layer_stats())["emb"] = stats;
+    }
+    h.Lead(r);
+  }
+  auto stale = h.Fired(AlertKind::kAdamStaleSecondMoment);
+  ASSERT_THAT(stale, SizeIs(1));
+  EXPECT_EQ(stale[0].step, 300u);
+  EXPECT_EQ(stale[0].caused_by, "GradNormSpike");
+}
+
+TEST(RankNormMismatchV2, RanksArrivingFarApartAreComparedFromTheFirstStep) {
+  RunInfo info = Bf16();
+  info.world_size = 2;
+  HealthHarness h(info);
+  Norms n(11);
+  std::vector<double> norms;
+  for (uint64_t s = 1; s <= 20000; ++s) {
+    norms.push_back(n.Next(0.3));
+    h.Lead(Rec(s, norms.back()));
+  }
+  // Rank 1 catches up after rank 0 finished: it disagrees from step 1500.
+  for (uint64_t s = 1; s <= 20000; ++s) {
+    h.Rank(1, Rec(s, norms[s - 1] * (s >= 1500 ? 0.8 : 1.0)));
+  }
+  auto fired = h.Fired(AlertKind::kRankNormMismatch);
+  ASSERT_THAT(fired, SizeIs(1));
+  EXPECT_EQ(fired[0].step, 1500u);
+}
+
+}  // namespace
+}  // namespace trainwatch
