@@ -59,7 +59,7 @@ struct HealthConfig {
     double min_scale = 1.0;       // or a scale below this
     // or this many halvings with no growth between (a slow bleed: the
     // scaler never gets growth_interval clean steps to grow back).
-    uint32_t bleed_halvings = 5;
+    uint32_t bleed_halvings = 6;
   } loss_scale;
 
   struct {

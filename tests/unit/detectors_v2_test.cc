@@ -149,7 +149,7 @@ TEST(LossSpikeV2, AnAbsorbedNormSpikeIsNotALossSpike) {
   EXPECT_THAT(h.FiredNames(), ::testing::ElementsAre("GradNormSpike"));
 }
 
-TEST(LossScaleCollapseV2, ASlowBleedIsNamedWithItsForecastAndTheSawtoothIsNot) {
+TEST(LossScaleCollapseV2, ASlowBleedIsNamedAtTheSixthHalvingWithItsForecastAndTheSawtoothIsNot) {
   RunInfo info = Bf16();
   info.precision = v1::FP16;
   HealthHarness h(info);
@@ -165,7 +165,7 @@ TEST(LossScaleCollapseV2, ASlowBleedIsNamedWithItsForecastAndTheSawtoothIsNot) {
   }
   auto fired = h.Fired(AlertKind::kLossScaleCollapse);
   ASSERT_THAT(fired, SizeIs(1));
-  EXPECT_EQ(fired[0].step, 2750u);  // the 5th halving
+  EXPECT_EQ(fired[0].step, 2900u);  // the 6th halving
   EXPECT_THAT(fired[0].description, HasSubstr("falls below 1 at step"));
   EXPECT_EQ(fired[0].onset_step, 2150u);
 
