@@ -17,8 +17,11 @@ namespace {
 // Catches a clip threshold that has turned into a lower learning rate: the
 // clipped share of post-warmup steps above clip_fraction.threshold, named by
 // RateAlert (a CUSUM for a jump, the window W for a creep; hysteresis).
-// While the LR decays to its floor, a step clipped only because of the
-// benign end-of-schedule rise (LrAllowance) does not count for the CUSUM.
+// While the LR is below kLrFloor of its peak (a schedule at its floor), a
+// step clipped only because of the benign end-of-schedule rise of the norm
+// (LrAllowance) does not count, and the windowed rule waits. Above it,
+// every clip counts: a norm creeping past max_norm mid-schedule is this
+// alert's to name.
 class ClipFractionHigh final : public Detector {
  public:
   explicit ClipFractionHigh(const HealthConfig& config)
@@ -26,7 +29,8 @@ class ClipFractionHigh final : public Detector {
 
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     const v1::StepRecord& r = ctx.record;
-    const double allowance = lr_.Update(r, ctx.config.drift.lr_decay_fraction);
+    const double allowance = lr_.Update(
+        r, std::min(kLrFloor, ctx.config.drift.lr_decay_fraction));
     if (!ctx.post_warmup) return;
     const FlagSeries& clipped = ctx.window.clipped;
     const auto& cfg = ctx.config.clip_fraction;
@@ -76,6 +80,7 @@ class ClipFractionHigh final : public Detector {
   void OnRewind(uint64_t step) override { rate_.Reset(); }
 
  private:
+  static constexpr double kLrFloor = 0.1;
   // No windowed rule while the allowance applies.
   static constexpr uint32_t kNever = ~uint32_t{0};
 

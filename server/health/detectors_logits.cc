@@ -123,11 +123,16 @@ class LogZDrift final : public Detector {
     const double base = shift_.baseline()->median;
     // The trend's crossing of base +- nats, whichever way it moves.
     const TrendForecaster& trend = ctx.trends.log_z;
+    // Only a trend already a third of the way out and still moving out: a
+    // trend fitted across a drop back to the baseline points nowhere.
     std::optional<uint64_t> until;
-    if (trend.trend().has_value() && trend.trend()->slope != 0) {
-      const double target =
-          base + (trend.trend()->slope > 0 ? cfg.nats : -cfg.nats);
-      until = StepsUntil(trend.StepReaching(target), step);
+    if (trend.trend().has_value()) {
+      const double away = trend.trend()->level - base;
+      if (std::abs(away) >= cfg.nats / 3 &&
+          (away > 0) == (trend.trend()->slope > 0)) {
+        const double target = base + (away > 0 ? cfg.nats : -cfg.nats);
+        until = StepsUntil(trend.StepReaching(target), step);
+      }
     }
     const bool forecast_fires = until.has_value() && *until <= cfg.horizon_steps;
     const bool forecast_holds =

@@ -79,8 +79,8 @@ class RankNormMismatch final : public Detector {
   };
 
   static std::string Describe(float norm, float coef) {
-    std::string s = absl::StrFormat("%.4g", norm);
-    if (!std::isnan(coef)) s += absl::StrFormat(" (clip_coef %.4g)", coef);
+    std::string s = absl::StrFormat("%.3g", norm);
+    if (!std::isnan(coef)) s += absl::StrFormat(" (clip_coef %.3g)", coef);
     return s;
   }
 
@@ -105,7 +105,7 @@ class ShardNormMismatch final : public Detector {
     shards->sq_sum += r.shard_sq_sum();
     if (shards->ranks == 0 || ctx.rank < shards->norm_rank) {
       shards->norm_rank = static_cast<uint16_t>(ctx.rank);
-      shards->norm = static_cast<float>(r.grad_norm());
+      shards->norm = r.grad_norm();
     }
     if (++shards->ranks < ctx.run.world_size) return;
 
@@ -135,7 +135,7 @@ class ShardNormMismatch final : public Detector {
  private:
   struct Shards {
     double sq_sum = 0.0;
-    float norm = 0.0f;        // the lowest rank's reported grad_norm
+    double norm = 0.0;        // the lowest rank's reported grad_norm
     uint16_t ranks = 0;       // ranks that sent shard_sq_sum
     uint16_t norm_rank = 0;   // the lowest of them
   };

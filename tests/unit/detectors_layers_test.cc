@@ -86,8 +86,9 @@ TEST(AdamStaleSecondMoment, FiresOnALayerFarAboveItsSecondMoment) {
   EXPECT_THAT(
       fired[0].description,
       HasSubstr(absl::StrFormat(
-          "step %d: g/sqrt(v) RMS >= %g in 1 layer(s): blocks.1.attn 7.5",
-          stale_step, h.config().adam.g_over_sqrt_v)));
+          "step %d: g/sqrt(v) RMS >= %g and >= %gx the layer's recent "
+          "median in 1 layer(s): blocks.1.attn 7.5",
+          stale_step, h.config().adam.g_over_sqrt_v, h.config().adam.jump_ratio)));
   const auto resolved = h.Resolved(AlertKind::kAdamStaleSecondMoment);
   ASSERT_EQ(resolved.size(), 1u);
   EXPECT_EQ(resolved[0].step, stale_step + h.config().resolve_after_steps);

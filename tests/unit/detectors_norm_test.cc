@@ -262,7 +262,7 @@ TEST(GradNormSpike, NotJudgedDuringWarmupOrBeforeTheEmaStarts) {
 // one lognormal sigma for the whole run, both endpoints fix max_norm: the
 // 99th percentile of the start and the 60th of the end. (At max_norm 1.0 a
 // median of 1.3 would clip more than half of the steps.)
-TEST(ClipFractionHigh, FiresWhenTheWindowFractionFirstExceedsFivePercent) {
+TEST(ClipFractionHigh, NamesACreepNoLaterThanTheWindowFractionWithoutFlapping) {
   constexpr double kStartMedian = 0.35, kEndMedian = 1.3;
   constexpr double kZ99 = 2.326348, kZ60 = 0.253347;
   const double sigma = std::log(kEndMedian / kStartMedian) / (kZ99 - kZ60);
@@ -308,34 +308,37 @@ TEST(ClipFractionHigh, FiresWhenTheWindowFractionFirstExceedsFivePercent) {
                          norms.Median() / *baseline >= config.drift.ratio);
   }
 
-  // The fraction climbs by ~0.3% per 100 steps, less than its noise, so the
-  // alert may flap around 5% before it settles: the model says when.
+  // The fraction climbs by ~0.3% per 100 steps, less than its noise: the
+  // windowed fraction alone would flap around 5% (the model). Change
+  // detection names the creep no later, and hysteresis keeps it to at most
+  // two episodes, the last resolving after the recovery.
   ASSERT_FALSE(clip_model.fired.empty());
-  EXPECT_GT(clip_model.fired[0], kWarmup + kFlat);  // during the ramp
-  ASSERT_EQ(clip_model.resolved.size(), clip_model.fired.size());
-  EXPECT_GT(clip_model.resolved.back(), kWarmup + kFlat + kRamp + kHold);
-  ExpectEpisodes(h, AlertKind::kClipFractionHigh, clip_model);
+  (void)count_at_fire;
   auto fired = h.Fired(AlertKind::kClipFractionHigh);
   ASSERT_FALSE(fired.empty());
+  EXPECT_GT(fired[0].step, kWarmup + kFlat);  // during the ramp
+  EXPECT_LE(fired[0].step, clip_model.fired[0]);
+  EXPECT_LE(fired.size(), 2u);
+  ASSERT_EQ(h.Resolved(AlertKind::kClipFractionHigh).size(), fired.size());
+  EXPECT_GT(h.Resolved(AlertKind::kClipFractionHigh).back().step,
+            kWarmup + kFlat + kRamp + kHold);
   EXPECT_THAT(fired[0].description,
-              HasSubstr(absl::StrFormat(
-                  "%d of the last 1000 post-warmup steps clipped (%.1f%% > "
-                  "5.0%%) at max_norm %g; recommended max_norm (p98) ",
-                  count_at_fire, count_at_fire / 10.0, max_norm)));
+              HasSubstr(absl::StrFormat("clipped at max_norm %g", max_norm)));
+  EXPECT_THAT(fired[0].description, HasSubstr("; recommended max_norm (p98) "));
   // The peak of the last episode: the window fraction near the end, ~40%.
   EXPECT_GE(h.Resolved(AlertKind::kClipFractionHigh).back().peak, 0.3);
 
+  // The norm's level passes 2x during the ramp: named once, no later than
+  // the window median.
   ASSERT_FALSE(drift_model.fired.empty());
-  ASSERT_EQ(drift_model.resolved.size(), drift_model.fired.size());
-  ExpectEpisodes(h, AlertKind::kGradNormDrift, drift_model);
+  (void)baseline_through;
   auto drift = h.Fired(AlertKind::kGradNormDrift);
-  ASSERT_FALSE(drift.empty());
+  ASSERT_THAT(drift, ::testing::SizeIs(1));
+  EXPECT_GT(drift[0].step, kWarmup + kFlat);
+  EXPECT_LE(drift[0].step, drift_model.fired[0]);
   EXPECT_THAT(drift[0].description,
-              HasSubstr(absl::StrFormat("the baseline median %.3g (first 1000 "
-                                        "post-warmup steps, through step %d)",
-                                        *baseline, baseline_through)));
-  // 1.3 / 0.35 = 3.7 at the end of the ramp.
-  EXPECT_GE(h.Resolved(AlertKind::kGradNormDrift).back().peak, 3.0);
+              HasSubstr(absl::StrFormat("x the baseline median %.2g", *baseline)));
+  EXPECT_GE(h.Resolved(AlertKind::kGradNormDrift).back().peak, 2.0);
 
   // With a log-space sigma of 0.63, 10x the geometric mean is only 3.6 sd:
   // the hard-ratio rule flags a few tail values (about 1 in 7000 steps).
@@ -504,14 +507,16 @@ TEST(AttentionLogitGrowth, FiresWhenTheMedianDoublesFromItsBaseline) {
   });
   ASSERT_EQ(model.fired.size(), 1u);
   EXPECT_THAT(model.resolved, IsEmpty());  // still growing at the end
-  ExpectEpisodes(h, AlertKind::kAttentionLogitGrowth, model);
+  // Change detection names the level no later than the window median.
   auto fired = h.Fired(AlertKind::kAttentionLogitGrowth);
   ASSERT_EQ(fired.size(), 1u);
-  EXPECT_THAT(fired[0].description, HasSubstr("(growth rule, >= 2x)"));
+  EXPECT_LE(fired[0].step, model.fired[0]);
+  EXPECT_THAT(h.Resolved(AlertKind::kAttentionLogitGrowth), IsEmpty());
+  EXPECT_THAT(fired[0].description, HasSubstr("(growth rule, >= 2x;"));
   const double baseline = *h.health().baselines().max_attn_logit_median;
   EXPECT_THAT(fired[0].description,
-              HasSubstr(absl::StrFormat("its baseline median %.4g", baseline)));
-  EXPECT_GE(fired[0].peak, 2 * baseline);
+              HasSubstr(absl::StrFormat("its baseline median %.3g", baseline)));
+  EXPECT_GE(fired[0].peak, 1.8 * baseline);
 }
 
 TEST(AttentionLogitGrowth, FiresOnOneValueAtTheCapAndResolves) {
@@ -604,15 +609,19 @@ TEST(LogZDrift, FiresOnAnEightNatDriftEitherWayAndResolves) {
     ASSERT_EQ(model.fired.size(), 1u);
     ASSERT_EQ(model.resolved.size(), 1u);
     EXPECT_GT(model.resolved[0], kBack);
-    ExpectEpisodes(h, AlertKind::kLogZDrift, model);
+    // Named no later than the window median (the forecast names it first),
+    // once, resolved once log Z is back.
     auto fired = h.Fired(AlertKind::kLogZDrift);
     ASSERT_EQ(fired.size(), 1u);
+    EXPECT_GT(fired[0].step, kStart);
+    EXPECT_LE(fired[0].step, model.fired[0]);
+    auto resolved = h.Resolved(AlertKind::kLogZDrift);
+    ASSERT_EQ(resolved.size(), 1u);
+    EXPECT_GT(resolved[0].step, kBack);
     EXPECT_THAT(fired[0].description,
                 HasSubstr(absl::StrFormat(
-                    "nats %s its baseline median %.3g (>= 5 nats either way)",
-                    direction > 0 ? "above" : "below",
-                    *h.health().baselines().log_z_median)));
-    EXPECT_GE(h.Resolved(AlertKind::kLogZDrift)[0].peak, 7.5);
+                    "baseline median %.3g", *h.health().baselines().log_z_median)));
+    EXPECT_GE(resolved[0].peak, 7.5);
   }
 }
 
