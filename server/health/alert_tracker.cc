@@ -22,6 +22,7 @@ bool AlertTracker::Enabled(AlertKind kind) const {
 
 void AlertTracker::BeginStep(uint64_t step, int64_t now_unix_nanos) {
   now_unix_nanos_ = now_unix_nanos;
+  lead_step_ = step;
 }
 
 void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
@@ -37,7 +38,7 @@ void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
   e.batch_ids.assign(batch_ids.begin(),
                      batch_ids.begin() + std::min(batch_ids.size(), kMaxBatchIds));
   e.caused_by = CauseOf(kind, step);
-  s.last_true_step = step;
+  s.last_true_step = std::max(step, lead_step_);
   if (on_transition_) on_transition_(e);
   MarkConsequences(kind, e.text.onset_step > 0 ? e.text.onset_step : step);
 }
@@ -113,7 +114,7 @@ void AlertTracker::Condition(AlertKind kind, uint64_t step, bool holds,
     if (!muted_) FireNow(s, kind, step, value, text(), {});
     return;
   }
-  s.last_true_step = step;
+  s.last_true_step = std::max(step, lead_step_);
   if (!muted_ && value > s.episode.peak_value) s.episode.peak_value = value;
 }
 

@@ -100,6 +100,10 @@ class AlertTracker final : public AlertSink {
   SpikeListener on_spike_;
   std::array<State, kAlertKindCount> states_;
   int64_t now_unix_nanos_ = 0;
+  // The lead step being processed: a condition that holds on a lagging
+  // rank's record holds as of it, so a rank arriving late does not see its
+  // alert resolved by the lead's progress and fire again (flapping).
+  uint64_t lead_step_ = 0;
   bool muted_ = false;
 };
 
