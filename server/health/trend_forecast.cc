@@ -41,6 +41,8 @@ bool TrendForecaster::Add(uint64_t step, double value) {
 }
 
 void TrendForecaster::Fit() {
+  // The pairwise slopes (2,016 for 64 points), shared by the runs of a thread.
+  thread_local std::vector<double> scratch;
   const size_t n = steps_.size();
   if (n < options_.min_points) {
     trend_.reset();
@@ -49,27 +51,27 @@ void TrendForecaster::Fit() {
   // Relative to the newest point's step, so slopes and intercepts stay exact.
   const size_t newest = (head_ + n - 1) % n;
   const uint64_t last = steps_[newest];
-  scratch_.clear();
+  scratch.clear();
   for (size_t i = 0; i < n; ++i) {
     for (size_t j = i + 1; j < n; ++j) {
       if (steps_[i] == steps_[j]) continue;
       const double dx = static_cast<double>(steps_[j]) -
                         static_cast<double>(steps_[i]);
-      scratch_.push_back((values_[j] - values_[i]) / dx);
+      scratch.push_back((values_[j] - values_[i]) / dx);
     }
   }
-  if (scratch_.empty()) {
+  if (scratch.empty()) {
     trend_.reset();
     return;
   }
-  const double slope = MedianOf(scratch_);
-  scratch_.clear();
+  const double slope = MedianOf(scratch);
+  scratch.clear();
   for (size_t i = 0; i < n; ++i) {
     const double dx =
         static_cast<double>(steps_[i]) - static_cast<double>(last);
-    scratch_.push_back(values_[i] - slope * dx);
+    scratch.push_back(values_[i] - slope * dx);
   }
-  trend_ = Trend{.slope = slope, .level = MedianOf(scratch_), .step = last};
+  trend_ = Trend{.slope = slope, .level = MedianOf(scratch), .step = last};
 }
 
 std::optional<uint64_t> TrendForecaster::StepReaching(double target) const {
