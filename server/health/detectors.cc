@@ -23,18 +23,6 @@ std::vector<std::unique_ptr<Detector>> MakeDetectors(const HealthConfig& config)
   return out;
 }
 
-std::optional<double> MedianPastBaseline(const StepContext& ctx,
-                                         const OrderStatWindow& series,
-                                         const std::optional<double>& baseline,
-                                         size_t min_slots) {
-  if (!ctx.post_warmup || !baseline.has_value() ||
-      ctx.record.step() <= ctx.baselines.through_step ||
-      series.slots() < min_slots) {
-    return std::nullopt;
-  }
-  return series.Median();
-}
-
 RateAlert::RateAlert(const HealthConfig& config, double threshold)
     : threshold_(threshold),
       resolve_ratio_(config.change.resolve_ratio),
@@ -91,11 +79,6 @@ LevelShiftDetector::Options LevelOptions(const HealthConfig& config,
       .baseline_steps = config.window_steps,
       .resolve_after_steps = config.resolve_after_steps,
       .two_sided = two_sided};
-}
-
-size_t TrendSlots(const HealthConfig& config) {
-  constexpr size_t kMinTrendSlots = 100;
-  return std::min<size_t>(config.window_steps, kMinTrendSlots);
 }
 
 }  // namespace trainwatch

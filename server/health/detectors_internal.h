@@ -1,5 +1,5 @@
 // What the detector files share: the factories MakeDetectors() (detectors.cc)
-// calls, and the baseline comparison the trend detectors use.
+// calls, and the change-detection helpers the level detectors use.
 #ifndef TRAINWATCH_SERVER_HEALTH_DETECTORS_INTERNAL_H_
 #define TRAINWATCH_SERVER_HEALTH_DETECTORS_INTERNAL_H_
 
@@ -38,18 +38,6 @@ void AddFp16Detectors(const HealthConfig& config, Detectors* out);
 // detectors_layers.cc: AdamStaleSecondMoment, LayerUpdateStall.
 void AddRankDetectors(const HealthConfig& config, Detectors* out);
 void AddLayerDetectors(const HealthConfig& config, Detectors* out);
-
-// The median of `series` when it may be compared with `baseline`: on a
-// post-warmup step after the baseline's last step, with the baseline taken
-// and at least `min_slots` values in the window.
-std::optional<double> MedianPastBaseline(const StepContext& ctx,
-                                         const OrderStatWindow& series,
-                                         const std::optional<double>& baseline,
-                                         size_t min_slots);
-
-// The trend detectors (attention logits, log Z) compare a window median with
-// a baseline only once the window holds this many values, or W when smaller.
-size_t TrendSlots(const HealthConfig& config);
 
 // A rate alert (the clipped or the skipped share of post-warmup steps): a
 // Bernoulli CUSUM names a jump of the rate within tens of steps, and the
