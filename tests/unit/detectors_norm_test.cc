@@ -621,7 +621,8 @@ TEST(LogZDrift, FiresOnAnEightNatDriftEitherWayAndResolves) {
     EXPECT_THAT(fired[0].description,
                 HasSubstr(absl::StrFormat(
                     "baseline median %.3g", *h.health().baselines().log_z_median)));
-    EXPECT_GE(resolved[0].peak, 7.5);
+    // The peak: log Z's mean distance since the change point, ~7 of the 8.
+    EXPECT_GE(resolved[0].peak, 6.5);
   }
 }
 
