@@ -25,14 +25,16 @@ RunPipeline::RunPipeline(std::string run_id, const HealthConfig& config,
       last_record_unix_nanos_(now_unix_nanos) {}
 
 bool RunPipeline::KnowsStream(uint32_t rank, uint32_t attempt) const {
-  return next_step_.contains(StreamSlot(rank, attempt));
+  return last_processed_.contains(StreamSlot(rank, attempt));
 }
 
 void RunPipeline::OnStreamStarted(uint32_t rank, uint32_t attempt,
                                   std::optional<uint64_t> last_stored_step) {
-  const uint64_t resume = last_stored_step.has_value() ? *last_stored_step + 1 : 0;
-  auto [it, added] = next_step_.try_emplace(StreamSlot(rank, attempt), resume);
-  if (!added) it->second = std::max(it->second, resume);
+  auto [it, added] =
+      last_processed_.try_emplace(StreamSlot(rank, attempt), last_stored_step);
+  if (!added && last_stored_step.has_value()) {
+    it->second = std::max(it->second.value_or(0), *last_stored_step);
+  }
 }
 
 void RunPipeline::SetLead(const v1::RunStart& start) {
@@ -72,9 +74,12 @@ void RunPipeline::OnBatch(const v1::RunStart& start,
   const uint32_t rank = start.rank(), attempt = start.attempt();
   // A duplicate or a step that went backwards (a resent batch) is skipped,
   // as the store skips it (DESIGN.md §3).
-  uint64_t& next = next_step_[StreamSlot(rank, attempt)];
+  std::optional<uint64_t>& seen = last_processed_[StreamSlot(rank, attempt)];
+  auto is_new = [&seen](const v1::StepRecord& r) {
+    return !seen.has_value() || r.step() > *seen;
+  };
   size_t first = 0;
-  while (first < records.size() && records[first].step() < next) ++first;
+  while (first < records.size() && !is_new(records[first])) ++first;
   if (first == records.size()) return;
   if (rank < lead_rank_ || (rank == lead_rank_ && attempt > lead_attempt_)) {
     lead_rank_ = rank;
@@ -90,8 +95,8 @@ void RunPipeline::OnBatch(const v1::RunStart& start,
   size_t fresh = 0;
   for (size_t i = first; i < records.size(); ++i) {
     const v1::StepRecord& r = records[i];
-    if (r.step() < next) continue;
-    next = r.step() + 1;
+    if (!is_new(r)) continue;
+    seen = r.step();
     last = &r;
     ++fresh;
     health.OnRankRecord(rank, attempt, r);

@@ -7,9 +7,10 @@
 //  - Lead stream (DESIGN.md §3): the lowest rank reporting, and of that rank
 //    the latest attempt. Its records feed the windows, baselines and
 //    detectors; every rank's records feed the cross-rank checks.
-//  - Dedup: per stream (rank, attempt) the pipeline remembers the first step
-//    not yet processed, starting from where the store says the stream
-//    resumes, so a batch resent after a reconnect or a crash counts once.
+//  - Dedup: per stream (rank, attempt) the pipeline remembers the last step
+//    processed, starting from the last step the store holds, so a batch
+//    resent after a reconnect or a crash counts once (a step at 2^64 - 1
+//    included).
 //  - Rewind: a new attempt whose first step is at or below the last step seen
 //    rewinds the windows to that step.
 //  - RunSilent: fired by CheckSilence(), resolved by the next record or by
@@ -145,8 +146,9 @@ class RunPipeline {
   std::optional<uint32_t> health_attempt_;
   int64_t last_record_unix_nanos_ = 0;
   uint64_t last_step_ = 0;  // of the lead stream
-  // Per stream (rank << 32 | attempt): the first step not yet processed.
-  absl::flat_hash_map<uint64_t, uint64_t> next_step_;
+  // Per stream (rank << 32 | attempt): the last step processed (none yet:
+  // nullopt). A key is present once the stream's start is known.
+  absl::flat_hash_map<uint64_t, std::optional<uint64_t>> last_processed_;
 };
 
 }  // namespace trainwatch

@@ -1,16 +1,19 @@
-// Fuzz target: validation and health of arbitrary Report streams.
+// Fuzz target: validation and the real per-run pipeline on arbitrary Report
+// streams.
 //
 // The input becomes a health config and a sequence of ReportRequests, either
 // parsed from raw protobuf bytes (mode 0) or built field by field from
 // extreme values (mode 1: NaN, +-Inf, denormals, huge, steps backwards or
 // repeated, ranks and attempts changing, layer_stats, batch_ids), plus, in
-// mode 1, what the engine does besides ingest: a muted replay of history,
-// restored alerts and RunSilent. Requests go through the server's validation
-// and, when accepted, through a model of the engine's per-run pipeline
-// (Engine::ProcessRecords: the store's duplicate filter, lead-stream choice,
-// rewinds on a new attempt) into RunHealth and its windows and detectors.
-// The model works at the level of RunHealth's public interface, not the
-// Engine with its threads and SQLite, so an input costs microseconds.
+// mode 1, what the engine does besides ingest: RunSilent checks and server
+// restarts (a new pipeline recovers the lead and the firing alerts, then
+// replays the stored history muted). Requests go through the server's
+// validation and, when accepted, through the engine's own RunPipeline
+// (health/run_pipeline.h: dedup, lead-stream choice, rewinds, RunHealth with
+// its windows, detectors and alert tracker). The fuzzer is the pipeline's
+// RunObserver; it keeps an oracle written from the documented semantics (the
+// store's duplicate filter, the lead rule, rewinds, shadow windows). No
+// threads and no SQLite, so an input costs microseconds.
 //
 // Checked beyond "no crash, leak or UB":
 //  - a refused request is INVALID_ARGUMENT with a message;
@@ -20,7 +23,11 @@
 //  - the alert listener sees fire and resolve alternate per alert, never
 //    while muted, never for a disabled alert, and agrees with the tracker;
 //    an episode survives ToProto/FromProto (how alerts are stored);
-//  - a spike is reported for the record being processed.
+//  - a spike is reported for the record being processed;
+//  - fresh records are those the store would keep, the lead records reach
+//    the health once each and in order, the lead is the lowest rank and
+//    latest attempt, a fresh record or the run's end resolves RunSilent,
+//    RunSilent fires exactly at the configured silence.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -47,6 +54,7 @@
 #include "health/alert_tracker.h"
 #include "health/convert.h"
 #include "health/run_health.h"
+#include "health/run_pipeline.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {
@@ -168,20 +176,32 @@ struct ShadowWindow {
 };
 
 // ---------------------------------------------------------------------------
-// A model of the engine's per-run pipeline over RunHealth.
+// The real per-run pipeline (health/run_pipeline.h), watched: the fuzzer is
+// its RunObserver, and an oracle kept here from the documented semantics
+// (the store's duplicate filter, lead-stream choice, rewinds, the shadow
+// windows) says what it must report.
 
 struct StreamState {
   v1::RunStart start;
   std::optional<uint64_t> last_stored;  // the store's duplicate filter
 };
 
-class RunModel {
+class WatchedRun final : public RunObserver {
  public:
-  RunModel(std::string run_id, const HealthConfig& config)
-      : run_id_(std::move(run_id)), config_(config), shadow_(config.window_steps) {}
+  WatchedRun(std::string run_id, const HealthConfig& config)
+      : run_id_(std::move(run_id)), config_(config), shadow_(config.window_steps) {
+    Reset();
+  }
 
-  // Engine::ProcessRecords for a batch the store committed.
+  // The stream's RunStart committed (also when a stream reconnects).
+  void OnStart(const StreamState& stream) {
+    pipeline_->OnStreamStarted(stream.start.rank(), stream.start.attempt(),
+                               stream.last_stored);
+  }
+
+  // Engine::SubmitBatch for a batch of a started stream.
   void OnBatch(StreamState& stream, const v1::StepBatch& batch) {
+    const uint32_t rank = stream.start.rank(), attempt = stream.start.attempt();
     std::vector<const v1::StepRecord*> fresh;
     for (const v1::StepRecord& r : batch.records()) {
       if (stream.last_stored.has_value() && r.step() <= *stream.last_stored) {
@@ -190,88 +210,125 @@ class RunModel {
       stream.last_stored = r.step();
       fresh.push_back(&r);
     }
-    if (fresh.empty()) return;
-    const uint32_t rank = stream.start.rank(), attempt = stream.start.attempt();
-    if (rank < lead_rank_ || (rank == lead_rank_ && attempt > lead_attempt_)) {
-      lead_rank_ = rank;
-      lead_attempt_ = attempt;
-      EnsureHealth(stream.start);
+    expect_lead_change_ = false;
+    bool lead = false;
+    if (!fresh.empty()) {
+      if (rank < lead_rank_ || (rank == lead_rank_ && attempt > lead_attempt_)) {
+        lead_rank_ = rank;
+        lead_attempt_ = attempt;
+        lead_start_ = stream.start;
+        expect_lead_change_ = true;
+      }
+      lead = rank == lead_rank_ && attempt == lead_attempt_;
+      for (const v1::StepRecord* r : fresh) {
+        if (lead) expected_lead_.push_back(r->step());
+        if (history_.size() < kMaxHistory) history_.push_back({rank, attempt, *r});
+      }
     }
-    const bool lead = rank == lead_rank_ && attempt == lead_attempt_;
-    if (health_->tracker().firing(AlertKind::kRunSilent)) {
-      health_->tracker().Resolve(AlertKind::kRunSilent, fresh.front()->step());
-      ExpectAlerts();
-    }
-    for (const v1::StepRecord* r : fresh) {
-      health_->OnRankRecord(rank, attempt, *r);
-      ExpectAlerts();
-      if (lead) FeedLead(attempt, *r);
-    }
-    ExpectWindows();
-  }
-
-  // Engine::ProcessEvent.
-  void OnEvent(const v1::RunEvent& event) {
-    if (event.kind() != v1::RUN_FINISHED && event.kind() != v1::RUN_FAILED) return;
-    if (health_ != nullptr && health_->tracker().firing(AlertKind::kRunSilent)) {
-      health_->tracker().Resolve(AlertKind::kRunSilent, event.step());
-      ExpectAlerts();
-    }
-  }
-
-  // Engine::CheckSilence once the run has been quiet too long.
-  void FireSilent(double seconds) {
-    if (health_ == nullptr) return;
-    const uint64_t step = health_->last_step().value_or(0);
-    health_->tracker().BeginStep(step, ++now_);
-    health_->tracker().Fire(AlertKind::kRunSilent, step, seconds,
-                            AlertText{"silent", "no step"});
-    ExpectAlerts();
-  }
-
-  // Engine::Rebuild: alerts stored as firing before a restart.
-  void Restore(AlertKind kind, uint64_t started_step, double peak) {
-    if (health_ == nullptr || Disabled(kind)) return;
-    AlertEpisode e{.kind = kind,
-                   .firing = true,
-                   .started_step = started_step,
-                   .peak_value = peak,
-                   .text = AlertText{"restored", "from the store"}};
-    health_->tracker().Restore(FromProto(ToProto(run_id_, e)));
-    listener_firing_[static_cast<size_t>(kind)] = true;
-    ExpectAlerts();
-  }
-
-  // Engine::Rebuild replays history muted.
-  void SetMuted(bool muted) {
-    if (health_ == nullptr) return;
-    muted_ = muted;
-    health_->tracker().set_muted(muted);
-  }
-
- private:
-  bool Disabled(AlertKind kind) const {
-    return config_.disabled.contains(std::string(Spec(kind).name));
-  }
-
-  void EnsureHealth(const v1::RunStart& start) {
-    if (health_ != nullptr) {
-      health_->set_info(InfoFrom(start));
+    current_attempt_ = attempt;
+    accepted_.reset();
+    batch_done_.reset();
+    const std::vector<v1::StepRecord> records(batch.records().begin(),
+                                              batch.records().end());
+    pipeline_->OnBatch(stream.start, records, batch.dropped(), now_ += kTick);
+    if (!fresh.empty()) last_fresh_ = now_;
+    Check(!expect_lead_change_, "the lead changes when a lower rank or a later "
+                                "attempt of the lead rank brings records");
+    Check(expected_lead_.empty(), "every fresh lead record reaches the health, in order");
+    if (fresh.empty()) {
+      Check(!accepted_.has_value(), "a batch of records seen before reports nothing");
       return;
     }
-    health_ = std::make_unique<RunHealth>(
-        InfoFrom(start), config_,
-        [this](const AlertEpisode& e) { OnTransition(e); },
-        [this](const SpikeInfo& s) {
-          Check(!muted_, "no spike is reported while muted");
-          Check(current_ != nullptr && s.step == current_->step(),
-                "a spike is reported for the record being processed");
-        });
-    health_->tracker().set_muted(muted_);
+    Check(accepted_ == fresh.size(), "fresh records counted as the store counts them");
+    Check(pipeline_->lead_rank() == lead_rank_ && pipeline_->lead_attempt() == lead_attempt_,
+          "the lead is the lowest rank, latest attempt");
+    Check(!pipeline_->health()->tracker().firing(AlertKind::kRunSilent),
+          "a fresh record resolves RunSilent");
+    if (lead) {
+      Check(batch_done_ == fresh.back()->step() &&
+                pipeline_->last_step() == fresh.back()->step(),
+            "a lead batch ends at its last fresh step");
+    } else {
+      Check(!batch_done_.has_value(), "no lead batch end for another stream");
+    }
+    ExpectWindows();
+    ExpectAlerts();
   }
 
-  void OnTransition(const AlertEpisode& e) {
+  // Engine::SubmitEvent once the event is stored.
+  void OnEvent(const v1::RunEvent& event) {
+    const bool ends = pipeline_->OnEvent(event);
+    Check(ends == (event.kind() == v1::RUN_FINISHED || event.kind() == v1::RUN_FAILED),
+          "only RUN_FINISHED and RUN_FAILED end a run");
+    if (pipeline_->health() == nullptr) return;
+    Check(!ends || !pipeline_->health()->tracker().firing(AlertKind::kRunSilent),
+          "the end of a run resolves RunSilent");
+    ExpectAlerts();
+  }
+
+  // Engine::CheckSilence just before and at the configured silence.
+  void CheckSilence() {
+    const int64_t limit = config_.silent.seconds * 1'000'000'000;
+    const size_t before = transitions_;
+    const bool was_silent = pipeline_->health() != nullptr &&
+                            pipeline_->health()->tracker().firing(AlertKind::kRunSilent);
+    pipeline_->CheckSilence(last_fresh_ + limit - 1, limit);
+    Check(transitions_ == before, "no RunSilent before the silence is long enough");
+    pipeline_->CheckSilence(last_fresh_ + limit, limit);
+    if (pipeline_->health() == nullptr) {
+      Check(transitions_ == before, "no RunSilent before the run has a lead");
+      return;
+    }
+    Check(pipeline_->health()->tracker().firing(AlertKind::kRunSilent) ==
+              (was_silent || !Disabled(AlertKind::kRunSilent)),
+          "RunSilent fires after the silence unless disabled");
+    ExpectAlerts();
+  }
+
+  // Engine::Rebuild after a restart: a new pipeline recovers the lead, the
+  // alerts stored as firing (and `extra`, as if stored by an older server),
+  // and replays the stored lead-rank history muted.
+  void Restart(std::optional<AlertKind> extra) {
+    const RunHealth* old = pipeline_->health();
+    if (old == nullptr) {
+      Reset();
+      return;
+    }
+    HealthSnapshot snap = pipeline_->Snapshot();
+    const uint64_t last_step = pipeline_->last_step();
+    Reset();
+    pipeline_->Recover(lead_start_, last_step);
+    for (const v1::Alert& a : snap.active_alerts) {
+      AlertEpisode e = FromProto(a);
+      pipeline_->RestoreAlert(e);
+      listener_firing_[static_cast<size_t>(e.kind)] = true;
+    }
+    if (extra.has_value() && !Disabled(*extra)) {
+      pipeline_->RestoreAlert(AlertEpisode{.kind = *extra,
+                                           .firing = true,
+                                           .started_step = last_step,
+                                           .text = AlertText{"restored", "stored"}});
+      listener_firing_[static_cast<size_t>(*extra)] = true;
+    }
+    ExpectAlerts();
+    muted_ = true;
+    pipeline_->BeginReplay();
+    for (const auto& [rank, attempt, r] : history_) {
+      if (rank != lead_rank_ || attempt > lead_attempt_) continue;
+      pipeline_->Replay(attempt, r, now_ += kTick);
+      Shadow(attempt, r);
+    }
+    pipeline_->EndReplay();
+    muted_ = false;
+    Check(windows_seen_, "the end of a replay reports the windows");
+    ExpectWindows();
+    ExpectAlerts();
+  }
+
+  // RunObserver.
+  void OnAlert(const AlertEpisode& e) override {
     Check(!muted_, "no alert transition while muted");
+    ++transitions_;
     bool& firing = listener_firing_[static_cast<size_t>(e.kind)];
     Check(e.firing != firing, "fire and resolve alternate");
     Check(!e.firing || !Disabled(e.kind), "a disabled alert never fires");
@@ -287,43 +344,90 @@ class RunModel {
               e.batch_ids.size() <= AlertTracker::kMaxBatchIds,
           "an alert episode survives ToProto/FromProto");
   }
-
-  // Engine::FeedLead.
-  void FeedLead(uint32_t attempt, const v1::StepRecord& r) {
-    RunHealth& h = *health_;
-    if (health_attempt_ != attempt) {
-      if (health_attempt_.has_value() && h.last_step().has_value() &&
-          r.step() <= *h.last_step()) {
-        h.Rewind(r.step());
-        shadow_.RewindTo(r.step());
-        ExpectWindows();
-      }
-      health_attempt_ = attempt;
-    }
-    if (r.step() >= h.info().warmup_steps) shadow_.Push(r);
-    current_ = &r;
-    h.OnLeadRecord(r, ++now_);
-    current_ = nullptr;
+  void OnSpike(const SpikeInfo& s) override {
+    Check(!muted_, "no spike is reported while muted");
+    Check(!expected_lead_.empty() && s.step == expected_lead_.front(),
+          "a spike is reported for the record being processed");
+  }
+  void OnLeadChanged(const v1::RunStart& start) override {
+    Check(expect_lead_change_ && start.rank() == lead_rank_ &&
+              start.attempt() == lead_attempt_,
+          "OnLeadChanged names the new lead");
+    expect_lead_change_ = false;
+  }
+  void OnLeadRecord(const v1::StepRecord& r) override {
+    Check(!muted_, "no lead record reported while replaying");
+    Check(!expected_lead_.empty() && r.step() == expected_lead_.front(),
+          "lead records reach the health once each, in order");
+    expected_lead_.pop_front();
+    Shadow(current_attempt_, r);
+    Check(pipeline_->health()->last_step() == r.step(),
+          "last_step is the record's step");
     ExpectAlerts();
-    Check(h.last_step() == r.step(), "last_step is the record's step");
+  }
+  void OnRecordsAccepted(size_t fresh, uint64_t) override { accepted_ = fresh; }
+  void OnLeadBatchDone(const v1::StepRecord& last, int64_t) override {
+    batch_done_ = last.step();
+  }
+  void OnWindows(const RunHealth& health) override {
+    Check(&health == pipeline_->health(), "the windows reported are the run's");
+    windows_seen_ = true;
+  }
+
+ private:
+  static constexpr int64_t kTick = 1'000'000;  // between records, nanos
+  static constexpr size_t kMaxHistory = 4096;
+
+  bool Disabled(AlertKind kind) const {
+    return config_.disabled.contains(std::string(Spec(kind).name));
+  }
+
+  // A pipeline as after a restart, and the oracle's view of it.
+  void Reset() {
+    pipeline_ = std::make_unique<RunPipeline>(run_id_, config_, this, now_);
+    last_fresh_ = now_;
+    shadow_ = ShadowWindow(config_.window_steps);
+    shadow_attempt_.reset();
+    shadow_last_step_.reset();
+    listener_firing_ = {};
+    windows_seen_ = false;
+  }
+
+  // The oracle's copy of what the lead record does to the windows: a new
+  // attempt at or below the last step rewinds, post-warmup records enter.
+  void Shadow(uint32_t attempt, const v1::StepRecord& r) {
+    if (shadow_attempt_ != attempt) {
+      if (shadow_attempt_.has_value() && shadow_last_step_.has_value() &&
+          r.step() <= *shadow_last_step_) {
+        shadow_.RewindTo(r.step());
+      }
+      shadow_attempt_ = attempt;
+    }
+    if (r.step() >= lead_start_.warmup_steps()) shadow_.Push(r);
+    shadow_last_step_ = r.step();
   }
 
   void ExpectWindows() const {
-    if (health_ == nullptr) return;
-    const RunWindow& w = health_->window();
+    const RunHealth* h = pipeline_->health();
+    if (h == nullptr) return;
+    const RunWindow& w = h->window();
     shadow_.Expect(w);
-    Check(health_->post_warmup_seen() >= w.grad_norm.slots(),
+    Check(h->post_warmup_seen() >= w.grad_norm.slots(),
           "post_warmup_seen counts what the window holds");
-    std::optional<double> rec = health_->RecommendedMaxNorm();
+    std::optional<double> rec = h->RecommendedMaxNorm();
     if (w.grad_norm.ranked() < config_.clip_fraction.min_steps) {
       Check(!rec.has_value(), "no recommendation before min_steps");
     } else {
       Check(rec == w.grad_norm.Quantile(0.98), "recommendation is the p98");
     }
+    Check(pipeline_->Snapshot().window.steps() == w.grad_norm.slots(),
+          "the snapshot reports the window");
   }
 
   void ExpectAlerts() const {
-    const AlertTracker& t = health_->tracker();
+    const RunHealth* h = pipeline_->health();
+    if (h == nullptr) return;
+    const AlertTracker& t = h->tracker();
     int firing = 0;
     for (size_t i = 0; i < kAlertKindCount; ++i) {
       const bool f = t.firing(static_cast<AlertKind>(i));
@@ -333,21 +437,33 @@ class RunModel {
     Check(t.active_count() == firing, "active_count counts firing alerts");
   }
 
-  std::string run_id_;
+  const std::string run_id_;
   const HealthConfig& config_;
+  int64_t now_ = 0;
+  int64_t last_fresh_ = 0;  // when a batch last brought a fresh record
+  std::unique_ptr<RunPipeline> pipeline_;
+  // The oracle.
   uint32_t lead_rank_ = std::numeric_limits<uint32_t>::max();
   uint32_t lead_attempt_ = 0;
-  std::optional<uint32_t> health_attempt_;
-  std::unique_ptr<RunHealth> health_;
+  v1::RunStart lead_start_;
+  bool expect_lead_change_ = false;
+  std::deque<uint64_t> expected_lead_;
+  uint32_t current_attempt_ = 0;
+  std::optional<size_t> accepted_;
+  std::optional<uint64_t> batch_done_;
+  bool windows_seen_ = false;
   ShadowWindow shadow_;
+  std::optional<uint32_t> shadow_attempt_;
+  std::optional<uint64_t> shadow_last_step_;
   std::array<bool, kAlertKindCount> listener_firing_{};
+  size_t transitions_ = 0;
   bool muted_ = false;
-  const v1::StepRecord* current_ = nullptr;
-  int64_t now_ = 0;
+  // Stored records of the run, (rank, attempt, record), for a restart.
+  std::vector<std::tuple<uint32_t, uint32_t, v1::StepRecord>> history_;
 };
 
 // The server side of Report streams: validation (as ingest.cc does it), then
-// the run models.
+// the runs' pipelines.
 class Server {
  public:
   explicit Server(const HealthConfig& config) : config_(config) {
@@ -378,10 +494,11 @@ class Server {
         auto it = runs_.find(start.run_id());
         if (it == runs_.end()) {
           it = runs_.emplace(start.run_id(),
-                             std::make_unique<RunModel>(start.run_id(), config_))
+                             std::make_unique<WatchedRun>(start.run_id(), config_))
                    .first;
         }
         current_run_ = it->second.get();
+        current_run_->OnStart(stream);
         return;
       }
       case v1::ReportRequest::kBatch: {
@@ -403,7 +520,16 @@ class Server {
     }
   }
 
-  RunModel* current_run() { return current_run_; }
+  WatchedRun* current_run() { return current_run_; }
+
+  // A server restart: the current run recovers, then its streams reconnect.
+  void Restart(std::optional<AlertKind> extra) {
+    if (current_run_ == nullptr) return;
+    current_run_->Restart(extra);
+    for (const auto& [key, stream] : streams_) {
+      if (std::get<0>(key) == current_->start.run_id()) current_run_->OnStart(stream);
+    }
+  }
 
  private:
   static void ExpectRefusal(const absl::Status& s) {
@@ -415,9 +541,9 @@ class Server {
   const HealthConfig& config_;
   ValidationLimits limits_;
   std::map<std::tuple<std::string, uint32_t, uint32_t>, StreamState> streams_;
-  std::map<std::string, std::unique_ptr<RunModel>> runs_;
+  std::map<std::string, std::unique_ptr<WatchedRun>> runs_;
   StreamState* current_ = nullptr;
-  RunModel* current_run_ = nullptr;
+  WatchedRun* current_run_ = nullptr;
 };
 
 // ---------------------------------------------------------------------------
@@ -596,17 +722,17 @@ void RunStructured(FuzzedDataProvider& in, Server& server) {
         break;
       }
       case 3:
-        if (RunModel* run = server.current_run()) run->SetMuted(in.ConsumeBool());
-        continue;
-      case 4:
-        if (RunModel* run = server.current_run()) {
-          run->Restore(static_cast<AlertKind>(in.ConsumeIntegralInRange<size_t>(
-                           0, kAlertKindCount - 1)),
-                       step, ConsumeDouble(in));
+      case 4: {
+        std::optional<AlertKind> extra;
+        if (in.ConsumeBool()) {
+          extra = static_cast<AlertKind>(
+              in.ConsumeIntegralInRange<size_t>(0, kAlertKindCount - 1));
         }
+        server.Restart(extra);
         continue;
+      }
       case 5:
-        if (RunModel* run = server.current_run()) run->FireSilent(ConsumeDouble(in));
+        if (WatchedRun* run = server.current_run()) run->CheckSilence();
         continue;
       default: {
         v1::StepBatch& b = *request.mutable_batch();

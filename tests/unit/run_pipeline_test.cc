@@ -2,6 +2,7 @@
 // observer sees everything it reports.
 #include "health/run_pipeline.h"
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,19 @@ TEST_F(RunPipelineTest, AResentBatchCountsOnceAndItsDropsNotAgain) {
   pipeline_.OnStreamStarted(0, 0, 3);
   Send(Start(0), Steps(11, 13));
   EXPECT_THAT(seen_.accepted, ElementsAre(10, 2, 1));
+}
+
+TEST_F(RunPipelineTest, TheLargestStepDoesNotWrapTheDedup) {
+  pipeline_.OnStreamStarted(0, 0, std::nullopt);
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  Send(Start(0), Steps(max - 1, max));
+  std::vector<v1::StepRecord> last = Steps(0, 1);
+  last[0].set_step(max);
+  Send(Start(0), last);
+  Send(Start(0), last);          // resent: seen
+  Send(Start(0), Steps(0, 5));  // went backwards: skipped, as the store does
+  EXPECT_THAT(seen_.accepted, ElementsAre(1, 1));
+  EXPECT_EQ(pipeline_.last_step(), max);
 }
 
 TEST_F(RunPipelineTest, TheLowestRankLeadsAndTheLatestAttemptOfIt) {
