@@ -2,7 +2,8 @@
 # Installs what is needed, builds, and runs the whole test suite: unit and
 # integration tests (ctest; integration tests start the real server binary on
 # loopback ports with a temporary SQLite file), the DESIGN.md contract check,
-# and a short run of each fuzz target (clang, its own build directory
+# clang's thread-safety analysis of the server (build-clang), and a short run
+# of each fuzz target (clang, its own build directory
 # build-fuzz; FUZZ_SECONDS each, 30 by default; FUZZ_SECONDS=0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,16 @@ if [ -x ../shared/checks/contract.sh ]; then
   BIN="$BUILD_DIR/bin" ../shared/checks/contract.sh || status=$?
 else
   echo "test.sh: ../shared/checks/contract.sh not found; contract check not run"
+fi
+# The server's mutex annotations (ABSL_GUARDED_BY and friends), checked by
+# clang: server/CMakeLists.txt adds -Wthread-safety -Werror=thread-safety
+# under clang, so a lock rule broken anywhere in server/ fails this build.
+TSA_DIR=${TSA_DIR:-build-clang}
+if ! { CC=clang CXX=clang++ cmake -S . -B "$TSA_DIR" -G Ninja -DTRAINWATCH_BUILD_TESTS=OFF \
+         -DCMAKE_BUILD_TYPE=Debug >/dev/null &&
+       cmake --build "$TSA_DIR" -j"$(nproc)" --target tw_server; }; then
+  echo "test.sh: the clang build of the server (thread-safety analysis) failed"
+  status=1
 fi
 # Fuzz smoke: each libFuzzer target from its seed corpus for a bounded time;
 # a crash, leak, sanitizer report or broken invariant fails the step.

@@ -1,13 +1,11 @@
 #include "alerting/notifier.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -15,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "alerting/alertmanager_payload.h"
 #include "alerting/webhook_payload.h"
 
@@ -52,21 +51,38 @@ class Notifier::Channel {
 
   void Add(const AlertNotice& notice, bool restored) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stopping_ || !AddLocked(notice, restored)) {
         dropped_.Increment();
         return;
       }
       work_ = true;
     }
-    cv_.notify_one();
+    cv_.Signal();
   }
 
   // Posts what is due until nothing is, or a post fails. Returns when there
   // is work next (kNever: none until something is added). `final`: ignore
   // the backoff, stop at the first failure (Stop()).
-  int64_t Pump(bool final) {
-    std::unique_lock<std::mutex> lock(mu_);
+  int64_t Pump(bool final) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return PumpLocked(final);
+  }
+
+  // Ends the thread after one last pump (without threads: only refuses
+  // what comes later).
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    cv_.Signal();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ protected:
+  // Pump()'s work; unlocks while a post is on the network.
+  int64_t PumpLocked(bool final) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t final_deadline = clock_->NowUnixNanos() + kFinalFlushNanos;
     for (;;) {
       const int64_t now = clock_->NowUnixNanos();
@@ -75,9 +91,9 @@ class Notifier::Channel {
       std::string body;
       size_t count = TakeLocked(now, &body);
       if (count == 0) return NextDueLocked();
-      lock.unlock();
+      mu_.Unlock();
       absl::StatusOr<int> status = sender_->Post(url_, body);
-      lock.lock();
+      mu_.Lock();
       if (status.ok() && *status >= 200 && *status < 300) {
         sent_.Increment(static_cast<double>(count));
         SentLocked(now);
@@ -112,18 +128,6 @@ class Notifier::Channel {
     }
   }
 
-  // Ends the thread after one last pump (without threads: only refuses
-  // what comes later).
-  void Stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
-  }
-
- protected:
   // Takes in what was added; false when it is dropped (no room).
   virtual bool AddLocked(const AlertNotice& notice, bool restored)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
@@ -139,27 +143,27 @@ class Notifier::Channel {
   virtual int64_t NextDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
 
   const NotifierOptions& options() const { return options_; }
-  std::mutex mu_;
+  absl::Mutex mu_;
 
  private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_) {
+    mu_.Lock();
     while (!stopping_) {
       work_ = false;
-      lock.unlock();
+      mu_.Unlock();
       const int64_t next = Pump(/*final=*/false);
-      lock.lock();
+      mu_.Lock();
       if (stopping_ || work_) continue;
       // Cap the wait: it is measured on the injected clock but slept on the
       // real one.
       const int64_t wait = std::min<int64_t>(next - clock_->NowUnixNanos(),
                                              60'000'000'000);
-      if (wait > 0) {
-        cv_.wait_for(lock, std::chrono::nanoseconds(wait),
-                     [this] { return stopping_ || work_; });
+      const absl::Time deadline = absl::Now() + absl::Nanoseconds(wait);
+      while (wait > 0 && !stopping_ && !work_) {
+        if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
       }
     }
-    lock.unlock();
+    mu_.Unlock();
     Pump(/*final=*/true);
   }
 
@@ -171,7 +175,7 @@ class Notifier::Channel {
   prometheus::Counter& sent_;
   prometheus::Counter& failures_;
   prometheus::Counter& dropped_;
-  std::condition_variable cv_;
+  absl::CondVar cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool work_ ABSL_GUARDED_BY(mu_) = false;  // added since the last pump
   int64_t backoff_ ABSL_GUARDED_BY(mu_) = 0;   // nanos; 0 = not failing

@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
     if (summary.state() != "running") continue;
     std::shared_ptr<RunState> run;
     {
-      std::lock_guard<std::mutex> lock(engine->mu_);
+      absl::MutexLock lock(&engine->mu_);
       run = engine->FindOrAddRunLocked(summary.run_id());
     }
     // No shard touches the run yet: rebuilding here, before serving, is safe.
@@ -56,10 +56,10 @@ Engine::~Engine() { Stop(); }
 
 void Engine::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.SignalAll();
   if (silence_thread_.joinable()) silence_thread_.join();
   for (auto& shard : shards_) shard->Stop();
 }
@@ -94,7 +94,7 @@ absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
   stream->start = start;
   stream->shard = ShardFor(start.run_id());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = runs_.find(start.run_id());
     bool known_active = it != runs_.end() && !it->second->finished;
     if (!known_active && active_runs_ >= options_.max_active_runs) {
@@ -199,13 +199,8 @@ void Engine::SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
   });
 }
 
-void Engine::CloseStream(const StreamHandle& stream) {
-  // trainwatch_streams_active is counted by ingest, which sees every Report
-  // stream (also those that end before their RunStart).
-}
-
 void Engine::MarkFinished(RunState& run) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (run.finished) return;
   run.finished = true;
   run.finished_unix_nanos = clock_->NowUnixNanos();
@@ -217,7 +212,7 @@ void Engine::MarkFinished(RunState& run) {
 absl::StatusOr<HealthSnapshot> Engine::GetHealth(const std::string& run_id) {
   std::shared_ptr<RunState> run;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = runs_.find(run_id);
     if (it == runs_.end()) {
       return absl::NotFoundError(absl::StrCat(
@@ -235,7 +230,7 @@ void Engine::CheckSilence() {
   const int64_t limit = options_.health.silent.seconds * 1'000'000'000;
   std::vector<std::shared_ptr<RunState>> runs;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto& [id, run] : runs_) {
       if (!run->finished) runs.push_back(run);
     }
@@ -252,7 +247,7 @@ void Engine::ForgetFinishedRuns() {
   const int64_t keep = options_.health.finished_runs.retention_seconds * 1'000'000'000;
   std::vector<std::shared_ptr<RunState>> forgotten;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto it = runs_.begin(); it != runs_.end();) {
       const RunState& run = *it->second;
       // use_count 1: no stream, nor work queued on a shard, holds the run,
@@ -273,15 +268,16 @@ void Engine::ForgetFinishedRuns() {
 }
 
 void Engine::SilenceLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   while (!stopping_) {
-    stop_cv_.wait_for(lock, options_.silence_check_interval);
+    stop_cv_.WaitWithTimeout(&mu_, absl::FromChrono(options_.silence_check_interval));
     if (stopping_) break;
-    lock.unlock();
+    mu_.Unlock();
     CheckSilence();
     ForgetFinishedRuns();
-    lock.lock();
+    mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 }  // namespace trainwatch

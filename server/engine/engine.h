@@ -25,18 +25,20 @@
 // that starts again later begins with fresh windows. A restart forgets
 // finished runs at once.
 //
-// Threads: OpenStream/SubmitBatch/SubmitEvent/CloseStream/GetHealth may be
-// called from any thread. A run's state is touched only by its shard.
-// Completion callbacks run on the run's shard thread and must not block.
+// Threads: OpenStream/SubmitBatch/SubmitEvent/GetHealth may be called from
+// any thread. A run's pipeline and router are touched only by its shard
+// thread; Engine::mu_ guards the table of runs. Completion callbacks (`done`)
+// run on the store's writer thread once the op's transaction ended, or on the
+// run's shard thread when the op is refused before the store (its stream's
+// RunStart failed) and for a stored event; `processed` runs on the shard.
+// None may block.
 #ifndef TRAINWATCH_SERVER_ENGINE_ENGINE_H_
 #define TRAINWATCH_SERVER_ENGINE_ENGINE_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -45,6 +47,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "alerting/notifier.h"
 #include "common/clock.h"
 #include "engine/shard.h"
@@ -112,7 +115,6 @@ class Engine {
                    DoneCallback done, std::function<void()> processed = {});
   void SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
                    DoneCallback done);
-  void CloseStream(const StreamHandle& stream);
 
   // The run's live health (waits for its shard). NOT_FOUND for a run this
   // engine does not hold (finished before a restart, or unknown).
@@ -158,12 +160,12 @@ class Engine {
   const Clock* const clock_;
   std::vector<std::unique_ptr<Shard>> shards_;
 
-  std::mutex mu_;
+  absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<RunState>> runs_
       ABSL_GUARDED_BY(mu_);
   size_t active_runs_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::condition_variable stop_cv_;
+  absl::CondVar stop_cv_;
   std::thread silence_thread_;
 };
 

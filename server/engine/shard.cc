@@ -8,10 +8,10 @@ Shard::~Shard() { Stop(); }
 
 void Shard::Post(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!stopping_) {
       tasks_.push_back(std::move(task));
-      cv_.notify_one();
+      cv_.Signal();
       return;
     }
   }
@@ -20,9 +20,9 @@ void Shard::Post(std::function<void()> task) {
 
 void Shard::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
-    cv_.notify_one();
+    cv_.Signal();
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -31,8 +31,8 @@ void Shard::Loop() {
   std::deque<std::function<void()>> batch;
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && tasks_.empty()) cv_.Wait(&mu_);
       if (tasks_.empty()) return;
       batch.swap(tasks_);
     }

@@ -4,13 +4,12 @@
 #ifndef TRAINWATCH_SERVER_ENGINE_SHARD_H_
 #define TRAINWATCH_SERVER_ENGINE_SHARD_H_
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace trainwatch {
 
@@ -24,16 +23,16 @@ class Shard {
 
   // Queues a task; after Stop() the task runs on the caller's thread, so a
   // callback waiting on it is never lost.
-  void Post(std::function<void()> task);
+  void Post(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs every queued task, then ends the thread. Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Loop();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -33,7 +33,7 @@ class ReportReactor final
   }
 
   void OnReadDone(bool ok) override {
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     read_in_flight_ = false;
     if (!ok) {
       // The client closed its side (or went away): ack what is pending, end.
@@ -46,28 +46,27 @@ class ReportReactor final
         EndLocked(ToGrpcStatus(s));
       }
     }
-    Progress(std::move(lock));
+    ProgressAndUnlock();
   }
 
   void OnWriteDone(bool ok) override {
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     write_in_flight_ = false;
     if (!ok) EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
-    Progress(std::move(lock));
+    ProgressAndUnlock();
   }
 
   void OnCancel() override {
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-    Progress(std::move(lock));
+    ProgressAndUnlock();
   }
 
   void OnDone() override {
-    if (stream_ != nullptr) ingest_->engine_->CloseStream(stream_);
     ingest_->metrics_->streams_active.Decrement();
     ingest_->Unregister(this);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (pins_ > 0) {  // Drain() still uses this reactor; it deletes it
         done_ = true;
         return;
@@ -80,12 +79,12 @@ class ReportReactor final
   // (Finish may run OnDone inline, and OnDone takes that lock). Pin() only
   // under Ingest's lock, while the reactor is registered.
   void Pin() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++pins_;
   }
   void Unpin() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (--pins_ > 0 || !done_) return;
     }
     delete this;
@@ -93,17 +92,17 @@ class ReportReactor final
 
   // Re-evaluates what to do next (Ingest::Processed made room for a read).
   void Kick() {
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     waiting_budget_ = false;
-    Progress(std::move(lock));
+    ProgressAndUnlock();
   }
 
   void BeginDrain() {
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     EndLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                            "the server is shutting down; everything acked is "
                            "stored, resend the rest after it restarts"));
-    Progress(std::move(lock));
+    ProgressAndUnlock();
   }
 
  private:
@@ -200,14 +199,14 @@ class ReportReactor final
   // detectors (always before its OnDurable).
   void OnProcessed(size_t records) {
     ingest_->Processed(records);
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     --unprocessed_;
-    Progress(std::move(lock));
+    ProgressAndUnlock();
   }
 
   // From the engine (any thread): the op with `seq` is durable, or failed.
   void OnDurable(uint64_t seq, absl::Status status) {
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     --pending_;
     if (status.ok()) {
       if (seq > acked_seq_) acked_seq_ = seq;
@@ -216,7 +215,7 @@ class ReportReactor final
       EndLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                              absl::StrCat("store: ", status.message())));
     }
-    Progress(std::move(lock));
+    ProgressAndUnlock();
   }
 
   // Whether the shared bound on unprocessed records lets this stream read
@@ -236,9 +235,12 @@ class ReportReactor final
   // Decides the next operation under the lock and starts it after unlocking:
   // a read (while taking messages and under the in-flight bound), a write of
   // the newest ack, or Finish once nothing is pending.
-  void Progress(std::unique_lock<std::mutex> lock) {
+  void ProgressAndUnlock() ABSL_UNLOCK_FUNCTION(mu_) {
     enum { kNone, kRead, kWrite, kFinish } next_io = kNone, next_read = kNone;
-    if (finished_) return;
+    if (finished_) {
+      mu_.Unlock();
+      return;
+    }
     if (!end_status_.has_value() && !read_in_flight_ &&
         pending_ < ingest_->options_.max_inflight_batches &&
         unprocessed_ < ingest_->options_.max_unprocessed_batches &&
@@ -259,7 +261,7 @@ class ReportReactor final
       next_io = kFinish;
     }
     grpc::Status finish_status = next_io == kFinish ? *end_status_ : grpc::Status();
-    lock.unlock();
+    mu_.Unlock();
     if (next_read == kRead) StartRead(&request_bytes_);
     if (next_io == kWrite) StartWrite(&response_bytes_);
     if (next_io == kFinish) Finish(finish_status);
@@ -267,7 +269,7 @@ class ReportReactor final
 
   Ingest* const ingest_;
   const TokenScope* const scope_;
-  std::mutex mu_;
+  absl::Mutex mu_;
   grpc::ByteBuffer request_bytes_;   // owned by the read in flight
   v1::ReportRequest request_;        // the last message read, parsed
   v1::ReportResponse response_;
@@ -301,7 +303,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 Ingest::NewReport(grpc::CallbackServerContext* context) {
   bool draining;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     draining = draining_;
   }
   if (draining) {
@@ -325,32 +327,32 @@ Ingest::NewReport(grpc::CallbackServerContext* context) {
 }
 
 void Ingest::Register(ReportReactor* r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   reactors_.insert(r);
 }
 
 void Ingest::Unregister(ReportReactor* r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   reactors_.erase(r);
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool Ingest::Admit(ReportReactor* r) {
-  std::lock_guard<std::mutex> lock(budget_mu_);
+  absl::MutexLock lock(&budget_mu_);
   if (unprocessed_records_ < options_.max_unprocessed_records) return true;
   budget_waiters_.push_back(r);
   return false;
 }
 
 void Ingest::Submitted(size_t records) {
-  std::lock_guard<std::mutex> lock(budget_mu_);
+  absl::MutexLock lock(&budget_mu_);
   unprocessed_records_ += records;
 }
 
 void Ingest::Processed(size_t records) {
   std::vector<ReportReactor*> woken;
   {
-    std::lock_guard<std::mutex> lock(budget_mu_);
+    absl::MutexLock lock(&budget_mu_);
     unprocessed_records_ -= records;
     if (unprocessed_records_ >= options_.max_unprocessed_records) return;
     woken.swap(budget_waiters_);
@@ -360,7 +362,7 @@ void Ingest::Processed(size_t records) {
   // registered, pinned (as Drain does) so that none is deleted meanwhile. A
   // new reactor at a freed one's address just re-evaluates, harmlessly.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     size_t kept = 0;
     for (ReportReactor* r : woken) {
       if (!reactors_.contains(r)) continue;
@@ -386,7 +388,7 @@ void Ingest::CountRejected(const absl::Status& status) {
 bool Ingest::Drain(std::chrono::milliseconds timeout) {
   std::vector<ReportReactor*> open;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!draining_) {
       draining_ = true;
       for (ReportReactor* r : reactors_) {
@@ -399,8 +401,12 @@ bool Ingest::Drain(std::chrono::milliseconds timeout) {
     r->BeginDrain();
     r->Unpin();
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return reactors_.empty(); });
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
+  while (!reactors_.empty()) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+  }
+  return reactors_.empty();
 }
 
 }  // namespace trainwatch

@@ -23,11 +23,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/container/flat_hash_set.h"
 #include "auth/auth.h"
 #include "common/validate.h"
@@ -97,11 +96,11 @@ class Ingest {
   const IngestOptions options_;
   Engine* const engine_;
   Metrics* const metrics_;
-  std::mutex mu_;
-  std::condition_variable cv_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
   absl::flat_hash_set<ReportReactor*> reactors_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  std::mutex budget_mu_;  // a leaf: nothing else is locked under it
+  absl::Mutex budget_mu_;  // a leaf: nothing else is locked under it
   size_t unprocessed_records_ ABSL_GUARDED_BY(budget_mu_) = 0;
   std::vector<ReportReactor*> budget_waiters_ ABSL_GUARDED_BY(budget_mu_);
 };

@@ -55,7 +55,6 @@ class LazySeries {
     return series_->metric;
   }
   void Set(double v) { Get().Set(v); }
-  bool exists() const { return series_ != nullptr; }
   void Remove() {
     if (series_ != nullptr) family_->Remove(series_);
     series_ = nullptr;

@@ -127,11 +127,11 @@ Store::~Store() { Close(); }
 
 void Store::Submit(WriteOp op) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!closing_) {
       queued_records_ += op.records.size();
       queue_.push_back(std::move(op));
-      cv_.notify_one();
+      cv_.Signal();
       return;
     }
   }
@@ -142,16 +142,16 @@ void Store::Submit(WriteOp op) {
 
 void Store::Close() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!closing_) close_requested_ = std::chrono::steady_clock::now();
     closing_ = true;
-    cv_.notify_one();
+    cv_.Signal();
   }
   if (thread_.joinable()) thread_.join();
 }
 
 size_t Store::QueueDepth() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return queue_.size();
 }
 
@@ -161,8 +161,8 @@ void Store::WriterLoop() {
   while (true) {
     size_t records = 0;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!closing_ && queue_.empty()) cv_.Wait(&mu_);
       if (queue_.empty()) return;  // closing and drained
       size_t weight = 0;
       while (!queue_.empty() && weight < options_.max_records_per_txn) {
@@ -184,7 +184,7 @@ void Store::WriterLoop() {
     if (!done) {
       std::deque<WriteOp> left;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         left.swap(queue_);
         queued_records_ = 0;
       }
@@ -208,7 +208,7 @@ bool Store::Commit(std::vector<WriteOp>& ops, size_t records,
     fault.seconds = std::chrono::duration<double>(now - fault_start).count();
     fault.log = log;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       fault.waiting_ops = ops.size() + queue_.size();
       fault.waiting_records = records + queued_records_;
     }
@@ -241,7 +241,7 @@ bool Store::Commit(std::vector<WriteOp>& ops, size_t records,
     Clock::time_point wake = now + backoff;
     bool closing = false, give_up = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       closing = closing_;
       if (closing) {
         Clock::time_point give_up_at =
@@ -266,9 +266,12 @@ bool Store::Commit(std::vector<WriteOp>& ops, size_t records,
              now - last_log >= options_.fault_log_interval);
     }
     backoff = std::min(backoff * 2, options_.retry_max_backoff);
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     // Close() wakes the wait: its bounded wait may end before `wake`.
-    cv_.wait_until(lock, wake, [&] { return closing_ && !closing; });
+    const absl::Time deadline = absl::Now() + absl::FromChrono(wake - Clock::now());
+    while (!(closing_ && !closing)) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+    }
   }
 }
 

@@ -32,18 +32,17 @@
 #define TRAINWATCH_SERVER_STORE_STORE_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "store/sqlite.h"
@@ -242,8 +241,8 @@ class Store {
   sqlite::DbPtr memory_anchor_;
   std::unique_ptr<class StoreWriter> writer_;  // the writer thread's alone
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
   std::deque<WriteOp> queue_ ABSL_GUARDED_BY(mu_);
   size_t queued_records_ ABSL_GUARDED_BY(mu_) = 0;  // step records in queue_
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
