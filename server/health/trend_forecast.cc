@@ -6,6 +6,9 @@
 namespace trainwatch {
 namespace {
 
+// Points between two fits.
+constexpr size_t kFitEvery = 4;
+
 double MedianOf(std::vector<double>& v) {
   auto mid = v.begin() + v.size() / 2;
   std::nth_element(v.begin(), mid, v.end());
@@ -28,16 +31,25 @@ bool TrendForecaster::Add(uint64_t step, double value) {
   if (pending_.size() < options_.stride) return false;
   const double point = MedianOf(pending_);
   pending_.clear();
+  size_t added;  // points added so far, modulo the ring's size
   if (steps_.size() < options_.points) {
     steps_.push_back(pending_last_step_);
     values_.push_back(point);
+    added = steps_.size();
   } else {
     steps_[head_] = pending_last_step_;
     values_[head_] = point;
     head_ = (head_ + 1) % options_.points;
+    added = head_;
   }
-  Fit();
-  return true;
+  // The O(points^2) fit once every kFitEvery points (64 values): the trend
+  // moves slowly, and this keeps it well under a microsecond per value.
+  if (steps_.size() == options_.min_points || added % kFitEvery == 0) {
+    Fit();
+    return true;
+  }
+  if (steps_.size() < options_.min_points) trend_.reset();
+  return false;
 }
 
 void TrendForecaster::Fit() {

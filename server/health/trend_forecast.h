@@ -36,7 +36,7 @@ class TrendForecaster {
 
   explicit TrendForecaster(const Options& options);
 
-  // Adds a value; true when it completed a point (the trend was refitted).
+  // Adds a value; true when the trend was refitted (every few points).
   bool Add(uint64_t step, double value);
   // Drops the points of steps >= `step`.
   void RewindTo(uint64_t step);
