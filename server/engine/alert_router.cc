@@ -35,12 +35,14 @@ AlertNotice ToNotice(const v1::Alert& a,
 }  // namespace
 
 AlertRouter::AlertRouter(std::string run_id, Store* store, Metrics* metrics,
-                         RunMetrics* run_metrics, Notifier* notifier)
+                         RunMetrics* run_metrics, Notifier* notifier,
+                         HostWatch* hosts)
     : run_id_(std::move(run_id)),
       store_(store),
       metrics_(metrics),
       run_metrics_(run_metrics),
-      notifier_(notifier) {}
+      notifier_(notifier),
+      hosts_(hosts) {}
 
 void AlertRouter::SetLabels(const v1::RunStart& lead) {
   labels_ = std::map<std::string, std::string>(lead.labels().begin(),
@@ -67,7 +69,24 @@ void AlertRouter::OnAlert(const AlertEpisode& e) {
   const size_t i = static_cast<size_t>(e.kind);
   run_metrics_->alert_active[i].Set(e.firing ? 1 : 0);
   if (e.firing && !e.update) run_metrics_->alerts_fired[i].Get().Increment();
-  Route(ToProto(run_id_, e));
+  v1::Alert alert = ToProto(run_id_, e);
+  std::optional<v1::Alert> suspect;
+  if (e.firing && !e.update && hosts_ != nullptr && incident_counted_[i] != e.started_step) {
+    incident_counted_[i] = e.started_step;
+    suspect = hosts_->OnAlertFired(alert);
+  }
+  Route(std::move(alert));
+  if (suspect.has_value()) Route(*std::move(suspect));
+}
+
+void AlertRouter::OnSpikeOutcome(const SpikeOutcome& o) {
+  v1::Spike spike;
+  spike.set_step(o.spike_step);
+  spike.set_outcome(o.outcome());
+  spike.set_batches_skipped(o.batches_skipped);
+  store_->Submit(WriteOp{.kind = WriteOp::Kind::kSpikeOutcome,
+                         .key = {run_id_, 0, 0},
+                         .spike = std::move(spike)});
 }
 
 void AlertRouter::OnSpike(const SpikeInfo& s) {
@@ -134,6 +153,25 @@ void AlertRouter::OnWindows(const RunHealth& h) {
   if (w.skipped.size() > 0) m.skip_fraction.Set(w.skipped.fraction());
   if (std::optional<double> rec = h.RecommendedMaxNorm()) {
     m.recommended_clip_threshold.Set(*rec);
+  }
+  const RunTiming& t = h.timing();
+  if (t.step_times().ready()) {
+    m.step_seconds_median.Set(t.step_times().median_seconds());
+    m.step_seconds_max.Set(t.step_times().max_seconds());
+    m.straggler_lost_fraction.Set(t.step_times().lost_fraction());
+  }
+  if (t.has_input_waits()) m.data_wait_fraction.Set(t.StallFraction());
+  const GoodputTotals g = t.goodput();
+  if (g.wall_seconds > 0) m.goodput_ratio.Set(g.ratio);
+  if (g.skipped_steps > exported_skipped_) {
+    m.lost_steps_skipped.Get().Increment(
+        static_cast<double>(g.skipped_steps - exported_skipped_));
+    exported_skipped_ = g.skipped_steps;
+  }
+  if (g.rewound_steps > exported_rewound_) {
+    m.lost_steps_rewound.Get().Increment(
+        static_cast<double>(g.rewound_steps - exported_rewound_));
+    exported_rewound_ = g.rewound_steps;
   }
 }
 

@@ -13,7 +13,11 @@
 #include <map>
 #include <string>
 
+#include <array>
+#include <optional>
+
 #include "alerting/notifier.h"
+#include "engine/host_watch.h"
 #include "health/run_pipeline.h"
 #include "metrics/metrics.h"
 #include "store/store.h"
@@ -26,7 +30,8 @@ class AlertRouter final : public RunObserver {
   // All borrowed. `run_metrics` (the run's series) is null for a run not held
   // in memory; `notifier` may be null.
   AlertRouter(std::string run_id, Store* store, Metrics* metrics,
-              RunMetrics* run_metrics, Notifier* notifier);
+              RunMetrics* run_metrics, Notifier* notifier,
+              HostWatch* hosts = nullptr);
 
   // The lead RunStart's labels, sent with every notification.
   void SetLabels(const v1::RunStart& lead);
@@ -48,6 +53,7 @@ class AlertRouter final : public RunObserver {
   void OnLeadBatchDone(const v1::StepRecord& last,
                        int64_t now_unix_nanos) override;
   void OnWindows(const RunHealth& health) override;
+  void OnSpikeOutcome(const SpikeOutcome& outcome) override;
 
  private:
   const std::string run_id_;
@@ -55,7 +61,12 @@ class AlertRouter final : public RunObserver {
   Metrics* const metrics_;
   RunMetrics* const run_metrics_;
   Notifier* const notifier_;
+  HostWatch* const hosts_;
   std::map<std::string, std::string> labels_;
+  // The started_step of each alert's episode counted as a host incident.
+  std::array<std::optional<uint64_t>, kAlertKindCount> incident_counted_;
+  // Lost steps already added to trainwatch_lost_steps_total.
+  uint64_t exported_skipped_ = 0, exported_rewound_ = 0;
 };
 
 }  // namespace trainwatch

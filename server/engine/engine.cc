@@ -16,7 +16,8 @@ Engine::Engine(EngineOptions options, Store* store, Metrics* metrics,
     : options_(std::move(options)),
       store_(store),
       metrics_(metrics),
-      clock_(clock) {
+      clock_(clock),
+      host_watch_(options_.health.host_suspect, store, metrics) {
   size_t n = options_.shards == 0 ? 1 : options_.shards;
   for (size_t i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
 }
@@ -30,6 +31,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
   absl::StatusOr<std::vector<v1::RunSummary>> runs = store->ListRuns();
   if (!runs.ok()) return runs.status();
   if (absl::Status s = engine->ResolveAlertsOfFinishedRuns(*runs); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = engine->host_watch_.Load(clock->NowUnixNanos()); !s.ok()) {
     return s;
   }
   for (const v1::RunSummary& summary : *runs) {
@@ -80,7 +84,7 @@ std::shared_ptr<RunState> Engine::FindOrAddRunLocked(const std::string& run_id) 
   }
   auto run = std::make_shared<RunState>(
       run_id, metrics_->AddRun(run_id, AlertLabels()), store_, metrics_,
-      options_.notifier, options_.health, clock_->NowUnixNanos());
+      options_.notifier, &host_watch_, options_.health, clock_->NowUnixNanos());
   runs_.emplace(run_id, run);
   ++active_runs_;
   metrics_->runs_active.Set(static_cast<double>(active_runs_));

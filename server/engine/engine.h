@@ -49,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "alerting/notifier.h"
+#include "engine/host_watch.h"
 #include "common/clock.h"
 #include "engine/shard.h"
 #include "health/health_config.h"
@@ -158,6 +159,7 @@ class Engine {
   Store* const store_;
   Metrics* const metrics_;
   const Clock* const clock_;
+  HostWatch host_watch_;
   std::vector<std::unique_ptr<Shard>> shards_;
 
   absl::Mutex mu_;

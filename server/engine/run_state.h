@@ -23,10 +23,10 @@ namespace trainwatch {
 struct RunState {
   RunState(const std::string& id, std::unique_ptr<RunMetrics> run_metrics,
            Store* store, Metrics* metrics, Notifier* notifier,
-           const HealthConfig& config, int64_t now_unix_nanos)
+           HostWatch* hosts, const HealthConfig& config, int64_t now_unix_nanos)
       : run_id(id),
         metrics(std::move(run_metrics)),
-        router(id, store, metrics, this->metrics.get(), notifier),
+        router(id, store, metrics, this->metrics.get(), notifier, hosts),
         pipeline(id, config, &router, now_unix_nanos) {}
 
   const std::string run_id;

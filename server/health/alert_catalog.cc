@@ -96,6 +96,20 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "hung, crashed, or lost its connection to trainwatch.",
      "Check the job's processes and logs; if it crashed, restart from the "
      "last checkpoint."},
+    {K::kRankStraggler, "RankStraggler", "warning",
+     "One rank's steps take longer than the others' and every rank waits for "
+     "it: a throttled or failing GPU, a slow host (CPU contention, a noisy "
+     "neighbour), a degraded network link, or an uneven data shard.",
+     "Look at the named host (nvidia-smi clocks and temperature, dmesg, "
+     "DCGM diagnostics); drain it and restart the run without it if it stays "
+     "slow."},
+    {K::kInputPipelineStall, "InputPipelineStall", "warning",
+     "The training loop waits for its input pipeline: too few loader "
+     "workers, slow storage or network reads, heavy preprocessing on the "
+     "critical path.",
+     "Add DataLoader workers and prefetching (prefetch_factor, "
+     "pin_memory), cache or pre-tokenize the data, move preprocessing off "
+     "the training process."},
 }};
 
 }  // namespace

@@ -28,8 +28,10 @@ enum class AlertKind {
   kLayerUpdateStall,
   kLossSpike,
   kRunSilent,
+  kRankStraggler,
+  kInputPipelineStall,
 };
-inline constexpr size_t kAlertKindCount = 18;
+inline constexpr size_t kAlertKindCount = 20;
 
 struct AlertSpec {
   AlertKind kind;

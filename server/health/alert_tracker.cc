@@ -38,6 +38,7 @@ void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
   e.batch_ids.assign(batch_ids.begin(),
                      batch_ids.begin() + std::min(batch_ids.size(), kMaxBatchIds));
   e.caused_by = CauseOf(kind, step);
+  if (e.text.rank.has_value()) e.rank = *e.text.rank;
   s.last_true_step = std::max(step, lead_step_);
   if (on_transition_) on_transition_(e);
   MarkConsequences(kind, e.text.onset_step > 0 ? e.text.onset_step : step);
@@ -171,6 +172,14 @@ void AlertTracker::EndStep(uint64_t step) {
       Resolve(static_cast<AlertKind>(i), step);
     }
   }
+}
+
+void AlertTracker::Amend(AlertKind kind, AlertText text, std::string severity) {
+  State& s = states_[static_cast<size_t>(kind)];
+  if (!s.episode.firing || muted_) return;
+  s.episode.text = std::move(text);
+  if (!severity.empty()) s.episode.severity = std::move(severity);
+  if (on_transition_) on_transition_(s.episode);
 }
 
 void AlertTracker::Restore(const AlertEpisode& episode) {

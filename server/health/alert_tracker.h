@@ -36,6 +36,7 @@ struct AlertEpisode {
   // Set on the report of an episode already firing whose caused_by was just
   // found (its cause fired a few steps after it): not a new fire.
   bool update = false;
+  std::string severity;  // "" = the catalog's
 };
 
 class AlertTracker final : public AlertSink {
@@ -62,6 +63,10 @@ class AlertTracker final : public AlertSink {
   // Fires or resolves `kind` directly (RunSilent, which is about time).
   void Fire(AlertKind kind, uint64_t step, double value, AlertText text);
   void Resolve(AlertKind kind, uint64_t step);
+
+  // Rewrites a firing alert's text (and raises its severity when `severity`
+  // is not empty) and tells the listener: what a spike's recurrence learned.
+  void Amend(AlertKind kind, AlertText text, std::string severity);
 
   // Marks an alert as firing without telling the listener: its fire was
   // stored before a server restart and must not be sent again.

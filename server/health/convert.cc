@@ -23,7 +23,7 @@ v1::Alert ToProto(const std::string& run, const AlertEpisode& e) {
   v1::Alert a;
   a.set_alertname(std::string(spec.name));
   a.set_run(run);
-  a.set_severity(std::string(spec.severity));
+  a.set_severity(e.severity.empty() ? std::string(spec.severity) : e.severity);
   a.set_state(e.firing ? "firing" : "resolved");
   a.set_started_step(e.started_step);
   a.set_started_unix_nanos(e.started_unix_nanos);
@@ -42,6 +42,7 @@ v1::Alert ToProto(const std::string& run, const AlertEpisode& e) {
   if (e.caused_by.has_value()) {
     a.set_caused_by(std::string(Spec(*e.caused_by).name));
   }
+  a.set_host(e.text.host);
   return a;
 }
 
@@ -54,10 +55,14 @@ AlertEpisode FromProto(const v1::Alert& a) {
   e.started_unix_nanos = a.started_unix_nanos();
   e.resolved_unix_nanos = a.resolved_unix_nanos();
   e.peak_value = a.peak_value();
-  e.text = AlertText{a.summary(), a.description(), a.onset_step()};
+  e.text = AlertText{.summary = a.summary(),
+                     .description = a.description(),
+                     .onset_step = a.onset_step(),
+                     .host = a.host()};
   if (!a.caused_by().empty()) e.caused_by = AlertKindByName(a.caused_by());
   e.batch_ids.assign(a.batch_ids().begin(), a.batch_ids().end());
   e.rank = a.rank();
+  if (a.severity() != Spec(e.kind).severity) e.severity = a.severity();
   return e;
 }
 

@@ -45,6 +45,9 @@ struct AlertText {
   std::string summary;
   std::string description;
   uint64_t onset_step = 0;
+  // The machine the alert names ("" = none) and the rank, if it names one.
+  std::string host;
+  std::optional<uint32_t> rank;
 };
 
 // A gradient spike, for `trainwatchctl spikes` and its restart plan.

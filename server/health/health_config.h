@@ -7,6 +7,9 @@
 #include <set>
 #include <string>
 
+#include "health/host_incidents.h"
+#include "health/run_timing.h"
+
 namespace trainwatch {
 
 struct HealthConfig {
@@ -131,6 +134,12 @@ struct HealthConfig {
   struct {
     int64_t seconds = 300;  // no step for this long from an unfinished run
   } silent;
+
+  // RankStraggler, InputPipelineStall, goodput and the spike replay check
+  // (docs/goodput-and-stragglers.md).
+  TimingConfig timing;
+  // HostSuspect: a host named by incidents of >= min_runs runs in a window.
+  HostSuspectConfig host_suspect;
 
   struct {
     // A finished run's live state and series are kept this long, then

@@ -9,6 +9,7 @@ RunHealth::RunHealth(RunInfo info, const HealthConfig& config,
       config_(config),
       window_(config.window_steps),
       detectors_(MakeDetectors(config)),
+      timing_(config.timing),
       tracker_(config, std::move(on_transition), std::move(on_spike)) {}
 
 void RunHealth::OnLeadRecord(const v1::StepRecord& r, int64_t now_unix_nanos) {
@@ -73,6 +74,7 @@ void RunHealth::Rewind(uint64_t step) {
     post_warmup_seen_ = window_.grad_norm.slots();
   }
   records_seen_ = 0;
+  if (last_step_.has_value()) timing_.OnRewind(step, *last_step_);
   if (last_step_.has_value() && *last_step_ >= step) {
     last_step_ = step == 0 ? std::nullopt : std::optional<uint64_t>(step - 1);
   }

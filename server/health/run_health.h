@@ -11,6 +11,7 @@
 
 #include "health/alert_tracker.h"
 #include "health/detector.h"
+#include "health/run_timing.h"
 #include "health/window.h"
 
 namespace trainwatch {
@@ -37,6 +38,9 @@ class RunHealth {
   const RunWindow& window() const { return window_; }
   const Baselines& baselines() const { return baselines_; }
   const Trends& trends() const { return trends_; }
+  // Step times, input waits, goodput and spike replays (fed by the pipeline).
+  RunTiming& timing() { return timing_; }
+  const RunTiming& timing() const { return timing_; }
   AlertTracker& tracker() { return tracker_; }
   const AlertTracker& tracker() const { return tracker_; }
   // Post-warmup records seen (this attempt's history included).
@@ -57,6 +61,7 @@ class RunHealth {
   uint64_t records_seen_ = 0;
   std::optional<uint64_t> last_step_;
   std::vector<std::unique_ptr<Detector>> detectors_;
+  RunTiming timing_;
   AlertTracker tracker_;
 };
 

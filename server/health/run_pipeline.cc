@@ -38,14 +38,83 @@ void RunPipeline::OnStreamStarted(uint32_t rank, uint32_t attempt,
 }
 
 void RunPipeline::SetLead(const v1::RunStart& start) {
+  lead_host_ = start.host();
   if (health_ != nullptr) {
     health_->set_info(InfoFrom(start));
     return;
   }
   health_ = std::make_unique<RunHealth>(
       InfoFrom(start), config_,
-      [this](const AlertEpisode& e) { observer_->OnAlert(e); },
-      [this](const SpikeInfo& s) { observer_->OnSpike(s); });
+      [this](const AlertEpisode& e) { Report(e); },
+      [this](const SpikeInfo& s) {
+        observer_->OnSpike(s);
+        OnSpikeVerdicts(health_->timing().OnSpike(s.step, s.batch_ids), s.step);
+      });
+}
+
+void RunPipeline::Report(const AlertEpisode& e) {
+  // Alerts about what the lead rank computed name its host (a lemon machine
+  // shows as the same host across runs, DESIGN.md §4 HostSuspect).
+  if (e.text.host.empty() && !lead_host_.empty() &&
+      (e.kind == AlertKind::kNonFiniteUpdate ||
+       Spec(e.kind).name == "LossSpike")) {
+    AlertEpisode named = e;
+    named.text.host = lead_host_;
+    observer_->OnAlert(named);
+    return;
+  }
+  observer_->OnAlert(e);
+}
+
+void RunPipeline::EvaluateTiming(const v1::StepRecord& r) {
+  RunTiming& t = health_->timing();
+  AlertTracker& tracker = health_->tracker();
+  tracker.BeginStep(r.step(), now_unix_nanos_);
+  const bool straggler = t.StragglerHolds();
+  tracker.Condition(AlertKind::kRankStraggler, r.step(), straggler,
+                    t.StragglerRatio(), [&t] {
+                      return AlertText{.summary = t.StragglerSummary(),
+                                       .description = t.StragglerDescription(),
+                                       .host = t.straggler_host(),
+                                       .rank = t.straggler_rank()};
+                    });
+  const bool stalled = t.StallHolds();
+  tracker.Condition(AlertKind::kInputPipelineStall, r.step(), stalled,
+                    t.StallFraction(), [&t, this] {
+                      return AlertText{
+                          .summary = "the input pipeline stalls the run",
+                          .description = t.StallDescription(),
+                          .host = lead_host_};
+                    });
+  tracker.EndStep(r.step());
+}
+
+void RunPipeline::OnSpikeVerdicts(const std::vector<SpikeOutcome>& outcomes,
+                                  uint64_t step) {
+  for (const SpikeOutcome& o : outcomes) {
+    observer_->OnSpikeOutcome(o);
+    AlertTracker& tracker = health_->tracker();
+    if (!o.recurred) {
+      // The restart worked: the spike's alert is over.
+      tracker.Resolve(AlertKind::kGradNormSpike, step);
+      if (std::optional<AlertKind> loss = AlertKindByName("LossSpike")) {
+        tracker.Resolve(*loss, step);
+      }
+      continue;
+    }
+    if (!o.optimizer_or_lr()) continue;
+    // Recurred although its batches were skipped: not the data.
+    for (AlertKind kind : {AlertKind::kGradNormSpike}) {
+      if (!tracker.firing(kind)) continue;
+      AlertText text = tracker.episode(kind).text;
+      text.description += absl::StrFormat(
+          "; it recurred at step %d after a restart that skipped batches of "
+          "step %d: the cause is the optimizer state or the learning rate, "
+          "not the data (restart earlier, lower the LR or Adam's beta2)",
+          o.recurrence_step, o.spike_step);
+      tracker.Amend(kind, std::move(text), "critical");
+    }
+  }
 }
 
 void RunPipeline::FeedLead(uint32_t attempt, const v1::StepRecord& r,
@@ -93,6 +162,7 @@ void RunPipeline::OnBatch(const v1::RunStart& start,
   ResolveSilent(records[first].step());
   const v1::StepRecord* last = nullptr;
   size_t fresh = 0;
+  now_unix_nanos_ = now_unix_nanos;
   for (size_t i = first; i < records.size(); ++i) {
     const v1::StepRecord& r = records[i];
     if (!is_new(r)) continue;
@@ -100,8 +170,11 @@ void RunPipeline::OnBatch(const v1::RunStart& start,
     last = &r;
     ++fresh;
     health.OnRankRecord(rank, attempt, r);
+    health.timing().OnRecord(rank, start.host(), r);
     if (!lead) continue;
     FeedLead(attempt, r, now_unix_nanos);
+    OnSpikeVerdicts(health.timing().OnLeadRecord(r, now_unix_nanos), r.step());
+    EvaluateTiming(r);
     observer_->OnLeadRecord(r);
   }
   observer_->OnRecordsAccepted(fresh, client_dropped);
@@ -116,6 +189,9 @@ bool RunPipeline::OnEvent(const v1::RunEvent& event) {
     return false;
   }
   ResolveSilent(event.step());
+  if (health_ != nullptr) {
+    OnSpikeVerdicts(health_->timing().OnFinish(event.step()), event.step());
+  }
   return true;
 }
 
@@ -200,6 +276,7 @@ HealthSnapshot RunPipeline::Snapshot() const {
     if (e.firing) snap.active_alerts.push_back(ToProto(run_id_, e));
   }
   snap.recommended_max_norm = h.RecommendedMaxNorm();
+  h.timing().FillHealth(&ws, &snap.timing);
   return snap;
 }
 

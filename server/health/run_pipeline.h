@@ -62,11 +62,16 @@ class RunObserver {
                                int64_t now_unix_nanos) = 0;
   // The windows moved (after a lead batch, and after replaying history).
   virtual void OnWindows(const RunHealth& health) = 0;
+  // A new attempt replayed a spike's steps: recovered or recurred, with or
+  // without its batches.
+  virtual void OnSpikeOutcome(const SpikeOutcome& outcome) {}
 };
 
 // What GetRunHealth reports from memory.
 struct HealthSnapshot {
   v1::WindowStats window;
+  // Per-rank detail (slowest_ranks) and goodput; the other fields unset.
+  v1::GetRunHealthResponse timing;
   std::vector<v1::Alert> active_alerts;
   std::optional<double> recommended_max_norm;
 };
@@ -135,6 +140,11 @@ class RunPipeline {
   void FeedLead(uint32_t attempt, const v1::StepRecord& record,
                 int64_t now_unix_nanos);
   void ResolveSilent(uint64_t step);
+  // After a lead record: the timing conditions, and the spike verdicts.
+  void EvaluateTiming(const v1::StepRecord& record);
+  void OnSpikeVerdicts(const std::vector<SpikeOutcome>& outcomes, uint64_t step);
+  // The alert as the observer gets it: with the host it implicates.
+  void Report(const AlertEpisode& episode);
 
   const std::string run_id_;
   const HealthConfig& config_;
@@ -146,6 +156,8 @@ class RunPipeline {
   std::optional<uint32_t> health_attempt_;
   int64_t last_record_unix_nanos_ = 0;
   uint64_t last_step_ = 0;  // of the lead stream
+  std::string lead_host_;   // the lead stream's RunStart.host
+  int64_t now_unix_nanos_ = 0;  // of the batch being processed
   // Per stream (rank << 32 | attempt): the last step processed (none yet:
   // nullopt). A key is present once the stream's start is known.
   absl::flat_hash_map<uint64_t, std::optional<uint64_t>> last_processed_;

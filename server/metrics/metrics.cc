@@ -81,6 +81,13 @@ RunMetrics::RunMetrics(
       clip_fraction(&m.clip_fraction, run_id_),
       skip_fraction(&m.skip_fraction, run_id_),
       recommended_clip_threshold(&m.recommended_clip_threshold, run_id_),
+      step_seconds_median(&m.step_seconds, run_id_, "stat", "median"),
+      step_seconds_max(&m.step_seconds, run_id_, "stat", "max"),
+      straggler_lost_fraction(&m.straggler_lost_fraction, run_id_),
+      data_wait_fraction(&m.data_wait_fraction, run_id_),
+      goodput_ratio(&m.goodput_ratio, run_id_),
+      lost_steps_skipped(&m.lost_steps_total, run_id_, "cause", "skipped"),
+      lost_steps_rewound(&m.lost_steps_total, run_id_, "cause", "rewound"),
       metrics_(m) {
   alerts_fired.reserve(alerts_.size());
   alert_active.reserve(alerts_.size());
@@ -110,9 +117,12 @@ RunMetrics::~RunMetrics() {
        {&grad_norm, &clip_coefficient, &clip_threshold, &loss_scale,
         &max_attention_logit, &log_z, &loss, &learning_rate, &grad_norm_p50,
         &grad_norm_p90, &grad_norm_p99, &clip_fraction, &skip_fraction,
-        &recommended_clip_threshold}) {
+        &recommended_clip_threshold, &step_seconds_median, &step_seconds_max,
+        &straggler_lost_fraction, &data_wait_fraction, &goodput_ratio}) {
     g->Remove();
   }
+  lost_steps_skipped.Remove();
+  lost_steps_rewound.Remove();
   for (LazyGauge& g : alert_active) g.Remove();
   for (LazyCounter& c : alerts_fired) c.Remove();
 }
@@ -160,6 +170,10 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
       notification_failures_total(
           Counter(*registry_, "trainwatch_notification_failures_total",
                   "Notification posts that failed (each retry counts).")),
+      host_incidents_total(
+          Counter(*registry_, "trainwatch_host_incidents_total",
+                  "Alerts (NonFiniteUpdate, LossSpike, RankStraggler) that "
+                  "named a host, by host and alertname.")),
       notifications_dropped_total(
           Counter(*registry_, "trainwatch_notifications_dropped_total",
                   "Alert notifications lost: the receiver's queue was full, "
@@ -206,6 +220,22 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
       recommended_clip_threshold("trainwatch_recommended_clip_threshold",
                                  "98th percentile of the window's pre-clip "
                                  "norms: the measured way to set max_norm."),
+      step_seconds("trainwatch_step_seconds",
+                   "Step time over the run's ranks (each rank's recent "
+                   "level): the median rank's and the slowest's."),
+      straggler_lost_fraction(
+          "trainwatch_straggler_lost_fraction",
+          "1 - median/max step time over ranks: the share of each step "
+          "spent waiting for the slowest rank."),
+      data_wait_fraction("trainwatch_data_wait_fraction",
+                         "Median share of the lead rank's recent steps spent "
+                         "waiting for the input pipeline."),
+      goodput_ratio("trainwatch_goodput_ratio",
+                    "Share of the run's wall time not lost to skipped steps, "
+                    "rewound steps or silent gaps."),
+      lost_steps_total("trainwatch_lost_steps_total",
+                       "Steps lost, by cause: skipped (no update) or rewound "
+                       "(redone after a restart)."),
       alert_active("trainwatch_alert_active",
                    "1 while the alert is firing for the run."),
       alerts_fired_total("trainwatch_alerts_fired_total",
@@ -276,7 +306,7 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   for (const RunFamily<RunCounter>* f :
        {&steps_total, &clipped_steps_total, &skipped_steps_total,
         &nonfinite_steps_total, &client_dropped_steps_total,
-        &alerts_fired_total}) {
+        &lost_steps_total, &alerts_fired_total}) {
     f->Collect(&all);
   }
   take_server(prometheus::MetricType::Gauge);
@@ -284,7 +314,9 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
        {&last_step, &last_step_timestamp_seconds, &run_finished, &grad_norm,
         &clip_coefficient, &clip_threshold, &loss_scale, &max_attention_logit,
         &log_z, &loss, &learning_rate, &grad_norm_window, &clip_fraction,
-        &skip_fraction, &recommended_clip_threshold, &alert_active}) {
+        &skip_fraction, &recommended_clip_threshold, &step_seconds,
+        &straggler_lost_fraction, &data_wait_fraction, &goodput_ratio,
+        &alert_active}) {
     f->Collect(&all);
   }
   all.insert(all.end(), std::make_move_iterator(next),

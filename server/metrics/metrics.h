@@ -97,6 +97,10 @@ class RunMetrics {
   // Windowed series (health engine).
   LazyGauge grad_norm_p50, grad_norm_p90, grad_norm_p99, clip_fraction,
       skip_fraction, recommended_clip_threshold;
+  // Where the run's time goes (no per-rank series).
+  LazyGauge step_seconds_median, step_seconds_max, straggler_lost_fraction,
+      data_wait_fraction, goodput_ratio;
+  LazyCounter lost_steps_skipped, lost_steps_rewound;
   // Per alertname, indexed like AllAlertSpecs(): 1 while firing.
   std::vector<LazyGauge> alert_active;
   std::vector<LazyCounter> alerts_fired;
@@ -150,6 +154,8 @@ class Metrics {
   // the series of the receivers it has.
   prometheus::Family<prometheus::Counter>& notifications_sent_total;
   prometheus::Family<prometheus::Counter>& notification_failures_total;
+  // Incidents naming a host ({host, alertname}; only hosts an incident named).
+  prometheus::Family<prometheus::Counter>& host_incidents_total;
   prometheus::Family<prometheus::Counter>& notifications_dropped_total;
 
   // Per-run families (label `run`), used by RunMetrics. Kept out of the
@@ -174,6 +180,11 @@ class Metrics {
   RunFamily<RunGauge> clip_fraction;
   RunFamily<RunGauge> skip_fraction;
   RunFamily<RunGauge> recommended_clip_threshold;
+  RunFamily<RunGauge> step_seconds;  // {stat}
+  RunFamily<RunGauge> straggler_lost_fraction;
+  RunFamily<RunGauge> data_wait_fraction;
+  RunFamily<RunGauge> goodput_ratio;
+  RunFamily<RunCounter> lost_steps_total;  // {cause}
   RunFamily<RunGauge> alert_active;          // {alertname,severity}
   RunFamily<RunCounter> alerts_fired_total;  // {alertname}
 

@@ -39,6 +39,10 @@ absl::StatusOr<v1::GetRunHealthResponse> Query::GetRunHealth(
   absl::StatusOr<HealthSnapshot> live = engine_->GetHealth(request.run_id());
   if (live.ok()) {
     *response.mutable_window() = live->window;
+    response.mutable_slowest_ranks()->Swap(live->timing.mutable_slowest_ranks());
+    if (live->timing.has_goodput()) {
+      response.mutable_goodput()->Swap(live->timing.mutable_goodput());
+    }
     for (v1::Alert& a : live->active_alerts) response.add_active_alerts()->Swap(&a);
     if (live->recommended_max_norm.has_value()) {
       response.set_recommended_max_norm(*live->recommended_max_norm);

@@ -1199,6 +1199,77 @@ def healthy_fp16_sawtooth(rng, out):
     check(max_halvings_without_growth(scaler.history) < 4, "sawtooth collapses")
     e["pages"] = []
     return e
+# ----------------------------------------------- step times, input waits
+
+
+def timed_run(name, rng, out, world, description, slow_rank=None, slow_from=None,
+              slow=1.0, stall_from=None, expected=(), failure_step=None):
+    """An 8-rank (or `world`-rank) bf16 data-parallel run whose records carry
+    step_time_s: 0.4 s with +-10% uniform jitter per rank and step, x4 on
+    every rank at each checkpoint save (every 1000 steps) and x2 on every
+    rank for the two steps of each evaluation (every 250 steps); rank
+    `slow_rank` is `slow` x slower from `slow_from` on. Four ranks a host.
+    The lead rank's data_wait_s is 2% of its step, and 35% from `stall_from`
+    on (its step time grows by the wait)."""
+    run = Run(3000, 200, 0.45)
+    start = run_start(name, precision="BF16", warmup_steps=run.warmup)
+    files = ([f"{name}.jsonl"] if world == 1
+             else [f"{name}.rank{r}.jsonl" for r in range(world)])
+    logs = [RankLog(os.path.join(out, f) if out else None,
+                    dict(start, rank=r, world_size=world, host=f"gpu-node-{r // 4}"))
+            for r, f in enumerate(files)]
+    noise = LogNoise(rng, 0.15)
+    base_s = STEP_TIME_NS * 1e-9
+    for step in range(1, run.steps + 1):
+        norm = run.median(step) * math.exp(noise.next())
+        rec = run.base(rng, step, norm)
+        everyone = 1.0
+        if step % 1000 == 0:
+            everyone = 4.0
+        elif step % 250 in (0, 1):
+            everyone = 2.0
+        for rank, log in enumerate(logs):
+            t = base_s * rng.uniform(0.9, 1.1) * everyone
+            if rank == slow_rank and step >= slow_from:
+                t *= slow
+            r = dict(rec, step_time_s=num(t, 5))
+            if rank == 0:
+                wait = 0.02 * t
+                if stall_from is not None and step >= stall_from:
+                    wait = 0.35 * t / 0.65 * rng.uniform(0.9, 1.1)
+                    t += wait
+                    r["step_time_s"] = num(t, 5)
+                r["data_wait_s"] = num(wait, 5)
+            log.step(r)
+            checkpoints(log, step)
+    finish(logs, run.steps)
+    return entry(name, description, files, run, expected, failure_step=failure_step,
+                 world_size=world)
+
+
+@scenario
+def healthy_8rank_jitter(rng, out):
+    return timed_run("healthy-8rank-jitter", rng, out, 8,
+                     "8 ranks on 2 hosts, step times with +-10% jitter, every rank "
+                     "4x slower on checkpoint saves and 2x on two-step evaluations")
+
+
+@scenario
+def rank_straggler(rng, out):
+    at = 1500
+    return timed_run("rank-straggler", rng, out, 8,
+                     f"8 ranks with jittery step times; rank 5 (gpu-node-1) runs "
+                     f"30% slower from step {at}", slow_rank=5, slow_from=at,
+                     slow=1.3, expected=[("RankStraggler", at, 100)], failure_step=at)
+
+
+@scenario
+def input_pipeline_stall(rng, out):
+    at = 1500
+    return timed_run("input-pipeline-stall", rng, out, 1,
+                     f"one rank whose input pipeline stalls from step {at}: it "
+                     "waits 35% of each step for data (2% before)", stall_from=at,
+                     expected=[("InputPipelineStall", at, 100)], failure_step=at)
 
 
 # --------------------------------------------------------------------- main
