@@ -66,18 +66,24 @@ void RunPipeline::Report(const AlertEpisode& e) {
   observer_->OnAlert(e);
 }
 
-void RunPipeline::EvaluateTiming(const v1::StepRecord& r) {
+void RunPipeline::EvaluateStraggler(uint64_t step) {
   RunTiming& t = health_->timing();
   AlertTracker& tracker = health_->tracker();
-  tracker.BeginStep(r.step(), now_unix_nanos_);
+  tracker.BeginStep(step, now_unix_nanos_);
   const bool straggler = t.StragglerHolds();
-  tracker.Condition(AlertKind::kRankStraggler, r.step(), straggler,
+  tracker.Condition(AlertKind::kRankStraggler, step, straggler,
                     t.StragglerRatio(), [&t] {
                       return AlertText{.summary = t.StragglerSummary(),
                                        .description = t.StragglerDescription(),
                                        .host = t.straggler_host(),
                                        .rank = t.straggler_rank()};
                     });
+}
+
+void RunPipeline::EvaluateTiming(const v1::StepRecord& r) {
+  RunTiming& t = health_->timing();
+  AlertTracker& tracker = health_->tracker();
+  EvaluateStraggler(r.step());
   const bool stalled = t.StallHolds();
   tracker.Condition(AlertKind::kInputPipelineStall, r.step(), stalled,
                     t.StallFraction(), [&t, this] {
@@ -171,14 +177,26 @@ void RunPipeline::OnBatch(const v1::RunStart& start,
     ++fresh;
     health.OnRankRecord(rank, attempt, r);
     health.timing().OnRecord(rank, start.host(), r);
-    if (!lead) continue;
+    if (!lead) {
+      // Ranks' records arrive in any order: a straggler found in another
+      // rank's records fires at that record's step, not at the lead's next.
+      if (!health.tracker().firing(AlertKind::kRankStraggler) &&
+          health.timing().step_times().Suspect().has_value()) {
+        EvaluateStraggler(r.step());
+      }
+      continue;
+    }
     FeedLead(attempt, r, now_unix_nanos);
     OnSpikeVerdicts(health.timing().OnLeadRecord(r, now_unix_nanos), r.step());
     EvaluateTiming(r);
     observer_->OnLeadRecord(r);
   }
   observer_->OnRecordsAccepted(fresh, client_dropped);
-  if (!lead) return;
+  if (!lead) {
+    // Other ranks' step times move the run's step-time figures.
+    if (health.timing().step_times().ready()) observer_->OnWindows(health);
+    return;
+  }
   last_step_ = last->step();
   observer_->OnLeadBatchDone(*last, now_unix_nanos);
   observer_->OnWindows(health);

@@ -142,6 +142,7 @@ class RunPipeline {
   void ResolveSilent(uint64_t step);
   // After a lead record: the timing conditions, and the spike verdicts.
   void EvaluateTiming(const v1::StepRecord& record);
+  void EvaluateStraggler(uint64_t step);
   void OnSpikeVerdicts(const std::vector<SpikeOutcome>& outcomes, uint64_t step);
   // The alert as the observer gets it: with the host it implicates.
   void Report(const AlertEpisode& episode);

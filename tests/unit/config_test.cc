@@ -74,6 +74,22 @@ void ExpectSameConfig(const HealthConfig& a, const HealthConfig& b) {
   EXPECT_EQ(a.adam.eps_multiple, b.adam.eps_multiple);
   EXPECT_EQ(a.adam.stall_reports, b.adam.stall_reports);
   EXPECT_EQ(a.silent.seconds, b.silent.seconds);
+  const TimingConfig &ta = a.timing, &tb = b.timing;
+  EXPECT_EQ(ta.straggler.slack, tb.straggler.slack);
+  EXPECT_EQ(ta.straggler.threshold, tb.straggler.threshold);
+  EXPECT_EQ(ta.straggler.clip, tb.straggler.clip);
+  EXPECT_EQ(ta.straggler.ratio, tb.straggler.ratio);
+  EXPECT_EQ(ta.straggler.resolve_ratio, tb.straggler.resolve_ratio);
+  EXPECT_EQ(ta.straggler.min_ranks, tb.straggler.min_ranks);
+  EXPECT_EQ(ta.straggler.warmup_records, tb.straggler.warmup_records);
+  EXPECT_EQ(ta.input_stall.fraction, tb.input_stall.fraction);
+  EXPECT_EQ(ta.input_stall.resolve_fraction, tb.input_stall.resolve_fraction);
+  EXPECT_EQ(ta.goodput.gap_factor, tb.goodput.gap_factor);
+  EXPECT_EQ(ta.goodput.min_gap_seconds, tb.goodput.min_gap_seconds);
+  EXPECT_EQ(ta.spike_replay.judge_after_steps, tb.spike_replay.judge_after_steps);
+  EXPECT_EQ(ta.spike_replay.tolerance_steps, tb.spike_replay.tolerance_steps);
+  EXPECT_EQ(a.host_suspect.window_seconds, b.host_suspect.window_seconds);
+  EXPECT_EQ(a.host_suspect.min_runs, b.host_suspect.min_runs);
 }
 
 // Each settable key, a value other than its default, and where it lands.
@@ -167,6 +183,29 @@ std::vector<Override> AllOverrides() {
       {"adam", "stall_reports", "5",
        [](HealthConfig& c) { c.adam.stall_reports = 5; }},
       {"silent", "seconds", "900", [](HealthConfig& c) { c.silent.seconds = 900; }},
+      {"straggler", "slack", "1.1", [](HealthConfig& c) { c.timing.straggler.slack = 1.1; }},
+      {"straggler", "threshold", "5", [](HealthConfig& c) { c.timing.straggler.threshold = 5; }},
+      {"straggler", "clip", "2", [](HealthConfig& c) { c.timing.straggler.clip = 2; }},
+      {"straggler", "ratio", "1.3", [](HealthConfig& c) { c.timing.straggler.ratio = 1.3; }},
+      {"straggler", "resolve_ratio", "1.05",
+       [](HealthConfig& c) { c.timing.straggler.resolve_ratio = 1.05; }},
+      {"straggler", "min_ranks", "4", [](HealthConfig& c) { c.timing.straggler.min_ranks = 4; }},
+      {"straggler", "warmup_records", "50",
+       [](HealthConfig& c) { c.timing.straggler.warmup_records = 50; }},
+      {"input_stall", "fraction", "0.3",
+       [](HealthConfig& c) { c.timing.input_stall.fraction = 0.3; }},
+      {"input_stall", "resolve_fraction", "0.2",
+       [](HealthConfig& c) { c.timing.input_stall.resolve_fraction = 0.2; }},
+      {"goodput", "gap_factor", "20", [](HealthConfig& c) { c.timing.goodput.gap_factor = 20; }},
+      {"goodput", "min_gap_seconds", "60",
+       [](HealthConfig& c) { c.timing.goodput.min_gap_seconds = 60; }},
+      {"spike_replay", "judge_after_steps", "80",
+       [](HealthConfig& c) { c.timing.spike_replay.judge_after_steps = 80; }},
+      {"spike_replay", "tolerance_steps", "5",
+       [](HealthConfig& c) { c.timing.spike_replay.tolerance_steps = 5; }},
+      {"host_suspect", "window_seconds", "3600",
+       [](HealthConfig& c) { c.host_suspect.window_seconds = 3600; }},
+      {"host_suspect", "min_runs", "3", [](HealthConfig& c) { c.host_suspect.min_runs = 3; }},
   };
 }
 
