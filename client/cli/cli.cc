@@ -41,6 +41,15 @@ Commands:
   plan --run R [--json]
       The restart plan of the run's latest spike (checkpoint, its step, the
       batch ids to skip, why), for a launcher or a data loader to act on.
+  import FILE... --run R [--format auto|tensorboard|hf|megatron|csv]
+         [--max-norm X] [--precision P] [--warmup-steps N] [--map TAG=field]
+      Replay a past run from its own logs (TensorBoard event files, a
+      trainer_state.json, Megatron/DeepSpeed/GPT-NeoX stdout, CSV); prints
+      what it inferred (warmup, max_norm, scaler, skips). Nothing is sent if
+      a file is bad.
+  report --run R --out FILE.html
+      Write a self-contained HTML report of a run: verdict, charts with the
+      alerts marked, spikes and restart plans.
 
 Options (before or after the command):
   --server ADDR      server address (default 127.0.0.1:50051): a server or a
@@ -92,6 +101,15 @@ const std::vector<Command>& Commands() {
       {"alerts", RunAlerts, {{"run"}, {"active", false}, {"json", false}}},
       {"spikes", RunSpikes, {{"run"}, {"json", false}}},
       {"plan", RunPlan, {{"run"}, {"json", false}}},
+      {"import",
+       RunImport,
+       {{"run"},
+        {"format"},
+        {"max-norm"},
+        {"precision"},
+        {"warmup-steps"},
+        {"map"}}},
+      {"report", RunReport, {{"run"}, {"out"}}},
   };
   return *commands;
 }

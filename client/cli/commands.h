@@ -65,6 +65,9 @@ absl::Status RunHealth(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunAlerts(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunSpikes(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunPlan(const GlobalOptions& global, const ParsedArgs& args);
+// import_cmd.cc and report_cmd.cc.
+absl::Status RunImport(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunReport(const GlobalOptions& global, const ParsedArgs& args);
 
 // A stub on a channel to global.server with global.credentials (plaintext
 // when null).

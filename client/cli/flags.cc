@@ -66,9 +66,18 @@ absl::StatusOr<ParsedArgs> ParsedArgs::Parse(std::span<const std::string> args,
     } else {
       return UsageError(absl::StrCat("--", body, " needs a value"));
     }
+    parsed.every_.emplace_back(std::string(body), value);
     parsed.values_[std::string(body)] = std::move(value);
   }
   return parsed;
+}
+
+std::vector<std::string> ParsedArgs::GetAll(absl::string_view name) const {
+  std::vector<std::string> all;
+  for (const auto& [flag, value] : every_) {
+    if (flag == name) all.push_back(value);
+  }
+  return all;
 }
 
 bool ParsedArgs::Has(absl::string_view name) const {

@@ -40,6 +40,9 @@ class ParsedArgs {
 
   bool Has(absl::string_view name) const;
   std::optional<std::string> Get(absl::string_view name) const;
+  // Every value of a flag that may be repeated (--map A=x --map B=y), in
+  // order.
+  std::vector<std::string> GetAll(absl::string_view name) const;
 
   // Typed values; std::nullopt when the flag is absent, a usage error when
   // its value does not parse (a negative number for an unsigned one too).
@@ -54,6 +57,7 @@ class ParsedArgs {
  private:
   std::map<std::string, std::string, std::less<>> values_;
   std::vector<std::string> positional_;
+  std::vector<std::pair<std::string, std::string>> every_;
 };
 
 }  // namespace trainwatch::cli

@@ -107,6 +107,43 @@ std::string AlertsJson(const std::vector<FromServer<v1::Alert>>& alerts) {
 // A forecast step, or "-" when none is ahead.
 std::string Forecast(uint64_t step) {
   return step == 0 ? "-" : absl::StrCat(step);
+// The baseline is the median of the first W post-warmup steps: until they
+// are in, say how far along it is rather than print a median of 0.
+std::string Baseline(const v1::GetRunHealthResponse& h) {
+  const v1::WindowStats& win = h.window();
+  if (win.baseline_grad_norm_median() > 0) {
+    return Num(win.baseline_grad_norm_median());
+  }
+  if (win.steps() == 0 && h.run().state() == "finished") {
+    return "- (the run finished and its windows were freed)";
+  }
+  if (win.window_size() > 0) {
+    return absl::StrCat("not yet: ", win.steps(), " of ", win.window_size(),
+                        " post-warmup steps");
+  }
+  return absl::StrCat("not yet: ", win.steps(), " post-warmup steps so far");
+}
+
+// What an imported run's labels say about how to read its numbers.
+std::string ImportLines(const v1::RunSummary& run) {
+  std::string out;
+  const auto& labels = run.labels();
+  if (auto it = labels.find("logged_every"); it != labels.end()) {
+    absl::StrAppend(&out, "sampling       logged every ", it->second,
+                    " steps: the windows hold logged points, so the clip "
+                    "fraction is a sample of the logged steps\n");
+  }
+  if (labels.contains("loss_scaler")) {
+    absl::StrAppend(&out,
+                    "precision      fp16, GradScaler inferred (the log has no "
+                    "loss scale): fp16 scale checks not run\n");
+  }
+  if (labels.contains("grad_norm")) {
+    absl::StrAppend(&out,
+                    "grad norm      not in the log: clipping, spikes and "
+                    "drift not judged\n");
+  }
+  return out;
 }
 
 std::string RenderHealth(const v1::GetRunHealthResponse& h) {
@@ -126,7 +163,7 @@ std::string RenderHealth(const v1::GetRunHealthResponse& h) {
       run.warmup_steps(), Labels(run.labels()), run.steps(), run.last_step(),
       win.steps(), Num(win.grad_norm_p50()), Num(win.grad_norm_p90()),
       Num(win.grad_norm_p99()), Num(win.clip_fraction()),
-      Num(win.skip_fraction()), Num(win.baseline_grad_norm_median()),
+      Num(win.skip_fraction()), Baseline(h),
       Forecast(win.max_attn_logit_forecast_step()),
       Forecast(win.log_z_forecast_step()),
       OptNum(h.has_recommended_max_norm(), h.recommended_max_norm()));
@@ -161,6 +198,7 @@ std::string RenderHealth(const v1::GetRunHealthResponse& h) {
             g.skipped_seconds(), g.rewound_steps(), g.rewound_seconds(),
             g.silent_seconds()));
   }
+  out += ImportLines(run);
   if (h.active_alerts().empty()) return out + "active alerts  none\n";
   std::vector<FromServer<v1::Alert>> alerts;
   for (const v1::Alert& a : h.active_alerts()) alerts.push_back({&a, ""});

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "commands.h"
 #include "fleet.h"
+#include "send.h"
 #include "steplog.h"
 #include "trainwatch/client.h"
 
@@ -68,8 +69,9 @@ absl::Status ApplyFlags(const ParsedArgs& args, ClientOptions* options) {
 // Thread-compatible: one thread at a time.
 class Replayer {
  public:
-  Replayer(Client* client, std::chrono::milliseconds timeout)
-      : client_(client), timeout_(timeout) {}
+  Replayer(Client* client, std::chrono::milliseconds timeout,
+           absl::string_view command)
+      : client_(client), timeout_(timeout), command_(command) {}
 
   absl::Status Send(const StepLogEntry& entry, absl::string_view where) {
     if (std::holds_alternative<v1::RunStart>(entry)) {
@@ -111,7 +113,7 @@ class Replayer {
     absl::Status s = client_->Flush(timeout_);
     if (s.ok()) return s;
     return absl::Status(
-        s.code(), absl::StrCat("replay: the server stopped acknowledging: ",
+        s.code(), absl::StrCat(command_, ": the server stopped acknowledging: ",
                                s.message()));
   }
 
@@ -122,8 +124,9 @@ class Replayer {
     while (!try_once()) {
       if (Clock::now() > deadline) {
         return absl::DeadlineExceededError(
-            "replay: the client buffer stayed full: the server is not "
-            "acknowledging");
+            absl::StrCat(command_,
+                         ": the client buffer stayed full: the server is not "
+                         "acknowledging"));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -132,6 +135,7 @@ class Replayer {
 
   Client* client_;
   std::chrono::milliseconds timeout_;
+  std::string command_;
   uint64_t steps_ = 0;
   uint64_t events_ = 0;
   uint64_t step_rejections_ = 0;
@@ -139,45 +143,15 @@ class Replayer {
 
 }  // namespace
 
-absl::Status RunReplay(const GlobalOptions& global, const ParsedArgs& args) {
-  if (args.positional().size() != 1) {
-    return UsageError(absl::StrCat("wants exactly one FILE.jsonl, got ",
-                                   args.positional().size()));
-  }
-  const std::string& path = args.positional()[0];
+absl::StatusOr<SendResult> SendEntries(const GlobalOptions& global,
+                                       ClientOptions options,
+                                       absl::string_view command,
+                                       const EntrySource& next) {
   const std::chrono::milliseconds timeout =
       global.timeout.value_or(kDefaultAckTimeout);
   const Clock::time_point start = Clock::now();
-
-  std::ifstream file;
-  std::istream* in = &std::cin;
-  std::string name = "<stdin>";
-  if (path != "-") {
-    file.open(path);
-    if (!file) {
-      return absl::NotFoundError(absl::StrCat("replay: cannot open ", path,
-                                              ": ", std::strerror(errno)));
-    }
-    in = &file;
-    name = path;
-  }
-  StepLogReader reader(in, name);
-
-  // The run_start line, if any, must be read before the client is created.
-  absl::StatusOr<std::optional<StepLogEntry>> first = reader.Next();
-  if (!first.ok()) return first.status();
-  ClientOptions options;
   options.address = global.server;
   options.security = global.security;
-  std::optional<StepLogEntry> pending = *std::move(first);
-  if (pending.has_value() && std::holds_alternative<v1::RunStart>(*pending)) {
-    ApplyRunStart(std::get<v1::RunStart>(*pending), &options);
-    pending.reset();
-  }
-  if (absl::Status s = ApplyFlags(args, &options); !s.ok()) return s;
-  if (options.run_id.empty()) {
-    return UsageError(absl::StrCat(name, " has no run_start line: give --run"));
-  }
   options.capacity = kCapacity;
   // The log's timing and machine are not this process's: step times and the
   // host come from the log or stay absent.
@@ -185,14 +159,14 @@ absl::Status RunReplay(const GlobalOptions& global, const ParsedArgs& args) {
   const std::string run_id = options.run_id;
   // A fleet's servers listed one by one: resume the run on the server that
   // holds it. The client sends x-trainwatch-run itself, for a proxy.
-  absl::StatusOr<GlobalOptions> aimed = ForRun(global, "replay", run_id);
+  absl::StatusOr<GlobalOptions> aimed = ForRun(global, command, run_id);
   if (!aimed.ok()) return aimed.status();
   options.address = aimed->server;
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Create(std::move(options));
   if (!client.ok()) {
     return absl::Status(client.status().code(),
-                        absl::StrCat("replay: ", client.status().message()));
+                        absl::StrCat(command, ": ", client.status().message()));
   }
   // Only reached after the final Flush, or on an error that is reported
   // anyway: a failing Close has nothing to add.
@@ -200,21 +174,17 @@ absl::Status RunReplay(const GlobalOptions& global, const ParsedArgs& args) {
     (*client)->Close(std::chrono::seconds(1)).IgnoreError();
   };
 
-  Replayer replayer(client->get(), timeout);
+  Replayer replayer(client->get(), timeout, command);
   absl::Status line_error;
+  std::string where;
   while (true) {
-    if (!pending.has_value()) {
-      absl::StatusOr<std::optional<StepLogEntry>> next = reader.Next();
-      if (!next.ok()) {
-        line_error = next.status();
-        break;
-      }
-      if (!next->has_value()) break;
-      pending = *std::move(next);
+    absl::StatusOr<std::optional<StepLogEntry>> entry = next(&where);
+    if (!entry.ok()) {
+      line_error = entry.status();
+      break;
     }
-    line_error =
-        replayer.Send(*pending, absl::StrCat(name, ":", reader.line_number()));
-    pending.reset();
+    if (!entry->has_value()) break;
+    line_error = replayer.Send(**entry, where);
     if (!line_error.ok()) break;
   }
   // The server stalled for a whole timeout already; a final Flush would only
@@ -238,32 +208,88 @@ absl::Status RunReplay(const GlobalOptions& global, const ParsedArgs& args) {
   if (!flushed.ok() && !(*client)->Refusal().ok()) {
     return absl::Status(
         flushed.code(),
-        absl::StrFormat("replay: %d of %d steps acknowledged: %s", stats.acked,
-                        replayer.steps(), flushed.message()));
+        absl::StrFormat("%s: %d of %d steps acknowledged: %s", command,
+                        stats.acked, replayer.steps(), flushed.message()));
   }
   if (!flushed.ok()) {
     return absl::Status(
         flushed.code(),
-        absl::StrFormat("replay: %d of %d steps acknowledged after %.0f s "
+        absl::StrFormat("%s: %d of %d steps acknowledged after %.0f s "
                         "(is the server at %s running?): %s",
-                        stats.acked, replayer.steps(),
+                        command, stats.acked, replayer.steps(),
                         std::chrono::duration<double>(timeout).count(),
                         aimed->server, flushed.message()));
   }
   if (stats.dropped > replayer.step_rejections()) {
     return absl::DataLossError(
-        absl::StrCat("replay: the client dropped ",
+        absl::StrCat(command, ": the client dropped ",
                      stats.dropped - replayer.step_rejections(), " steps"));
   }
-  const double elapsed =
-      std::chrono::duration<double>(Clock::now() - start).count();
-  const uint64_t records = replayer.steps() + replayer.events();
+  return SendResult{
+      .steps = replayer.steps(),
+      .events = replayer.events(),
+      .acked = stats.acked,
+      .seconds = std::chrono::duration<double>(Clock::now() - start).count()};
+}
+
+absl::Status RunReplay(const GlobalOptions& global, const ParsedArgs& args) {
+  if (args.positional().size() != 1) {
+    return UsageError(absl::StrCat("wants exactly one FILE.jsonl, got ",
+                                   args.positional().size()));
+  }
+  const std::string& path = args.positional()[0];
+
+  std::ifstream file;
+  std::istream* in = &std::cin;
+  std::string name = "<stdin>";
+  if (path != "-") {
+    file.open(path);
+    if (!file) {
+      return absl::NotFoundError(absl::StrCat("replay: cannot open ", path,
+                                              ": ", std::strerror(errno)));
+    }
+    in = &file;
+    name = path;
+  }
+  StepLogReader reader(in, name);
+
+  // The run_start line, if any, must be read before the client is created.
+  absl::StatusOr<std::optional<StepLogEntry>> first = reader.Next();
+  if (!first.ok()) return first.status();
+  ClientOptions options;
+  std::optional<StepLogEntry> pending = *std::move(first);
+  if (pending.has_value() && std::holds_alternative<v1::RunStart>(*pending)) {
+    ApplyRunStart(std::get<v1::RunStart>(*pending), &options);
+    pending.reset();
+  }
+  if (absl::Status s = ApplyFlags(args, &options); !s.ok()) return s;
+  if (options.run_id.empty()) {
+    return UsageError(absl::StrCat(name, " has no run_start line: give --run"));
+  }
+  const std::string run_id = options.run_id;
+  absl::StatusOr<SendResult> sent = SendEntries(
+      global, std::move(options), "replay",
+      [&](std::string* where) -> absl::StatusOr<std::optional<StepLogEntry>> {
+        std::optional<StepLogEntry> entry;
+        if (pending.has_value()) {
+          entry = std::move(pending);
+          pending.reset();
+        } else {
+          absl::StatusOr<std::optional<StepLogEntry>> next = reader.Next();
+          if (!next.ok()) return next.status();
+          entry = *std::move(next);
+        }
+        *where = absl::StrCat(name, ":", reader.line_number());
+        return entry;
+      });
+  if (!sent.ok()) return sent.status();
+  const uint64_t records = sent->steps + sent->events;
   WriteStdout(absl::StrFormat(
       "replayed %s to run %s: %d records (%d steps, %d %s), %d acked, "
       "%.2f s, %.0f records/s\n",
-      name, run_id, records, replayer.steps(), replayer.events(),
-      replayer.events() == 1 ? "event" : "events", stats.acked, elapsed,
-      elapsed > 0 ? records / elapsed : 0.0));
+      name, run_id, records, sent->steps, sent->events,
+      sent->events == 1 ? "event" : "events", sent->acked, sent->seconds,
+      sent->seconds > 0 ? records / sent->seconds : 0.0));
   return absl::OkStatus();
 }
 

@@ -1,0 +1,545 @@
+#include "import_log.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace trainwatch::cli {
+namespace {
+
+struct TagEntry {
+  absl::string_view tag;  // lowercase
+  LogField field;
+  double scale;
+  LogSource source;
+};
+
+// The documented tag table (docs/import-and-report.md): TensorBoard tags,
+// CSV headers and stdout keys of the frameworks people train with. Only
+// per-step training series: HF's `train/train_loss` is the run's final
+// average and eval/validation series are not training steps.
+constexpr TagEntry kTags[] = {
+    // Hugging Face Trainer (TensorBoard, and trainer_state.json keys).
+    {"train/grad_norm", LogField::kGradNorm, 1, LogSource::kHuggingFace},
+    {"train/loss", LogField::kLoss, 1, LogSource::kHuggingFace},
+    {"train/learning_rate", LogField::kLr, 1, LogSource::kHuggingFace},
+    // Megatron-LM / Megatron-DeepSpeed TensorBoard tags.
+    {"grad-norm", LogField::kGradNorm, 1, LogSource::kMegatron},
+    {"lm loss", LogField::kLoss, 1, LogSource::kMegatron},
+    {"learning-rate", LogField::kLr, 1, LogSource::kMegatron},
+    {"loss-scale", LogField::kLossScale, 1, LogSource::kMegatron},
+    {"iteration-time", LogField::kStepTime, 1, LogSource::kMegatron},
+    {"num-skipped-iterations", LogField::kSkipped, 1, LogSource::kMegatron},
+    // Megatron / GPT-NeoX / DeepSpeed stdout keys ("key: value |").
+    {"grad norm", LogField::kGradNorm, 1, LogSource::kMegatron},
+    {"learning rate", LogField::kLr, 1, LogSource::kMegatron},
+    {"loss scale", LogField::kLossScale, 1, LogSource::kMegatron},
+    {"elapsed time per iteration (ms)", LogField::kStepTime, 1e-3,
+     LogSource::kMegatron},
+    {"number of skipped iterations", LogField::kSkipped, 1,
+     LogSource::kMegatron},
+    // GPT-NeoX TensorBoard tags.
+    {"train/lm_loss", LogField::kLoss, 1, LogSource::kMegatron},
+    {"train/loss_scale", LogField::kLossScale, 1, LogSource::kMegatron},
+    {"runtime/iteration_time", LogField::kStepTime, 1, LogSource::kMegatron},
+    {"train/grad-norm", LogField::kGradNorm, 1, LogSource::kMegatron},
+    {"lm_loss", LogField::kLoss, 1, LogSource::kMegatron},
+    // PyTorch Lightning (self.log names in common use, LearningRateMonitor).
+    {"train_loss", LogField::kLoss, 1, LogSource::kLightning},
+    {"train_loss_step", LogField::kLoss, 1, LogSource::kLightning},
+    {"grad_norm_total", LogField::kGradNorm, 1, LogSource::kLightning},
+    {"grad_2.0_norm_total", LogField::kGradNorm, 1, LogSource::kLightning},
+    {"lr-adamw", LogField::kLr, 1, LogSource::kLightning},
+    {"lr-adam", LogField::kLr, 1, LogSource::kLightning},
+    {"lr-sgd", LogField::kLr, 1, LogSource::kLightning},
+    // Plain names: CSV exports, llm.c ("train loss", "norm"), custom loops.
+    {"grad_norm", LogField::kGradNorm, 1, LogSource::kUnknown},
+    {"gradient_norm", LogField::kGradNorm, 1, LogSource::kUnknown},
+    {"train/gradient_norm", LogField::kGradNorm, 1, LogSource::kUnknown},
+    {"norm", LogField::kGradNorm, 1, LogSource::kUnknown},
+    {"loss", LogField::kLoss, 1, LogSource::kUnknown},
+    {"train loss", LogField::kLoss, 1, LogSource::kUnknown},
+    {"train/lm loss", LogField::kLoss, 1, LogSource::kUnknown},
+    {"learning_rate", LogField::kLr, 1, LogSource::kUnknown},
+    {"lr", LogField::kLr, 1, LogSource::kUnknown},
+    {"train/lr", LogField::kLr, 1, LogSource::kUnknown},
+    {"loss_scale", LogField::kLossScale, 1, LogSource::kUnknown},
+    {"step_time_s", LogField::kStepTime, 1, LogSource::kUnknown},
+    {"max_attn_logit", LogField::kMaxAttnLogit, 1, LogSource::kUnknown},
+    {"train/max_attn_logit", LogField::kMaxAttnLogit, 1, LogSource::kUnknown},
+    {"log_z", LogField::kLogZ, 1, LogSource::kUnknown},
+    {"train/log_z", LogField::kLogZ, 1, LogSource::kUnknown},
+    {"skipped", LogField::kSkipped, 1, LogSource::kUnknown},
+};
+
+constexpr struct {
+  LogField field;
+  absl::string_view name;
+} kFieldNames[] = {
+    {LogField::kGradNorm, "grad_norm"},
+    {LogField::kLoss, "loss"},
+    {LogField::kLr, "lr"},
+    {LogField::kLossScale, "loss_scale"},
+    {LogField::kStepTime, "step_time_s"},
+    {LogField::kMaxAttnLogit, "max_attn_logit"},
+    {LogField::kLogZ, "log_z"},
+    {LogField::kSkipped, "skipped"},
+};
+
+// A run of non-finite norms longer than this (in steps) is not a scaler
+// backing off: a GradScaler starting at 2^16 reaches 1 in 16 overflows.
+constexpr uint64_t kMaxOverflowStreak = 50;
+// The LR counts as warmed up once it reaches this share of its peak.
+constexpr double kWarmupPeakShare = 0.99;
+
+std::string Lower(absl::string_view text) {
+  return absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+}
+
+std::string Range(uint64_t first, uint64_t last) {
+  return first == last ? absl::StrCat("step ", first)
+                       : absl::StrCat("steps ", first, "..", last);
+}
+
+absl::string_view SourceFramework(LogSource source) {
+  switch (source) {
+    case LogSource::kHuggingFace:
+      return "the Hugging Face Trainer";
+    case LogSource::kMegatron:
+      return "Megatron-LM";
+    case LogSource::kLightning:
+      return "PyTorch Lightning";
+    default:
+      return "";
+  }
+}
+
+// Precision given or inferred, and the labels that say how.
+void DecidePrecision(const LoggedRun& run, const ImportSettings& settings,
+                     bool any_scale, bool scale_not_one, ImportPlan* plan) {
+  if (settings.precision.has_value()) {
+    plan->precision = *settings.precision;
+  } else if (scale_not_one) {
+    plan->precision = Precision::kFp16;
+    plan->notes.push_back(
+        "precision: fp16, inferred from the loss scale the log records");
+  } else {
+    plan->notes.push_back(
+        "precision: not known (give --precision); fp16 checks run only on "
+        "steps that carry a loss scale");
+  }
+  if (plan->precision == Precision::kFp16 && !any_scale) {
+    // The log cannot show a scaler; HF and Lightning always add one to fp16.
+    const absl::string_view who = SourceFramework(run.source);
+    plan->notes.push_back(absl::StrCat(
+        "loss scale: fp16, but the log does not record the loss scale; a "
+        "GradScaler is inferred (",
+        who.empty() ? "a log cannot show its absence"
+                    : absl::StrCat(who, " always uses one with fp16"),
+        "), so the run is sent without a precision: Fp16WithoutScaler, "
+        "LossScaleCollapse and SkipRateHigh are not judged; skips are "
+        "inferred from non-finite norms"));
+    plan->precision = Precision::kUnspecified;
+    plan->labels["precision"] = "fp16";
+    plan->labels["loss_scaler"] = "inferred";
+  }
+}
+
+// Warmup from the LR ramp: the LR rises from well below its peak to the peak.
+void DecideWarmup(const LoggedRun& run, const ImportSettings& settings,
+                  ImportPlan* plan) {
+  std::vector<std::pair<uint64_t, double>> lr;
+  for (const auto& [step, s] : run.steps) {
+    if (s.lr.has_value() && std::isfinite(*s.lr)) lr.emplace_back(step, *s.lr);
+  }
+  std::optional<uint64_t> inferred;
+  std::string how;
+  if (lr.size() >= 2) {
+    double peak = 0;
+    for (const auto& [step, v] : lr) peak = std::max(peak, v);
+    size_t at_peak = 0;
+    while (lr[at_peak].second < kWarmupPeakShare * peak) ++at_peak;
+    bool rising = true;
+    for (size_t i = 1; i <= at_peak; ++i) {
+      // Tolerates print rounding, not a schedule going down.
+      if (lr[i].second < lr[i - 1].second * 0.999) rising = false;
+    }
+    if (at_peak > 0 && rising && lr[0].second <= 0.5 * peak) {
+      inferred = lr[at_peak].first;
+      how = absl::StrFormat("lr %.3g at step %d rising to %.3g at step %d",
+                            lr[0].second, lr[0].first, lr[at_peak].second,
+                            lr[at_peak].first);
+    } else {
+      inferred = 0;
+      how = absl::StrFormat("lr starts at %.3g of its peak %.3g",
+                            lr[0].second / peak, peak);
+    }
+  }
+  if (settings.warmup_steps.has_value()) {
+    plan->warmup_steps = *settings.warmup_steps;
+    if (inferred.has_value() && *inferred != plan->warmup_steps) {
+      plan->notes.push_back(absl::StrCat(
+          "warmup: ", plan->warmup_steps, " steps as given (the LR ramp says ",
+          *inferred, ": ", how, ")"));
+    }
+    return;
+  }
+  if (!inferred.has_value()) {
+    plan->notes.push_back(
+        "warmup: 0 steps (the log has no learning rate to infer it from; "
+        "give --warmup-steps)");
+    return;
+  }
+  plan->warmup_steps = *inferred;
+  plan->notes.push_back(absl::StrCat("warmup: ", *inferred,
+                                     " steps, inferred from the LR ramp (",
+                                     how, ")"));
+}
+
+void DecideMaxNorm(const LoggedRun& run, const ImportSettings& settings,
+                   ImportPlan* plan) {
+  if (settings.max_norm.has_value()) {
+    plan->max_norm = *settings.max_norm;
+    return;
+  }
+  switch (run.source) {
+    case LogSource::kHuggingFace:
+      plan->max_norm = 1.0;
+      plan->notes.push_back(
+          "max_norm: 1.0, the Hugging Face Trainer's default max_grad_norm "
+          "(give --max-norm if the run set another)");
+      return;
+    case LogSource::kMegatron:
+      plan->max_norm = 1.0;
+      plan->notes.push_back(
+          "max_norm: 1.0, Megatron-LM's and GPT-NeoX's default clip-grad "
+          "(give --max-norm if the run set another)");
+      return;
+    default:
+      plan->notes.push_back(
+          "max_norm: not known, clipping not judged (give --max-norm)");
+  }
+}
+
+}  // namespace
+
+absl::string_view LogFieldName(LogField field) {
+  for (const auto& f : kFieldNames) {
+    if (f.field == field) return f.name;
+  }
+  return "?";
+}
+
+std::optional<LogField> LogFieldFromName(absl::string_view name) {
+  for (const auto& f : kFieldNames) {
+    if (f.name == name) return f.field;
+  }
+  return std::nullopt;
+}
+
+absl::string_view LogSourceName(LogSource source) {
+  switch (source) {
+    case LogSource::kHuggingFace:
+      return "hf";
+    case LogSource::kMegatron:
+      return "megatron";
+    case LogSource::kLightning:
+      return "lightning";
+    default:
+      return "unknown";
+  }
+}
+
+absl::Status AddTagMapping(absl::string_view spec, TagMap* map) {
+  const size_t eq = spec.rfind('=');
+  if (eq == absl::string_view::npos || eq == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--map wants TAG=field, got \"", spec, "\""));
+  }
+  std::optional<LogField> field = LogFieldFromName(spec.substr(eq + 1));
+  if (!field.has_value()) {
+    std::vector<absl::string_view> names;
+    for (const auto& f : kFieldNames) names.push_back(f.name);
+    return absl::InvalidArgumentError(absl::StrCat("--map ", spec, ": the field must be one of ",
+                                   absl::StrJoin(names, ", ")));
+  }
+  (*map)[Lower(spec.substr(0, eq))] = *field;
+  return absl::OkStatus();
+}
+
+std::optional<TagTarget> LookUpTag(absl::string_view tag, const TagMap& user) {
+  const std::string key = Lower(tag);
+  if (auto it = user.find(key); it != user.end()) {
+    return TagTarget{.field = it->second};
+  }
+  // Megatron writes each series again against consumed samples (and
+  // tokens): the step of those copies is not an iteration.
+  if (absl::EndsWith(key, " vs samples") || absl::EndsWith(key, " vs tokens")) {
+    return std::nullopt;
+  }
+  for (const TagEntry& e : kTags) {
+    if (e.tag == key) return TagTarget{.field = e.field, .scale = e.scale};
+  }
+  return std::nullopt;
+}
+
+LogSource SourceOfTag(absl::string_view tag) {
+  const std::string key = Lower(tag);
+  for (const TagEntry& e : kTags) {
+    if (e.tag == key) return e.source;
+  }
+  return LogSource::kUnknown;
+}
+
+void LoggedRun::Set(uint64_t step, LogField field, double value) {
+  LoggedStep& s = steps[step];
+  auto put = [&](std::optional<double>& slot) {
+    if (slot.has_value()) ++overwritten;
+    slot = value;
+  };
+  switch (field) {
+    case LogField::kGradNorm:
+      return put(s.grad_norm);
+    case LogField::kLoss:
+      return put(s.loss);
+    case LogField::kLr:
+      return put(s.lr);
+    case LogField::kLossScale:
+      return put(s.loss_scale);
+    case LogField::kStepTime:
+      return put(s.step_time_s);
+    case LogField::kMaxAttnLogit:
+      return put(s.max_attn_logit);
+    case LogField::kLogZ:
+      return put(s.log_z);
+    case LogField::kSkipped:
+      s.skipped = std::isfinite(value) && value > 0
+                      ? static_cast<uint32_t>(std::min(value, 1e9))
+                      : 0;
+      return;
+  }
+}
+
+absl::StatusOr<ImportPlan> PlanImport(const LoggedRun& run,
+                                      const ImportSettings& settings) {
+  if (run.steps.empty()) {
+    return absl::InvalidArgumentError(
+        "no training step in it: no grad norm, loss, learning rate or loss "
+        "scale under a known name (see docs/import-and-report.md, or map a "
+        "name with --map TAG=field)");
+  }
+  ImportPlan plan;
+  plan.notes = run.notes;
+  plan.labels["imported_from"] = std::string(LogSourceName(run.source));
+
+  bool any_scale = false, scale_not_one = false;
+  for (const auto& [step, s] : run.steps) {
+    if (!s.loss_scale.has_value()) continue;
+    any_scale = true;
+    if (*s.loss_scale != 1.0) scale_not_one = true;
+  }
+  const bool drop_unit_scale = any_scale && !scale_not_one;
+  if (drop_unit_scale) {
+    plan.notes.push_back(
+        "loss scale: 1.0 on every logged step, i.e. no loss scaling (bf16 or "
+        "fp32): not sent");
+  }
+  DecidePrecision(run, settings, any_scale && !drop_unit_scale, scale_not_one,
+                  &plan);
+  DecideMaxNorm(run, settings, &plan);
+  DecideWarmup(run, settings, &plan);
+
+  // Exact 0.0 norms next to a non-zero loss are what a logger writes when it
+  // has no norm (DeepSpeed under the HF Trainer, a norm read before it was
+  // computed): a real gradient's norm is never exactly 0 while it learns.
+  uint64_t zero_norms = 0, first_zero = 0, last_zero = 0;
+  bool any_norm = false;
+  for (const auto& [step, s] : run.steps) {
+    if (!s.grad_norm.has_value()) continue;
+    if (*s.grad_norm == 0.0 && s.loss.has_value() && std::isfinite(*s.loss) &&
+        *s.loss != 0.0) {
+      if (zero_norms++ == 0) first_zero = step;
+      last_zero = step;
+    } else {
+      any_norm = true;
+    }
+  }
+  if (zero_norms > 0) {
+    plan.notes.push_back(absl::StrCat(
+        "grad norm: ", zero_norms, " logged norms are exactly 0.0 while the "
+        "loss is not (", Range(first_zero, last_zero),
+        "): logging artifacts, not a collapse; those norms are dropped"));
+  }
+  const bool norm_blind = !any_norm;
+  if (norm_blind) {
+    plan.notes.push_back(
+        "grad norm: none usable in the log, so the clip fraction, spikes, "
+        "drift and the recommended max_norm cannot be judged; steps are sent "
+        "with grad_norm 0 for their loss, LR and loss scale");
+    plan.max_norm = 0;
+    plan.labels["grad_norm"] = "not logged";
+  }
+
+  // Non-finite norms followed by finite ones: the weights survived, so those
+  // updates were skipped (a GradScaler's overflow, a NaN-skipping optimizer).
+  // A streak that never ends, or lasts longer than a scaler backs off, is an
+  // applied non-finite update.
+  std::map<uint64_t, bool> inferred_skip;  // step -> skipped
+  {
+    std::vector<uint64_t> streak;
+    uint64_t inferred = 0, kept = 0;
+    std::string kept_where;
+    auto close_streak = [&](bool recovered) {
+      if (streak.empty()) return;
+      const bool skip =
+          recovered && streak.back() - streak.front() < kMaxOverflowStreak;
+      for (uint64_t st : streak) inferred_skip[st] = skip;
+      if (skip) {
+        inferred += streak.size();
+      } else {
+        kept += streak.size();
+        if (kept_where.empty()) {
+          kept_where = Range(streak.front(), streak.back());
+        }
+      }
+      streak.clear();
+    };
+    for (const auto& [step, s] : run.steps) {
+      if (!s.grad_norm.has_value() || s.skipped > 0) continue;
+      if (!std::isfinite(*s.grad_norm)) {
+        streak.push_back(step);
+      } else {
+        close_streak(true);
+      }
+    }
+    close_streak(false);
+    if (inferred > 0) {
+      plan.notes.push_back(absl::StrCat(
+          "skipped steps: ", inferred,
+          " logged steps with a non-finite grad norm are read as skipped "
+          "(the run logged finite norms within ",
+          kMaxOverflowStreak, " steps after each, so the update was not "
+          "applied)"));
+    }
+    if (kept > 0) {
+      plan.notes.push_back(absl::StrCat(
+          "non-finite: ", kept, " logged steps with a non-finite grad norm (",
+          kept_where, ") did not recover: sent as applied updates"));
+    }
+  }
+
+  uint64_t reported_skips = 0, no_norm = 0;
+  std::vector<uint64_t> gaps;
+  std::optional<uint64_t> previous;
+  for (const auto& [step, s] : run.steps) {
+    v1::StepRecord r;
+    r.set_step(step);
+    bool skipped = s.skipped > 0;
+    if (skipped) ++reported_skips;
+    std::optional<double> norm = s.grad_norm;
+    if (norm.has_value() && *norm == 0.0 && !norm_blind && s.loss.has_value() &&
+        std::isfinite(*s.loss) && *s.loss != 0.0) {
+      norm.reset();  // a logging artifact (said above)
+    }
+    if (auto it = inferred_skip.find(step); it != inferred_skip.end()) {
+      skipped = skipped || it->second;
+    }
+    if (!norm.has_value()) {
+      if (skipped) {
+        // A skipped iteration's norm is not printed: it overflowed.
+        norm = std::numeric_limits<double>::infinity();
+      } else if (norm_blind) {
+        norm = 0.0;
+        r.set_clipped(false);
+      } else {
+        ++no_norm;
+        continue;
+      }
+    }
+    r.set_grad_norm(*norm);
+    r.set_skipped(skipped);
+    if (s.loss.has_value()) {
+      r.set_loss(*s.loss);
+    } else if (s.nan_iteration && !skipped) {
+      r.set_loss(std::numeric_limits<double>::quiet_NaN());
+    }
+    if (s.lr.has_value()) r.set_lr(*s.lr);
+    if (s.loss_scale.has_value() && !drop_unit_scale) {
+      r.set_loss_scale(*s.loss_scale);
+    }
+    if (s.step_time_s.has_value()) r.set_step_time_s(*s.step_time_s);
+    if (s.max_attn_logit.has_value()) r.set_max_attn_logit(*s.max_attn_logit);
+    if (s.log_z.has_value()) r.set_log_z(*s.log_z);
+    if (previous.has_value()) gaps.push_back(step - *previous);
+    previous = step;
+    plan.records.push_back(std::move(r));
+  }
+  if (reported_skips > 0) {
+    plan.notes.push_back(absl::StrCat("skipped steps: ", reported_skips,
+                                      " steps the log reports as skipped"));
+  }
+  if (no_norm > 0) {
+    plan.notes.push_back(absl::StrCat(
+        "left out: ", no_norm,
+        " logged steps carry other values but no grad norm (a record needs "
+        "one)"));
+  }
+  if (plan.records.empty()) {
+    return absl::InvalidArgumentError(
+        "no step with a usable grad norm, loss or learning rate");
+  }
+
+  // Logging every N steps: the windows hold logged points, not every step.
+  if (!gaps.empty()) {
+    std::nth_element(gaps.begin(), gaps.begin() + gaps.size() / 2, gaps.end());
+    const uint64_t every = std::max<uint64_t>(
+        gaps[gaps.size() / 2], run.logging_steps.value_or(1));
+    if (every > 1) {
+      plan.labels["logged_every"] = absl::StrCat(every);
+      plan.notes.push_back(absl::StrCat(
+          "sparse log: one point every ", every,
+          " steps; the windows hold logged points (W = 1000 points spans about ",
+          1000 * every,
+          " steps) and the clip fraction is a sample of the logged steps, "
+          "not of every step"));
+    }
+  }
+  return plan;
+}
+
+std::optional<double> ParseLogNumber(absl::string_view text) {
+  std::string s = Lower(text);
+  if (s.empty()) return std::nullopt;
+  bool negative = false;
+  std::string body = s;
+  if (body[0] == '-' || body[0] == '+') {
+    negative = body[0] == '-';
+    body = body.substr(1);
+  }
+  if (body == "nan") return std::numeric_limits<double>::quiet_NaN();
+  if (body == "inf" || body == "infinity") {
+    const double inf = std::numeric_limits<double>::infinity();
+    return negative ? -inf : inf;
+  }
+  // strtod would accept hex and "nan(...)"; logs print decimals.
+  for (char c : s) {
+    if (!absl::ascii_isdigit(c) && c != '.' && c != 'e' && c != '-' &&
+        c != '+') {
+      return std::nullopt;
+    }
+  }
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size()) return std::nullopt;
+  return v;
+}
+
+}  // namespace trainwatch::cli

@@ -1,0 +1,132 @@
+"""trainwatchctl report, opened in a real browser.
+
+A scenario run with alerts and a spike is replayed through the real server;
+the report is written and opened in Debian's headless Chromium. From the DOM
+after the page's script ran: every chart drew (data-drawn, data-points equal
+to the series' point counts) and the alert spans are there. The screenshot is
+kept in BUILD_DIR/test-artifacts/report.png.
+"""
+
+import html.parser
+import json
+import math
+import random
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import BIN_DIR, BUILD_DIR
+
+STEPS = 1500
+
+
+def chromium():
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.fail("chromium not found: install Debian's chromium (deploy/install.sh)")
+
+
+def scenario(path):
+    """An fp16 run: a gradient spike with a loss spike at 900, clipping on
+    most steps from 1000, the attention logit passing 100 near 1300, a few
+    overflow skips, checkpoints every 200 steps."""
+    rnd = random.Random(7)
+    lines = [json.dumps({"run_start": {"run_id": "report-demo", "precision": "FP16",
+                                       "max_norm": 1.0, "warmup_steps": 50,
+                                       "labels": {"model": "tiny"}}})]
+    scale = 65536.0
+    for s in range(1, STEPS + 1):
+        norm = math.exp(rnd.gauss(math.log(0.5), 0.12))
+        if s >= 1000:
+            norm *= 3.0
+        loss = 4.0 * math.exp(-s / 2000) + rnd.gauss(0, 0.01)
+        skipped = s in (300, 301, 700)
+        if s == 900:
+            norm = 40.0
+        if 900 <= s < 906:
+            loss *= 3.0
+        if skipped:
+            scale /= 2
+            norm = float("inf")
+        rec = {"step": s, "grad_norm": norm if math.isfinite(norm) else "Infinity",
+               "loss": loss, "lr": 3e-4 * min(1.0, s / 50), "loss_scale": scale,
+               "skipped": skipped, "max_attn_logit": 20 + 80 * (s / 1300) ** 3,
+               "log_z": 4.0 + 0.001 * s, "batch_ids": [2 * s, 2 * s + 1]}
+        lines.append(json.dumps(rec))
+        if s % 200 == 0:
+            lines.append(json.dumps({"event": {"step": s, "kind": "CHECKPOINT_SAVED",
+                                               "detail": f"ckpt-{s}"}}))
+    lines.append(json.dumps({"event": {"step": STEPS, "kind": "RUN_FINISHED"}}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+class ChartParser(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.charts = {}
+        self.spans = []
+        self.body = {}
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "body":
+            self.body = a
+        if tag == "div" and "chart" in a.get("class", "").split():
+            self.charts[a.get("data-chart")] = a
+        if tag == "rect" and "alert-span" in a.get("class", ""):
+            self.spans.append(a.get("data-alert"))
+
+
+def test_report_draws_every_chart_in_chromium(server, tmp_path):
+    log = tmp_path / "run.jsonl"
+    scenario(log)
+    server.ctl("replay", str(log))
+    names = {a["alertname"] for a in server.ctl_json("alerts", "--run", "report-demo")}
+    assert {"ClipFractionHigh", "AttentionLogitGrowth", "GradNormSpike"} <= names, names
+
+    page = tmp_path / "report.html"
+    out = server.ctl("report", "--run", "report-demo", "--out", str(page))
+    assert "wrote" in out
+    text = page.read_text()
+    assert "Verdict" in text
+
+    browser = chromium()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--no-first-run", "--virtual-time-budget=10000"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr
+    parser = ChartParser()
+    parser.feed(dom.stdout)
+
+    expected = {"grad_norm": STEPS, "clip_fraction": STEPS - 50, "loss_scale": STEPS,
+                "max_attn_logit": STEPS, "log_z": STEPS, "loss": STEPS, "lr": STEPS}
+    assert set(parser.charts) == set(expected)
+    assert parser.body.get("data-charts-drawn") == str(len(expected))
+    for chart, points in expected.items():
+        attrs = parser.charts[chart]
+        assert attrs.get("data-drawn") == "1", chart
+        # Finite points: the three skipped steps have no finite norm.
+        want = points - 3 if chart == "grad_norm" else points
+        assert int(attrs.get("data-points")) == want, (chart, attrs)
+    assert "ClipFractionHigh" in parser.spans
+    assert "AttentionLogitGrowth" in parser.spans
+    assert int(parser.charts["clip_fraction"]["data-alert-spans"]) >= 1
+    # The spike's restart plan and its batch ids are in the page.
+    assert "1800, 1801" in dom.stdout
+    assert "ckpt-800" in dom.stdout
+
+    artifacts = BUILD_DIR / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    png = artifacts / "report.png"
+    if png.exists():
+        png.unlink()
+    shot = subprocess.run([browser, *flags, "--hide-scrollbars", "--window-size=1200,2600",
+                           f"--screenshot={png}", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert shot.returncode == 0, shot.stderr
+    assert png.exists() and png.stat().st_size > 20_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
