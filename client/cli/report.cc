@@ -152,6 +152,15 @@ int SeverityRank(const v1::Alert& a) {
   return 2;
 }
 
+// "PREFIX text. " with one final period, or "" for empty text.
+std::string Sentence(absl::string_view prefix, absl::string_view text) {
+  while (!text.empty() && (text.back() == '.' || text.back() == ' ')) {
+    text.remove_suffix(1);
+  }
+  if (text.empty()) return "";
+  return absl::StrCat(prefix, text, ". ");
+}
+
 std::string AlertSpan(const v1::Alert& a) {
   const uint64_t from = a.onset_step() != 0 && a.onset_step() < a.started_step()
                             ? a.onset_step()
@@ -501,10 +510,9 @@ std::vector<std::string> ReportVerdict(const ReportInput& in) {
     lines.push_back(absl::StrCat(
         a->summary().empty() ? a->alertname() : a->summary(), " (",
         a->alertname(), ", ", a->severity(), "): ", AlertSpan(*a), ", ", state,
-        ". ", a->description(), a->description().empty() ? "" : ". ",
-        a->likely_cause().empty() ? "" : absl::StrCat("Likely cause: ",
-                                                      a->likely_cause(), ". "),
-        a->fix().empty() ? "" : absl::StrCat("What to do: ", a->fix(), ".")));
+        ". ", Sentence("", a->description()),
+        Sentence("Likely cause: ", a->likely_cause()),
+        Sentence("What to do: ", a->fix())));
   }
   if (!info.empty()) {
     std::map<std::string, int> counts;

@@ -39,10 +39,10 @@ absl::StatusOr<std::vector<v1::StepRecord>> LeadRecords(
         lead = item.rank();
       }
       if (item.rank() != *lead) continue;
-      auto it = by_step.find(item.record().step());
+      const uint64_t step = item.record().step();
+      auto it = by_step.find(step);
       if (it != by_step.end() && it->second.first > item.attempt()) continue;
-      by_step[item.record().step()] = {item.attempt(),
-                                       std::move(*item.mutable_record())};
+      by_step[step] = {item.attempt(), std::move(*item.mutable_record())};
     }
   }
   grpc::Status status = reader->Finish();

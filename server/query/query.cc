@@ -47,7 +47,14 @@ absl::StatusOr<v1::GetRunHealthResponse> Query::GetRunHealth(
     if (live->recommended_max_norm.has_value()) {
       response.set_recommended_max_norm(*live->recommended_max_norm);
     }
-  } else if (!absl::IsNotFound(live.status())) {
+  } else if (absl::IsNotFound(live.status())) {
+    // No live health (a finished run the engine forgot, or one it has not
+    // loaded): the stored firing alerts are what `alerts --active` lists.
+    absl::StatusOr<std::vector<v1::Alert>> firing =
+        store_->ListAlerts(request.run_id(), /*active_only=*/true);
+    if (!firing.ok()) return firing.status();
+    for (v1::Alert& a : *firing) response.add_active_alerts()->Swap(&a);
+  } else {
     return live.status();
   }
   run->set_active_alerts(static_cast<uint32_t>(response.active_alerts_size()));

@@ -16,9 +16,13 @@ namespace trainwatch {
 namespace {
 
 // Fills a RunSummary from a `runs` row read by the columns of kRunColumns.
+// The last column counts the run's firing alerts (alerts_firing, a partial
+// index, keeps it to the few firing rows), so that a listing shows what
+// `alerts --active` shows.
 constexpr const char* kRunColumns =
     "run_id, start, attempt, started_ns, last_seen_ns, last_step, steps, "
-    "state";
+    "state, (SELECT COUNT(*) FROM alerts a WHERE a.state = 'firing' AND "
+    "a.run_key = runs.run_key)";
 
 v1::RunSummary RunFromRow(const sqlite::Stmt& s) {
   v1::RunSummary run;
@@ -37,6 +41,7 @@ v1::RunSummary RunFromRow(const sqlite::Stmt& s) {
   if (!s.IsNull(5)) run.set_last_step(static_cast<uint64_t>(s.Int(5)));
   run.set_steps(static_cast<uint64_t>(s.Int(6)));
   run.set_state(std::string(s.Text(7)));
+  run.set_active_alerts(static_cast<uint32_t>(s.Int(8)));
   return run;
 }
 

@@ -4,7 +4,7 @@
 (function () {
   "use strict";
   var NS = "http://www.w3.org/2000/svg";
-  var W = 1000, H = 210, L = 64, R = 150, T = 8, B = 26;
+  var W = 1100, H = 210, L = 64, R = 200, T = 8, B = 26;
   var data = JSON.parse(document.getElementById("tw-data").textContent);
 
   function el(name, attrs, parent) {
@@ -135,7 +135,7 @@
       t.textContent = text;
       ly += 14;
     }
-    if (chart.band) legend(chart.band.name + " (min/max)");
+    if (chart.band) legend("min/max per column");
     chart.lines.forEach(function (l) { legend(l.name); });
     if (chart.marks.x.length) legend("red ticks: " + chart.marks.name);
     if (chart.note) legend(chart.note);
