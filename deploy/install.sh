@@ -25,6 +25,8 @@ PACKAGES=(
   # the fleet proxy (deploy/fleet, tests/integration/fleet_test.cc)
   nginx
   python3-torch python3-prometheus-client python3-grpcio
+  # the HTML report's browser test (tests/import): headless Chromium
+  chromium
   # Debian's torch uses the reference BLAS unless an optimized one is present
   libopenblas0
   # fuzzing (tests/fuzz, build-fuzz): clang and libFuzzer/ASan/UBSan runtimes
