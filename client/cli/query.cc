@@ -107,6 +107,8 @@ std::string AlertsJson(const std::vector<FromServer<v1::Alert>>& alerts) {
 // A forecast step, or "-" when none is ahead.
 std::string Forecast(uint64_t step) {
   return step == 0 ? "-" : absl::StrCat(step);
+}
+
 // The baseline is the median of the first W post-warmup steps: until they
 // are in, say how far along it is rather than print a median of 0.
 std::string Baseline(const v1::GetRunHealthResponse& h) {
