@@ -54,7 +54,9 @@ class StepDigests {
       while (!steps_.empty() && base_ < keep_from) PopFront();
       if (steps_.empty()) base_ = step;
     }
-    while (step >= base_ + steps_.size()) steps_.push_back(T{});
+    // step - base_, not base_ + size(): the latter wraps at the last step
+    // of uint64_t and the loop would never end.
+    if (step - base_ >= steps_.size()) steps_.resize(step - base_ + 1);
     return &steps_[step - base_];
   }
 
@@ -65,7 +67,10 @@ class StepDigests {
   }
 
   void RewindTo(uint64_t step) {
-    while (!steps_.empty() && base_ + steps_.size() > step) steps_.pop_back();
+    // Keeps the steps below `step`: [base_, step). Written without
+    // base_ + size(), which wraps at the end of uint64_t.
+    const uint64_t keep = step > base_ ? step - base_ : 0;
+    if (steps_.size() > keep) steps_.resize(keep);
   }
 
   size_t size() const { return steps_.size(); }

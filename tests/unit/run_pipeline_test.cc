@@ -233,9 +233,12 @@ TEST_F(RunPipelineTest, RecoveryReplaysMutedAndKeepsStoredAlertsFiring) {
   ASSERT_EQ(snap.active_alerts.size(), 1u);
   EXPECT_EQ(snap.active_alerts[0].started_step(), 110u);
   // Live again after the replay: the clipping goes on, nothing new fires,
-  // and healthy steps resolve the stored alert.
+  // and healthy steps resolve the stored alert: with hysteresis the clip
+  // rate's downward sequential test must first show the rate below the
+  // resolve threshold (a few hundred clean steps after 150 clipped ones),
+  // then resolve_after_steps more.
   pipeline_.OnStreamStarted(0, 1, 149);
-  Send(Start(0, 1), Steps(150, 400, 0.5));
+  Send(Start(0, 1), Steps(150, 1500, 0.5));
   EXPECT_THAT(seen_.alerts, ElementsAre("resolve ClipFractionHigh"));
   EXPECT_THAT(seen_.leads, IsEmpty()) << "the recovered lead is still the lead";
 }
