@@ -9,7 +9,7 @@ absl::Status HostWatch::Load(int64_t now_unix_nanos) {
   absl::StatusOr<std::vector<HostIncidentRow>> rows =
       store_->ListHostIncidents(now_unix_nanos - window_nanos_);
   if (!rows.ok()) return rows.status();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const HostIncidentRow& r : *rows) {
     incidents_.Add({r.host, r.alertname, r.run_id, r.unix_nanos});
   }
@@ -31,7 +31,7 @@ std::optional<v1::Alert> HostWatch::OnAlertFired(const v1::Alert& fired) {
                                       .unix_nanos = fired.started_unix_nanos()}});
   std::optional<HostSuspicion> s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     s = incidents_.Add({fired.host(), fired.alertname(), fired.run(),
                         fired.started_unix_nanos()});
   }

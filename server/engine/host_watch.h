@@ -9,7 +9,7 @@
 #ifndef TRAINWATCH_SERVER_ENGINE_HOST_WATCH_H_
 #define TRAINWATCH_SERVER_ENGINE_HOST_WATCH_H_
 
-#include <mutex>
+#include "absl/synchronization/mutex.h"
 #include <optional>
 
 #include "absl/base/thread_annotations.h"
@@ -40,7 +40,7 @@ class HostWatch {
 
  private:
   const int64_t window_nanos_;
-  std::mutex mu_;
+  absl::Mutex mu_;
   HostIncidents incidents_ ABSL_GUARDED_BY(mu_);
   Store* const store_;
   Metrics* const metrics_;
