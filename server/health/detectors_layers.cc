@@ -52,8 +52,14 @@ class AdamStaleSecondMoment final : public Detector {
     std::vector<std::pair<std::string, double>> stale;
     for (const auto& [layer, stats] : r.layer_stats()) {
       const double value = stats.g_over_sqrt_v_rms();
-      // NaN: no evidence either way.
-      if (!std::isfinite(value)) continue;
+      // NaN: no evidence either way. +Inf: v is zero under a non-zero
+      // gradient, out of date whatever the layer's history; it stays out of
+      // the history, whose median it would break.
+      if (std::isnan(value) || value == -INFINITY) continue;
+      if (std::isinf(value)) {
+        stale.emplace_back(layer, value);
+        continue;
+      }
       auto it = history_.find(layer);
       if (it == history_.end()) {
         if (history_.size() >= kMaxLayers) continue;

@@ -34,7 +34,9 @@ class AttentionLogitGrowth final : public Detector {
 
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     const v1::StepRecord& r = ctx.record;
-    if (!r.has_max_attn_logit() || !std::isfinite(r.max_attn_logit())) return;
+    // +Inf is data past any cap (the cap rule fires); it stays out of the
+    // level test and the trend, which take finite logits only.
+    if (!r.has_max_attn_logit() || std::isnan(r.max_attn_logit())) return;
     const auto& cfg = ctx.config.attention;
     const double resolve = ctx.config.change.resolve_ratio;
     const uint64_t step = r.step();
@@ -43,7 +45,7 @@ class AttentionLogitGrowth final : public Detector {
     const bool cap_holds = logit >= resolve * cfg.cap;
     std::optional<LevelShiftDetector::Result> level;
     std::optional<uint64_t> until;
-    if (ctx.post_warmup) {
+    if (ctx.post_warmup && std::isfinite(logit)) {
       if (logit > 0) level = shift_.Add(step, std::log(logit));
       until = StepsUntil(ctx.trends.max_attn_logit.StepReaching(cfg.cap), step);
     }
