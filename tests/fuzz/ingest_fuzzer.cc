@@ -330,7 +330,14 @@ class WatchedRun final : public RunObserver {
     Check(!muted_, "no alert transition while muted");
     ++transitions_;
     bool& firing = listener_firing_[static_cast<size_t>(e.kind)];
-    Check(e.firing != firing, "fire and resolve alternate");
+    if (e.update) {
+      // An episode already firing whose cause fired a few steps later is
+      // reported again with caused_by set: not a new fire.
+      Check(e.firing && firing && e.caused_by.has_value(),
+            "an update is of a firing alert and names its cause");
+    } else {
+      Check(e.firing != firing, "fire and resolve alternate");
+    }
     Check(!e.firing || !Disabled(e.kind), "a disabled alert never fires");
     firing = e.firing;
     AlertEpisode back = FromProto(ToProto(run_id_, e));
