@@ -70,18 +70,6 @@ double ParseTime(const std::string& t) {
   return static_cast<double>(timegm(&tm)) + sec;
 }
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // A one-request-per-connection HTTP server on 127.0.0.1:0 that records every
 // POST body with its arrival time and answers 200.
 class Receiver {

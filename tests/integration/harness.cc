@@ -149,6 +149,18 @@ CommandResult RunCommand(const std::vector<std::string>& argv,
   return r;
 }
 
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
 std::string HttpGet(const std::string& url) {
   std::smatch m;
   std::regex re(R"(http://([0-9.]+):(\d+)(/.*))");

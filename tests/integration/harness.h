@@ -62,6 +62,10 @@ struct CommandResult {
 CommandResult RunCommand(const std::vector<std::string>& argv,
                   const std::string& stdin_data = "");
 
+// A loopback TCP port that was free a moment ago (bound to port 0, then
+// closed), for a process the test starts that takes its port as a flag.
+int FreePort();
+
 // GET over plain HTTP; returns the body, or "" on failure.
 std::string HttpGet(const std::string& url);
 
