@@ -162,29 +162,32 @@ std::string Sentence(absl::string_view prefix, absl::string_view text) {
 }
 
 std::string AlertSpan(const v1::Alert& a) {
-  const uint64_t from = a.onset_step() != 0 && a.onset_step() < a.started_step()
-                            ? a.onset_step()
-                            : a.started_step();
   if (a.onset_step() != 0 && a.onset_step() < a.started_step()) {
     return absl::StrCat("since step ", a.started_step(),
-                        " (the change began near step ", from, ")");
+                        " (the change began near step ", a.onset_step(), ")");
   }
   return absl::StrCat("since step ", a.started_step());
 }
 
+void UintArray(JsonWriter& w, const std::vector<uint64_t>& xs) {
+  w.BeginArray();
+  for (uint64_t x : xs) w.Uint(x);
+  w.EndArray();
+}
+
+void DoubleArray(JsonWriter& w, const std::vector<double>& vs) {
+  w.BeginArray();
+  for (double v : vs) w.Double(v);
+  w.EndArray();
+}
+
 void WriteColumns(JsonWriter& w, const Columns& c) {
   w.Key("x");
-  w.BeginArray();
-  for (uint64_t x : c.x) w.Uint(x);
-  w.EndArray();
+  UintArray(w, c.x);
   w.Key("lo");
-  w.BeginArray();
-  for (double v : c.lo) w.Double(v);
-  w.EndArray();
+  DoubleArray(w, c.lo);
   w.Key("hi");
-  w.BeginArray();
-  for (double v : c.hi) w.Double(v);
-  w.EndArray();
+  DoubleArray(w, c.hi);
 }
 
 void WriteChart(JsonWriter& w, const Chart& chart) {
@@ -214,13 +217,9 @@ void WriteChart(JsonWriter& w, const Chart& chart) {
     w.Key("name");
     w.String(l.name);
     w.Key("x");
-    w.BeginArray();
-    for (uint64_t x : l.x) w.Uint(x);
-    w.EndArray();
+    UintArray(w, l.x);
     w.Key("y");
-    w.BeginArray();
-    for (double y : l.y) w.Double(y);
-    w.EndArray();
+    DoubleArray(w, l.y);
     w.EndObject();
   }
   w.EndArray();
@@ -240,9 +239,7 @@ void WriteChart(JsonWriter& w, const Chart& chart) {
   w.Key("name");
   w.String(chart.marks_name);
   w.Key("x");
-  w.BeginArray();
-  for (uint64_t x : chart.marks) w.Uint(x);
-  w.EndArray();
+  UintArray(w, chart.marks);
   w.EndObject();
   w.Key("alerts");
   w.BeginArray();
