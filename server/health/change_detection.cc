@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "health/select.h"
+
 namespace trainwatch {
 namespace {
 
@@ -107,12 +109,9 @@ bool Hysteresis::Update(uint64_t step, bool fires, bool holds) {
 
 std::optional<RobustStats> Robust(std::vector<double>& values) {
   if (values.empty()) return std::nullopt;
-  auto mid = values.begin() + values.size() / 2;
-  std::nth_element(values.begin(), mid, values.end());
-  RobustStats out{.median = *mid};
+  RobustStats out{.median = MedianInPlace(values.data(), values.size())};
   for (double& v : values) v = std::abs(v - out.median);
-  std::nth_element(values.begin(), mid, values.end());
-  out.sd = 1.4826 * *mid;
+  out.sd = 1.4826 * MedianInPlace(values.data(), values.size());
   return out;
 }
 

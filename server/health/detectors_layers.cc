@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_format.h"
 #include "health/detectors_internal.h"
+#include "health/select.h"
 
 namespace trainwatch {
 namespace {
@@ -108,9 +109,7 @@ class AdamStaleSecondMoment final : public Detector {
     }
     double Median() const {
       std::array<float, kSize> v = values;
-      auto mid = v.begin() + size / 2;
-      std::nth_element(v.begin(), mid, v.begin() + size);
-      return *mid;
+      return MedianInPlace(v.data(), size);
     }
   };
   std::map<std::string, History> history_;

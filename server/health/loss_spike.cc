@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "health/select.h"
+
 namespace trainwatch {
 
 std::optional<LossSpikeRule::Result> LossSpikeRule::Add(uint64_t step,
@@ -47,12 +49,10 @@ void LossSpikeRule::Push(double log_loss) {
 void LossSpikeRule::Refresh() {
   since_refresh_ = 0;
   scratch_.assign(history_.begin(), history_.end());
-  auto mid = scratch_.begin() + scratch_.size() / 2;
-  std::nth_element(scratch_.begin(), mid, scratch_.end());
-  median_ = *mid;
+  median_ = MedianInPlace(scratch_.data(), scratch_.size());
   for (double& v : scratch_) v = std::abs(v - *median_);
-  std::nth_element(scratch_.begin(), mid, scratch_.end());
-  sd_ = std::max(1.4826 * *mid, options_.min_sd);
+  sd_ = std::max(1.4826 * MedianInPlace(scratch_.data(), scratch_.size()),
+                 options_.min_sd);
 }
 
 void LossSpikeRule::Reset() {

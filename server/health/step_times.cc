@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "health/select.h"
+
 namespace trainwatch {
 
 void RankStepTimes::SetHost(uint32_t rank, std::string_view host) {
@@ -66,9 +68,7 @@ void RankStepTimes::Recompute() {
     median_.reset();
     return;
   }
-  auto mid = scratch_.begin() + static_cast<std::ptrdiff_t>(scratch_.size() / 2);
-  std::nth_element(scratch_.begin(), mid, scratch_.end());
-  median_ = *mid;
+  median_ = MedianInPlace(scratch_.data(), scratch_.size());
   max_level_ = max_level;
 }
 
@@ -162,10 +162,7 @@ void InputWait::Add(double step_time_s, double data_wait_s) {
 double InputWait::MedianFraction() const {
   if (count_ == 0) return 0.0;
   std::array<float, kSteps> sorted = fractions_;
-  auto end = sorted.begin() + count_;
-  auto mid = sorted.begin() + count_ / 2;
-  std::nth_element(sorted.begin(), mid, end);
-  return *mid;
+  return MedianInPlace(sorted.data(), count_);
 }
 
 }  // namespace trainwatch

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "health/select.h"
+
 namespace trainwatch {
 namespace {
 
@@ -10,9 +12,7 @@ namespace {
 constexpr size_t kFitEvery = 4;
 
 double MedianOf(std::vector<double>& v) {
-  auto mid = v.begin() + v.size() / 2;
-  std::nth_element(v.begin(), mid, v.end());
-  return *mid;
+  return MedianInPlace(v.data(), v.size());
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // TrendForecaster, LossSpikeRule, ScaleBleed and StepDigests (DESIGN.md §4)
 // on synthetic signals with fixed seeds.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
 #include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "health/loss_spike.h"
@@ -53,6 +55,51 @@ TEST(TrendForecaster, ResistsOutliersAndRewinds) {
   ASSERT_TRUE(f.trend().has_value());
   EXPECT_EQ(f.trend()->step, 20u);
   EXPECT_FALSE(f.StepReaching(-5.0).has_value());  // moving away
+}
+
+// The fit's medians are exact: the trend equals Theil-Sen computed by
+// sorting every pairwise slope, on noise, heavy tails and many ties.
+TEST(TrendForecaster, TheFitIsTheilSenExactly) {
+  std::mt19937 rng(7);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::cauchy_distribution<double> cauchy(0.0, 1.0);
+  for (int series = 0; series < 300; ++series) {
+    const int kind = series % 3;
+    TrendForecaster f(TrendForecaster::Options{.stride = 1, .points = 64,
+                                               .min_points = 2});
+    std::vector<uint64_t> steps;
+    std::vector<double> values;
+    // 64 values fill the ring; 100 wrap it (both end on a fit).
+    const uint64_t n = series % 2 == 0 ? 64 : 100;
+    for (uint64_t s = 1; s <= n; ++s) {
+      double v = 0.01 * s;
+      if (kind == 0) v += normal(rng);
+      if (kind == 1) v += cauchy(rng);
+      if (kind == 2) v = std::round(2 * normal(rng));  // ties everywhere
+      f.Add(s * 3, v);
+      steps.push_back(s * 3);
+      values.push_back(v);
+    }
+    const size_t first = steps.size() - 64;
+    std::vector<double> slopes;
+    for (size_t i = first; i < steps.size(); ++i) {
+      for (size_t j = i + 1; j < steps.size(); ++j) {
+        slopes.push_back((values[j] - values[i]) /
+                         (static_cast<double>(steps[j]) - steps[i]));
+      }
+    }
+    std::sort(slopes.begin(), slopes.end());
+    const double slope = slopes[slopes.size() / 2];
+    std::vector<double> levels;
+    for (size_t i = first; i < steps.size(); ++i) {
+      levels.push_back(values[i] -
+                       slope * (static_cast<double>(steps[i]) - steps.back()));
+    }
+    std::sort(levels.begin(), levels.end());
+    ASSERT_TRUE(f.trend().has_value()) << series;
+    EXPECT_EQ(f.trend()->slope, slope) << series;
+    EXPECT_EQ(f.trend()->level, levels[levels.size() / 2]) << series;
+  }
 }
 
 // A loss curve: falling slowly, 1.5% multiplicative noise.
