@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -72,6 +73,16 @@ class Stmt {
 
   // SQLITE_ROW -> true, SQLITE_DONE -> false, else an error.
   absl::StatusOr<bool> Step();
+  // Steps through every row, calling `row(stmt)` on each; an error stops it.
+  template <typename F>
+  absl::Status ForEachRow(F&& row) {
+    while (true) {
+      absl::StatusOr<bool> more = Step();
+      if (!more.ok()) return more.status();
+      if (!*more) return absl::OkStatus();
+      row(std::as_const(*this));
+    }
+  }
   // Steps a statement that returns no rows, then resets it for reuse.
   absl::Status Run();
   void Reset() {

@@ -38,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -132,9 +133,9 @@ struct StreamKey {
 // What the writer did with one op, passed to its callback after the commit.
 struct WriteResult {
   absl::Status status;
-  // kBatch: the records that were new, in order (duplicates and steps that
-  // went backwards removed).
-  std::vector<v1::StepRecord> fresh;
+  // kBatch: how many of its records were new and stored (duplicates and
+  // steps that went backwards are not).
+  size_t stored = 0;
   // kStart: the last step this stream has stored, if any.
   std::optional<uint64_t> last_step;
 };
@@ -167,7 +168,8 @@ struct WriteOp {
   v1::Spike spike;                      // kSpike, kSpikeOutcome (by run, step)
   HostIncidentRow incident;             // kHostIncident
   int64_t received_unix_nanos = 0;
-  // Runs on the writer thread once the op's transaction ended; must not block.
+  // Runs on the writer thread once the op's transaction ended (after Close(),
+  // at once on the thread that submits it); must not block.
   std::function<void(WriteResult)> done;
 };
 
@@ -188,6 +190,8 @@ class Store {
   void Close();
 
   size_t QueueDepth() const;
+
+  // Reads (store_reads.cc): each opens its own read-only connection.
 
   // Runs, newest first.
   absl::StatusOr<std::vector<v1::RunSummary>> ListRuns() const;
@@ -223,13 +227,20 @@ class Store {
   static constexpr int kSchemaVersion = 5;
 
  private:
+  // A statement on a read-only connection of its own (store_reads.cc);
+  // declared in this order, the statement is finalized first.
+  struct ReadQuery {
+    sqlite::DbPtr db;
+    sqlite::Stmt stmt;
+  };
+
   explicit Store(StoreOptions options);
-  absl::StatusOr<sqlite::DbPtr> OpenReader() const;
+  absl::StatusOr<ReadQuery> Query(std::string_view sql) const;
   void WriterLoop();
   // Applies `ops` (holding `records` step records), retrying while the
   // transaction fails with a transient error. Returns false when it gave up
   // (closing): then `results` carry UNAVAILABLE.
-  bool Commit(std::vector<WriteOp>& ops, size_t records,
+  bool Commit(const std::vector<WriteOp>& ops, size_t records,
               std::vector<WriteResult>& results);
   const char* Vfs() const {
     return options_.vfs.empty() ? nullptr : options_.vfs.c_str();

@@ -179,136 +179,168 @@ absl::StatusOr<StoreWriter::StreamState*> StoreWriter::LoadStream(
   return &streams_.emplace(key, state).first->second;
 }
 
-absl::Status StoreWriter::ApplyOne(
-    const WriteOp& op, WriteResult& result, std::vector<size_t>& fresh,
-    absl::flat_hash_map<int64_t, RunProgress>& progress) {
+absl::StatusOr<StoreWriter::StreamState*> StoreWriter::StartedStream(
+    const StreamKey& key) {
+  absl::StatusOr<StreamState*> stream = LoadStream(key, std::nullopt);
+  if (!stream.ok()) return stream.status();
+  if (*stream == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no RunStart stored for run ", key.run_id, " rank ",
+                     key.rank, " attempt ", key.attempt));
+  }
+  return *stream;
+}
+
+absl::StatusOr<int64_t> StoreWriter::StartedRun(const std::string& run_id) {
+  absl::StatusOr<std::optional<int64_t>> run_key = LookupRun(run_id);
+  if (!run_key.ok()) return run_key.status();
+  if (!run_key->has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no RunStart stored for run ", run_id));
+  }
+  return **run_key;
+}
+
+absl::Status StoreWriter::ApplyOne(const WriteOp& op, WriteResult& result) {
   switch (op.kind) {
-    case WriteOp::Kind::kStart: {
-      absl::StatusOr<int64_t> run_key = EnsureRun(op);
-      if (!run_key.ok()) return run_key.status();
-      absl::StatusOr<StreamState*> stream = LoadStream(op.key, *run_key);
-      if (!stream.ok()) return stream.status();
-      if (*stream == nullptr) {
-        insert_stream_.Bind(1, *run_key).Bind(2, int64_t{op.key.rank})
-            .Bind(3, int64_t{op.key.attempt})
-            .BindBlob(4, op.start.SerializeAsString())
-            .Bind(5, op.received_unix_nanos);
-        if (absl::Status s = insert_stream_.Run(); !s.ok()) return s;
-        streams_.emplace(op.key, StreamState{.run_key = *run_key});
-      } else if ((*stream)->last_step.has_value()) {
-        result.last_step = static_cast<uint64_t>(*(*stream)->last_step);
-      }
-      return absl::OkStatus();
-    }
-    case WriteOp::Kind::kBatch: {
-      absl::StatusOr<StreamState*> stream = LoadStream(op.key, std::nullopt);
-      if (!stream.ok()) return stream.status();
-      if (*stream == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "no RunStart stored for run ", op.key.run_id, " rank ",
-            op.key.rank, " attempt ", op.key.attempt));
-      }
-      StreamState& st = **stream;
-      // The records stay in the op until the commit: a transaction that
-      // fails is retried with the same ops.
-      for (size_t i = 0; i < op.records.size(); ++i) {
-        int64_t step = ToDb(op.records[i].step());
-        if (st.last_step.has_value() && step <= *st.last_step) continue;
-        st.last_step = step;
-        if (!st.dirty) {
-          st.dirty = true;
-          dirty_.emplace_back(&streams_.find(op.key)->first, &st);
-        }
-        fresh.push_back(i);
-      }
-      if (fresh.empty()) return absl::OkStatus();
-      int64_t first = ToDb(op.records[fresh.front()].step());
-      insert_chunk_.Bind(1, st.run_key).Bind(2, int64_t{op.key.rank})
-          .Bind(3, int64_t{op.key.attempt}).Bind(4, first)
-          .Bind(5, *st.last_step)
-          .Bind(6, static_cast<int64_t>(fresh.size()))
-          .BindBlob(7, EncodeRecords(op.records, fresh));
-      if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
-      RunProgress& p = progress[st.run_key];
-      p.max_step = std::max(p.max_step, *st.last_step);
-      p.added += static_cast<int64_t>(fresh.size());
-      p.last_seen_ns = std::max(p.last_seen_ns, op.received_unix_nanos);
-      return absl::OkStatus();
-    }
-    case WriteOp::Kind::kEvent: {
-      absl::StatusOr<StreamState*> stream = LoadStream(op.key, std::nullopt);
-      if (!stream.ok()) return stream.status();
-      if (*stream == nullptr) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("no RunStart stored for run ", op.key.run_id));
-      }
-      const v1::RunEvent& e = op.event;
-      insert_event_.Bind(1, (*stream)->run_key).Bind(2, int64_t{op.key.rank})
-          .Bind(3, int64_t{op.key.attempt}).Bind(4, ToDb(e.step()))
-          .Bind(5, int64_t{e.kind()}).Bind(6, e.detail())
-          .Bind(7, e.time_unix_nanos() != 0 ? e.time_unix_nanos()
-                                            : op.received_unix_nanos);
-      if (absl::Status s = insert_event_.Run(); !s.ok()) return s;
-      if (e.kind() == v1::RUN_FINISHED || e.kind() == v1::RUN_FAILED) {
-        set_run_state_.Bind(1, (*stream)->run_key)
-            .Bind(2, e.kind() == v1::RUN_FINISHED ? "finished" : "failed");
-        if (absl::Status s = set_run_state_.Run(); !s.ok()) return s;
-      }
-      return absl::OkStatus();
-    }
-    case WriteOp::Kind::kHostIncident: {
-      const HostIncidentRow& i = op.incident;
-      insert_host_incident_.Bind(1, i.host).Bind(2, i.unix_nanos)
-          .Bind(3, i.run_id).Bind(4, i.alertname);
-      return insert_host_incident_.Run();
-    }
+    case WriteOp::Kind::kStart:
+      return ApplyStart(op, result);
+    case WriteOp::Kind::kBatch:
+      return ApplyBatch(op, result);
+    case WriteOp::Kind::kEvent:
+      return ApplyEvent(op);
     case WriteOp::Kind::kAlert:
+      return ApplyAlert(op);
     case WriteOp::Kind::kSpike:
-    case WriteOp::Kind::kSpikeOutcome: {
-      absl::StatusOr<std::optional<int64_t>> run_key = LookupRun(op.key.run_id);
-      if (!run_key.ok()) return run_key.status();
-      if (!run_key->has_value()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("no RunStart stored for run ", op.key.run_id));
-      }
-      if (op.kind == WriteOp::Kind::kSpikeOutcome) {
-        const v1::Spike& sp = op.spike;
-        update_spike_outcome_.Bind(1, **run_key).Bind(2, ToDb(sp.step()))
-            .Bind(3, sp.outcome())
-            .Bind(4, int64_t{sp.batches_skipped() ? 1 : 0});
-        return update_spike_outcome_.Run();
-      }
-      if (op.kind == WriteOp::Kind::kSpike) {
-        const v1::Spike& sp = op.spike;
-        insert_spike_.Bind(1, **run_key).Bind(2, ToDb(sp.step()))
-            .Bind(3, sp.grad_norm()).Bind(4, sp.ratio_to_ema())
-            .Bind(5, sp.sigmas()).BindBlob(6, PackIds(sp.batch_ids()));
-        return insert_spike_.Run();
-      }
-      const v1::Alert& a = op.alert;
-      upsert_alert_.Bind(1, **run_key).Bind(2, a.alertname())
-          .Bind(3, ToDb(a.started_step())).Bind(4, a.severity())
-          .Bind(5, a.state()).Bind(7, a.started_unix_nanos())
-          .Bind(9, a.peak_value()).Bind(10, a.summary())
-          .Bind(11, a.description()).Bind(12, a.likely_cause())
-          .Bind(13, a.fix()).BindBlob(14, PackIds(a.batch_ids()))
-          .Bind(15, int64_t{a.rank()}).Bind(16, ToDb(a.onset_step()))
-          .Bind(17, a.caused_by()).Bind(18, a.host());
-      if (a.state() == "resolved") {
-        upsert_alert_.Bind(6, ToDb(a.resolved_step()))
-            .Bind(8, a.resolved_unix_nanos());
-      }
-      return upsert_alert_.Run();
-    }
+      return ApplySpike(op);
+    case WriteOp::Kind::kSpikeOutcome:
+      return ApplySpikeOutcome(op);
+    case WriteOp::Kind::kHostIncident:
+      return ApplyHostIncident(op);
   }
   return absl::InternalError("unknown write op");
 }
 
-absl::Status StoreWriter::Apply(std::vector<WriteOp>& ops,
+absl::Status StoreWriter::ApplyStart(const WriteOp& op, WriteResult& result) {
+  absl::StatusOr<int64_t> run_key = EnsureRun(op);
+  if (!run_key.ok()) return run_key.status();
+  absl::StatusOr<StreamState*> stream = LoadStream(op.key, *run_key);
+  if (!stream.ok()) return stream.status();
+  if (*stream == nullptr) {
+    insert_stream_.Bind(1, *run_key).Bind(2, int64_t{op.key.rank})
+        .Bind(3, int64_t{op.key.attempt})
+        .BindBlob(4, op.start.SerializeAsString())
+        .Bind(5, op.received_unix_nanos);
+    if (absl::Status s = insert_stream_.Run(); !s.ok()) return s;
+    streams_.emplace(op.key, StreamState{.run_key = *run_key});
+  } else if ((*stream)->last_step.has_value()) {
+    result.last_step = static_cast<uint64_t>(*(*stream)->last_step);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
+  absl::StatusOr<StreamState*> stream = StartedStream(op.key);
+  if (!stream.ok()) return stream.status();
+  StreamState& st = **stream;
+  // The records stay in the op until the commit: a transaction that fails
+  // is retried with the same ops.
+  picked_.clear();
+  for (size_t i = 0; i < op.records.size(); ++i) {
+    int64_t step = ToDb(op.records[i].step());
+    if (st.last_step.has_value() && step <= *st.last_step) continue;
+    st.last_step = step;
+    if (!st.dirty) {
+      st.dirty = true;
+      dirty_.emplace_back(&streams_.find(op.key)->first, &st);
+    }
+    picked_.push_back(i);
+  }
+  if (picked_.empty()) return absl::OkStatus();
+  int64_t first = ToDb(op.records[picked_.front()].step());
+  insert_chunk_.Bind(1, st.run_key).Bind(2, int64_t{op.key.rank})
+      .Bind(3, int64_t{op.key.attempt}).Bind(4, first)
+      .Bind(5, *st.last_step)
+      .Bind(6, static_cast<int64_t>(picked_.size()))
+      .BindBlob(7, EncodeRecords(op.records, picked_));
+  if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
+  result.stored = picked_.size();
+  RunProgress& p = progress_[st.run_key];
+  p.max_step = std::max(p.max_step, *st.last_step);
+  p.added += static_cast<int64_t>(picked_.size());
+  p.last_seen_ns = std::max(p.last_seen_ns, op.received_unix_nanos);
+  return absl::OkStatus();
+}
+
+absl::Status StoreWriter::ApplyEvent(const WriteOp& op) {
+  absl::StatusOr<StreamState*> stream = StartedStream(op.key);
+  if (!stream.ok()) return stream.status();
+  const int64_t run_key = (*stream)->run_key;
+  const v1::RunEvent& e = op.event;
+  insert_event_.Bind(1, run_key).Bind(2, int64_t{op.key.rank})
+      .Bind(3, int64_t{op.key.attempt}).Bind(4, ToDb(e.step()))
+      .Bind(5, int64_t{e.kind()}).Bind(6, e.detail())
+      .Bind(7, e.time_unix_nanos() != 0 ? e.time_unix_nanos()
+                                        : op.received_unix_nanos);
+  if (absl::Status s = insert_event_.Run(); !s.ok()) return s;
+  if (e.kind() == v1::RUN_FINISHED || e.kind() == v1::RUN_FAILED) {
+    set_run_state_.Bind(1, run_key)
+        .Bind(2, e.kind() == v1::RUN_FINISHED ? "finished" : "failed");
+    if (absl::Status s = set_run_state_.Run(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StoreWriter::ApplyAlert(const WriteOp& op) {
+  absl::StatusOr<int64_t> run_key = StartedRun(op.key.run_id);
+  if (!run_key.ok()) return run_key.status();
+  const v1::Alert& a = op.alert;
+  upsert_alert_.Bind(1, *run_key).Bind(2, a.alertname())
+      .Bind(3, ToDb(a.started_step())).Bind(4, a.severity())
+      .Bind(5, a.state()).Bind(7, a.started_unix_nanos())
+      .Bind(9, a.peak_value()).Bind(10, a.summary())
+      .Bind(11, a.description()).Bind(12, a.likely_cause())
+      .Bind(13, a.fix()).BindBlob(14, PackIds(a.batch_ids()))
+      .Bind(15, int64_t{a.rank()}).Bind(16, ToDb(a.onset_step()))
+      .Bind(17, a.caused_by()).Bind(18, a.host());
+  if (a.state() == "resolved") {
+    upsert_alert_.Bind(6, ToDb(a.resolved_step()))
+        .Bind(8, a.resolved_unix_nanos());
+  }
+  return upsert_alert_.Run();
+}
+
+absl::Status StoreWriter::ApplySpike(const WriteOp& op) {
+  absl::StatusOr<int64_t> run_key = StartedRun(op.key.run_id);
+  if (!run_key.ok()) return run_key.status();
+  const v1::Spike& sp = op.spike;
+  insert_spike_.Bind(1, *run_key).Bind(2, ToDb(sp.step()))
+      .Bind(3, sp.grad_norm()).Bind(4, sp.ratio_to_ema())
+      .Bind(5, sp.sigmas()).BindBlob(6, PackIds(sp.batch_ids()));
+  return insert_spike_.Run();
+}
+
+absl::Status StoreWriter::ApplySpikeOutcome(const WriteOp& op) {
+  absl::StatusOr<int64_t> run_key = StartedRun(op.key.run_id);
+  if (!run_key.ok()) return run_key.status();
+  const v1::Spike& sp = op.spike;
+  update_spike_outcome_.Bind(1, *run_key).Bind(2, ToDb(sp.step()))
+      .Bind(3, sp.outcome())
+      .Bind(4, int64_t{sp.batches_skipped() ? 1 : 0});
+  return update_spike_outcome_.Run();
+}
+
+absl::Status StoreWriter::ApplyHostIncident(const WriteOp& op) {
+  const HostIncidentRow& i = op.incident;
+  insert_host_incident_.Bind(1, i.host).Bind(2, i.unix_nanos)
+      .Bind(3, i.run_id).Bind(4, i.alertname);
+  return insert_host_incident_.Run();
+}
+
+absl::Status StoreWriter::Apply(const std::vector<WriteOp>& ops,
                                std::vector<WriteResult>& results) {
   results.assign(ops.size(), WriteResult{});
-  std::vector<std::vector<size_t>> fresh(ops.size());
-  absl::flat_hash_map<int64_t, RunProgress> progress;
+  progress_.clear();
   absl::Status status = absl::OkStatus();
   // A failed COMMIT or ROLLBACK can leave the transaction open; end it, or
   // BEGIN would fail on every retry.
@@ -319,11 +351,10 @@ absl::Status StoreWriter::Apply(std::vector<WriteOp>& ops,
   // connection is waited for (busy timeout) before any work is done.
   if (status.ok()) status = sqlite::Exec(db_.get(), "BEGIN IMMEDIATE");
   for (size_t i = 0; status.ok() && i < ops.size(); ++i) {
-    status = ApplyOne(ops[i], results[i], fresh[i], progress);
+    status = ApplyOne(ops[i], results[i]);
     // An op that cannot apply (no RunStart) fails alone, not the transaction.
     if (absl::IsFailedPrecondition(status) && sqlite::ResultCode(status) == 0) {
       results[i].status = status;
-      fresh[i].clear();
       status = absl::OkStatus();
     }
   }
@@ -335,7 +366,7 @@ absl::Status StoreWriter::Apply(std::vector<WriteOp>& ops,
     status = update_stream_.Run();
   }
   dirty_.clear();
-  for (const auto& [run_key, p] : progress) {
+  for (const auto& [run_key, p] : progress_) {
     if (!status.ok()) break;
     update_run_progress_.Bind(1, run_key).Bind(2, p.max_step)
         .Bind(3, p.added).Bind(4, p.last_seen_ns);
@@ -352,20 +383,8 @@ absl::Status StoreWriter::Apply(std::vector<WriteOp>& ops,
     // from what is committed.
     run_keys_.clear();
     streams_.clear();
-    for (WriteResult& r : results) {
-      r.status = status;
-      r.last_step.reset();
-    }
+    for (WriteResult& r : results) r = WriteResult{.status = status};
     return status;
-  }
-  for (size_t i = 0; i < ops.size(); ++i) {
-    std::vector<v1::StepRecord>& records = ops[i].records;
-    if (fresh[i].size() == records.size()) {
-      results[i].fresh = std::move(records);
-      continue;
-    }
-    results[i].fresh.reserve(fresh[i].size());
-    for (size_t j : fresh[i]) results[i].fresh.push_back(std::move(records[j]));
   }
   return absl::OkStatus();
 }

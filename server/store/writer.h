@@ -29,9 +29,9 @@ class StoreWriter {
   // Applies `ops` in one transaction, fills one result per op and returns
   // the transaction's status. When the transaction fails every result
   // carries the error, `ops` are unchanged (so the same transaction can be
-  // retried) and the exactly-once state is as it was before. When it
-  // commits, each kBatch op's fresh records are moved into its result.
-  absl::Status Apply(std::vector<WriteOp>& ops,
+  // retried) and the exactly-once state is as it was before. `ops` are not
+  // changed: a transaction that fails is retried with the same ops.
+  absl::Status Apply(const std::vector<WriteOp>& ops,
                      std::vector<WriteResult>& results);
 
  private:
@@ -48,10 +48,20 @@ class StoreWriter {
 
   explicit StoreWriter(sqlite::DbPtr db) : db_(std::move(db)) {}
   absl::Status Prepare();
-  // `fresh`: kBatch, the indices of the op's records that are new.
-  absl::Status ApplyOne(const WriteOp& op, WriteResult& result,
-                        std::vector<size_t>& fresh,
-                        absl::flat_hash_map<int64_t, RunProgress>& progress);
+  // One op inside the open transaction; FAILED_PRECONDITION (without an
+  // SQLite code) fails that op alone.
+  absl::Status ApplyOne(const WriteOp& op, WriteResult& result);
+  absl::Status ApplyStart(const WriteOp& op, WriteResult& result);
+  absl::Status ApplyBatch(const WriteOp& op, WriteResult& result);
+  absl::Status ApplyEvent(const WriteOp& op);
+  absl::Status ApplyAlert(const WriteOp& op);
+  absl::Status ApplySpike(const WriteOp& op);
+  absl::Status ApplySpikeOutcome(const WriteOp& op);
+  absl::Status ApplyHostIncident(const WriteOp& op);
+  // The stream's state, FAILED_PRECONDITION if its RunStart is not stored.
+  absl::StatusOr<StreamState*> StartedStream(const StreamKey& key);
+  // The run's key, FAILED_PRECONDITION if no RunStart of it is stored.
+  absl::StatusOr<int64_t> StartedRun(const std::string& run_id);
   absl::StatusOr<int64_t> EnsureRun(const WriteOp& op);
   // The run's key, or nullopt for a run never started.
   absl::StatusOr<std::optional<int64_t>> LookupRun(const std::string& run_id);
@@ -69,6 +79,10 @@ class StoreWriter {
   absl::node_hash_map<StreamKey, StreamState> streams_;
   // Streams whose last_step changed in the open transaction.
   std::vector<std::pair<const StreamKey*, StreamState*>> dirty_;
+  // What the open transaction added to each run (by run key).
+  absl::flat_hash_map<int64_t, RunProgress> progress_;
+  // ApplyBatch's scratch: the indices of the op's records that are new.
+  std::vector<size_t> picked_;
 };
 
 }  // namespace trainwatch

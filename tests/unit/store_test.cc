@@ -80,7 +80,7 @@ TEST_F(StoreTest, StoresAndReadsBackRecordsInOrder) {
   StreamKey key{"r1", 0, 0};
   WriteResult w1 = Batch(key, Steps(0, 50));
   ASSERT_TRUE(w1.status.ok()) << w1.status;
-  EXPECT_EQ(w1.fresh.size(), 50u);
+  EXPECT_EQ(w1.stored, 50u);
   ASSERT_TRUE(Batch(key, Steps(50, 100)).status.ok());
 
   std::vector<v1::StepRecords::Item> items = Read("r1");
@@ -99,10 +99,12 @@ TEST_F(StoreTest, ResentAndOlderStepsAreStoredOnce) {
   ASSERT_TRUE(Batch(key, Steps(0, 10)).status.ok());
   WriteResult resend = Batch(key, Steps(5, 15));  // 5..9 already stored
   ASSERT_TRUE(resend.status.ok());
-  ASSERT_EQ(resend.fresh.size(), 5u);
-  EXPECT_EQ(resend.fresh.front().step(), 10u);
+  EXPECT_EQ(resend.stored, 5u);
+  std::vector<v1::StepRecords::Item> added = Read("r1", 10);
+  ASSERT_EQ(added.size(), 5u);
+  EXPECT_EQ(added.front().record().step(), 10u);
   WriteResult dup = Batch(key, Steps(0, 15));
-  EXPECT_TRUE(dup.fresh.empty());
+  EXPECT_EQ(dup.stored, 0u);
   EXPECT_EQ(Read("r1").size(), 15u);
 
   absl::StatusOr<v1::RunSummary> run = store_->GetRun("r1");
@@ -116,8 +118,10 @@ TEST_F(StoreTest, StepsGoingBackwardsInsideABatchAreDropped) {
   std::vector<v1::StepRecord> recs = Steps(0, 5);
   recs[3].set_step(1);  // goes backwards
   WriteResult w = Batch({"r1", 0, 0}, recs);
-  ASSERT_EQ(w.fresh.size(), 4u);
-  EXPECT_EQ(w.fresh[3].step(), 4u);
+  EXPECT_EQ(w.stored, 4u);
+  std::vector<uint64_t> steps;
+  for (const v1::StepRecords::Item& item : Read("r1")) steps.push_back(item.record().step());
+  EXPECT_EQ(steps, (std::vector<uint64_t>{0, 1, 2, 4}));
 }
 
 TEST_F(StoreTest, RanksAndAttemptsAreSeparateStreams) {
@@ -127,7 +131,7 @@ TEST_F(StoreTest, RanksAndAttemptsAreSeparateStreams) {
   ASSERT_TRUE(Batch({"r1", 0, 0}, Steps(0, 20)).status.ok());
   ASSERT_TRUE(Batch({"r1", 1, 0}, Steps(0, 20)).status.ok());
   // A restart from a checkpoint at step 10: its steps are stored again.
-  ASSERT_EQ(Batch({"r1", 0, 1}, Steps(10, 30)).fresh.size(), 20u);
+  ASSERT_EQ(Batch({"r1", 0, 1}, Steps(10, 30)).stored, 20u);
   EXPECT_EQ(Read("r1").size(), 60u);
   std::vector<v1::StepRecords::Item> rank1 = Read("r1", 0, 0, 1u);
   ASSERT_EQ(rank1.size(), 20u);
@@ -258,7 +262,7 @@ TEST(StoreFileTest, ReopenKeepsExactlyOnceState) {
     (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
                       .records = Steps(0, round == 0 ? 100 : 150),
                       .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
-    EXPECT_EQ(wrote.get_future().get().fresh.size(), round == 0 ? 100u : 50u);
+    EXPECT_EQ(wrote.get_future().get().stored, round == 0 ? 100u : 50u);
   }
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
   ASSERT_TRUE(store.ok());

@@ -1,0 +1,265 @@
+// Store's read side: the queries behind the CLI and the query API (runs,
+// steps, alerts, spikes, events), recovery at start-up and HostWatch. Each
+// call opens its own read-only connection, so reads run on any thread,
+// concurrently, and never wait for the writer (WAL); see store.h.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "store/store.h"
+
+namespace trainwatch {
+namespace {
+
+// Fills a RunSummary from a `runs` row read by the columns of kRunColumns.
+// The last column counts the run's firing alerts (alerts_firing, a partial
+// index, keeps it to the few firing rows), so that a listing shows what
+// `alerts --active` shows.
+constexpr const char* kRunColumns =
+    "run_id, start, attempt, started_ns, last_seen_ns, last_step, steps, "
+    "state, (SELECT COUNT(*) FROM alerts a WHERE a.state = 'firing' AND "
+    "a.run_key = runs.run_key)";
+
+v1::RunSummary RunFromRow(const sqlite::Stmt& s) {
+  v1::RunSummary run;
+  v1::RunStart start;
+  std::string_view blob = s.Blob(1);
+  start.ParseFromArray(blob.data(), static_cast<int>(blob.size()));
+  run.set_run_id(std::string(s.Text(0)));
+  run.set_world_size(start.world_size() == 0 ? 1 : start.world_size());
+  run.set_attempt(static_cast<uint32_t>(s.Int(2)));
+  run.set_precision(start.precision());
+  run.set_max_norm(start.max_norm());
+  run.set_warmup_steps(start.warmup_steps());
+  run.mutable_labels()->insert(start.labels().begin(), start.labels().end());
+  run.set_started_unix_nanos(s.Int(3));
+  run.set_last_seen_unix_nanos(s.Int(4));
+  if (!s.IsNull(5)) run.set_last_step(static_cast<uint64_t>(s.Int(5)));
+  run.set_steps(static_cast<uint64_t>(s.Int(6)));
+  run.set_state(std::string(s.Text(7)));
+  run.set_active_alerts(static_cast<uint32_t>(s.Int(8)));
+  return run;
+}
+
+template <typename Repeated>
+void UnpackIds(std::string_view blob, Repeated* out) {
+  size_t n = blob.size() / sizeof(int64_t);
+  out->Resize(static_cast<int>(n), 0);
+  if (n > 0) std::memcpy(out->mutable_data(), blob.data(), n * sizeof(int64_t));
+}
+}  // namespace
+
+absl::StatusOr<Store::ReadQuery> Store::Query(std::string_view sql) const {
+  absl::StatusOr<sqlite::DbPtr> db =
+      sqlite::Open(uri_, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, Vfs());
+  if (!db.ok()) return db.status();
+  sqlite3_busy_timeout(db->get(),
+                       static_cast<int>(options_.busy_timeout.count()));
+  absl::StatusOr<sqlite::Stmt> stmt = sqlite::Stmt::Prepare(db->get(), sql);
+  if (!stmt.ok()) return stmt.status();
+  return ReadQuery{.db = std::move(*db), .stmt = std::move(*stmt)};
+}
+
+absl::StatusOr<std::vector<v1::RunSummary>> Store::ListRuns() const {
+  absl::StatusOr<ReadQuery> q = Query(absl::StrCat(
+      "SELECT ", kRunColumns, " FROM runs ORDER BY started_ns DESC, run_key DESC"));
+  if (!q.ok()) return q.status();
+  std::vector<v1::RunSummary> runs;
+  absl::Status s = q->stmt.ForEachRow(
+      [&](const sqlite::Stmt& row) { runs.push_back(RunFromRow(row)); });
+  if (!s.ok()) return s;
+  return runs;
+}
+
+absl::StatusOr<v1::RunSummary> Store::GetRun(const std::string& run_id) const {
+  absl::StatusOr<ReadQuery> q =
+      Query(absl::StrCat("SELECT ", kRunColumns, " FROM runs WHERE run_id = ?1"));
+  if (!q.ok()) return q.status();
+  q->stmt.Bind(1, run_id);
+  absl::StatusOr<bool> row = q->stmt.Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return absl::NotFoundError(absl::StrCat("no run \"", run_id, "\""));
+  return RunFromRow(q->stmt);
+}
+
+absl::StatusOr<v1::RunStart> Store::GetLeadStart(
+    const std::string& run_id) const {
+  absl::StatusOr<ReadQuery> q = Query("SELECT start FROM runs WHERE run_id = ?1");
+  if (!q.ok()) return q.status();
+  q->stmt.Bind(1, run_id);
+  absl::StatusOr<bool> row = q->stmt.Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return absl::NotFoundError(absl::StrCat("no run \"", run_id, "\""));
+  v1::RunStart start;
+  std::string_view blob = q->stmt.Blob(0);
+  if (!start.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
+    return absl::DataLossError(absl::StrCat("the RunStart of ", run_id, " does not parse"));
+  }
+  return start;
+}
+
+absl::Status Store::ReadSteps(
+    const std::string& run_id, uint64_t from_step, uint64_t to_step,
+    std::optional<uint32_t> rank, size_t chunk_records,
+    const std::function<bool(v1::StepRecords&)>& sink) const {
+  absl::StatusOr<ReadQuery> q = Query(
+      "SELECT c.rank, c.attempt, c.records FROM step_chunks c "
+      "JOIN runs r ON r.run_key = c.run_key WHERE r.run_id = ?1 "
+      "AND (?2 < 0 OR c.rank = ?2) AND c.last_step >= ?3 AND c.first_step <= ?4 "
+      "ORDER BY c.rank, c.attempt, c.first_step");
+  if (!q.ok()) return q.status();
+  // One read transaction, so the records form one consistent snapshot.
+  if (absl::Status s = sqlite::Exec(q->db.get(), "BEGIN"); !s.ok()) return s;
+  sqlite::Stmt& s = q->stmt;
+  const int64_t from = static_cast<int64_t>(std::min<uint64_t>(from_step, INT64_MAX));
+  const int64_t to = to_step == 0 ? INT64_MAX
+                                  : static_cast<int64_t>(std::min<uint64_t>(to_step, INT64_MAX));
+  s.Bind(1, run_id).Bind(2, rank.has_value() ? int64_t{*rank} : int64_t{-1})
+      .Bind(3, from).Bind(4, to);
+  v1::StepRecords out;
+  v1::StepBatch chunk;
+  size_t rows = 0;
+  while (true) {
+    absl::StatusOr<bool> row = s.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    ++rows;
+    std::string_view blob = s.Blob(2);
+    if (!chunk.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
+      return absl::DataLossError(absl::StrCat(
+          "a stored chunk of run ", run_id, " does not parse"));
+    }
+    uint32_t r = static_cast<uint32_t>(s.Int(0));
+    uint32_t attempt = static_cast<uint32_t>(s.Int(1));
+    for (v1::StepRecord& rec : *chunk.mutable_records()) {
+      if (rec.step() < from_step || (to_step != 0 && rec.step() > to_step)) {
+        continue;
+      }
+      v1::StepRecords::Item* item = out.add_items();
+      item->set_rank(r);
+      item->set_attempt(attempt);
+      item->mutable_record()->Swap(&rec);
+      if (static_cast<size_t>(out.items_size()) >= chunk_records) {
+        if (!sink(out)) return absl::OkStatus();
+        out.Clear();
+      }
+    }
+  }
+  if (out.items_size() > 0) sink(out);
+  if (rows == 0) {
+    // Tell an unknown run from a known run with nothing in range.
+    absl::StatusOr<v1::RunSummary> run = GetRun(run_id);
+    if (!run.ok()) return run.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::Alert>> Store::ListAlerts(
+    const std::string& run_id, bool active_only) const {
+  absl::StatusOr<ReadQuery> q = Query(
+      "SELECT r.run_id, a.alertname, a.severity, a.state, a.started_step, "
+      "a.resolved_step, a.started_ns, a.resolved_ns, a.peak_value, a.summary, "
+      "a.description, a.likely_cause, a.fix, a.batch_ids, a.rank, a.host, "
+      "a.onset_step, a.caused_by FROM alerts a "
+      "JOIN runs r ON r.run_key = a.run_key WHERE (?1 = '' OR r.run_id = ?1) "
+      "AND (?2 = 0 OR a.state = 'firing') "
+      "ORDER BY a.started_ns DESC, a.started_step DESC");
+  if (!q.ok()) return q.status();
+  q->stmt.Bind(1, run_id).Bind(2, int64_t{active_only ? 1 : 0});
+  std::vector<v1::Alert> alerts;
+  absl::Status status = q->stmt.ForEachRow([&](const sqlite::Stmt& s) {
+    v1::Alert& a = alerts.emplace_back();
+    a.set_run(std::string(s.Text(0)));
+    a.set_alertname(std::string(s.Text(1)));
+    a.set_severity(std::string(s.Text(2)));
+    a.set_state(std::string(s.Text(3)));
+    a.set_started_step(static_cast<uint64_t>(s.Int(4)));
+    if (!s.IsNull(5)) a.set_resolved_step(static_cast<uint64_t>(s.Int(5)));
+    a.set_started_unix_nanos(s.Int(6));
+    if (!s.IsNull(7)) a.set_resolved_unix_nanos(s.Int(7));
+    a.set_peak_value(s.IsNull(8) ? std::nan("") : s.Double(8));
+    a.set_summary(std::string(s.Text(9)));
+    a.set_description(std::string(s.Text(10)));
+    a.set_likely_cause(std::string(s.Text(11)));
+    a.set_fix(std::string(s.Text(12)));
+    UnpackIds(s.Blob(13), a.mutable_batch_ids());
+    a.set_rank(static_cast<uint32_t>(s.Int(14)));
+    a.set_host(std::string(s.Text(15)));
+    a.set_onset_step(static_cast<uint64_t>(s.Int(16)));
+    a.set_caused_by(std::string(s.Text(17)));
+  });
+  if (!status.ok()) return status;
+  if (alerts.empty() && !run_id.empty()) {
+    absl::StatusOr<v1::RunSummary> run = GetRun(run_id);
+    if (!run.ok()) return run.status();
+  }
+  return alerts;
+}
+
+absl::StatusOr<std::vector<v1::Spike>> Store::ListSpikes(
+    const std::string& run_id) const {
+  absl::StatusOr<ReadQuery> q = Query(
+      "SELECT s.step, s.grad_norm, s.ratio_to_ema, s.sigmas, s.batch_ids, "
+      "s.outcome, s.batches_skipped "
+      "FROM spikes s JOIN runs r ON r.run_key = s.run_key WHERE r.run_id = ?1 "
+      "ORDER BY s.step");
+  if (!q.ok()) return q.status();
+  q->stmt.Bind(1, run_id);
+  std::vector<v1::Spike> spikes;
+  absl::Status status = q->stmt.ForEachRow([&](const sqlite::Stmt& s) {
+    v1::Spike& sp = spikes.emplace_back();
+    sp.set_step(static_cast<uint64_t>(s.Int(0)));
+    sp.set_grad_norm(s.Double(1));
+    sp.set_ratio_to_ema(s.Double(2));
+    sp.set_sigmas(s.Double(3));
+    UnpackIds(s.Blob(4), sp.mutable_batch_ids());
+    sp.set_outcome(std::string(s.Text(5)));
+    sp.set_batches_skipped(s.Int(6) != 0);
+  });
+  if (!status.ok()) return status;
+  return spikes;
+}
+
+absl::StatusOr<std::vector<HostIncidentRow>> Store::ListHostIncidents(
+    int64_t since_unix_nanos) const {
+  absl::StatusOr<ReadQuery> q = Query(
+      "SELECT host, alertname, run_id, time_ns FROM host_incidents "
+      "WHERE time_ns >= ?1 ORDER BY time_ns");
+  if (!q.ok()) return q.status();
+  q->stmt.Bind(1, since_unix_nanos);
+  std::vector<HostIncidentRow> rows;
+  absl::Status status = q->stmt.ForEachRow([&](const sqlite::Stmt& s) {
+    rows.push_back(HostIncidentRow{.host = std::string(s.Text(0)),
+                                   .alertname = std::string(s.Text(1)),
+                                   .run_id = std::string(s.Text(2)),
+                                   .unix_nanos = s.Int(3)});
+  });
+  if (!status.ok()) return status;
+  return rows;
+}
+
+absl::StatusOr<std::vector<v1::RunEvent>> Store::ListEvents(
+    const std::string& run_id) const {
+  absl::StatusOr<ReadQuery> q = Query(
+      "SELECT e.step, e.kind, e.detail, e.time_ns FROM events e JOIN runs r "
+      "ON r.run_key = e.run_key WHERE r.run_id = ?1 ORDER BY e.step, e.time_ns");
+  if (!q.ok()) return q.status();
+  q->stmt.Bind(1, run_id);
+  std::vector<v1::RunEvent> events;
+  absl::Status status = q->stmt.ForEachRow([&](const sqlite::Stmt& s) {
+    v1::RunEvent& e = events.emplace_back();
+    e.set_step(static_cast<uint64_t>(s.Int(0)));
+    e.set_kind(static_cast<v1::EventKind>(s.Int(1)));
+    e.set_detail(std::string(s.Text(2)));
+    e.set_time_unix_nanos(s.Int(3));
+  });
+  if (!status.ok()) return status;
+  return events;
+}
+
+}  // namespace trainwatch
