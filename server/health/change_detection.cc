@@ -109,9 +109,9 @@ bool Hysteresis::Update(uint64_t step, bool fires, bool holds) {
 
 std::optional<RobustStats> Robust(std::vector<double>& values) {
   if (values.empty()) return std::nullopt;
-  RobustStats out{.median = MedianInPlace(values.data(), values.size())};
+  RobustStats out{.median = MedianOf(values.data(), values.size())};
   for (double& v : values) v = std::abs(v - out.median);
-  out.sd = 1.4826 * MedianInPlace(values.data(), values.size());
+  out.sd = 1.4826 * MedianOf(values.data(), values.size());
   return out;
 }
 

@@ -108,8 +108,7 @@ class AdamStaleSecondMoment final : public Detector {
       if (size < kSize) ++size;
     }
     double Median() const {
-      std::array<float, kSize> v = values;
-      return MedianInPlace(v.data(), size);
+      return MedianOf(values.data(), size);
     }
   };
   std::map<std::string, History> history_;

@@ -49,9 +49,9 @@ void LossSpikeRule::Push(double log_loss) {
 void LossSpikeRule::Refresh() {
   since_refresh_ = 0;
   scratch_.assign(history_.begin(), history_.end());
-  median_ = MedianInPlace(scratch_.data(), scratch_.size());
+  median_ = MedianOf(scratch_.data(), scratch_.size());
   for (double& v : scratch_) v = std::abs(v - *median_);
-  sd_ = std::max(1.4826 * MedianInPlace(scratch_.data(), scratch_.size()),
+  sd_ = std::max(1.4826 * MedianOf(scratch_.data(), scratch_.size()),
                  options_.min_sd);
 }
 

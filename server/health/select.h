@@ -6,7 +6,7 @@
 // element unconditionally and counts with compare-and-adds. The k-th
 // smallest value is unique, so results are bit-identical.
 //
-// Reorders (scrambles) the values it is given and keeps a per-thread buffer
+// Leaves the values as they are and keeps two per-thread buffers the size
 // of the largest n seen. Values must be ordered (no NaN).
 #ifndef TRAINWATCH_SERVER_HEALTH_SELECT_H_
 #define TRAINWATCH_SERVER_HEALTH_SELECT_H_
@@ -18,18 +18,22 @@
 
 namespace trainwatch {
 
-// The k-th smallest of v[0, n) (k < n).
+// The k-th smallest of v[0, n) (k < n). v is left as it is.
 template <typename T>
-T SelectKth(T* v, size_t n, size_t k) {
-  // Each pass splits [lo, hi) around a pivot into another buffer: the
+T SelectKth(const T* v, size_t n, size_t k) {
+  // Each pass splits [lo, hi) around a pivot into the other buffer: the
   // smaller values from its front, the larger from its back, each value
   // written to both cursors and one of them advanced; the pivot's copies are
   // the gap between. No loads depend on the stores, so a pass costs about two
-  // cycles a value. The passes alternate between v and a per-thread buffer.
-  thread_local std::vector<T> buffer;
-  if (buffer.size() < n) buffer.resize(n);
-  T* from = v;
-  T* to = buffer.data();
+  // cycles a value. The first pass reads v; the rest alternate between two
+  // per-thread buffers.
+  thread_local std::vector<T> buffers[2];
+  for (std::vector<T>& b : buffers) {
+    if (b.size() < n) b.resize(n);
+  }
+  const T* from = v;
+  T* to = buffers[0].data();
+  T* spare = buffers[1].data();
   size_t lo = 0, hi = n;  // k is in [lo, hi)
   while (hi - lo > 16) {
     const T a = from[lo], b = from[lo + (hi - lo) / 2], c = from[hi - 1];
@@ -49,15 +53,17 @@ T SelectKth(T* v, size_t n, size_t k) {
     } else {
       return pivot;  // a run of equal values ends the search
     }
-    std::swap(from, to);
+    from = to;
+    std::swap(to, spare);
   }
-  std::sort(from + lo, from + hi);
-  return from[k];
+  std::copy(from + lo, from + hi, to + lo);
+  std::sort(to + lo, to + hi);
+  return to[k];
 }
 
 // The upper median of v[0, n) (n > 0): the value at index n / 2 in order.
 template <typename T>
-T MedianInPlace(T* v, size_t n) {
+T MedianOf(const T* v, size_t n) {
   return SelectKth(v, n, n / 2);
 }
 

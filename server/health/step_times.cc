@@ -68,7 +68,7 @@ void RankStepTimes::Recompute() {
     median_.reset();
     return;
   }
-  median_ = MedianInPlace(scratch_.data(), scratch_.size());
+  median_ = MedianOf(scratch_.data(), scratch_.size());
   max_level_ = max_level;
 }
 
@@ -161,8 +161,7 @@ void InputWait::Add(double step_time_s, double data_wait_s) {
 
 double InputWait::MedianFraction() const {
   if (count_ == 0) return 0.0;
-  std::array<float, kSteps> sorted = fractions_;
-  return MedianInPlace(sorted.data(), count_);
+  return MedianOf(fractions_.data(), count_);
 }
 
 }  // namespace trainwatch

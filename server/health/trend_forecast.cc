@@ -11,10 +11,6 @@ namespace {
 // Points between two fits.
 constexpr size_t kFitEvery = 4;
 
-double MedianOf(std::vector<double>& v) {
-  return MedianInPlace(v.data(), v.size());
-}
-
 }  // namespace
 
 TrendForecaster::TrendForecaster(const Options& options) : options_(options) {
@@ -29,7 +25,7 @@ bool TrendForecaster::Add(uint64_t step, double value) {
   pending_.push_back(value);
   pending_last_step_ = step;
   if (pending_.size() < options_.stride) return false;
-  const double point = MedianOf(pending_);
+  const double point = MedianOf(pending_.data(), pending_.size());
   pending_.clear();
   size_t added;  // points added so far, modulo the ring's size
   if (steps_.size() < options_.points) {
@@ -76,14 +72,14 @@ void TrendForecaster::Fit() {
     trend_.reset();
     return;
   }
-  const double slope = MedianOf(scratch);
+  const double slope = MedianOf(scratch.data(), scratch.size());
   scratch.clear();
   for (size_t i = 0; i < n; ++i) {
     const double dx =
         static_cast<double>(steps_[i]) - static_cast<double>(last);
     scratch.push_back(values_[i] - slope * dx);
   }
-  trend_ = Trend{.slope = slope, .level = MedianOf(scratch), .step = last};
+  trend_ = Trend{.slope = slope, .level = MedianOf(scratch.data(), scratch.size()), .step = last};
 }
 
 std::optional<uint64_t> TrendForecaster::StepReaching(double target) const {

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "health/select.h"
+
 namespace trainwatch {
 
 namespace {
@@ -35,6 +37,15 @@ double* UpperBound(double* first, double* last, double v) {
   return BranchFreeBound(first, static_cast<size_t>(last - first),
                          [v](double x) { return !(v < x); });
 }
+// The index of the nearest-rank q-quantile among n > 0 sorted values: the
+// smallest value with at least q of the values at or below it.
+size_t NearestRank(double q, size_t n) {
+  const double clamped = q < 0 ? 0 : (q > 1 ? 1 : q);
+  const size_t rank =
+      static_cast<size_t>(std::ceil(clamped * static_cast<double>(n)));
+  return rank == 0 ? 0 : rank - 1;
+}
+
 }  // namespace
 
 void StepRing::MakeRoom(uint64_t step) {
@@ -90,24 +101,73 @@ void StepRing::Clear() {
   }
 }
 
-void OrderStatWindow::Push(uint64_t step, double value) {
-  if (ring_.capacity() == 0) return;
-  if (values_.empty()) {
-    values_.resize(ring_.capacity());
-    sorted_.reserve(ring_.capacity());
+std::optional<double> ValueWindow::Push(uint64_t step, double value) {
+  if (ring_.capacity() == 0) return std::nullopt;
+  if (values_.empty()) values_.resize(ring_.capacity());
+  std::optional<double> evicted;
+  if (ring_.full()) {
+    evicted = values_[ring_.oldest_slot()];
+    ranked_ -= std::isfinite(*evicted) ? 1 : 0;
   }
-  const bool evicts = ring_.full();
-  const double old_value = evicts ? values_[ring_.oldest_slot()] : 0.0;
-  const bool old_ranked = evicts && std::isfinite(old_value);
+  values_[ring_.Append(step)] = value;
+  ranked_ += std::isfinite(value) ? 1 : 0;
+  return evicted;
+}
+
+bool ValueWindow::PopNewestFrom(uint64_t step, double* value) {
+  if (ring_.empty() || ring_.StepAt(ring_.newest_slot()) < step) return false;
+  *value = values_[ring_.newest_slot()];
+  ranked_ -= std::isfinite(*value) ? 1 : 0;
+  ring_.PopNewest();
+  return true;
+}
+
+void ValueWindow::RewindTo(uint64_t step) {
+  double value;
+  while (PopNewestFrom(step, &value)) {
+  }
+}
+
+void ValueWindow::Clear() {
+  ring_.Clear();
+  ranked_ = 0;
+}
+
+std::optional<double> ValueWindow::Quantile(double q) const {
+  if (ranked_ == 0) return std::nullopt;
+  thread_local std::vector<double> finite;
+  finite.clear();
+  for (size_t i = 0; i < ring_.size(); ++i) {
+    const double v = values_[ring_.Slot(i)];
+    if (std::isfinite(v)) finite.push_back(v);
+  }
+  return SelectKth(finite.data(), finite.size(),
+                   NearestRank(q, finite.size()));
+}
+
+std::optional<double> ValueWindow::Max() const {
+  if (ranked_ == 0) return std::nullopt;
+  double max = -std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < ring_.size(); ++i) {
+    const double v = values_[ring_.Slot(i)];
+    if (std::isfinite(v)) max = std::max(max, v);
+  }
+  return max;
+}
+
+void OrderStatWindow::Push(uint64_t step, double value) {
+  if (values_.capacity() == 0) return;
+  if (sorted_.capacity() == 0) sorted_.reserve(values_.capacity());
+  const std::optional<double> evicted = values_.Push(step, value);
+  const bool old_ranked = evicted.has_value() && std::isfinite(*evicted);
   const bool new_ranked = std::isfinite(value);
   if (old_ranked && new_ranked) {
-    ReplaceSorted(old_value, value);
+    ReplaceSorted(*evicted, value);
   } else if (old_ranked) {
-    EraseSorted(old_value);
+    EraseSorted(*evicted);
   } else if (new_ranked) {
     InsertSorted(value);
   }
-  values_[ring_.Append(step)] = value;
 }
 
 void OrderStatWindow::ReplaceSorted(double old_value, double new_value) {
@@ -141,25 +201,20 @@ void OrderStatWindow::InsertSorted(double value) {
 }
 
 void OrderStatWindow::RewindTo(uint64_t step) {
-  while (!ring_.empty() && ring_.StepAt(ring_.newest_slot()) >= step) {
-    const double value = values_[ring_.newest_slot()];
+  double value;
+  while (values_.PopNewestFrom(step, &value)) {
     if (std::isfinite(value)) EraseSorted(value);
-    ring_.PopNewest();
   }
 }
 
 void OrderStatWindow::Clear() {
-  ring_.Clear();
+  values_.Clear();
   sorted_.clear();
 }
 
 std::optional<double> OrderStatWindow::Quantile(double q) const {
   if (sorted_.empty()) return std::nullopt;
-  double clamped = q < 0 ? 0 : (q > 1 ? 1 : q);
-  // Nearest rank: the smallest value with at least q of the values at or below it.
-  size_t n = sorted_.size();
-  size_t rank = static_cast<size_t>(std::ceil(clamped * static_cast<double>(n)));
-  return sorted_[rank == 0 ? 0 : rank - 1];
+  return sorted_[NearestRank(q, sorted_.size())];
 }
 
 std::optional<double> OrderStatWindow::Max() const {

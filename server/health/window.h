@@ -1,12 +1,13 @@
 // Exact step-indexed rolling windows of one run (post-warmup steps only).
 //
-// OrderStatWindow keeps the last W values twice: in push order (a ring) and
-// sorted (a flat array). A new value that evicts the oldest moves only the
-// entries between the two positions in the sorted array (one memmove, W/3
-// doubles on average: ~100 ns at W = 1,000), and a quantile is an index, so
-// there is no sorting per step and no allocation once the window is full.
-// Storage is allocated on the first push (a run that never reports a field
-// pays nothing for its window) and costs 20 bytes a slot. RunWindow bundles
+// ValueWindow keeps the last W values in push order (a ring); its quantiles
+// are selections, computed when asked. OrderStatWindow also keeps them
+// sorted (a flat array): a new value that evicts the oldest moves only the
+// entries between the two positions (one memmove, W/3 doubles on average:
+// ~100 ns at W = 1,000), and a quantile is an index, so there is no sorting
+// per step and no allocation once the window is full. Storage is allocated on
+// the first push (a run that never reports a field pays nothing for its
+// window) and costs 12 bytes a slot, 20 with the sorted copy. RunWindow bundles
 // the series the detectors read (norm, clip and skip flags, attention logit,
 // log Z) and can rewind to a step when a job restarts from a checkpoint.
 //
@@ -66,21 +67,53 @@ class StepRing {
   uint64_t base_ = 0;              // <= every step held
 };
 
-// The last `capacity` values with exact quantiles. Non-finite values take a
-// slot (so the window stays step-indexed) but are not ranked.
+// The last `capacity` values by step, in push order only: a push is a ring
+// write, and a quantile is a selection over the window (O(W), a few
+// microseconds at W = 1,000). For series whose quantiles are read rarely
+// (the logit and log Z baselines, once). Non-finite values take a slot (so
+// the window stays step-indexed) but are not ranked.
+class ValueWindow {
+ public:
+  explicit ValueWindow(size_t capacity) : ring_(capacity) {}
+
+  // Appends; the evicted value, when the window was full.
+  std::optional<double> Push(uint64_t step, double value);
+  // Removes the newest value if its step is >= `step`, into `*value`.
+  bool PopNewestFrom(uint64_t step, double* value);
+  // Drops the values of steps >= `step`.
+  void RewindTo(uint64_t step);
+  void Clear();
+
+  size_t capacity() const { return ring_.capacity(); }
+  size_t slots() const { return ring_.size(); }  // values pushed, in W
+  size_t ranked() const { return ranked_; }      // finite ones
+  // The q-quantile (0 <= q <= 1) of the finite values, nearest-rank; nullopt
+  // when there are none.
+  std::optional<double> Quantile(double q) const;
+  std::optional<double> Median() const { return Quantile(0.5); }
+  std::optional<double> Max() const;
+
+ private:
+  StepRing ring_;
+  std::vector<double> values_;  // by ring slot, allocated on the first push
+  size_t ranked_ = 0;
+};
+
+// The last `capacity` values with exact quantiles kept up to date: the
+// values in push order (a ValueWindow) and sorted (a flat array), for the
+// grad norm, whose quantiles every batch reads.
 class OrderStatWindow {
  public:
-  explicit OrderStatWindow(size_t capacity) : ring_(capacity) {}
+  explicit OrderStatWindow(size_t capacity) : values_(capacity) {}
 
   void Push(uint64_t step, double value);
   // Drops the values of steps >= `step`.
   void RewindTo(uint64_t step);
   void Clear();
 
-  size_t slots() const { return ring_.size(); }     // values pushed, in W
+  size_t slots() const { return values_.slots(); }  // values pushed, in W
   size_t ranked() const { return sorted_.size(); }  // finite ones
-  // The q-quantile (0 <= q <= 1) of the finite values, nearest-rank; nullopt
-  // when there are none.
+  // Same definitions as ValueWindow's, read off the sorted array.
   std::optional<double> Quantile(double q) const;
   std::optional<double> Median() const { return Quantile(0.5); }
   std::optional<double> Max() const;
@@ -92,8 +125,7 @@ class OrderStatWindow {
   void EraseSorted(double value);
   void InsertSorted(double value);
 
-  StepRing ring_;
-  std::vector<double> values_;  // by ring slot
+  ValueWindow values_;
   std::vector<double> sorted_;  // the finite values, ascending
 };
 
@@ -153,9 +185,10 @@ struct RunWindow {
   OrderStatWindow grad_norm;
   FlagSeries clipped;
   FlagSeries skipped;
-  // Only steps that carry the field are pushed.
-  OrderStatWindow max_attn_logit;
-  OrderStatWindow log_z;
+  // Only steps that carry the field are pushed. Read for their baselines
+  // only, so they keep no sorted copy.
+  ValueWindow max_attn_logit;
+  ValueWindow log_z;
 
   void RewindTo(uint64_t step) {
     const size_t before = grad_norm.slots();

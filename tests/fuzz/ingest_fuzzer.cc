@@ -102,7 +102,9 @@ class ShadowRing {
 class ShadowValues : public ShadowRing<double> {
  public:
   using ShadowRing::ShadowRing;
-  void Expect(const OrderStatWindow& w) const {
+  // OrderStatWindow (the grad norm) or ValueWindow: the same answers.
+  template <typename Window>
+  void Expect(const Window& w) const {
     Check(w.slots() == entries_.size(), "window slots");
     std::vector<double> finite;
     for (const auto& [step, v] : entries_) {

@@ -1,4 +1,5 @@
-// StepRing, OrderStatWindow and FlagWindow against brute force.
+// StepRing, OrderStatWindow, ValueWindow, FlagWindow and SelectKth against
+// brute force.
 #include "health/window.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,8 @@
 #include <random>
 #include <utility>
 #include <vector>
+
+#include "health/select.h"
 
 namespace trainwatch {
 namespace {
@@ -54,7 +57,8 @@ class BruteWindow {
   std::deque<std::pair<uint64_t, double>> entries_;
 };
 
-void ExpectSame(const OrderStatWindow& window, const BruteWindow& brute) {
+template <typename Window>
+void ExpectSame(const Window& window, const BruteWindow& brute) {
   std::vector<double> finite = brute.Finite();
   ASSERT_EQ(window.slots(), brute.slots());
   ASSERT_EQ(window.ranked(), finite.size());
@@ -63,6 +67,43 @@ void ExpectSame(const OrderStatWindow& window, const BruteWindow& brute) {
   }
   EXPECT_EQ(window.Median(), BruteQuantile(finite, 0.5));
   EXPECT_EQ(window.Max(), BruteQuantile(finite, 1.0));
+}
+
+// The two value windows answer alike: OrderStatWindow from its sorted copy,
+// ValueWindow by selection.
+template <typename Window>
+class BothWindows : public testing::Test {};
+using WindowTypes = testing::Types<OrderStatWindow, ValueWindow>;
+TYPED_TEST_SUITE(BothWindows, WindowTypes);
+
+// SelectKth is nth_element's value without reordering its input: sizes
+// around its small-range cutoff, ties everywhere, one value, heavy tails,
+// floats as well as doubles.
+TEST(SelectKth, EqualsNthElementAndLeavesItsInputAlone) {
+  std::mt19937_64 rng(5);
+  std::cauchy_distribution<double> cauchy(0.0, 1.0);
+  for (int i = 0; i < 20000; ++i) {
+    const size_t n = 1 + rng() % (i % 10 == 0 ? 3000 : 60);
+    std::vector<double> v(n);
+    for (double& x : v) {
+      switch (i % 4) {
+        case 0: x = static_cast<double>(rng() % 5); break;  // many ties
+        case 1: x = cauchy(rng); break;
+        case 2: x = 1.0; break;
+        default: x = static_cast<double>(rng() % 100000) - 50000; break;
+      }
+    }
+    const size_t k = rng() % n;
+    const std::vector<double> input = v;
+    std::vector<double> expected = v;
+    std::nth_element(expected.begin(), expected.begin() + k, expected.end());
+    ASSERT_EQ(SelectKth(v.data(), n, k), expected[k]) << "n=" << n << " k=" << k;
+    ASSERT_EQ(v, input);
+    std::vector<float> f(v.begin(), v.end());
+    std::vector<float> fe = f;
+    std::nth_element(fe.begin(), fe.begin() + n / 2, fe.end());
+    ASSERT_EQ(MedianOf(f.data(), n), fe[n / 2]) << "n=" << n;
+  }
 }
 
 TEST(StepRing, KeepsTheLastStepsOldestFirstAcrossWrapAround) {
@@ -96,10 +137,10 @@ TEST(StepRing, KeepsAnyStepOrderExactlyAcrossRebasesAndSpansPastTwoToThe32) {
 
 // What the engine can do: steps that go down when the lead moves to a lower
 // rank, and steps anywhere in 64 bits. The window stays exact throughout.
-TEST(OrderStatWindow, MatchesBruteForceWithStepsInAnyOrder) {
+TYPED_TEST(BothWindows, MatchesBruteForceWithStepsInAnyOrder) {
   std::mt19937_64 rng(11);
   const size_t kCapacity = 16;
-  OrderStatWindow window(kCapacity);
+  TypeParam window(kCapacity);
   BruteWindow brute(kCapacity);
   for (int i = 0; i < 20000; ++i) {
     const uint64_t r = rng() % 100;
@@ -115,12 +156,12 @@ TEST(OrderStatWindow, MatchesBruteForceWithStepsInAnyOrder) {
       brute.Push(step, v);
     }
     ExpectSame(window, brute);
-    if (HasFatalFailure()) return;
+    if (this->HasFatalFailure()) return;
   }
 }
 
-TEST(OrderStatWindow, QuantilesAreNearestRank) {
-  OrderStatWindow window(10);
+TYPED_TEST(BothWindows, QuantilesAreNearestRank) {
+  TypeParam window(10);
   EXPECT_EQ(window.Median(), std::nullopt);
   EXPECT_EQ(window.Max(), std::nullopt);
   for (uint64_t step = 0; step < 4; ++step) window.Push(step, 4.0 - step);
@@ -135,8 +176,8 @@ TEST(OrderStatWindow, QuantilesAreNearestRank) {
   EXPECT_EQ(window.Median(), 3.0);  // 1 2 3 4 5
 }
 
-TEST(OrderStatWindow, NonFiniteValuesTakeASlotButAreNotRanked) {
-  OrderStatWindow window(3);
+TYPED_TEST(BothWindows, NonFiniteValuesTakeASlotButAreNotRanked) {
+  TypeParam window(3);
   window.Push(0, kNaN);
   EXPECT_EQ(window.slots(), 1u);
   EXPECT_EQ(window.ranked(), 0u);
@@ -161,11 +202,11 @@ TEST(OrderStatWindow, NonFiniteValuesTakeASlotButAreNotRanked) {
   EXPECT_EQ(window.Max(), std::nullopt);
 }
 
-TEST(OrderStatWindow, MatchesBruteForceWithEvictionAndRewind) {
+TYPED_TEST(BothWindows, MatchesBruteForceWithEvictionAndRewind) {
   std::mt19937_64 rng(42);
   std::lognormal_distribution<double> norm(std::log(0.35), 0.4);
   const size_t kCapacity = 64;
-  OrderStatWindow window(kCapacity);
+  TypeParam window(kCapacity);
   BruteWindow brute(kCapacity);
   uint64_t step = 0;
   int rewinds = 0;
@@ -194,7 +235,7 @@ TEST(OrderStatWindow, MatchesBruteForceWithEvictionAndRewind) {
       ++step;
     }
     ExpectSame(window, brute);
-    if (HasFatalFailure()) return;
+    if (this->HasFatalFailure()) return;
   }
   EXPECT_GT(rewinds, 50);
   window.Clear();
@@ -204,8 +245,8 @@ TEST(OrderStatWindow, MatchesBruteForceWithEvictionAndRewind) {
   EXPECT_EQ(window.Median(), 3.0);
 }
 
-TEST(OrderStatWindow, RewindBeforeEveryStepEmptiesIt) {
-  OrderStatWindow window(10);
+TYPED_TEST(BothWindows, RewindBeforeEveryStepEmptiesIt) {
+  TypeParam window(10);
   for (uint64_t step = 100; step < 120; ++step) window.Push(step, step * 1.0);
   window.RewindTo(115);
   EXPECT_EQ(window.slots(), 5u);  // 110..114
@@ -220,8 +261,8 @@ TEST(OrderStatWindow, RewindBeforeEveryStepEmptiesIt) {
 // pushes that rank's steps, which may repeat a step (and, the norm being
 // global, its value) already in the window. Evicting one copy must keep the
 // other ranked.
-TEST(OrderStatWindow, TheSameStepAndValueTwiceAreTwoValues) {
-  OrderStatWindow window(2);
+TYPED_TEST(BothWindows, TheSameStepAndValueTwiceAreTwoValues) {
+  TypeParam window(2);
   window.Push(5, 1.0);
   window.Push(5, 1.0);
   window.Push(6, 2.0);  // evicts one (5, 1.0)
@@ -235,8 +276,8 @@ TEST(OrderStatWindow, TheSameStepAndValueTwiceAreTwoValues) {
   EXPECT_EQ(window.ranked(), 0u);
 }
 
-TEST(OrderStatWindow, ZeroCapacityHoldsNothing) {
-  OrderStatWindow window(0);
+TYPED_TEST(BothWindows, ZeroCapacityHoldsNothing) {
+  TypeParam window(0);
   window.Push(0, 1.0);
   EXPECT_EQ(window.slots(), 0u);
   EXPECT_EQ(window.Median(), std::nullopt);
