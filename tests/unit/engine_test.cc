@@ -9,35 +9,14 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "test_records.h"
 
 namespace trainwatch {
 namespace {
 
 using ::testing::HasSubstr;
-
-v1::RunStart Start(const std::string& run, uint32_t rank = 0,
-                   uint32_t attempt = 0, uint64_t warmup = 0) {
-  v1::RunStart s;
-  s.set_run_id(run);
-  s.set_rank(rank);
-  s.set_world_size(2);
-  s.set_attempt(attempt);
-  s.set_precision(v1::BF16);
-  s.set_max_norm(1.0);
-  s.set_warmup_steps(warmup);
-  return s;
-}
-
-v1::StepBatch Batch(uint64_t from, uint64_t to, double norm = 0.5) {
-  v1::StepBatch b;
-  for (uint64_t i = from; i < to; ++i) {
-    v1::StepRecord* r = b.add_records();
-    r->set_step(i);
-    r->set_grad_norm(norm);
-    r->set_clipped(norm > 1.0);
-  }
-  return b;
-}
+using testing::Batch;
+using testing::Start;
 
 // Scrapes one series' value; NaN when absent.
 double Value(const Metrics& m, const std::string& series) {

@@ -20,11 +20,14 @@
 #include "gtest/gtest.h"
 #include "store/sqlite.h"
 #include "store/store.h"
+#include "test_records.h"
 
 namespace trainwatch {
 namespace {
 
 using std::chrono::milliseconds;
+using testing::Start;
+using testing::Steps;
 
 // ---- A VFS whose writes fail on demand ------------------------------------
 
@@ -162,25 +165,6 @@ void FaultVfs::Register() {
 }
 
 // ---- Helpers ---------------------------------------------------------------
-
-v1::RunStart Start(const std::string& run, uint32_t rank = 0) {
-  v1::RunStart s;
-  s.set_run_id(run);
-  s.set_rank(rank);
-  s.set_world_size(2);
-  s.set_max_norm(1.0);
-  return s;
-}
-
-std::vector<v1::StepRecord> Steps(uint64_t from, uint64_t to) {
-  std::vector<v1::StepRecord> out;
-  for (uint64_t i = from; i < to; ++i) {
-    v1::StepRecord& r = out.emplace_back();
-    r.set_step(i);
-    r.set_grad_norm(0.5 + static_cast<double>(i) * 1e-3);
-  }
-  return out;
-}
 
 WriteOp StartOp(const v1::RunStart& s) {
   return {.kind = WriteOp::Kind::kStart,

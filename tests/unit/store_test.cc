@@ -4,33 +4,13 @@
 #include <future>
 
 #include "gtest/gtest.h"
+#include "test_records.h"
 
 namespace trainwatch {
 namespace {
 
-v1::RunStart Start(const std::string& run, uint32_t rank = 0,
-                   uint32_t attempt = 0) {
-  v1::RunStart s;
-  s.set_run_id(run);
-  s.set_rank(rank);
-  s.set_world_size(2);
-  s.set_attempt(attempt);
-  s.set_precision(v1::BF16);
-  s.set_max_norm(1.0);
-  (*s.mutable_labels())["model"] = "tiny";
-  return s;
-}
-
-std::vector<v1::StepRecord> Steps(uint64_t from, uint64_t to) {
-  std::vector<v1::StepRecord> out;
-  for (uint64_t i = from; i < to; ++i) {
-    v1::StepRecord& r = out.emplace_back();
-    r.set_step(i);
-    r.set_grad_norm(0.5 + static_cast<double>(i) * 1e-3);
-    r.add_batch_ids(static_cast<int64_t>(2 * i));
-  }
-  return out;
-}
+using testing::Start;
+using testing::Steps;
 
 class StoreTest : public ::testing::Test {
  protected:
