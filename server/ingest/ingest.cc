@@ -289,13 +289,24 @@ class ReportReactor final
   std::optional<grpc::Status> end_status_ ABSL_GUARDED_BY(mu_);
 };
 
-Ingest::Ingest(IngestOptions options, Engine* engine, Metrics* metrics)
-    : options_(options), engine_(engine), metrics_(metrics) {
-  for (const char* reason : {"invalid_argument", "resource_exhausted",
-                             "unauthenticated", "permission_denied"}) {
-    metrics_->ingest_rejected.Add({{"reason", reason}});
-  }
+namespace {
+
+prometheus::Counter& RejectedSeries(Metrics* metrics, const char* reason) {
+  return metrics->ingest_rejected.Add({{"reason", reason}});
 }
+
+}  // namespace
+
+Ingest::Ingest(IngestOptions options, Engine* engine, Metrics* metrics)
+    : options_(options),
+      engine_(engine),
+      metrics_(metrics),
+      rejected_{
+          .invalid_argument = RejectedSeries(metrics, "invalid_argument"),
+          .resource_exhausted = RejectedSeries(metrics, "resource_exhausted"),
+          .unauthenticated = RejectedSeries(metrics, "unauthenticated"),
+          .permission_denied = RejectedSeries(metrics, "permission_denied"),
+      } {}
 
 Ingest::~Ingest() { Drain(std::chrono::seconds(5)); }
 
@@ -378,11 +389,12 @@ void Ingest::Processed(size_t records) {
 }
 
 void Ingest::CountRejected(const absl::Status& status) {
-  std::string reason = absl::IsResourceExhausted(status) ? "resource_exhausted"
-                       : absl::IsUnauthenticated(status) ? "unauthenticated"
-                       : absl::IsPermissionDenied(status) ? "permission_denied"
-                                                          : "invalid_argument";
-  metrics_->ingest_rejected.Add({{"reason", reason}}).Increment();
+  prometheus::Counter& series =
+      absl::IsResourceExhausted(status)  ? rejected_.resource_exhausted
+      : absl::IsUnauthenticated(status)  ? rejected_.unauthenticated
+      : absl::IsPermissionDenied(status) ? rejected_.permission_denied
+                                         : rejected_.invalid_argument;
+  series.Increment();
 }
 
 bool Ingest::Drain(std::chrono::milliseconds timeout) {

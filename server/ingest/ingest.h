@@ -85,6 +85,7 @@ class Ingest {
   friend class ReportReactor;
   void Register(ReportReactor* r);
   void Unregister(ReportReactor* r);
+  // Counts a refused stream under its reason (trainwatch_ingest_rejected_total).
   void CountRejected(const absl::Status& status);
   // The shared bound on unprocessed records. Admit() is true while the
   // bound has room, else queues `r` to be woken (ReportReactor::Kick) when
@@ -96,6 +97,13 @@ class Ingest {
   const IngestOptions options_;
   Engine* const engine_;
   Metrics* const metrics_;
+  // trainwatch_ingest_rejected_total's series, one per reason, added once.
+  const struct {
+    prometheus::Counter& invalid_argument;
+    prometheus::Counter& resource_exhausted;
+    prometheus::Counter& unauthenticated;
+    prometheus::Counter& permission_denied;
+  } rejected_;
   absl::Mutex mu_;
   absl::CondVar cv_;
   absl::flat_hash_set<ReportReactor*> reactors_ ABSL_GUARDED_BY(mu_);
