@@ -93,10 +93,7 @@ std::shared_ptr<RunState> Engine::FindOrAddRunLocked(const std::string& run_id) 
 
 absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
                                                 DoneCallback done) {
-  auto stream = std::make_shared<Stream>();
-  stream->key = StreamKey{start.run_id(), start.rank(), start.attempt()};
-  stream->start = start;
-  stream->shard = ShardFor(start.run_id());
+  std::shared_ptr<RunState> run;
   {
     absl::MutexLock lock(&mu_);
     auto it = runs_.find(start.run_id());
@@ -106,10 +103,12 @@ absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
           "this server already monitors ", active_runs_,
           " active runs (the limit); finish old runs or use another server"));
     }
-    stream->run = FindOrAddRunLocked(start.run_id());
+    run = FindOrAddRunLocked(start.run_id());
     metrics_->runs_active.Set(static_cast<double>(active_runs_));
   }
-  StreamHandle handle(std::move(stream));
+  auto handle = std::make_shared<Stream>(
+      StreamKey{start.run_id(), start.rank(), start.attempt()}, start,
+      std::move(run), ShardFor(start.run_id()));
   store_->Submit(WriteOp{
       .kind = WriteOp::Kind::kStart,
       .key = handle->key,
@@ -128,18 +127,19 @@ absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
 void Engine::RunInOrder(const StreamHandle& stream,
                         std::function<void(absl::Status)> work) {
   stream->shard->Post([stream, work = std::move(work)]() mutable {
-    const std::optional<absl::Status>& started = stream->start_result;
+    stream->shard->AssertOnShard();
     const bool known =
         stream->run->pipeline.KnowsStream(stream->key.rank, stream->key.attempt);
-    if (!stream->held.empty() || (!known && !started.has_value())) {
+    if (!stream->held.empty() || (!known && !stream->start_result.has_value())) {
       stream->held.push_back(std::move(work));
     } else {
-      work(started.has_value() ? *started : absl::OkStatus());
+      work(stream->start_result.value_or(absl::OkStatus()));
     }
   });
 }
 
-void Engine::OnStartCommitted(const Stream& stream, const WriteResult& result) {
+void Engine::OnStartCommitted(Stream& stream, const WriteResult& result) {
+  stream.shard->AssertOnShard();
   stream.start_result = result.status;
   if (result.status.ok()) {
     stream.run->pipeline.OnStreamStarted(stream.key.rank, stream.key.attempt,

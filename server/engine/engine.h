@@ -26,12 +26,14 @@
 // finished runs at once.
 //
 // Threads: OpenStream/SubmitBatch/SubmitEvent/GetHealth may be called from
-// any thread. A run's pipeline and router are touched only by its shard
-// thread; Engine::mu_ guards the table of runs. Completion callbacks (`done`)
-// run on the store's writer thread once the op's transaction ended, or on the
-// run's shard thread when the op is refused before the store (its stream's
-// RunStart failed) and for a stored event; `processed` runs on the shard.
-// None may block.
+// any thread. A run's pipeline and router, and a stream's held work, are
+// touched only by the run's shard thread; Engine::mu_ guards the table of
+// runs. Completion callbacks (`done`) run on the store's writer thread once
+// the op's transaction ended, or on the run's shard thread when the op is
+// refused before the store (its stream's RunStart failed) and for a stored
+// event; `processed` runs on the shard. None may block. Once the store is
+// closed or the engine stopped, callbacks run inline on the thread that
+// submits (the server drains ingest first, so no stream submits then).
 #ifndef TRAINWATCH_SERVER_ENGINE_ENGINE_H_
 #define TRAINWATCH_SERVER_ENGINE_ENGINE_H_
 
@@ -76,22 +78,31 @@ struct EngineOptions {
 
 struct RunState;
 
-// One open Report stream, as the engine knows it.
+// One open Report stream, as the engine knows it. Its identity is fixed when
+// the stream opens; `held` and `start_result` belong to the stream's shard:
+// only tasks running there touch them, after shard->AssertOnShard(), which
+// lets clang's thread-safety analysis check the rule.
 struct Stream {
-  StreamKey key;
-  v1::RunStart start;
+  Stream(StreamKey key, v1::RunStart start, std::shared_ptr<RunState> run,
+         Shard* shard)
+      : key(std::move(key)),
+        start(std::move(start)),
+        run(std::move(run)),
+        shard(shard) {}
+
+  const StreamKey key;
+  const v1::RunStart start;
   // Shared with the engine, which forgets a finished run only once no
   // stream (nor work queued for one) holds it.
-  std::shared_ptr<RunState> run;
-  Shard* shard = nullptr;
-  // Touched only on the shard: the stream's work held until the engine knows
-  // where the stream resumes (its RunStart's commit reports the last step
-  // stored), in arrival order.
+  const std::shared_ptr<RunState> run;
+  Shard* const shard;
+  // The stream's work held until the engine knows where the stream resumes
+  // (its RunStart's commit reports the last step stored), in arrival order.
   // Each item gets OK to run, or the error that ended the stream's start.
-  mutable std::vector<std::function<void(absl::Status)>> held;
-  mutable std::optional<absl::Status> start_result;
+  std::vector<std::function<void(absl::Status)>> held ABSL_GUARDED_BY(shard);
+  std::optional<absl::Status> start_result ABSL_GUARDED_BY(shard);
 };
-using StreamHandle = std::shared_ptr<const Stream>;
+using StreamHandle = std::shared_ptr<Stream>;
 using DoneCallback = std::function<void(absl::Status)>;
 
 class Engine {
@@ -143,7 +154,7 @@ class Engine {
   // committed when the engine does not yet know where the stream resumes.
   static void RunInOrder(const StreamHandle& stream,
                          std::function<void(absl::Status)> work);
-  static void OnStartCommitted(const Stream& stream, const WriteResult& result);
+  static void OnStartCommitted(Stream& stream, const WriteResult& result);
   // The run reported RUN_FINISHED or RUN_FAILED.
   void MarkFinished(RunState& run);
   // recovery.cc: an unfinished run's pipeline and series from the store.

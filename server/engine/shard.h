@@ -1,6 +1,6 @@
 // A single thread that runs tasks in the order they were posted. The engine
-// keeps each run on one shard, so a run's state needs no lock and its records
-// are processed in the order the store committed them.
+// keeps each run on one shard, so a run's state needs no lock and each
+// stream's messages are processed in the order they arrived.
 #ifndef TRAINWATCH_SERVER_ENGINE_SHARD_H_
 #define TRAINWATCH_SERVER_ENGINE_SHARD_H_
 
@@ -13,8 +13,10 @@
 
 namespace trainwatch {
 
-// Thread-safe: Post() and Stop() may be called from any thread.
-class Shard {
+// Thread-safe: Post() and Stop() may be called from any thread. A Shard is
+// also the capability that guards state only its tasks may touch
+// (ABSL_GUARDED_BY(shard)): a task calls AssertOnShard() before touching it.
+class ABSL_LOCKABLE Shard {
  public:
   Shard();
   ~Shard();  // Stop()
@@ -27,6 +29,11 @@ class Shard {
 
   // Runs every queued task, then ends the thread. Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Tells clang's thread-safety analysis that the caller is one of this
+  // shard's tasks (so tasks of one shard never overlap); checks nothing at
+  // run time.
+  void AssertOnShard() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}
 
  private:
   void Loop();
