@@ -21,14 +21,14 @@ int64_t ToDb(uint64_t step) {
              : static_cast<int64_t>(step);
 }
 
-}  // namespace
-
-static std::string PackIds(const google::protobuf::RepeatedField<int64_t>& ids) {
+std::string PackIds(const google::protobuf::RepeatedField<int64_t>& ids) {
   std::string out(ids.size() * sizeof(int64_t), '\0');
   if (!ids.empty()) std::memcpy(out.data(), ids.data(), out.size());
   return out;
 }
 
+// Encodes records[i] for each i of `picked` as a serialized StepBatch (field
+// `records` only) without copying them into a StepBatch first.
 std::string EncodeRecords(const std::vector<v1::StepRecord>& records,
                           const std::vector<size_t>& picked) {
   std::string out;
@@ -44,6 +44,8 @@ std::string EncodeRecords(const std::vector<v1::StepRecord>& records,
   }
   return out;
 }
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<StoreWriter>> StoreWriter::Create(
     sqlite::DbPtr db) {

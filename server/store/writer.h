@@ -16,11 +16,6 @@
 
 namespace trainwatch {
 
-// Encodes records[i] for each i of `picked` as a serialized StepBatch (field
-// `records` only) without copying them into a StepBatch first.
-std::string EncodeRecords(const std::vector<v1::StepRecord>& records,
-                          const std::vector<size_t>& picked);
-
 // Not thread-safe: owned by the writer thread.
 class StoreWriter {
  public:
