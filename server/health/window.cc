@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <utility>
 
 #include "health/select.h"
 
@@ -155,71 +157,117 @@ std::optional<double> ValueWindow::Max() const {
   return max;
 }
 
+size_t SortedBlocks::FindBlock(double value, bool after) const {
+  // The same branch-free bounds, over the blocks' maxima.
+  double* first = const_cast<double*>(maxima_.data());
+  double* last = first + maxima_.size();
+  return static_cast<size_t>(
+      (after ? UpperBound(first, last, value) : LowerBound(first, last, value)) -
+      first);
+}
+
+void SortedBlocks::Insert(double value) {
+  if (blocks_.empty()) {
+    blocks_.push_back(std::make_unique<Block>());
+    maxima_.push_back(value);
+    sizes_.push_back(0);
+  }
+  // Into the first block whose maximum is above it, else the last.
+  size_t b = std::min(FindBlock(value, true), blocks_.size() - 1);
+  if (sizes_[b] == kBlock) {
+    // Split: the upper half moves to a new block after it.
+    constexpr size_t kHalf = kBlock / 2;
+    auto upper = std::make_unique<Block>();
+    std::copy_n(blocks_[b]->begin() + kHalf, kHalf, upper->begin());
+    blocks_.insert(blocks_.begin() + static_cast<std::ptrdiff_t>(b) + 1,
+                   std::move(upper));
+    maxima_.insert(maxima_.begin() + static_cast<std::ptrdiff_t>(b) + 1,
+                   maxima_[b]);
+    sizes_.insert(sizes_.begin() + static_cast<std::ptrdiff_t>(b) + 1, kHalf);
+    sizes_[b] = kHalf;
+    maxima_[b] = (*blocks_[b])[kHalf - 1];
+    if (value > maxima_[b]) ++b;
+  }
+  double* data = blocks_[b]->data();
+  double* end = data + sizes_[b];
+  double* at = UpperBound(data, end, value);
+  std::memmove(at + 1, at, static_cast<size_t>(end - at) * sizeof(double));
+  *at = value;
+  ++sizes_[b];
+  maxima_[b] = data[sizes_[b] - 1];
+  ++size_;
+}
+
+void SortedBlocks::Erase(double value) {
+  const size_t b = FindBlock(value, false);
+  double* data = blocks_[b]->data();
+  double* end = data + sizes_[b];
+  double* at = LowerBound(data, end, value);
+  std::memmove(at, at + 1, static_cast<size_t>(end - at - 1) * sizeof(double));
+  --sizes_[b];
+  --size_;
+  if (sizes_[b] == 0) {
+    EraseBlock(b);
+    return;
+  }
+  maxima_[b] = data[sizes_[b] - 1];
+  // Nearly empty: merge into the block before it when both fit in one.
+  constexpr size_t kFew = kBlock / 8;
+  if (sizes_[b] < kFew && b > 0 && sizes_[b - 1] + sizes_[b] <= kBlock) {
+    std::copy_n(data, sizes_[b], blocks_[b - 1]->data() + sizes_[b - 1]);
+    sizes_[b - 1] += sizes_[b];
+    maxima_[b - 1] = maxima_[b];
+    EraseBlock(b);
+  }
+}
+
+void SortedBlocks::EraseBlock(size_t b) {
+  const auto at = static_cast<std::ptrdiff_t>(b);
+  blocks_.erase(blocks_.begin() + at);
+  maxima_.erase(maxima_.begin() + at);
+  sizes_.erase(sizes_.begin() + at);
+}
+
+void SortedBlocks::Clear() {
+  blocks_.clear();
+  maxima_.clear();
+  sizes_.clear();
+  size_ = 0;
+}
+
+double SortedBlocks::At(size_t i) const {
+  size_t b = 0;
+  while (i >= sizes_[b]) i -= sizes_[b++];
+  return (*blocks_[b])[i];
+}
+
 void OrderStatWindow::Push(uint64_t step, double value) {
   if (values_.capacity() == 0) return;
-  if (sorted_.capacity() == 0) sorted_.reserve(values_.capacity());
   const std::optional<double> evicted = values_.Push(step, value);
-  const bool old_ranked = evicted.has_value() && std::isfinite(*evicted);
-  const bool new_ranked = std::isfinite(value);
-  if (old_ranked && new_ranked) {
-    ReplaceSorted(*evicted, value);
-  } else if (old_ranked) {
-    EraseSorted(*evicted);
-  } else if (new_ranked) {
-    InsertSorted(value);
-  }
-}
-
-void OrderStatWindow::ReplaceSorted(double old_value, double new_value) {
-  double* data = sorted_.data();
-  double* end = data + sorted_.size();
-  double* from = LowerBound(data, end, old_value);
-  if (new_value >= old_value) {
-    // Entries in (from, to) move one place left; the new value lands before `to`.
-    double* to = UpperBound(from + 1, end, new_value);
-    std::memmove(from, from + 1, (to - from - 1) * sizeof(double));
-    *(to - 1) = new_value;
-  } else {
-    // Entries in [to, from) move one place right; the new value lands at `to`.
-    double* to = UpperBound(data, from, new_value);
-    std::memmove(to + 1, to, (from - to) * sizeof(double));
-    *to = new_value;
-  }
-}
-
-void OrderStatWindow::EraseSorted(double value) {
-  double* data = sorted_.data();
-  sorted_.erase(sorted_.begin() +
-                (LowerBound(data, data + sorted_.size(), value) - data));
-}
-
-void OrderStatWindow::InsertSorted(double value) {
-  double* data = sorted_.data();
-  sorted_.insert(sorted_.begin() +
-                     (UpperBound(data, data + sorted_.size(), value) - data),
-                 value);
+  if (evicted.has_value() && std::isfinite(*evicted)) sorted_.Erase(*evicted);
+  if (std::isfinite(value)) sorted_.Insert(value);
 }
 
 void OrderStatWindow::RewindTo(uint64_t step) {
   double value;
   while (values_.PopNewestFrom(step, &value)) {
-    if (std::isfinite(value)) EraseSorted(value);
+    if (std::isfinite(value)) sorted_.Erase(value);
   }
 }
 
 void OrderStatWindow::Clear() {
   values_.Clear();
-  sorted_.clear();
+  sorted_.Clear();
 }
 
 std::optional<double> OrderStatWindow::Quantile(double q) const {
-  if (sorted_.empty()) return std::nullopt;
-  return sorted_[NearestRank(q, sorted_.size())];
+  if (sorted_.size() == 0) return std::nullopt;
+  return sorted_.At(NearestRank(q, sorted_.size()));
 }
 
 std::optional<double> OrderStatWindow::Max() const {
-  if (sorted_.empty()) return std::nullopt;
-  return sorted_.back();
+  if (sorted_.size() == 0) return std::nullopt;
+  return sorted_.Back();
 }
 
 void FlagSeries::Set(size_t slot, bool flag) {

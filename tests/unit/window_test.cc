@@ -160,6 +160,39 @@ TYPED_TEST(BothWindows, MatchesBruteForceWithStepsInAnyOrder) {
   }
 }
 
+// Windows larger than SortedBlocks' blocks: splits, merges and emptied
+// blocks on noise, ties, a ramp (every value lands in the last block) and
+// rewinds of up to a thousand steps.
+TYPED_TEST(BothWindows, MatchesBruteForceAcrossManyBlocks) {
+  std::mt19937_64 rng(9);
+  std::lognormal_distribution<double> noise(0.0, 1.0);
+  const size_t kCapacity = 1000;
+  TypeParam window(kCapacity);
+  BruteWindow brute(kCapacity);
+  uint64_t step = 0;
+  for (int i = 0; i < 60000; ++i) {
+    const int phase = (i / 5000) % 4;
+    if (rng() % 1000 == 0 && step > 0) {
+      step -= 1 + rng() % std::min<uint64_t>(step, 1000);
+      window.RewindTo(step);
+      brute.RewindTo(step);
+    } else {
+      double v = noise(rng);
+      if (phase == 1) v = static_cast<double>(rng() % 3);  // ties
+      if (phase == 2) v = static_cast<double>(i);          // a ramp up
+      if (phase == 3) v = -static_cast<double>(i);         // and down
+      window.Push(step, v);
+      brute.Push(step, v);
+      ++step;
+    }
+    if (i % 97 == 0) {
+      ExpectSame(window, brute);
+      if (this->HasFatalFailure()) return;
+    }
+  }
+  ExpectSame(window, brute);
+}
+
 TYPED_TEST(BothWindows, QuantilesAreNearestRank) {
   TypeParam window(10);
   EXPECT_EQ(window.Median(), std::nullopt);
