@@ -125,6 +125,9 @@ class Engine {
   // not detected behind a long backlog.
   void SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
                    DoneCallback done, std::function<void()> processed = {});
+  // Commits the event, then (on the shard) applies it to the run: a run is
+  // marked finished only once its RUN_FINISHED / RUN_FAILED is stored.
+  // `done` runs after both.
   void SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
                    DoneCallback done);
 

@@ -1,5 +1,6 @@
 // The writer side of Store: the write connection, its prepared statements and
-// the per-stream exactly-once state. Used by the store's writer thread only.
+// the per-stream exactly-once state. Created by Store::Open, then used by the
+// store's writer thread only.
 #ifndef TRAINWATCH_SERVER_STORE_WRITER_H_
 #define TRAINWATCH_SERVER_STORE_WRITER_H_
 
