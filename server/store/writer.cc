@@ -245,8 +245,6 @@ absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
   absl::StatusOr<StreamState*> stream = StartedStream(op.key);
   if (!stream.ok()) return stream.status();
   StreamState& st = **stream;
-  // The records stay in the op until the commit: a transaction that fails
-  // is retried with the same ops.
   picked_.clear();
   for (size_t i = 0; i < op.records.size(); ++i) {
     int64_t step = ToDb(op.records[i].step());

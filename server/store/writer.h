@@ -24,9 +24,8 @@ class StoreWriter {
 
   // Applies `ops` in one transaction, fills one result per op and returns
   // the transaction's status. When the transaction fails every result
-  // carries the error, `ops` are unchanged (so the same transaction can be
-  // retried) and the exactly-once state is as it was before. `ops` are not
-  // changed: a transaction that fails is retried with the same ops.
+  // carries the error and the exactly-once state is as it was before, so
+  // the same ops can be retried.
   absl::Status Apply(const std::vector<WriteOp>& ops,
                      std::vector<WriteResult>& results);
 
