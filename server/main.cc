@@ -196,8 +196,17 @@ int main(int argc, char** argv) {
   printf("trainwatch-server: %s received, draining\n",
          sig == SIGTERM ? "SIGTERM" : "SIGINT");
   fflush(stdout);
-  (*server)->Shutdown(std::chrono::seconds(10));
-  server->reset();
-  printf("trainwatch-server: stopped\n");
-  return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  (*server)->ShutdownForExit(std::chrono::seconds(10));
+  printf("trainwatch-server: stopped in %.2f s\n",
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+             .count());
+  fflush(stdout);
+  fflush(stderr);
+  // Everything is committed, the database closed and the last alert sent:
+  // what is left is freeing each run's windows and series one by one, which
+  // took ~2.4 s of malloc bookkeeping with 10,000 runs (systemd and
+  // Kubernetes kill a server that outlives its grace period). The process
+  // ends here instead.
+  std::_Exit(0);
 }

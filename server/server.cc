@@ -252,6 +252,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
 
 Server::~Server() { Shutdown(std::chrono::seconds(10)); }
 
+void Server::ShutdownForExit(std::chrono::milliseconds drain_timeout) {
+  Shutdown(drain_timeout);
+  if (store_ != nullptr) store_->CloseDatabase();
+}
+
 void Server::Shutdown(std::chrono::milliseconds drain_timeout) {
   if (shut_down_) return;
   shut_down_ = true;

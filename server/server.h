@@ -87,6 +87,10 @@ class Server {
   // Drains: stops taking messages, commits and acks what arrived, ends every
   // stream with UNAVAILABLE, then stops the parts in dependency order.
   void Shutdown(std::chrono::milliseconds drain_timeout);
+  // Shutdown(), then closes the database so the process may end without the
+  // rest of the teardown (freeing each run's state), which is what `main`
+  // does on SIGTERM. The server answers nothing afterwards.
+  void ShutdownForExit(std::chrono::milliseconds drain_timeout);
 
  private:
   class Service;

@@ -113,6 +113,12 @@ void Store::Close() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Store::CloseDatabase() {
+  Close();
+  writer_.reset();
+  memory_anchor_.reset();
+}
+
 size_t Store::QueueDepth() const {
   absl::MutexLock lock(&mu_);
   return queue_.size();

@@ -188,6 +188,10 @@ class Store {
   // Commits everything queued, runs the callbacks, stops the writer. During a
   // fault, fails what is still waiting after `close_timeout`.
   void Close();
+  // After Close(): closes the writer's connection, the last one open, so
+  // SQLite checkpoints its log into the database file and removes it (the
+  // .db file alone then holds every commit). Reads still open their own.
+  void CloseDatabase();
 
   size_t QueueDepth() const;
 
