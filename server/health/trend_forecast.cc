@@ -80,7 +80,9 @@ void TrendForecaster::Fit() {
         static_cast<double>(steps_[i]) - static_cast<double>(last);
     scratch.push_back(values_[i] - slope * dx);
   }
-  trend_ = Trend{.slope = slope, .level = MedianOf(scratch.data(), scratch.size()), .step = last};
+  trend_ = Trend{.slope = slope,
+                 .level = MedianOf(scratch.data(), scratch.size()),
+                 .step = last};
 }
 
 std::optional<uint64_t> TrendForecaster::StepReaching(double target) const {

@@ -7,9 +7,9 @@
 // quantile is a walk over ~20 block sizes, so there is no sorting per step.
 // Storage is allocated on the first push (a run that never reports a field
 // pays nothing for its window) and costs 12 bytes a slot, ~23 with the
-// sorted copy. RunWindow bundles
-// the series the detectors read (norm, clip and skip flags, attention logit,
-// log Z) and can rewind to a step when a job restarts from a checkpoint.
+// sorted copy. RunWindow bundles the series the detectors read (norm, clip
+// and skip flags, attention logit, log Z) and can rewind to a step when a job
+// restarts from a checkpoint.
 //
 // Not thread-safe: owned by one engine shard.
 #ifndef TRAINWATCH_SERVER_HEALTH_WINDOW_H_
@@ -102,9 +102,10 @@ class ValueWindow {
 };
 
 // A sorted multiset of doubles in blocks of at most kBlock values, with
-// each block's largest value in a flat array for the search: a change scans
-// the maxima (a count, no branches), searches one block and moves at most
-// kBlock - 1 values, where a flat sorted array moves W/3 on average. Blocks
+// each block's largest value in a flat array for the search: a change
+// searches the maxima, then one block (branch-free binary searches), and
+// moves at most kBlock - 1 values, where a flat sorted array moves W/3 on
+// average. Blocks
 // split when full and merge with a neighbour when nearly empty. Ties are
 // interchangeable, so a value may land anywhere among its equals.
 class SortedBlocks {
