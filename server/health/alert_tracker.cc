@@ -179,7 +179,11 @@ void AlertTracker::Amend(AlertKind kind, AlertText text, std::string severity) {
   if (!s.episode.firing || muted_) return;
   s.episode.text = std::move(text);
   if (!severity.empty()) s.episode.severity = std::move(severity);
+  // The same episode again, not a new fire (found by ingest_fuzzer: it was
+  // reported as one, and the router counted the alert as fired twice).
+  s.episode.update = true;
   if (on_transition_) on_transition_(s.episode);
+  s.episode.update = false;
 }
 
 void AlertTracker::Restore(const AlertEpisode& episode) {

@@ -33,8 +33,9 @@ struct AlertEpisode {
   uint32_t rank = 0;
   // The alert this one is a consequence of at the same steps (DESIGN.md §4).
   std::optional<AlertKind> caused_by;
-  // Set on the report of an episode already firing whose caused_by was just
-  // found (its cause fired a few steps after it): not a new fire.
+  // Set on a report of an episode already firing: its caused_by was just
+  // found (its cause fired a few steps after it), or Amend rewrote its text
+  // and severity. Not a new fire.
   bool update = false;
   std::string severity;  // "" = the catalog's
 };
@@ -65,7 +66,8 @@ class AlertTracker final : public AlertSink {
   void Resolve(AlertKind kind, uint64_t step);
 
   // Rewrites a firing alert's text (and raises its severity when `severity`
-  // is not empty) and tells the listener: what a spike's recurrence learned.
+  // is not empty) and tells the listener, as an update: what a spike's
+  // recurrence learned.
   void Amend(AlertKind kind, AlertText text, std::string severity);
 
   // Marks an alert as firing without telling the listener: its fire was

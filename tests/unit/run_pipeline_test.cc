@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "health/alert_catalog.h"
+#include "health/alert_tracker.h"
 
 namespace trainwatch {
 namespace {
@@ -241,6 +242,37 @@ TEST_F(RunPipelineTest, RecoveryReplaysMutedAndKeepsStoredAlertsFiring) {
   Send(Start(0, 1), Steps(150, 1500, 0.5));
   EXPECT_THAT(seen_.alerts, ElementsAre("resolve ClipFractionHigh"));
   EXPECT_THAT(seen_.leads, IsEmpty()) << "the recovered lead is still the lead";
+}
+
+// Found by ingest_fuzzer: a spike that recurred after a restart which
+// skipped its batches amends the firing GradNormSpike (optimizer or LR, now
+// critical). That report is the same episode again, an update: it was sent
+// as a second fire, and the router counted trainwatch_alerts_fired_total
+// twice for one episode.
+TEST(AlertTrackerAmend, AnAmendedAlertIsAnUpdateNotASecondFire) {
+  HealthConfig config;
+  std::vector<AlertEpisode> seen;
+  AlertTracker tracker(config, [&](const AlertEpisode& e) { seen.push_back(e); },
+                       nullptr);
+  tracker.Amend(AlertKind::kGradNormSpike, AlertText{.summary = "x"}, "");
+  EXPECT_THAT(seen, IsEmpty()) << "nothing to amend while it is not firing";
+  tracker.BeginStep(100, 0);
+  tracker.Fire(AlertKind::kGradNormSpike, 100, 9.0,
+               AlertText{.summary = "Gradient norm spike at step 100"});
+  tracker.Amend(AlertKind::kGradNormSpike,
+                AlertText{.summary = "Gradient norm spike at step 100",
+                          .description = "it recurred"},
+                "critical");
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen[0].firing);
+  EXPECT_FALSE(seen[0].update);
+  EXPECT_TRUE(seen[1].firing);
+  EXPECT_TRUE(seen[1].update);
+  EXPECT_EQ(seen[1].started_step, 100u);
+  EXPECT_EQ(seen[1].severity, "critical");
+  EXPECT_EQ(seen[1].text.description, "it recurred");
+  EXPECT_FALSE(tracker.episode(AlertKind::kGradNormSpike).update)
+      << "later reports are not updates unless they are";
 }
 
 }  // namespace
