@@ -1,5 +1,7 @@
 #include "store/store.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -68,7 +70,10 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
   if (!db.ok()) return db.status();
   sqlite3_busy_timeout(db->get(),
                        static_cast<int>(store->options_.busy_timeout.count()));
+  // page_size first: it takes effect only before the database's first
+  // table (and cannot change once in WAL mode).
   std::string pragmas = absl::StrCat(
+      "PRAGMA page_size = ", store->options_.page_size, ";",
       memory ? "" : "PRAGMA journal_mode = WAL;",
       "PRAGMA synchronous = ", store->options_.synchronous, ";",
       "PRAGMA cache_size = -65536;");
@@ -125,6 +130,7 @@ size_t Store::QueueDepth() const {
 }
 
 void Store::WriterLoop() {
+  pthread_setname_np(pthread_self(), "tw-store");
   std::vector<WriteOp> ops;
   std::vector<WriteResult> results;
   while (true) {

@@ -83,6 +83,12 @@ struct StoreOptions {
   // PRAGMA synchronous: "NORMAL" (durable across process crashes; the WAL is
   // synced at checkpoints) or "FULL" (also across power loss).
   std::string synchronous = "NORMAL";
+  // The page size of a database this store creates (an existing one keeps
+  // its own). A chunk of 1,024 records is ~80 KB of overflow pages, each a
+  // WAL frame written, then checkpointed, with its own syscalls: 16 KiB
+  // pages store bulk batches ~1.6x faster than SQLite's default 4 KiB, and a
+  // one-record commit ~1.7x slower (bench_store, docs/performance.md).
+  int page_size = 16384;
   // A transaction closes once it holds this many records (or the queue is empty).
   size_t max_records_per_txn = 65536;
   // Called on the writer thread after each commit: its duration, the records

@@ -1,7 +1,11 @@
 // Store tests on a private in-memory database.
 #include "store/store.h"
 
+#include <sqlite3.h>
+
+#include <cstdio>
 #include <future>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "test_records.h"
@@ -247,6 +251,55 @@ TEST(StoreFileTest, ReopenKeepsExactlyOnceState) {
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
   ASSERT_TRUE(store.ok());
   EXPECT_EQ((*store)->GetRun("r1")->steps(), 150u);
+}
+
+// The page size of the file on disk, read with a connection of our own.
+int PageSize(const std::string& path) {
+  sqlite3* db = nullptr;
+  int size = -1;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, "PRAGMA page_size", -1, &stmt, nullptr) == SQLITE_OK &&
+        sqlite3_step(stmt) == SQLITE_ROW) {
+      size = sqlite3_column_int(stmt, 0);
+    }
+    sqlite3_finalize(stmt);
+  }
+  sqlite3_close(db);
+  return size;
+}
+
+TEST(StoreFileTest, ANewDatabaseGetsThePageSizeAnExistingOneKeepsItsOwn) {
+  const std::string fresh = ::testing::TempDir() + "/store_page_fresh.db";
+  const std::string old = ::testing::TempDir() + "/store_page_old.db";
+  for (const std::string& p : {fresh, old}) {
+    for (const char* suffix : {"", "-wal", "-shm"}) std::remove((p + suffix).c_str());
+  }
+  // `old` made by a store of SQLite's default pages, `fresh` by today's.
+  auto write = [](StoreOptions options, uint64_t from, uint64_t to) {
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    std::promise<WriteResult> started, wrote;
+    (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0},
+                      .start = Start("r1"),
+                      .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
+    ASSERT_TRUE(started.get_future().get().status.ok());
+    (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                      .records = Steps(from, to),
+                      .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
+    EXPECT_EQ(wrote.get_future().get().stored, to - from);
+  };
+  write({.path = old, .page_size = 4096}, 0, 2000);
+  write({.path = old}, 2000, 4000);  // reopened by a store of 16 KiB pages
+  write({.path = fresh}, 0, 4000);
+  EXPECT_EQ(PageSize(old), 4096);
+  EXPECT_EQ(PageSize(fresh), StoreOptions{}.page_size);
+  EXPECT_EQ(StoreOptions{}.page_size, 16384);
+  for (const std::string& p : {fresh, old}) {
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = p});
+    ASSERT_TRUE(store.ok());
+    EXPECT_EQ((*store)->GetRun("r1")->steps(), 4000u) << p;
+  }
 }
 
 }  // namespace
