@@ -1,5 +1,7 @@
 #include "alerting/notifier.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -147,6 +149,7 @@ class Notifier::Channel {
 
  private:
   void Loop() ABSL_LOCKS_EXCLUDED(mu_) {
+    pthread_setname_np(pthread_self(), "tw-notifier");
     mu_.Lock();
     while (!stopping_) {
       work_ = false;

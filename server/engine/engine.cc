@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <future>
 #include <utility>
@@ -125,17 +127,23 @@ absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
 }
 
 void Engine::RunInOrder(const StreamHandle& stream,
-                        std::function<void(absl::Status)> work) {
-  stream->shard->Post([stream, work = std::move(work)]() mutable {
-    stream->shard->AssertOnShard();
-    const bool known =
-        stream->run->pipeline.KnowsStream(stream->key.rank, stream->key.attempt);
-    if (!stream->held.empty() || (!known && !stream->start_result.has_value())) {
-      stream->held.push_back(std::move(work));
-    } else {
-      work(stream->start_result.value_or(absl::OkStatus()));
-    }
-  });
+                        std::function<void(absl::Status)> work, bool small) {
+  const bool prompt = small && stream->normal_queued.load() == 0;
+  if (!prompt) stream->normal_queued.fetch_add(1);
+  stream->shard->Post(
+      [stream, prompt, work = std::move(work)]() mutable {
+        stream->shard->AssertOnShard();
+        const bool known = stream->run->pipeline.KnowsStream(
+            stream->key.rank, stream->key.attempt);
+        if (!stream->held.empty() ||
+            (!known && !stream->start_result.has_value())) {
+          stream->held.push_back(std::move(work));
+        } else {
+          work(stream->start_result.value_or(absl::OkStatus()));
+        }
+        if (!prompt) stream->normal_queued.fetch_sub(1);
+      },
+      prompt ? Shard::Lane::kPrompt : Shard::Lane::kNormal);
 }
 
 void Engine::OnStartCommitted(Stream& stream, const WriteResult& result) {
@@ -159,6 +167,7 @@ void Engine::SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
                     std::make_move_iterator(batch.mutable_records()->end()));
   const uint64_t dropped = batch.dropped();
   op.done = [done = std::move(done)](WriteResult r) { done(r.status); };
+  const bool small = op.records.size() <= options_.prompt_batch_records;
   RunInOrder(stream, [this, stream, dropped, op = std::move(op),
                       processed = std::move(processed)](absl::Status started) mutable {
     if (started.ok()) {
@@ -171,7 +180,7 @@ void Engine::SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
       return;
     }
     store_->Submit(std::move(op));
-  });
+  }, small);
 }
 
 void Engine::SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
@@ -200,7 +209,7 @@ void Engine::SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
       });
     };
     store_->Submit(std::move(op));
-  });
+  }, /*small=*/true);
 }
 
 void Engine::MarkFinished(RunState& run) {
@@ -272,6 +281,7 @@ void Engine::ForgetFinishedRuns() {
 }
 
 void Engine::SilenceLoop() {
+  pthread_setname_np(pthread_self(), "tw-silence");
   mu_.Lock();
   while (!stopping_) {
     stop_cv_.WaitWithTimeout(&mu_, absl::FromChrono(options_.silence_check_interval));

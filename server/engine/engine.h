@@ -11,6 +11,11 @@
 // batch resent after a reconnect or a crash is neither counted twice by the
 // engine nor stored twice by the store (which dedups the same way).
 //
+// A small batch (at most prompt_batch_records: a live trainer's, sent as it
+// trains) is processed before bulk batches queued on its shard (a replay, a
+// client catching up), so a bad step is not detected behind a healthy
+// backlog; never before its own stream's earlier messages.
+//
 // Each run's pipeline picks the lead stream, dedups, rewinds and feeds the
 // detectors (health/run_pipeline.h); what it reports goes through the run's
 // AlertRouter (engine/alert_router.h) to the store, /metrics and the
@@ -26,17 +31,20 @@
 // finished runs at once.
 //
 // Threads: OpenStream/SubmitBatch/SubmitEvent/GetHealth may be called from
-// any thread. A run's pipeline and router, and a stream's held work, are
-// touched only by the run's shard thread; Engine::mu_ guards the table of
-// runs. Completion callbacks (`done`) run on the store's writer thread once
-// the op's transaction ended, or on the run's shard thread when the op is
-// refused before the store (its stream's RunStart failed) and for a stored
-// event; `processed` runs on the shard. None may block. Once the store is
-// closed or the engine stopped, callbacks run inline on the thread that
-// submits (the server drains ingest first, so no stream submits then).
+// any thread; one stream's messages are submitted one at a time, in order
+// (ingest's reactor has one read in flight). A run's pipeline and router,
+// and a stream's held work, are touched only by the run's shard thread;
+// Engine::mu_ guards the table of runs. Completion callbacks (`done`) run
+// on the store's writer thread once the op's transaction ended, or on the
+// run's shard thread when the op is refused before the store (its stream's
+// RunStart failed) and for a stored event; `processed` runs on the shard.
+// None may block. Once the store is closed or the engine stopped, callbacks
+// run inline on the thread that submits (the server drains ingest first, so
+// no stream submits then).
 #ifndef TRAINWATCH_SERVER_ENGINE_ENGINE_H_
 #define TRAINWATCH_SERVER_ENGINE_ENGINE_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -67,6 +75,11 @@ struct EngineOptions {
   size_t shards = 2;
   // Runs that have not finished; a new one past this is RESOURCE_EXHAUSTED.
   size_t max_active_runs = 10000;
+  // A batch of at most this many records (a live trainer's, sent as it
+  // trains) is processed before queued larger ones (a replay's, a client
+  // catching up): a bad step is not detected behind a healthy backlog. As
+  // ingest's small_batch_records.
+  size_t prompt_batch_records = 256;
   HealthConfig health;
   // How often RunSilent is checked; 0 disables the timer (tests call
   // CheckSilence() themselves).
@@ -101,6 +114,10 @@ struct Stream {
   // Each item gets OK to run, or the error that ended the stream's start.
   std::vector<std::function<void(absl::Status)>> held ABSL_GUARDED_BY(shard);
   std::optional<absl::Status> start_result ABSL_GUARDED_BY(shard);
+  // The stream's tasks queued in the shard's normal lane, not yet run. Only
+  // the thread posting the stream's messages (one at a time) raises it; its
+  // work may take the prompt lane only at zero, so it cannot overtake.
+  std::atomic<uint32_t> normal_queued{0};
 };
 using StreamHandle = std::shared_ptr<Stream>;
 using DoneCallback = std::function<void(absl::Status)>;
@@ -155,8 +172,10 @@ class Engine {
   Shard* ShardFor(const std::string& run_id);
   // On the shard: runs `work` now, or holds it until the stream's start is
   // committed when the engine does not yet know where the stream resumes.
+  // `small` work (a batch of at most prompt_batch_records) takes the
+  // shard's prompt lane unless the stream has work in the normal one.
   static void RunInOrder(const StreamHandle& stream,
-                         std::function<void(absl::Status)> work);
+                         std::function<void(absl::Status)> work, bool small);
   static void OnStartCommitted(Stream& stream, const WriteResult& result);
   // The run reported RUN_FINISHED or RUN_FAILED.
   void MarkFinished(RunState& run);

@@ -1,16 +1,18 @@
 #include "engine/shard.h"
 
+#include <pthread.h>
+
 namespace trainwatch {
 
 Shard::Shard() : thread_([this] { Loop(); }) {}
 
 Shard::~Shard() { Stop(); }
 
-void Shard::Post(std::function<void()> task) {
+void Shard::Post(std::function<void()> task, Lane lane) {
   {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
-      tasks_.push_back(std::move(task));
+      (lane == Lane::kPrompt ? prompt_ : tasks_).push_back(std::move(task));
       cv_.Signal();
       return;
     }
@@ -28,16 +30,29 @@ void Shard::Stop() {
 }
 
 void Shard::Loop() {
-  std::deque<std::function<void()>> batch;
+  pthread_setname_np(pthread_self(), "tw-shard");  // for top -H and perf
+  std::deque<std::function<void()>> prompt;
+  std::function<void()> next;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      while (!stopping_ && tasks_.empty()) cv_.Wait(&mu_);
-      if (tasks_.empty()) return;
-      batch.swap(tasks_);
+      while (!stopping_ && tasks_.empty() && prompt_.empty()) cv_.Wait(&mu_);
+      if (!prompt_.empty()) {
+        prompt.swap(prompt_);
+      } else if (!tasks_.empty()) {
+        // One normal task at a time: prompt ones posted meanwhile go first.
+        next = std::move(tasks_.front());
+        tasks_.pop_front();
+      } else {
+        return;  // stopping, and both lanes drained
+      }
     }
-    for (auto& task : batch) task();
-    batch.clear();
+    for (auto& task : prompt) task();
+    prompt.clear();
+    if (next) {
+      next();
+      next = nullptr;
+    }
   }
 }
 

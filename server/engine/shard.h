@@ -1,6 +1,11 @@
-// A single thread that runs tasks in the order they were posted. The engine
-// keeps each run on one shard, so a run's state needs no lock and each
-// stream's messages are processed in the order they arrived.
+// A single thread that runs tasks posted to it, in two lanes: prompt tasks
+// (a live trainer's small batches) run before normal ones (bulk batches of
+// a replay or a client catching up), each lane in the order posted. The
+// engine keeps each run on one shard, so a run's state needs no lock, and
+// posts a stream's work to the prompt lane only while none of it waits in
+// the normal lane, so each stream's messages are processed in the order they
+// arrived. A bad step in a small batch is then not detected behind the
+// backlog of healthy bulk ones.
 #ifndef TRAINWATCH_SERVER_ENGINE_SHARD_H_
 #define TRAINWATCH_SERVER_ENGINE_SHARD_H_
 
@@ -23,9 +28,13 @@ class ABSL_LOCKABLE Shard {
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
 
+  enum class Lane { kNormal, kPrompt };
+
   // Queues a task; after Stop() the task runs on the caller's thread, so a
-  // callback waiting on it is never lost.
-  void Post(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+  // callback waiting on it is never lost. Between two normal tasks, every
+  // prompt task queued runs.
+  void Post(std::function<void()> task, Lane lane = Lane::kNormal)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs every queued task, then ends the thread. Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
@@ -41,6 +50,7 @@ class ABSL_LOCKABLE Shard {
   absl::Mutex mu_;
   absl::CondVar cv_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::function<void()>> prompt_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

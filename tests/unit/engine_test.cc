@@ -2,11 +2,16 @@
 // exposer, and a fake clock.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <future>
 #include <map>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "engine/shard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_records.h"
@@ -39,7 +44,7 @@ class EngineTest : public ::testing::Test {
     store_.reset();
   }
 
-  void Open(const std::string& path) {
+  void Open(const std::string& path, size_t shards = 2) {
     Shut();
     auto store = Store::Open({.path = path});
     ASSERT_TRUE(store.ok()) << store.status();
@@ -50,6 +55,7 @@ class EngineTest : public ::testing::Test {
     EngineOptions options;
     options.silence_check_interval = std::chrono::milliseconds(0);
     options.max_active_runs = 3;
+    options.shards = shards;
     auto engine = Engine::Create(options, store_.get(), metrics_.get(), &clock_);
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
@@ -111,6 +117,67 @@ TEST_F(EngineTest, AResentBatchIsCountedOnce) {
   EXPECT_EQ(Value(*metrics_, "trainwatch_steps_total{run=\"r\"}"), 150);
   EXPECT_EQ(Value(*metrics_, "trainwatch_ingest_records_total"), 150);
   EXPECT_EQ(Health("r").window.steps(), 150u);
+}
+
+// A live trainer's small batch is processed before bulk batches queued
+// ahead of it on the shard, but never before its own stream's earlier ones.
+TEST_F(EngineTest, ASmallBatchSkipsOtherStreamsBacklogButNotItsOwn) {
+  Open(":memory:", /*shards=*/1);
+  StreamHandle busy = OpenStream(Start("busy"));
+  StreamHandle bulk = OpenStream(Start("bulk"));
+  StreamHandle live = OpenStream(Start("live"));
+  std::mutex mu;
+  std::vector<std::string> order;
+  std::vector<std::future<absl::Status>> acks;
+  auto submit = [&](const StreamHandle& h, v1::StepBatch b, std::string name) {
+    auto done = std::make_shared<std::promise<absl::Status>>();
+    acks.push_back(done->get_future());
+    engine_->SubmitBatch(
+        h, std::move(b), [done](absl::Status s) { done->set_value(s); },
+        [&mu, &order, name] {
+          std::lock_guard lock(mu);
+          order.push_back(name);
+        });
+  };
+  // The shard's one thread works on a long batch while the rest is queued.
+  submit(busy, Batch(0, 200000), "busy");
+  submit(bulk, Batch(0, 1000), "bulk 0-999");
+  submit(bulk, Batch(1000, 1001), "bulk 1000");  // small, behind its own bulk
+  submit(live, Batch(0, 1, 50.0), "live spike");  // small, nothing queued
+  for (auto& ack : acks) EXPECT_TRUE(ack.get().ok());
+  auto at = [&](const std::string& name) {
+    return std::find(order.begin(), order.end(), name) - order.begin();
+  };
+  ASSERT_EQ(order.size(), 4u);
+  EXPECT_LT(at("live spike"), at("bulk 0-999")) << ::testing::PrintToString(order);
+  EXPECT_LT(at("bulk 0-999"), at("bulk 1000")) << ::testing::PrintToString(order);
+  // In order, so none of bulk's steps was taken for a resent one.
+  EXPECT_EQ(Value(*metrics_, "trainwatch_steps_total{run=\"bulk\"}"), 1001);
+}
+
+TEST(ShardTest, PromptTasksRunBeforeQueuedNormalOnesEachLaneInOrder) {
+  Shard shard;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::vector<std::string> order;  // touched by the shard's thread only
+  shard.Post([released] { released.wait(); });
+  for (const char* name : {"n1", "n2"}) {
+    shard.Post([&order, name] { order.push_back(name); });
+  }
+  for (const char* name : {"p1", "p2"}) {
+    shard.Post([&order, name] { order.push_back(name); },
+               Shard::Lane::kPrompt);
+  }
+  // Posted by a normal task while n3 waits: runs before n3.
+  shard.Post([&shard, &order] {
+    order.push_back("n2b");
+    shard.Post([&order] { order.push_back("p3"); }, Shard::Lane::kPrompt);
+  });
+  shard.Post([&order] { order.push_back("n3"); });
+  release.set_value();
+  shard.Stop();
+  EXPECT_THAT(order, ::testing::ElementsAre("p1", "p2", "n1", "n2", "n2b",
+                                            "p3", "n3"));
 }
 
 TEST_F(EngineTest, RunLevelHealthFollowsTheLowestRank) {
