@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -355,8 +356,13 @@ class WatchedRun final : public RunObserver {
   }
   void OnSpike(const SpikeInfo& s) override {
     Check(!muted_, "no spike is reported while muted");
-    Check(!expected_lead_.empty() && s.step == expected_lead_.front(),
-          "a spike is reported for the record being processed");
+    // A gradient spike names the record being processed; a loss spike,
+    // reported once the loss has stayed up for stay_steps, names its onset:
+    // an earlier lead step.
+    Check(!expected_lead_.empty() &&
+              (s.step == expected_lead_.front() ||
+               (s.step < expected_lead_.front() && lead_seen_.contains(s.step))),
+          "a spike names the record being processed or an earlier lead step");
   }
   void OnLeadChanged(const v1::RunStart& start) override {
     Check(expect_lead_change_ && start.rank() == lead_rank_ &&
@@ -368,6 +374,7 @@ class WatchedRun final : public RunObserver {
     Check(!muted_, "no lead record reported while replaying");
     Check(!expected_lead_.empty() && r.step() == expected_lead_.front(),
           "lead records reach the health once each, in order");
+    lead_seen_.insert(r.step());
     expected_lead_.pop_front();
     Shadow(current_attempt_, r);
     Check(pipeline_->health()->last_step() == r.step(),
@@ -457,6 +464,7 @@ class WatchedRun final : public RunObserver {
   v1::RunStart lead_start_;
   bool expect_lead_change_ = false;
   std::deque<uint64_t> expected_lead_;
+  std::set<uint64_t> lead_seen_;  // lead steps processed, any attempt
   uint32_t current_attempt_ = 0;
   std::optional<size_t> accepted_;
   std::optional<uint64_t> batch_done_;
