@@ -85,10 +85,12 @@ struct StoreOptions {
   std::string synchronous = "NORMAL";
   // The page size of a database this store creates (an existing one keeps
   // its own). A chunk of 1,024 records is ~80 KB of overflow pages, each a
-  // WAL frame written, then checkpointed, with its own syscalls: 16 KiB
-  // pages store bulk batches ~1.6x faster than SQLite's default 4 KiB, and a
-  // one-record commit ~1.7x slower (bench_store, docs/performance.md).
-  int page_size = 16384;
+  // WAL frame written, then checkpointed, with its own syscalls. Against
+  // SQLite's default 4 KiB, in one bench_store run: 8 KiB stored batches of
+  // 1,024 records 1.4x as fast, of 64 and of 1 (pipelined) 1.1x, a lone
+  // one-record commit 0.92x; 16 KiB did 1,024 records 1.5x but 64 0.75x and
+  // a lone commit 0.69x (every commit rewrites whole pages), so 8 KiB.
+  int page_size = 8192;
   // A transaction closes once it holds this many records (or the queue is empty).
   size_t max_records_per_txn = 65536;
   // Called on the writer thread after each commit: its duration, the records

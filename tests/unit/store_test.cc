@@ -290,11 +290,11 @@ TEST(StoreFileTest, ANewDatabaseGetsThePageSizeAnExistingOneKeepsItsOwn) {
     EXPECT_EQ(wrote.get_future().get().stored, to - from);
   };
   write({.path = old, .page_size = 4096}, 0, 2000);
-  write({.path = old}, 2000, 4000);  // reopened by a store of 16 KiB pages
+  write({.path = old}, 2000, 4000);  // reopened by a store of 8 KiB pages
   write({.path = fresh}, 0, 4000);
   EXPECT_EQ(PageSize(old), 4096);
   EXPECT_EQ(PageSize(fresh), StoreOptions{}.page_size);
-  EXPECT_EQ(StoreOptions{}.page_size, 16384);
+  EXPECT_EQ(StoreOptions{}.page_size, 8192);
   for (const std::string& p : {fresh, old}) {
     absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = p});
     ASSERT_TRUE(store.ok());
