@@ -19,7 +19,10 @@
 //    (one stream each) send 200 ordinary steps, then one step with a norm
 //    100x the others; the latency is from writing that step to /metrics
 //    showing trainwatch_alert_active{alertname="GradNormSpike",run=...} 1
-//    (polled as fast as /metrics answers).
+//    (polled as fast as /metrics answers). The probes share this process's
+//    gRPC client with the load: at 64 streams its queue can hold a probe's
+//    step for hundreds of ms before sending it, so perf_table.sh runs them
+//    from a second, light trainwatch-loadgen, as a trainer of its own.
 // --rate R caps the offered load at R records/s in all (each stream paces
 // its batches to R / N records/s), e.g. for a soak at half the peak.
 // --run-header sends x-trainwatch-run: RUN on every stream, as trainwatch's
