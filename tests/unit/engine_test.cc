@@ -117,6 +117,7 @@ TEST_F(EngineTest, AResentBatchIsCountedOnce) {
   EXPECT_EQ(Value(*metrics_, "trainwatch_steps_total{run=\"r\"}"), 150);
   EXPECT_EQ(Value(*metrics_, "trainwatch_ingest_records_total"), 150);
   EXPECT_EQ(Health("r").window.steps(), 150u);
+  EXPECT_EQ(Health("r").window.window_size(), EngineOptions{}.health.window_steps);
 }
 
 // A live trainer's small batch is processed before bulk batches queued
