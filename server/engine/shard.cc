@@ -37,14 +37,14 @@ void Shard::Loop() {
     {
       absl::MutexLock lock(&mu_);
       while (!stopping_ && tasks_.empty() && prompt_.empty()) cv_.Wait(&mu_);
-      if (!prompt_.empty()) {
-        prompt.swap(prompt_);
-      } else if (!tasks_.empty()) {
-        // One normal task at a time: prompt ones posted meanwhile go first.
+      if (tasks_.empty() && prompt_.empty()) return;  // stopping, drained
+      // Every prompt task queued, then one normal task: prompt ones posted
+      // meanwhile go first, and a stream of them cannot starve the normal
+      // lane.
+      prompt.swap(prompt_);
+      if (!tasks_.empty()) {
         next = std::move(tasks_.front());
         tasks_.pop_front();
-      } else {
-        return;  // stopping, and both lanes drained
       }
     }
     for (auto& task : prompt) task();

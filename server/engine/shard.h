@@ -31,8 +31,9 @@ class ABSL_LOCKABLE Shard {
   enum class Lane { kNormal, kPrompt };
 
   // Queues a task; after Stop() the task runs on the caller's thread, so a
-  // callback waiting on it is never lost. Between two normal tasks, every
-  // prompt task queued runs.
+  // callback waiting on it is never lost. Before each normal task, every
+  // prompt task queued runs (and a normal task runs after each such round,
+  // so prompt tasks cannot starve normal ones).
   void Post(std::function<void()> task, Lane lane = Lane::kNormal)
       ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -181,6 +181,26 @@ TEST(ShardTest, PromptTasksRunBeforeQueuedNormalOnesEachLaneInOrder) {
                                             "p3", "n3"));
 }
 
+TEST(ShardTest, AChainOfPromptTasksDoesNotStarveNormalOnes) {
+  Shard shard;
+  std::promise<void> chain_done;
+  int chain = 0, chain_at_normal = -1;  // touched by the shard's thread only
+  std::function<void()> link = [&] {
+    if (++chain < 100) {
+      shard.Post(link, Shard::Lane::kPrompt);
+    } else {
+      chain_done.set_value();
+    }
+  };
+  shard.Post(link, Shard::Lane::kPrompt);
+  shard.Post([&] { chain_at_normal = chain; });
+  chain_done.get_future().wait();
+  shard.Stop();
+  EXPECT_EQ(chain, 100);
+  EXPECT_GE(chain_at_normal, 1);
+  EXPECT_LT(chain_at_normal, 100);  // not only once the chain ended
+}
+
 TEST_F(EngineTest, RunLevelHealthFollowsTheLowestRank) {
   StreamHandle r1 = OpenStream(Start("r", 1));
   Submit(r1, Batch(0, 10, 0.9));
