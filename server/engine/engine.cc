@@ -1,7 +1,5 @@
 #include "engine/engine.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <future>
 #include <utility>
@@ -130,20 +128,19 @@ void Engine::RunInOrder(const StreamHandle& stream,
                         std::function<void(absl::Status)> work, bool small) {
   const bool prompt = small && stream->normal_queued.load() == 0;
   if (!prompt) stream->normal_queued.fetch_add(1);
-  stream->shard->Post(
-      [stream, prompt, work = std::move(work)]() mutable {
-        stream->shard->AssertOnShard();
-        const bool known = stream->run->pipeline.KnowsStream(
-            stream->key.rank, stream->key.attempt);
-        if (!stream->held.empty() ||
-            (!known && !stream->start_result.has_value())) {
-          stream->held.push_back(std::move(work));
-        } else {
-          work(stream->start_result.value_or(absl::OkStatus()));
-        }
-        if (!prompt) stream->normal_queued.fetch_sub(1);
-      },
-      prompt ? Shard::Lane::kPrompt : Shard::Lane::kNormal);
+  auto task = [stream, prompt, work = std::move(work)]() mutable {
+    stream->shard->AssertOnShard();
+    const bool known =
+        stream->run->pipeline.KnowsStream(stream->key.rank, stream->key.attempt);
+    if (!stream->held.empty() || (!known && !stream->start_result.has_value())) {
+      stream->held.push_back(std::move(work));
+    } else {
+      work(stream->start_result.value_or(absl::OkStatus()));
+    }
+    if (!prompt) stream->normal_queued.fetch_sub(1);
+  };
+  stream->shard->Post(std::move(task),
+                      prompt ? Shard::Lane::kPrompt : Shard::Lane::kNormal);
 }
 
 void Engine::OnStartCommitted(Stream& stream, const WriteResult& result) {
@@ -239,62 +236,6 @@ absl::StatusOr<HealthSnapshot> Engine::GetHealth(const std::string& run_id) {
   // W, so that `trainwatchctl health` can say how far the baseline is.
   snapshot.window.set_window_size(options_.health.window_steps);
   return snapshot;
-}
-
-void Engine::CheckSilence() {
-  const int64_t now = clock_->NowUnixNanos();
-  const int64_t limit = options_.health.silent.seconds * 1'000'000'000;
-  std::vector<std::shared_ptr<RunState>> runs;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [id, run] : runs_) {
-      if (!run->finished) runs.push_back(run);
-    }
-  }
-  for (std::shared_ptr<RunState>& run : runs) {
-    ShardFor(run->run_id)->Post([run = std::move(run), now, limit] {
-      run->pipeline.CheckSilence(now, limit);
-    });
-  }
-}
-
-void Engine::ForgetFinishedRuns() {
-  const int64_t now = clock_->NowUnixNanos();
-  const int64_t keep = options_.health.finished_runs.retention_seconds * 1'000'000'000;
-  std::vector<std::shared_ptr<RunState>> forgotten;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto it = runs_.begin(); it != runs_.end();) {
-      const RunState& run = *it->second;
-      // use_count 1: no stream, nor work queued on a shard, holds the run,
-      // and new holders take it only from runs_, under mu_.
-      if (run.finished && now - run.finished_unix_nanos >= keep &&
-          it->second.use_count() == 1) {
-        forgotten.push_back(std::move(it->second));
-        runs_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
-  }
-  // Nothing else can reach these runs now, so this thread may touch them:
-  // their firing alerts resolve (stored, sent, exported).
-  for (std::shared_ptr<RunState>& run : forgotten) run->pipeline.ResolveAll(now);
-  // Destroying a run removes its series from /metrics.
-}
-
-void Engine::SilenceLoop() {
-  pthread_setname_np(pthread_self(), "tw-silence");
-  mu_.Lock();
-  while (!stopping_) {
-    stop_cv_.WaitWithTimeout(&mu_, absl::FromChrono(options_.silence_check_interval));
-    if (stopping_) break;
-    mu_.Unlock();
-    CheckSilence();
-    ForgetFinishedRuns();
-    mu_.Lock();
-  }
-  mu_.Unlock();
 }
 
 }  // namespace trainwatch
