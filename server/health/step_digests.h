@@ -41,11 +41,15 @@ class StepDigests {
     }
     if (steps_.empty()) base_ = step;
     if (step < base_) {
-      // Before everything held: only while the ring is still young.
-      if (base_ - step + steps_.size() > max_lag_ || dropped_any_) {
+      // Before everything held: only while the ring is still young. `gap`
+      // is checked alone first: gap + size() wraps for a base near the top
+      // of uint64_t (a rank reporting step -1), and the insert below would
+      // then ask for ~2^64 digests (std::length_error: the server died).
+      const uint64_t gap = base_ - step;
+      if (gap > max_lag_ || gap + steps_.size() > max_lag_ || dropped_any_) {
         return nullptr;
       }
-      steps_.insert(steps_.begin(), base_ - step, T{});
+      steps_.insert(steps_.begin(), gap, T{});
       base_ = step;
     }
     if (step - base_ >= max_lag_) {

@@ -2,6 +2,7 @@
 // on synthetic signals with fixed seeds.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -234,6 +235,21 @@ TEST(StepDigests, ComparesRanksArrivingFarApartStepByStepWithBoundedMemory) {
   // A jump far ahead does not allocate the gap.
   EXPECT_NE(small.Get(1, 1'000'000'000), nullptr);
   EXPECT_LE(small.size(), 10u);
+}
+
+// Found by ingest_fuzzer: a rank reporting step 2^64 - 1 (a client's -1),
+// then another rank step 0 (or any step far below): the distance back plus
+// the steps held wrapped past 2^64 and passed the lag check.
+TEST(StepDigests, AStepFarBelowAStepNearTheTopOfUint64IsDropped) {
+  constexpr uint64_t kTop = std::numeric_limits<uint64_t>::max();
+  StepDigests<Digest> d(64);
+  ASSERT_NE(d.Get(0, kTop - 1), nullptr);
+  ASSERT_NE(d.Get(0, kTop), nullptr);
+  EXPECT_EQ(d.size(), 2u);
+  EXPECT_EQ(d.Get(0, 0), nullptr);
+  EXPECT_EQ(d.Get(0, kTop - 100), nullptr);  // more than the lag back
+  EXPECT_NE(d.Get(0, kTop - 10), nullptr);   // within it: held
+  EXPECT_EQ(d.size(), 11u);  // kTop - 10 .. kTop
 }
 
 }  // namespace
