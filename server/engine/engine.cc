@@ -160,8 +160,9 @@ void Engine::SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
   WriteOp op{.kind = WriteOp::Kind::kBatch,
              .key = stream->key,
              .received_unix_nanos = clock_->NowUnixNanos()};
-  op.records.assign(std::make_move_iterator(batch.mutable_records()->begin()),
-                    std::make_move_iterator(batch.mutable_records()->end()));
+  // Swaps the records' pointers (neither field is on an arena): a copy into
+  // a vector was 8% of the server's CPU at 16 streams.
+  op.records.Swap(batch.mutable_records());
   const uint64_t dropped = batch.dropped();
   op.done = [done = std::move(done)](WriteResult r) { done(r.status); };
   const bool small = op.records.size() <= options_.prompt_batch_records;

@@ -143,9 +143,10 @@ void RunPipeline::ResolveSilent(uint64_t step) {
   }
 }
 
-void RunPipeline::OnBatch(const v1::RunStart& start,
-                          const std::vector<v1::StepRecord>& records,
-                          uint64_t client_dropped, int64_t now_unix_nanos) {
+void RunPipeline::OnBatch(
+    const v1::RunStart& start,
+    const google::protobuf::RepeatedPtrField<v1::StepRecord>& records,
+    uint64_t client_dropped, int64_t now_unix_nanos) {
   const uint32_t rank = start.rank(), attempt = start.attempt();
   // A duplicate or a step that went backwards (a resent batch) is skipped,
   // as the store skips it (DESIGN.md §3).

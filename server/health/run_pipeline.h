@@ -97,9 +97,10 @@ class RunPipeline {
   // A batch of the stream that sent `start`, in step order, after
   // OnStreamStarted() for that stream. Records at or below a step already
   // processed for the stream are skipped.
-  void OnBatch(const v1::RunStart& start,
-               const std::vector<v1::StepRecord>& records,
-               uint64_t client_dropped, int64_t now_unix_nanos);
+  void OnBatch(
+      const v1::RunStart& start,
+      const google::protobuf::RepeatedPtrField<v1::StepRecord>& records,
+      uint64_t client_dropped, int64_t now_unix_nanos);
   // A stored event. Returns whether it ends the run (RUN_FINISHED,
   // RUN_FAILED), which resolves RunSilent.
   bool OnEvent(const v1::RunEvent& event);

@@ -170,7 +170,9 @@ struct WriteOp {
   Kind kind = Kind::kBatch;
   StreamKey key;
   v1::RunStart start;                   // kStart
-  std::vector<v1::StepRecord> records;  // kBatch, in arrival order
+  // kBatch, in arrival order: the parsed request's own records, moved, not
+  // copied.
+  google::protobuf::RepeatedPtrField<v1::StepRecord> records;
   v1::RunEvent event;                   // kEvent
   v1::Alert alert;                      // kAlert: upserted by (run, alertname, started_step)
   v1::Spike spike;                      // kSpike, kSpikeOutcome (by run, step)

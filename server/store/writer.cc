@@ -29,8 +29,9 @@ std::string PackIds(const google::protobuf::RepeatedField<int64_t>& ids) {
 
 // Encodes records[i] for each i of `picked` as a serialized StepBatch (field
 // `records` only) without copying them into a StepBatch first.
-std::string EncodeRecords(const std::vector<v1::StepRecord>& records,
-                          const std::vector<size_t>& picked) {
+std::string EncodeRecords(
+    const google::protobuf::RepeatedPtrField<v1::StepRecord>& records,
+    const std::vector<size_t>& picked) {
   std::string out;
   {
     google::protobuf::io::StringOutputStream stream(&out);

@@ -123,7 +123,8 @@ void StoreBench(benchmark::State& state, size_t inflight) {
   uint64_t step = 1;
   for (auto _ : state) {
     for (size_t k = 0; k < inflight; ++k) {
-      std::vector<v1::StepRecord> recs = templ;
+      google::protobuf::RepeatedPtrField<v1::StepRecord> recs(templ.begin(),
+                                                              templ.end());
       for (v1::StepRecord& r : recs) r.set_step(step++);
       (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = key,
                         .records = std::move(recs), .received_unix_nanos = 2,

@@ -18,11 +18,11 @@ v1::RunStart Start(const std::string& run, uint32_t rank, uint32_t attempt,
   return s;
 }
 
-std::vector<v1::StepRecord> Steps(uint64_t from, uint64_t to, double norm) {
-  std::vector<v1::StepRecord> out;
-  out.reserve(to > from ? to - from : 0);
+StepRecords Steps(uint64_t from, uint64_t to, double norm) {
+  StepRecords out;
+  out.Reserve(to > from ? static_cast<int>(to - from) : 0);
   for (uint64_t step = from; step < to; ++step) {
-    v1::StepRecord& r = out.emplace_back();
+    v1::StepRecord& r = *out.Add();
     r.set_step(step);
     r.set_grad_norm(norm);
     r.set_clipped(norm > 1.0);
@@ -33,9 +33,7 @@ std::vector<v1::StepRecord> Steps(uint64_t from, uint64_t to, double norm) {
 
 v1::StepBatch Batch(uint64_t from, uint64_t to, double norm) {
   v1::StepBatch b;
-  for (v1::StepRecord& r : Steps(from, to, norm)) {
-    *b.add_records() = std::move(r);
-  }
+  *b.mutable_records() = Steps(from, to, norm);
   return b;
 }
 

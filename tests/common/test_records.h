@@ -16,10 +16,11 @@ namespace trainwatch::testing {
 v1::RunStart Start(const std::string& run, uint32_t rank = 0,
                    uint32_t attempt = 0, uint64_t warmup_steps = 0);
 
+using StepRecords = google::protobuf::RepeatedPtrField<v1::StepRecord>;
+
 // Records of steps [from, to), each with grad_norm `norm` (clipped when
 // above 1.0, the max_norm of Start) and batch id 2 * step.
-std::vector<v1::StepRecord> Steps(uint64_t from, uint64_t to,
-                                  double norm = 0.5);
+StepRecords Steps(uint64_t from, uint64_t to, double norm = 0.5);
 
 // The same records as a StepBatch.
 v1::StepBatch Batch(uint64_t from, uint64_t to, double norm = 0.5);

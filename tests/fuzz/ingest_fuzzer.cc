@@ -231,9 +231,8 @@ class WatchedRun final : public RunObserver {
     current_attempt_ = attempt;
     accepted_.reset();
     batch_done_.reset();
-    const std::vector<v1::StepRecord> records(batch.records().begin(),
-                                              batch.records().end());
-    pipeline_->OnBatch(stream.start, records, batch.dropped(), now_ += kTick);
+    pipeline_->OnBatch(stream.start, batch.records(), batch.dropped(),
+                       now_ += kTick);
     if (!fresh.empty()) last_fresh_ = now_;
     Check(!expect_lead_change_, "the lead changes when a lower rank or a later "
                                 "attempt of the lead rank brings records");

@@ -80,7 +80,9 @@ class RunPipelineTest : public ::testing::Test {
   void Send(const v1::RunStart& start, const std::vector<v1::StepRecord>& records,
             uint64_t dropped = 0) {
     now_ += kSecond;
-    pipeline_.OnBatch(start, records, dropped, now_);
+    const google::protobuf::RepeatedPtrField<v1::StepRecord> batch(
+        records.begin(), records.end());
+    pipeline_.OnBatch(start, batch, dropped, now_);
   }
 
   HealthConfig config_;

@@ -14,6 +14,7 @@ namespace trainwatch {
 namespace {
 
 using testing::Start;
+using testing::StepRecords;
 using testing::Steps;
 
 class StoreTest : public ::testing::Test {
@@ -37,7 +38,7 @@ class StoreTest : public ::testing::Test {
                   .start = s,
                   .received_unix_nanos = 1000});
   }
-  WriteResult Batch(const StreamKey& key, std::vector<v1::StepRecord> recs) {
+  WriteResult Batch(const StreamKey& key, StepRecords recs) {
     return Write({.kind = WriteOp::Kind::kBatch,
                   .key = key,
                   .records = std::move(recs),
@@ -99,7 +100,7 @@ TEST_F(StoreTest, ResentAndOlderStepsAreStoredOnce) {
 
 TEST_F(StoreTest, StepsGoingBackwardsInsideABatchAreDropped) {
   ASSERT_TRUE(StartStream(Start("r1")).status.ok());
-  std::vector<v1::StepRecord> recs = Steps(0, 5);
+  StepRecords recs = Steps(0, 5);
   recs[3].set_step(1);  // goes backwards
   WriteResult w = Batch({"r1", 0, 0}, recs);
   EXPECT_EQ(w.stored, 4u);

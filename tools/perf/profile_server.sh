@@ -13,7 +13,7 @@ SECS=${3:-8}
 BIN=$BUILD/bin
 WORK=$(mktemp -d)
 SERVER_PID=
-cleanup() { [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null; rm -rf "$WORK"; }
+cleanup() { [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null; [[ -n "${KEEP_PERF:-}" ]] && cp "$WORK/perf.data" "$KEEP_PERF"; rm -rf "$WORK"; }
 trap cleanup EXIT
 
 "$BIN/trainwatch-server" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
@@ -27,7 +27,7 @@ runs=$(( STREAMS < 16 ? STREAMS : 16 ))
   --runs "$runs" --batch 1024 --seconds $(( SECS + 2 )) --alert-probes 10 --json >"$WORK/load.out" &
 LOAD_PID=$!
 sleep 1
-perf record -e cpu-clock -F 999 -g -p "$SERVER_PID" -o "$WORK/perf.data" -- sleep "$SECS" 2>/dev/null
+perf record -e cpu-clock -F 999 ${PERF_CALLGRAPH:--g} -p "$SERVER_PID" -o "$WORK/perf.data" -- sleep "$SECS" 2>/dev/null
 wait "$LOAD_PID"
 echo "load average $(cut -d' ' -f1-3 /proc/loadavg); loadgen: $(tail -1 "$WORK/load.out")"
 echo "--- self time, top 40 ---"
