@@ -6,7 +6,9 @@
 // Works in log space (losses are positive and their noise is roughly
 // multiplicative): the recent level is the median of the last
 // `recent_steps` log losses and its noise their robust sd (1.4826 x MAD),
-// refreshed every `refresh_steps`. A step is high when its log loss is at
+// refreshed every `refresh_steps` (from a sorted copy of the history,
+// brought up to date at each refresh: the median is read, the MAD merged
+// outwards from it, where two selections cost ~4x as much). A step is high when its log loss is at
 // least max(log(min_ratio), sigmas x sd) above that level; stay_steps high
 // steps in a row make a spike, whose onset is the first of them. High steps
 // do not enter the history (a spike cannot raise its own reference), unless
@@ -39,8 +41,8 @@ class LossSpikeRule {
     bool high = false;        // this step is above the spike line
     bool fired_now = false;   // this step completed stay_steps high steps
     uint64_t onset_step = 0;  // first high step of the current run of them
-    double ratio = 0.0;       // loss / recent level
-    double level = 0.0;       // the recent level (a loss, not a log)
+    double ratio = 0.0;       // loss / recent level (when high)
+    double level = 0.0;       // the recent level, a loss (when high)
   };
 
   explicit LossSpikeRule(const Options& options) : options_(options) {}
@@ -49,15 +51,23 @@ class LossSpikeRule {
   std::optional<Result> Add(uint64_t step, double loss);
   void Reset();
 
+  // The recent level (a log loss) and its robust sd at the last refresh.
+  const std::optional<double>& median_log() const { return median_; }
+  double sd() const { return sd_; }
+
  private:
   void Push(double log_loss);
+  void UpdateSorted();
   void Refresh();
 
   Options options_;
   std::vector<double> history_;  // ring of log losses
+  std::vector<double> sorted_;   // the history at the last refresh, in order
+  std::vector<double> entered_;  // pushed since then
+  std::vector<double> left_;     // evicted since then
+  std::vector<double> merged_;   // scratch
   size_t next_ = 0;
   uint32_t since_refresh_ = 0;
-  std::vector<double> scratch_;
   std::optional<double> median_;
   double sd_ = 0.0;
   uint32_t high_run_ = 0;

@@ -149,6 +149,50 @@ TEST(LossSpikeRule, OneOrTwoHighStepsAndNoiseAreNotASpike) {
   }
 }
 
+// The level and spread come from a sorted copy of the history, updated at
+// each refresh (the median read, the MAD merged outwards): exactly the
+// median and MAD of the history then, with ties, heavy tails, the history
+// not yet full, and refreshes further apart than the history is long.
+void ExpectExactLevelAndSpread(uint32_t recent_steps, uint32_t refresh_steps) {
+  SCOPED_TRACE(testing::Message() << "history " << recent_steps
+                                  << ", refresh every " << refresh_steps);
+  LossSpikeRule::Options o;
+  o.recent_steps = recent_steps;
+  o.min_steps = 1;
+  o.refresh_steps = refresh_steps;
+  o.min_ratio = 1e300;  // nothing is high, so every loss enters the history
+  o.min_sd = 0.0;
+  LossSpikeRule rule(o);
+  std::mt19937 rng(11);
+  std::cauchy_distribution<double> tail(0.0, 0.3);
+  std::uniform_int_distribution<int> level(1, 6);
+  std::vector<double> history;
+  for (uint64_t s = 1; s <= 5000; ++s) {
+    // Quantized losses (many ties) in one stretch, heavy-tailed in another.
+    const double loss = s % 2000 < 700 ? 0.5 * level(rng)
+                                       : std::exp(1.0 + tail(rng));
+    rule.Add(s, loss);
+    history.push_back(std::log(loss));
+    if (history.size() > o.recent_steps) history.erase(history.begin());
+    if ((s - 1) % refresh_steps != 0) continue;  // refreshes: 1, 1 + R, ...
+    std::vector<double> v = history;
+    std::sort(v.begin(), v.end());
+    const double m = v[v.size() / 2];
+    for (double& x : v) x = std::abs(x - m);
+    std::sort(v.begin(), v.end());
+    ASSERT_TRUE(rule.median_log().has_value()) << s;
+    ASSERT_EQ(*rule.median_log(), m) << s;
+    ASSERT_EQ(rule.sd(), 1.4826 * v[v.size() / 2]) << s;
+  }
+}
+
+TEST(LossSpikeRule, LevelAndSpreadAreTheExactMedianAndMadOfTheHistory) {
+  ExpectExactLevelAndSpread(100, 8);  // the defaults
+  ExpectExactLevelAndSpread(100, 1);
+  ExpectExactLevelAndSpread(7, 3);
+  ExpectExactLevelAndSpread(10, 25);  // values enter and leave in between
+}
+
 TEST(LossSpikeRule, IgnoresLossesWithoutALog) {
   LossSpikeRule rule(LossSpikeRule::Options{});
   EXPECT_FALSE(rule.Add(1, -0.5).has_value());
