@@ -60,52 +60,61 @@ TEST(TrendForecaster, ResistsOutliersAndRewinds) {
 
 // The fit's medians are exact: the trend equals Theil-Sen computed by
 // sorting every pairwise slope, on noise, heavy tails and many ties.
+// Every fit against Theil-Sen by sorting all the pairwise slopes: most fits
+// select inside a bracket around the last slope, the rest (the first, after
+// a jump of the trend) among all of them; both must give the exact median.
 TEST(TrendForecaster, TheFitIsTheilSenExactly) {
   std::mt19937 rng(7);
   std::normal_distribution<double> normal(0.0, 1.0);
   std::cauchy_distribution<double> cauchy(0.0, 1.0);
-  for (int series = 0; series < 300; ++series) {
-    const int kind = series % 3;
+  uint64_t fits = 0, bracketed = 0;
+  for (int series = 0; series < 120; ++series) {
+    const int kind = series % 4;
     TrendForecaster f(TrendForecaster::Options{.stride = 1, .points = 64,
                                                .min_points = 2});
     std::vector<uint64_t> steps;
     std::vector<double> values;
-    // Up to 64 values fill the ring; more wrap it. The reference is the fit
-    // over the 64 values before the last refit.
-    const uint64_t n = 64 + series % 90;
-    size_t fitted = 0;  // values in at the last refit
+    // Up to 64 values fill the ring; more wrap it.
+    const uint64_t n = 64 + (series * 37) % 1200;
     for (uint64_t s = 1; s <= n; ++s) {
       double v = 0.01 * s;
       if (kind == 0) v += normal(rng);
       if (kind == 1) v += cauchy(rng);
       if (kind == 2) v = std::round(2 * normal(rng));  // ties everywhere
+      if (kind == 3) {  // the trend turns every 300 values
+        v = (s / 300 % 2 == 0 ? 0.02 : -0.05) * static_cast<double>(s % 300) +
+            0.1 * normal(rng);
+      }
       steps.push_back(s * 3);
       values.push_back(v);
-      if (f.Add(s * 3, v)) fitted = steps.size();
-    }
-    ASSERT_GE(fitted, 64u) << series;
-    steps.resize(fitted);
-    values.resize(fitted);
-    const size_t first = steps.size() - 64;
-    std::vector<double> slopes;
-    for (size_t i = first; i < steps.size(); ++i) {
-      for (size_t j = i + 1; j < steps.size(); ++j) {
-        slopes.push_back((values[j] - values[i]) /
-                         (static_cast<double>(steps[j]) - steps[i]));
+      if (!f.Add(s * 3, v)) continue;
+      ++fits;
+      const size_t first = steps.size() > 64 ? steps.size() - 64 : 0;
+      std::vector<double> slopes;
+      for (size_t i = first; i < steps.size(); ++i) {
+        for (size_t j = i + 1; j < steps.size(); ++j) {
+          slopes.push_back((values[j] - values[i]) /
+                           (static_cast<double>(steps[j]) - steps[i]));
+        }
       }
+      std::sort(slopes.begin(), slopes.end());
+      const double slope = slopes[slopes.size() / 2];
+      std::vector<double> levels;
+      for (size_t i = first; i < steps.size(); ++i) {
+        levels.push_back(values[i] - slope * (static_cast<double>(steps[i]) -
+                                              steps.back()));
+      }
+      std::sort(levels.begin(), levels.end());
+      ASSERT_TRUE(f.trend().has_value()) << series << " at " << s;
+      ASSERT_EQ(f.trend()->slope, slope) << series << " at " << s;
+      ASSERT_EQ(f.trend()->level, levels[levels.size() / 2])
+          << series << " at " << s;
     }
-    std::sort(slopes.begin(), slopes.end());
-    const double slope = slopes[slopes.size() / 2];
-    std::vector<double> levels;
-    for (size_t i = first; i < steps.size(); ++i) {
-      levels.push_back(values[i] -
-                       slope * (static_cast<double>(steps[i]) - steps.back()));
-    }
-    std::sort(levels.begin(), levels.end());
-    ASSERT_TRUE(f.trend().has_value()) << series;
-    EXPECT_EQ(f.trend()->slope, slope) << series;
-    EXPECT_EQ(f.trend()->level, levels[levels.size() / 2]) << series;
+    bracketed += f.bracketed_fits();
   }
+  // The bracket does its job: most fits never look at most slopes twice.
+  EXPECT_GT(bracketed, fits * 85 / 100) << bracketed << " of " << fits;
+  EXPECT_LT(bracketed, fits) << "no fit selected among all the slopes";
 }
 
 // A loss curve: falling slowly, 1.5% multiplicative noise.
