@@ -6,10 +6,11 @@
 // Works in log space (losses are positive and their noise is roughly
 // multiplicative): the recent level is the median of the last
 // `recent_steps` log losses and its noise their robust sd (1.4826 x MAD),
-// refreshed every `refresh_steps` (from a sorted copy of the history,
-// brought up to date at each refresh: the median is read, the MAD merged
-// outwards from it, where two selections cost ~4x as much). A step is high when its log loss is at
-// least max(log(min_ratio), sigmas x sd) above that level; stay_steps high
+// refreshed every `refresh_steps` from a sorted copy of the history,
+// brought up to date at each refresh: the median is read and the MAD found
+// by a short binary search (~70 ns a step in all, against ~125 ns with two
+// selections of the history a refresh). A step is high when its log loss is
+// at least max(log(min_ratio), sigmas x sd) above that level; stay_steps high
 // steps in a row make a spike, whose onset is the first of them. High steps
 // do not enter the history (a spike cannot raise its own reference), unless
 // the loss stays up for longer than the history is long: then it is the new

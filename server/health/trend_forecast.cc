@@ -77,11 +77,14 @@ std::optional<double> TrendForecaster::BracketedMedianSlope() {
   size_t below = 0, in = 0;
   for (size_t i = 0; i < n; ++i) {
     for (size_t j = i + 1; j < n; ++j) {
+      // No branches: a mispredicted one every other slope (half are below)
+      // would stall on the division each time. lo <= hi, so a slope below
+      // lo is also at most hi.
       const double s = (vs[j] - vs[i]) / (xs[j] - xs[i]);
-      const bool is_below = s < lo, is_inside = !is_below && !(s > hi);
-      below += is_below ? 1 : 0;
+      const size_t is_below = s < lo, at_most_hi = s <= hi;
+      below += is_below;
       inside[in] = s;
-      in += is_inside ? 1 : 0;
+      in += at_most_hi - is_below;
     }
   }
   if (k < below || k >= below + in) return std::nullopt;
