@@ -52,11 +52,15 @@ class TrendForecaster {
 
  private:
   void Fit();
-  // The median slope selected among the slopes inside the bracket around
-  // the last one (one pass computes and counts them all, the selection runs
-  // on ~400 of 2,016); nullopt when the median is outside it, or the points
-  // are not in step order: then Fit() selects among all of them.
-  std::optional<double> BracketedMedianSlope();
+  // The median slope when the points are in step order (nullopt when not:
+  // Fit() then skips pairs of equal steps as it always did). One pass
+  // computes all the slopes into `all` and counts those below the bracket
+  // around the last fit's slope, keeping those inside it: the median is
+  // selected among those (~400 of 2,016) when it is inside, among all of
+  // them when not.
+  std::optional<double> MedianSlopeInOrder(std::vector<double>& all);
+  // The bracket from `slopes` and their median, for the next fit.
+  void SetBracket(std::vector<double>& slopes, double median);
 
   Options options_;
   std::vector<double> pending_;  // values of the point being built
