@@ -108,6 +108,30 @@ ALTER TABLE alerts ADD COLUMN onset_step INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE alerts ADD COLUMN caused_by TEXT NOT NULL DEFAULT '';
 )sql";
 
+// Version 6: step_chunks as a rowid table, with its primary key as a separate
+// index. WITHOUT ROWID kept each chunk (~80 KB for 1,024 records) inside the
+// primary key's b-tree, and SQLite compares a key with a cell whose payload
+// overflows by reading the whole cell: with many runs writing, the inserts'
+// key comparisons copied chunks (~6% of the server's CPU at 16 runs; 15-20%
+// more records a second without them, docs/performance.md). Copies the
+// chunks of an existing database once.
+constexpr const char* kSchemaV6 = R"sql(
+CREATE TABLE step_chunks_v6 (
+  run_key    INTEGER NOT NULL,
+  rank       INTEGER NOT NULL,
+  attempt    INTEGER NOT NULL,
+  first_step INTEGER NOT NULL,
+  last_step  INTEGER NOT NULL,
+  n          INTEGER NOT NULL,
+  records    BLOB NOT NULL,        -- serialized trainwatch.v1.StepBatch (records only)
+  PRIMARY KEY (run_key, rank, attempt, first_step)
+);
+INSERT INTO step_chunks_v6 (run_key, rank, attempt, first_step, last_step, n, records)
+  SELECT run_key, rank, attempt, first_step, last_step, n, records FROM step_chunks;
+DROP TABLE step_chunks;
+ALTER TABLE step_chunks_v6 RENAME TO step_chunks;
+)sql";
+
 absl::StatusOr<int> UserVersion(sqlite3* db) {
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
   if (!s.ok()) return s.status();
@@ -140,6 +164,9 @@ absl::Status MigrateSchema(sqlite3* db, int target_version) {
     }
     if (*version < 5 && target_version >= 5) {
       if (absl::Status s = sqlite::Exec(db, kSchemaV5); !s.ok()) return s;
+    }
+    if (*version < 6 && target_version >= 6) {
+      if (absl::Status s = sqlite::Exec(db, kSchemaV6); !s.ok()) return s;
     }
     return sqlite::Exec(
         db, absl::StrCat("PRAGMA user_version = ", target_version).c_str());

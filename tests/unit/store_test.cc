@@ -303,5 +303,79 @@ TEST(StoreFileTest, ANewDatabaseGetsThePageSizeAnExistingOneKeepsItsOwn) {
   }
 }
 
+// Runs `sql` on the file with a connection of our own; the first column of
+// the last row, or the error.
+std::string Sql(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  std::string out;
+  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) return "cannot open";
+  char* error = nullptr;
+  auto row = [](void* o, int n, char** values, char**) {
+    *static_cast<std::string*>(o) = n > 0 && values[0] ? values[0] : "NULL";
+    return 0;
+  };
+  if (sqlite3_exec(db, sql.c_str(), row, &out, &error) != SQLITE_OK) {
+    out = std::string("error: ") + (error ? error : "?");
+    sqlite3_free(error);
+  }
+  sqlite3_close(db);
+  return out;
+}
+
+// A database of schema version 5 kept step_chunks WITHOUT ROWID; version 6
+// makes it a rowid table and keeps every chunk.
+TEST(StoreFileTest, AVersion5DatabaseIsMigratedWithItsRecords) {
+  const std::string path = ::testing::TempDir() + "/store_v5.db";
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::remove((path + suffix).c_str());
+  }
+  {
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+    ASSERT_TRUE(store.ok()) << store.status();
+    std::promise<WriteResult> started, wrote;
+    (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0},
+                      .start = Start("r1"),
+                      .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
+    ASSERT_TRUE(started.get_future().get().status.ok());
+    (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                      .records = Steps(0, 3000),
+                      .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
+    ASSERT_EQ(wrote.get_future().get().stored, 3000u);
+  }
+  // Back to version 5's layout, as a server of that version left it.
+  ASSERT_EQ(Sql(path, R"sql(
+    CREATE TABLE c5 (run_key INTEGER NOT NULL, rank INTEGER NOT NULL,
+      attempt INTEGER NOT NULL, first_step INTEGER NOT NULL,
+      last_step INTEGER NOT NULL, n INTEGER NOT NULL, records BLOB NOT NULL,
+      PRIMARY KEY (run_key, rank, attempt, first_step)) WITHOUT ROWID;
+    INSERT INTO c5 SELECT run_key, rank, attempt, first_step, last_step, n,
+      records FROM step_chunks;
+    DROP TABLE step_chunks;
+    ALTER TABLE c5 RENAME TO step_chunks;
+    PRAGMA user_version = 5;
+    SELECT count(*) FROM step_chunks;)sql"),
+            "1");
+  ASSERT_NE(Sql(path, "SELECT rowid FROM step_chunks").rfind("error", 0),
+            std::string::npos)
+      << "version 5's table has no rowid";
+
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->GetRun("r1")->steps(), 3000u);
+  uint64_t read = 0, next = 0;
+  ASSERT_TRUE((*store)->ReadSteps("r1", 0, 0, std::nullopt, 1024,
+                                  [&](v1::StepRecords& chunk) {
+                                    for (const auto& item : chunk.items()) {
+                                      EXPECT_EQ(item.record().step(), next++);
+                                      ++read;
+                                    }
+                                    return true;
+                                  }).ok());
+  EXPECT_EQ(read, 3000u);
+  store->reset();
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "6");
+  EXPECT_EQ(Sql(path, "SELECT count(rowid) FROM step_chunks"), "1");
+}
+
 }  // namespace
 }  // namespace trainwatch
