@@ -1,5 +1,7 @@
 #include "store/schema.h"
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 #include "store/sqlite.h"
 
@@ -166,6 +168,12 @@ absl::Status MigrateSchema(sqlite3* db, int target_version) {
       if (absl::Status s = sqlite::Exec(db, kSchemaV5); !s.ok()) return s;
     }
     if (*version < 6 && target_version >= 6) {
+      if (*version >= 1) {  // an existing file: say why this start is slow
+        std::fprintf(stderr,
+                     "trainwatch-server: converting the database from schema "
+                     "version %d to 6 (copies every stored chunk once)\n",
+                     *version);
+      }
       if (absl::Status s = sqlite::Exec(db, kSchemaV6); !s.ok()) return s;
     }
     return sqlite::Exec(
