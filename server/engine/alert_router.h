@@ -67,6 +67,8 @@ class AlertRouter final : public RunObserver {
   std::array<std::optional<uint64_t>, kAlertKindCount> incident_counted_;
   // Lost steps already added to trainwatch_lost_steps_total.
   uint64_t exported_skipped_ = 0, exported_rewound_ = 0;
+  // The grad norm window's pushes() when its quantiles were last exported.
+  std::optional<uint64_t> quantiles_at_;
 };
 
 }  // namespace trainwatch

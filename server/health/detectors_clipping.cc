@@ -106,15 +106,16 @@ class PostClipNormReported final : public Detector {
     at_max_norm_.Push(ctx.record.step(),
                       max_norm > 0 && std::abs(ctx.record.grad_norm() -
                                                max_norm) <= tolerance);
-    const OrderStatWindow& norms = ctx.window.grad_norm;
+    const ValueWindow& norms = ctx.window.grad_norm;
     const auto& cfg = ctx.config.post_clip;
-    if (max_norm <= 0 || norms.slots() < cfg.min_steps) return;
-    std::optional<double> largest = norms.Max();
-    if (!largest.has_value()) return;
+    if (max_norm <= 0 || norms.slots() < cfg.min_steps || norms.ranked() == 0) {
+      return;
+    }
     const size_t pile = at_max_norm_.count();
     const double share = at_max_norm_.fraction();
-    const bool holds = *largest <= max_norm + tolerance &&
-                       pile >= cfg.min_pile && share >= cfg.pile_fraction;
+    // The window's largest norm (a pass over it) only once the pile is there.
+    const bool holds = pile >= cfg.min_pile && share >= cfg.pile_fraction &&
+                       *norms.Max() <= max_norm + tolerance;
     sink.Condition(
         AlertKind::kPostClipNormReported, ctx.record.step(), holds, share, [&] {
           return AlertText{
@@ -123,7 +124,7 @@ class PostClipNormReported final : public Detector {
                   "none of the last %d post-warmup norms exceeds max_norm %g "
                   "(largest %.7g) and %d of them (%.1f%%) sit at max_norm: "
                   "the post-clip norm is being reported",
-                  norms.slots(), max_norm, *largest, pile, 100 * share)};
+                  norms.slots(), max_norm, *norms.Max(), pile, 100 * share)};
         });
   }
 

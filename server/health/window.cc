@@ -113,6 +113,7 @@ std::optional<double> ValueWindow::Push(uint64_t step, double value) {
   }
   values_[ring_.Append(step)] = value;
   ranked_ += std::isfinite(value) ? 1 : 0;
+  ++pushes_;
   return evicted;
 }
 
