@@ -165,7 +165,8 @@ void Engine::SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
   op.records.Swap(batch.mutable_records());
   const uint64_t dropped = batch.dropped();
   op.done = [done = std::move(done)](WriteResult r) { done(r.status); };
-  const bool small = op.records.size() <= options_.prompt_batch_records;
+  const bool small =
+      static_cast<size_t>(op.records.size()) <= options_.prompt_batch_records;
   RunInOrder(stream, [this, stream, dropped, op = std::move(op),
                       processed = std::move(processed)](absl::Status started) mutable {
     if (started.ok()) {

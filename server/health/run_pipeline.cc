@@ -154,7 +154,7 @@ void RunPipeline::OnBatch(
   auto is_new = [&seen](const v1::StepRecord& r) {
     return !seen.has_value() || r.step() > *seen;
   };
-  size_t first = 0;
+  int first = 0;
   while (first < records.size() && !is_new(records[first])) ++first;
   if (first == records.size()) return;
   if (rank < lead_rank_ || (rank == lead_rank_ && attempt > lead_attempt_)) {
@@ -170,7 +170,7 @@ void RunPipeline::OnBatch(
   const v1::StepRecord* last = nullptr;
   size_t fresh = 0;
   now_unix_nanos_ = now_unix_nanos;
-  for (size_t i = first; i < records.size(); ++i) {
+  for (int i = first; i < records.size(); ++i) {
     const v1::StepRecord& r = records[i];
     if (!is_new(r)) continue;
     seen = r.step();

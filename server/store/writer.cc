@@ -247,7 +247,7 @@ absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
   if (!stream.ok()) return stream.status();
   StreamState& st = **stream;
   picked_.clear();
-  for (size_t i = 0; i < op.records.size(); ++i) {
+  for (int i = 0; i < op.records.size(); ++i) {
     int64_t step = ToDb(op.records[i].step());
     if (st.last_step.has_value() && step <= *st.last_step) continue;
     st.last_step = step;
