@@ -280,9 +280,9 @@ class ClipBeforeUnscale final : public Detector {
 
  private:
   FlagWindow clipped_;
-  OrderStatWindow ratio_;  // grad_norm / loss_scale
-  OrderStatWindow norm_;
-  OrderStatWindow scale_;
+  OrderStatWindow ratio_;  // grad_norm / loss_scale: its median every step
+  ValueWindow norm_;       // medians only for the alert's text
+  ValueWindow scale_;
 };
 
 // Catches an fp16 run without dynamic loss scaling (no GradScaler, or a
