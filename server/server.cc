@@ -211,6 +211,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
 
   IngestOptions ingest_options;
   ingest_options.limits = options.limits;
+  // One notion of a live trainer's batch: what the engine runs first is
+  // what ingest never holds back.
+  ingest_options.small_batch_records = engine_options.prompt_batch_records;
   ingest_options.authorizer = server->authorizer_.get();
   server->ingest_ = std::make_unique<Ingest>(ingest_options,
                                              server->engine_.get(), m);

@@ -234,10 +234,7 @@ absl::StatusOr<HealthSnapshot> Engine::GetHealth(const std::string& run_id) {
   }
   std::promise<HealthSnapshot> result;
   ShardFor(run_id)->Post([&] { result.set_value(run->pipeline.Snapshot()); });
-  HealthSnapshot snapshot = result.get_future().get();
-  // W, so that `trainwatchctl health` can say how far the baseline is.
-  snapshot.window.set_window_size(options_.health.window_steps);
-  return snapshot;
+  return result.get_future().get();
 }
 
 }  // namespace trainwatch

@@ -77,8 +77,8 @@ struct EngineOptions {
   size_t max_active_runs = 10000;
   // A batch of at most this many records (a live trainer's, sent as it
   // trains) is processed before queued larger ones (a replay's, a client
-  // catching up): a bad step is not detected behind a healthy backlog. As
-  // ingest's small_batch_records.
+  // catching up): a bad step is not detected behind a healthy backlog. The
+  // server sets ingest's small_batch_records from it.
   size_t prompt_batch_records = 256;
   HealthConfig health;
   // How often RunSilent is checked; 0 disables the timer (tests call

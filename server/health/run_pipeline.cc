@@ -263,6 +263,8 @@ void RunPipeline::EndReplay() {
 
 HealthSnapshot RunPipeline::Snapshot() const {
   HealthSnapshot snap;
+  // W, so that `trainwatchctl health` can say how far the baseline is.
+  snap.window.set_window_size(config_.window_steps);
   if (health_ == nullptr) return snap;
   const RunHealth& h = *health_;
   const RunWindow& w = h.window();
