@@ -270,6 +270,21 @@ int PageSize(const std::string& path) {
   return size;
 }
 
+// Opens a store on `options`, starts run r1 and stores steps [from, to).
+void WriteSteps(const StoreOptions& options, uint64_t from, uint64_t to) {
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::promise<WriteResult> started, wrote;
+  (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0},
+                    .start = Start("r1"),
+                    .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
+  ASSERT_TRUE(started.get_future().get().status.ok());
+  (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                    .records = Steps(from, to),
+                    .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
+  EXPECT_EQ(wrote.get_future().get().stored, to - from);
+}
+
 TEST(StoreFileTest, ANewDatabaseGetsThePageSizeAnExistingOneKeepsItsOwn) {
   const std::string fresh = ::testing::TempDir() + "/store_page_fresh.db";
   const std::string old = ::testing::TempDir() + "/store_page_old.db";
@@ -277,22 +292,9 @@ TEST(StoreFileTest, ANewDatabaseGetsThePageSizeAnExistingOneKeepsItsOwn) {
     for (const char* suffix : {"", "-wal", "-shm"}) std::remove((p + suffix).c_str());
   }
   // `old` made by a store of SQLite's default pages, `fresh` by today's.
-  auto write = [](StoreOptions options, uint64_t from, uint64_t to) {
-    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
-    ASSERT_TRUE(store.ok()) << store.status();
-    std::promise<WriteResult> started, wrote;
-    (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0},
-                      .start = Start("r1"),
-                      .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
-    ASSERT_TRUE(started.get_future().get().status.ok());
-    (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
-                      .records = Steps(from, to),
-                      .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
-    EXPECT_EQ(wrote.get_future().get().stored, to - from);
-  };
-  write({.path = old, .page_size = 4096}, 0, 2000);
-  write({.path = old}, 2000, 4000);  // reopened by a store of 8 KiB pages
-  write({.path = fresh}, 0, 4000);
+  WriteSteps({.path = old, .page_size = 4096}, 0, 2000);
+  WriteSteps({.path = old}, 2000, 4000);  // reopened by a store of 8 KiB pages
+  WriteSteps({.path = fresh}, 0, 4000);
   EXPECT_EQ(PageSize(old), 4096);
   EXPECT_EQ(PageSize(fresh), StoreOptions{}.page_size);
   EXPECT_EQ(StoreOptions{}.page_size, 8192);
@@ -329,19 +331,7 @@ TEST(StoreFileTest, AVersion5DatabaseIsMigratedWithItsRecords) {
   for (const char* suffix : {"", "-wal", "-shm"}) {
     std::remove((path + suffix).c_str());
   }
-  {
-    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
-    ASSERT_TRUE(store.ok()) << store.status();
-    std::promise<WriteResult> started, wrote;
-    (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0},
-                      .start = Start("r1"),
-                      .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
-    ASSERT_TRUE(started.get_future().get().status.ok());
-    (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
-                      .records = Steps(0, 3000),
-                      .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
-    ASSERT_EQ(wrote.get_future().get().stored, 3000u);
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteSteps({.path = path}, 0, 3000));
   // Back to version 5's layout, as a server of that version left it.
   ASSERT_EQ(Sql(path, R"sql(
     CREATE TABLE c5 (run_key INTEGER NOT NULL, rank INTEGER NOT NULL,
