@@ -56,28 +56,29 @@ void LossSpikeRule::UpdateSorted() {
   // only at the few values moved, so it is predicted: ~2 cycles a value,
   // where binary searches (one mispredict in two, or a chain of dependent
   // loads without branches) cost several times as much here.
+  thread_local std::vector<double> merged;  // scratch, shared by the runs
   std::sort(entered_.begin(), entered_.end());
   const size_t n = sorted_.size();
-  merged_.resize(n + entered_.size());
+  merged.resize(n + entered_.size());
   size_t i = 0, out = 0;
   for (double v : entered_) {
-    while (i < n && !(v < sorted_[i])) merged_[out++] = sorted_[i++];
-    merged_[out++] = v;
+    while (i < n && !(v < sorted_[i])) merged[out++] = sorted_[i++];
+    merged[out++] = v;
   }
-  while (i < n) merged_[out++] = sorted_[i++];
+  while (i < n) merged[out++] = sorted_[i++];
   entered_.clear();
-  // Each value that left is in merged_ (it entered before it left); the
+  // Each value that left is in merged (it entered before it left); the
   // walk goes past one copy of each.
   std::sort(left_.begin(), left_.end());
-  const size_t m = merged_.size();
+  const size_t m = merged.size();
   sorted_.resize(m >= left_.size() ? m - left_.size() : 0);
   i = 0;
   out = 0;
   for (double v : left_) {
-    while (i < m && merged_[i] < v) sorted_[out++] = merged_[i++];
+    while (i < m && merged[i] < v) sorted_[out++] = merged[i++];
     if (i < m) ++i;  // v itself
   }
-  while (i < m) sorted_[out++] = merged_[i++];
+  while (i < m) sorted_[out++] = merged[i++];
   sorted_.resize(out);
   left_.clear();
 }

@@ -66,7 +66,6 @@ class LossSpikeRule {
   std::vector<double> sorted_;   // the history at the last refresh, in order
   std::vector<double> entered_;  // pushed since then
   std::vector<double> left_;     // evicted since then
-  std::vector<double> merged_;   // scratch
   size_t next_ = 0;
   uint32_t since_refresh_ = 0;
   std::optional<double> median_;
