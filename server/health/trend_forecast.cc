@@ -167,7 +167,6 @@ void TrendForecaster::Fit() {
   bracket_valid_ = bracket_valid_ && std::isfinite(slope) &&
                    std::isfinite(below_width_) && std::isfinite(above_width_);
   last_slope_ = slope;
-  bracket_valid_ = bracket_valid_ && std::isfinite(slope);
   scratch.clear();
   for (size_t i = 0; i < n; ++i) {
     const double dx =
