@@ -120,6 +120,26 @@ TEST_F(EngineTest, AResentBatchIsCountedOnce) {
   EXPECT_EQ(Health("r").window.window_size(), EngineOptions{}.health.window_steps);
 }
 
+// The grad-norm window's quantile gauges are selections: after every bulk
+// batch, and for a trainer sending a step at a time once ~3% of the full
+// window is new (31 norms at W = 1,000); GetHealth computes them exactly.
+TEST_F(EngineTest, QuantileGaugesFollowSmallBatchesOnceAFewPercentOfTheWindowIsNew) {
+  ASSERT_EQ(EngineOptions{}.health.window_steps, 1000u);
+  StreamHandle h = OpenStream(Start("r"));
+  Submit(h, Batch(0, 1000));  // a full window of norms 0.5
+  const std::string p99 = "trainwatch_grad_norm_window{percentile=\"99\",run=\"r\"}";
+  EXPECT_EQ(Value(*metrics_, p99), 0.5);
+  // Norms of 9 a step at a time: the 11th puts 9 at the p99 rank (990 of
+  // 1,000 in order), the 31st is 3% of the window.
+  for (uint64_t step = 1000; step < 1030; ++step) {
+    Submit(h, Batch(step, step + 1, 9.0));
+  }
+  EXPECT_EQ(Health("r").window.grad_norm_p99(), 9.0);
+  EXPECT_EQ(Value(*metrics_, p99), 0.5) << "recomputed before 31 new norms";
+  Submit(h, Batch(1030, 1031, 9.0));
+  EXPECT_EQ(Value(*metrics_, p99), 9.0);
+}
+
 // A live trainer's small batch is processed before bulk batches queued
 // ahead of it on the shard, but never before its own stream's earlier ones.
 TEST_F(EngineTest, ASmallBatchSkipsOtherStreamsBacklogButNotItsOwn) {
