@@ -56,8 +56,9 @@ bool TrendForecaster::Add(uint64_t step, double value) {
 
 std::optional<double> TrendForecaster::MedianSlopeInOrder(
     std::vector<double>& all) {
-  // Only for points in step order, their steps distinct as doubles: then
-  // every pair's dx is > 0 and no pair is skipped.
+  // Only for points in step order, their steps distinct as doubles (which
+  // implies distinct steps: the conversion keeps order): then every pair's
+  // dx is > 0 and no pair is skipped.
   const size_t n = steps_.size();
   thread_local std::vector<double> xs, vs, inside;
   xs.resize(n);
@@ -66,10 +67,7 @@ std::optional<double> TrendForecaster::MedianSlopeInOrder(
     const size_t slot = (head_ + t) % n;
     xs[t] = static_cast<double>(steps_[slot]);
     vs[t] = values_[slot];
-    if (t > 0 && !(steps_[slot] > steps_[(head_ + t - 1) % n] &&
-                   xs[t] > xs[t - 1])) {
-      return std::nullopt;
-    }
+    if (t > 0 && !(xs[t] > xs[t - 1])) return std::nullopt;
   }
   // (v[j] - v[i]) / (x[j] - x[i]) is the same double for either order of a
   // pair, so these are the slopes of the ring-order loop exactly. One pass
