@@ -203,7 +203,10 @@ void Engine::SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
         return;
       }
       stream->shard->Post([this, stream, event, done] {
-        if (stream->run->pipeline.OnEvent(event)) MarkFinished(*stream->run);
+        if (stream->run->pipeline.OnEvent(stream->key.rank, stream->key.attempt,
+                                          event)) {
+          MarkFinished(*stream->run);
+        }
         done(absl::OkStatus());
       });
     };

@@ -1,5 +1,6 @@
 // The engine's timer (Engine::SilenceLoop, every silence_check_interval):
-// RunSilent for runs that stopped reporting, and forgetting finished runs
+// RunSilent for runs that stopped reporting, ranks declared missing (the
+// cross-rank checks stop waiting for them), and forgetting finished runs
 // once their retention has passed.
 #include <pthread.h>
 
@@ -25,6 +26,7 @@ void Engine::CheckSilence() {
   for (std::shared_ptr<RunState>& run : runs) {
     ShardFor(run->run_id)->Post([run = std::move(run), now, limit] {
       run->pipeline.CheckSilence(now, limit);
+      run->pipeline.CheckRanks(now);
     });
   }
 }

@@ -22,7 +22,12 @@ bool AlertTracker::Enabled(AlertKind kind) const {
 
 void AlertTracker::BeginStep(uint64_t step, int64_t now_unix_nanos) {
   now_unix_nanos_ = now_unix_nanos;
-  lead_step_ = step;
+}
+
+bool AlertTracker::AcrossRanks(AlertKind kind) {
+  return kind == AlertKind::kRankNormMismatch ||
+         kind == AlertKind::kShardNormMismatch ||
+         kind == AlertKind::kRankStraggler;
 }
 
 void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
@@ -39,7 +44,7 @@ void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
                      batch_ids.begin() + std::min(batch_ids.size(), kMaxBatchIds));
   e.caused_by = CauseOf(kind, step);
   if (e.text.rank.has_value()) e.rank = *e.text.rank;
-  s.last_true_step = std::max(step, lead_step_);
+  s.last_true_step = step;
   if (on_transition_) on_transition_(e);
   MarkConsequences(kind, e.text.onset_step > 0 ? e.text.onset_step : step);
 }
@@ -115,7 +120,7 @@ void AlertTracker::Condition(AlertKind kind, uint64_t step, bool holds,
     if (!muted_) FireNow(s, kind, step, value, text(), {});
     return;
   }
-  s.last_true_step = std::max(step, lead_step_);
+  s.last_true_step = std::max(step, s.last_true_step);
   if (!muted_ && value > s.episode.peak_value) s.episode.peak_value = value;
 }
 
@@ -161,15 +166,21 @@ void AlertTracker::Resolve(AlertKind kind, uint64_t step) {
   if (on_transition_) on_transition_(s.episode);
 }
 
-void AlertTracker::EndStep(uint64_t step) {
+void AlertTracker::EndStep(uint64_t step) { ResolveQuiet(step, false); }
+
+void AlertTracker::EndRanksStep(uint64_t step) { ResolveQuiet(step, true); }
+
+void AlertTracker::ResolveQuiet(uint64_t step, bool across_ranks) {
   if (muted_) return;
   for (size_t i = 0; i < kAlertKindCount; ++i) {
     State& s = states_[i];
-    if (!s.episode.firing || i == static_cast<size_t>(AlertKind::kRunSilent)) {
+    const auto kind = static_cast<AlertKind>(i);
+    if (!s.episode.firing || kind == AlertKind::kRunSilent ||
+        AcrossRanks(kind) != across_ranks) {
       continue;
     }
     if (step >= s.last_true_step + config_.resolve_after_steps) {
-      Resolve(static_cast<AlertKind>(i), step);
+      Resolve(kind, step);
     }
   }
 }

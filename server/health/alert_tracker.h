@@ -49,10 +49,17 @@ class AlertTracker final : public AlertSink {
   AlertTracker(const HealthConfig& config, Listener on_transition,
                SpikeListener on_spike);
 
-  // The time stamped on transitions of the step being processed.
+  // The time stamped on transitions of the lead step being processed.
   void BeginStep(uint64_t step, int64_t now_unix_nanos);
-  // Resolves alerts whose condition has been false long enough.
+  // Resolves the lead's alerts whose condition has been false long enough.
   void EndStep(uint64_t step);
+  // The same for the cross-rank alerts, which count steps of their own: the
+  // steps judged across ranks (RankProgress), which may trail the lead's or
+  // run ahead of them, depending on the order the ranks arrive in.
+  void BeginRanksStep(int64_t now_unix_nanos) { now_unix_nanos_ = now_unix_nanos; }
+  void EndRanksStep(uint64_t step);
+  // Alerts judged across ranks, on steps of their own (EndRanksStep).
+  static bool AcrossRanks(AlertKind kind);
 
   void Condition(AlertKind kind, uint64_t step, bool holds, double value,
                  const std::function<AlertText()>& text) override;
@@ -106,11 +113,9 @@ class AlertTracker final : public AlertSink {
   Listener on_transition_;
   SpikeListener on_spike_;
   std::array<State, kAlertKindCount> states_;
+  void ResolveQuiet(uint64_t step, bool across_ranks);
+
   int64_t now_unix_nanos_ = 0;
-  // The lead step being processed: a condition that holds on a lagging
-  // rank's record holds as of it, so a rank arriving late does not see its
-  // alert resolved by the lead's progress and fire again (flapping).
-  uint64_t lead_step_ = 0;
   bool muted_ = false;
 };
 

@@ -5,7 +5,11 @@
 //  - OnStep() for each record of the run's lead stream (lowest rank, latest
 //    attempt), warmup steps included (ctx.post_warmup says which), after the
 //    windows and baselines took the record in;
-//  - OnRankRecord() for each record of every rank (for cross-rank checks).
+//  - OnRankRecord() for each record of every rank (for cross-rank checks),
+//    in arrival order, to be kept until
+//  - OnRanksThrough(), which judges the steps whose records from every rank
+//    are in (RankProgress), once each and in step order: cross-rank verdicts
+//    do not depend on the order the ranks' streams arrive in.
 // A detector reports through AlertSink; the engine's alert tracker turns
 // that into fire / resolve transitions, storage and metrics.
 #ifndef TRAINWATCH_SERVER_HEALTH_DETECTOR_H_
@@ -109,18 +113,30 @@ struct RankRecordContext {
   const HealthConfig& config;
 };
 
+// What a cross-rank detector sees when steps are complete: every step <=
+// `through` of `attempt` may be judged.
+struct RanksThroughContext {
+  uint64_t through = 0;
+  uint32_t attempt = 0;
+  const RunInfo& run;
+  const HealthConfig& config;
+};
+
 class Detector {
  public:
   virtual ~Detector() = default;
   virtual void OnStep(const StepContext& ctx, AlertSink& sink) {}
   virtual void OnRankRecord(const RankRecordContext& ctx, AlertSink& sink) {}
+  virtual void OnRanksThrough(const RanksThroughContext& ctx, AlertSink& sink) {}
   // The job restarted from a checkpoint: forget state of steps >= `step`.
   virtual void OnRewind(uint64_t step) {}
 };
 
-// Every detector of DESIGN.md §4 except RunSilent (a timer in the engine),
-// for one run.
+// The detectors of the lead stream's records (every alert of DESIGN.md §4
+// but the cross-rank ones and RunSilent, a timer in the engine), for one run.
 std::vector<std::unique_ptr<Detector>> MakeDetectors(const HealthConfig& config);
+// The cross-rank detectors (RankNormMismatch, ShardNormMismatch), for one run.
+std::vector<std::unique_ptr<Detector>> MakeRankDetectors(const HealthConfig& config);
 
 }  // namespace trainwatch
 

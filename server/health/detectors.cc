@@ -18,8 +18,14 @@ std::vector<std::unique_ptr<Detector>> MakeDetectors(const HealthConfig& config)
   // After GradNormSpike: a spike at a loss spike's steps is its consequence.
   out.push_back(MakeLossSpike(config));
   AddFp16Detectors(config, &out);
-  AddRankDetectors(config, &out);
   AddLayerDetectors(config, &out);
+  return out;
+}
+
+std::vector<std::unique_ptr<Detector>> MakeRankDetectors(
+    const HealthConfig& config) {
+  Detectors out;
+  AddRankDetectors(config, &out);
   return out;
 }
 

@@ -1,6 +1,8 @@
 // Cross-rank detectors (DESIGN.md §4): RankNormMismatch, ShardNormMismatch.
-// They read every rank's records (OnRankRecord), in arrival order, and compare
-// ranks step by step whatever the order the ranks arrive in.
+// They keep a small digest of what the ranks reported for each step
+// (OnRankRecord, in arrival order) and judge a step once every rank's record
+// of it is in (OnRanksThrough, in step order), so a step is judged once, with
+// all its ranks, whatever the order the ranks' streams arrive in.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,18 +17,18 @@
 namespace trainwatch {
 namespace {
 
-// Relative spread of two values: |a - b| / max(|a|, |b|) (0 when equal).
-double Spread(double a, double b) {
+// Relative spread of two values: (max - min) / max(|max|, |min|) (0 when
+// equal).
+double Spread(double lo, double hi) {
   constexpr double kTiny = 1e-30;
-  return std::abs(a - b) / std::max({std::abs(a), std::abs(b), kTiny});
+  return (hi - lo) / std::max({std::abs(lo), std::abs(hi), kTiny});
 }
 
 // Catches per-shard clipping: each rank clips with its own local norm, so
-// ranks report different grad_norm or clip_coef for one step. Every rank's
-// report of a step is compared with the first report of that step (kept in a
-// 12-byte digest until all world_size ranks reported it, however far apart
-// their streams arrive: StepDigests); holds at the step once the relative
-// spread exceeds rank_mismatch.relative_spread.
+// ranks report different grad_norm or clip_coef for one step. A step's
+// digest keeps the least and largest finite norm and clip_coef over its
+// ranks (and which ranks reported them); the step holds once the relative
+// spread of either exceeds rank_mismatch.relative_spread.
 class RankNormMismatch final : public Detector {
  public:
   explicit RankNormMismatch(const HealthConfig& config)
@@ -36,51 +38,76 @@ class RankNormMismatch final : public Detector {
     const v1::StepRecord& r = ctx.record;
     Digest* d = digests_.Get(ctx.attempt, r.step());
     if (d == nullptr) return;
-    const float norm = static_cast<float>(r.grad_norm());
-    const float coef = r.has_clip_coef() ? static_cast<float>(r.clip_coef())
-                                         : std::nanf("");
-    if (d->ranks++ == 0) {
-      *d = Digest{.norm = norm, .coef = coef, .ranks = 1,
-                  .first_rank = static_cast<uint16_t>(ctx.rank)};
-      digests_.Trim(ctx.run.world_size);  // a single rank: nothing to keep
-      return;
-    }
-    // Non-finite values (an fp16 overflow) have nothing to compare.
-    const double norm_spread = std::isfinite(norm) && std::isfinite(d->norm)
-                                   ? Spread(norm, d->norm)
-                                   : 0.0;
-    const double coef_spread = std::isfinite(coef) && std::isfinite(d->coef)
-                                   ? Spread(coef, d->coef)
-                                   : 0.0;
-    const Digest first = *d;
-    digests_.Trim(ctx.run.world_size);
+    ++d->ranks;
+    const Report report{.norm = static_cast<float>(r.grad_norm()),
+                        .coef = r.has_clip_coef()
+                                    ? static_cast<float>(r.clip_coef())
+                                    : std::nanf(""),
+                        .rank = ctx.rank};
+    d->norm.Take(report, report.norm);
+    d->coef.Take(report, report.coef);
+  }
+
+  void OnRanksThrough(const RanksThroughContext& ctx, AlertSink& sink) override {
     const double threshold = ctx.config.rank_mismatch.relative_spread;
-    const bool holds = norm_spread > threshold || coef_spread > threshold;
-    const double spread = std::max(norm_spread, coef_spread);
-    sink.Condition(AlertKind::kRankNormMismatch, r.step(), holds, spread, [&] {
-      return AlertText{
-          "Ranks disagree on the gradient norm",
-          absl::StrFormat("step %d: rank %d reported grad_norm %s, rank %d "
-                          "reported %s: spread %.3g%%",
-                          r.step(), first.first_rank,
-                          Describe(first.norm, first.coef), ctx.rank,
-                          Describe(norm, coef), 100 * spread)};
+    digests_.JudgeThrough(ctx.through, [&](uint64_t step, const Digest& d) {
+      const double norm_spread = d.norm.Spread(), coef_spread = d.coef.Spread();
+      const bool holds = norm_spread > threshold || coef_spread > threshold;
+      const double spread = std::max(norm_spread, coef_spread);
+      const Range& by = norm_spread >= coef_spread ? d.norm : d.coef;
+      // The two reports that disagree most, the lower rank first.
+      const bool lo_first = by.lo.rank <= by.hi.rank;
+      const Report& a = lo_first ? by.lo : by.hi;
+      const Report& b = lo_first ? by.hi : by.lo;
+      sink.Condition(AlertKind::kRankNormMismatch, step, holds, spread, [&] {
+        return AlertText{
+            "Ranks disagree on the gradient norm",
+            absl::StrFormat("step %d: rank %d reported grad_norm %s, rank %d "
+                            "reported %s: spread %.3g%% over %d ranks",
+                            step, a.rank, Describe(a), b.rank, Describe(b),
+                            100 * spread, d.ranks)};
+      });
     });
   }
 
-  void OnRewind(uint64_t step) override { digests_.RewindTo(step); }
-
  private:
-  struct Digest {
+  struct Report {
     float norm = 0.0f;
     float coef = 0.0f;  // NaN: not reported
-    uint16_t ranks = 0;
-    uint16_t first_rank = 0;
+    uint32_t rank = 0;
+  };
+  // The reports with the least and the largest finite value of one field.
+  struct Range {
+    Report lo, hi;
+    float lo_value = 0.0f, hi_value = 0.0f;
+    bool any = false;
+
+    void Take(const Report& r, float v) {
+      // Non-finite values (an fp16 overflow) have nothing to compare.
+      if (!std::isfinite(v)) return;
+      // Ties go to the lower rank, so the text does not depend on arrival.
+      if (!any || v < lo_value || (v == lo_value && r.rank < lo.rank)) {
+        lo = r;
+        lo_value = v;
+      }
+      if (!any || v > hi_value || (v == hi_value && r.rank < hi.rank)) {
+        hi = r;
+        hi_value = v;
+      }
+      any = true;
+    }
+    double Spread() const {
+      return any ? trainwatch::Spread(lo_value, hi_value) : 0.0;
+    }
+  };
+  struct Digest {
+    Range norm, coef;
+    uint32_t ranks = 0;
   };
 
-  static std::string Describe(float norm, float coef) {
-    std::string s = absl::StrFormat("%.3g", norm);
-    if (!std::isnan(coef)) s += absl::StrFormat(" (clip_coef %.3g)", coef);
+  static std::string Describe(const Report& r) {
+    std::string s = absl::StrFormat("%.3g", r.norm);
+    if (!std::isnan(r.coef)) s += absl::StrFormat(" (clip_coef %.3g)", r.coef);
     return s;
   }
 
@@ -89,9 +116,10 @@ class RankNormMismatch final : public Detector {
 
 // Catches a global norm rebuilt wrongly under sharding: squares not reduced
 // across a process group, or replicated parameters counted on every rank.
-// Once all world_size ranks sent shard_sq_sum for a step (however far apart
-// they arrive: StepDigests), holds when sqrt(sum) differs from the lowest
-// rank's reported grad_norm by more than shard_mismatch.relative_error.
+// Once all world_size ranks sent shard_sq_sum for a step, holds when
+// sqrt(sum) differs from the lowest rank's reported grad_norm by more than
+// shard_mismatch.relative_error. A step some rank did not send it for says
+// nothing.
 class ShardNormMismatch final : public Detector {
  public:
   explicit ShardNormMismatch(const HealthConfig& config)
@@ -104,40 +132,40 @@ class ShardNormMismatch final : public Detector {
     if (shards == nullptr) return;
     shards->sq_sum += r.shard_sq_sum();
     if (shards->ranks == 0 || ctx.rank < shards->norm_rank) {
-      shards->norm_rank = static_cast<uint16_t>(ctx.rank);
+      shards->norm_rank = ctx.rank;
       shards->norm = r.grad_norm();
     }
-    if (++shards->ranks < ctx.run.world_size) return;
-
-    const Shards s = *shards;
-    digests_.Trim(ctx.run.world_size);
-    const double total = std::sqrt(s.sq_sum);
-    const double norm = s.norm;
-    // Overflowed (fp16) or empty steps have nothing to compare.
-    if (!std::isfinite(total) || !std::isfinite(norm) || !(norm > 0)) return;
-    const bool holds = std::abs(total - norm) / norm >
-                       ctx.config.shard_mismatch.relative_error;
-    sink.Condition(AlertKind::kShardNormMismatch, r.step(), holds,
-                   total / norm, [&] {
-                     return AlertText{
-                         "Shard norms do not add up to the reported norm",
-                         absl::StrFormat(
-                             "step %d: sqrt(sum of shard_sq_sum over %d ranks) "
-                             "= %.4g but rank %d reported grad_norm %.4g "
-                             "(ratio %.3g)",
-                             r.step(), s.ranks, total, s.norm_rank, norm,
-                             total / norm)};
-                   });
+    ++shards->ranks;
   }
 
-  void OnRewind(uint64_t step) override { digests_.RewindTo(step); }
+  void OnRanksThrough(const RanksThroughContext& ctx, AlertSink& sink) override {
+    digests_.JudgeThrough(ctx.through, [&](uint64_t step, const Shards& s) {
+      if (s.ranks < ctx.run.world_size) return;
+      const double total = std::sqrt(s.sq_sum);
+      const double norm = s.norm;
+      // Overflowed (fp16) or empty steps have nothing to compare.
+      if (!std::isfinite(total) || !std::isfinite(norm) || !(norm > 0)) return;
+      const bool holds = std::abs(total - norm) / norm >
+                         ctx.config.shard_mismatch.relative_error;
+      sink.Condition(AlertKind::kShardNormMismatch, step, holds, total / norm, [&] {
+        return AlertText{
+            "Shard norms do not add up to the reported norm",
+            absl::StrFormat("step %d: sqrt(sum of shard_sq_sum over %d ranks) "
+                            "= %.4g but rank %d reported grad_norm %.4g "
+                            "(ratio %.3g)",
+                            step, s.ranks, total, s.norm_rank, norm, total / norm)};
+      });
+    });
+  }
 
  private:
   struct Shards {
+    // Summed in arrival order: the rounding differs by ~1e-16 relative
+    // between orders, far below relative_error.
     double sq_sum = 0.0;
-    double norm = 0.0;        // the lowest rank's reported grad_norm
-    uint16_t ranks = 0;       // ranks that sent shard_sq_sum
-    uint16_t norm_rank = 0;   // the lowest of them
+    double norm = 0.0;       // the lowest rank's reported grad_norm
+    uint32_t ranks = 0;      // ranks that sent shard_sq_sum
+    uint32_t norm_rank = 0;  // the lowest of them
   };
 
   StepDigests<Shards> digests_;

@@ -110,12 +110,28 @@ struct HealthConfig {
     double relative_spread = 1e-3;  // (max - min) / max over ranks of one step
     // Ranks arriving up to this many steps apart are compared step by step
     // (a few bytes per step kept for the slowest rank).
-    uint32_t horizon_steps = 100000;
+    uint32_t horizon_steps = 131072;
   } rank_mismatch;
 
   struct {
     double relative_error = 1e-3;  // |sqrt(sum shard_sq_sum) - norm| / norm
   } shard_mismatch;
+
+  // Arrival order (docs/architecture.md): a run's verdicts do not depend on
+  // the order its ranks' streams arrive in, within these bounds.
+  struct {
+    // A rank that sent nothing for this long (one never seen: since the
+    // attempt's first record) is missing: the cross-rank checks stop waiting
+    // for it, and a higher rank may lead the run in place of a lower one.
+    int64_t missing_after_seconds = 60;
+    // A rank that would lead but waits for a lower rank keeps at most this
+    // many records; past it, it leads at once.
+    uint32_t max_pending_lead_records = 100000;
+    // Step times kept for steps not judged yet, over all ranks: with R
+    // ranks, ranks at most max_pending_values / R steps apart (and
+    // rank_mismatch.horizon_steps) are judged step by step.
+    uint32_t max_pending_values = uint32_t{1} << 22;
+  } ranks;
 
   struct {
     uint32_t steps = 100;  // first steps of an fp16 run checked for a scale

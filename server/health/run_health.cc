@@ -1,5 +1,7 @@
 #include "health/run_health.h"
 
+#include <algorithm>
+
 namespace trainwatch {
 
 RunHealth::RunHealth(RunInfo info, const HealthConfig& config,
@@ -9,7 +11,9 @@ RunHealth::RunHealth(RunInfo info, const HealthConfig& config,
       config_(config),
       window_(config.window_steps),
       detectors_(MakeDetectors(config)),
-      timing_(config.timing),
+      rank_detectors_(MakeRankDetectors(config)),
+      progress_(config.rank_mismatch.horizon_steps),
+      timing_(config.timing, config.rank_mismatch.horizon_steps),
       tracker_(config, std::move(on_transition), std::move(on_spike)) {}
 
 void RunHealth::OnLeadRecord(const v1::StepRecord& r, int64_t now_unix_nanos) {
@@ -53,13 +57,84 @@ void RunHealth::OnLeadRecord(const v1::StepRecord& r, int64_t now_unix_nanos) {
 }
 
 void RunHealth::OnRankRecord(uint32_t rank, uint32_t attempt,
-                             const v1::StepRecord& r) {
+                             const v1::StepRecord& r, std::string_view host,
+                             int64_t now_unix_nanos) {
+  // Step times wait per rank until judged: bound the lag by what they hold.
+  const uint32_t world = std::max(info_.world_size, rank + 1);
+  progress_.set_max_lag_steps(std::max<uint64_t>(
+      1, std::min<uint64_t>(config_.rank_mismatch.horizon_steps,
+                            config_.ranks.max_pending_values / world)));
+  if (!progress_.Add(rank, attempt, world, r.step(), now_unix_nanos)) return;
+  // A step far ahead may push older ones past the lag bound: judge those
+  // first (not this step, whose record is not in yet), so that the digests
+  // never hold more than the bound.
+  if (r.step() > 0) JudgeRanks(now_unix_nanos, r.step() - 1);
   RankRecordContext ctx{.record = r,
                         .rank = rank,
                         .attempt = attempt,
                         .run = info_,
                         .config = config_};
-  for (auto& d : detectors_) d->OnRankRecord(ctx, tracker_);
+  for (auto& d : rank_detectors_) d->OnRankRecord(ctx, tracker_);
+  timing_.OnRecord(rank, attempt, host, r);
+  JudgeRanks(now_unix_nanos);
+}
+
+void RunHealth::JudgeRanks(int64_t now_unix_nanos, uint64_t limit) {
+  std::optional<uint64_t> through = progress_.through();
+  if (!through.has_value()) return;
+  through = std::min(*through, limit);
+  if (judged_attempt_ == progress_.attempt() && judged_through_.has_value() &&
+      *through <= *judged_through_) {
+    return;
+  }
+  judged_attempt_ = progress_.attempt();
+  judged_through_ = through;
+  tracker_.BeginRanksStep(now_unix_nanos);
+  RanksThroughContext ctx{.through = *through,
+                          .attempt = progress_.attempt(),
+                          .run = info_,
+                          .config = config_};
+  for (auto& d : rank_detectors_) d->OnRanksThrough(ctx, tracker_);
+  RunTiming& t = timing_;
+  timing_.JudgeRanksThrough(*through, [&](uint64_t step) {
+    tracker_.Condition(AlertKind::kRankStraggler, step, t.StragglerHolds(),
+                       t.StragglerRatio(), [&t] {
+                         return AlertText{.summary = t.StragglerSummary(),
+                                          .description = t.StragglerDescription(),
+                                          .host = t.straggler_host(),
+                                          .rank = t.straggler_rank()};
+                       });
+  });
+  tracker_.EndRanksStep(*through);
+}
+
+void RunHealth::DeclareMissingRanks(int64_t now_unix_nanos) {
+  progress_.DeclareMissing(
+      now_unix_nanos, config_.ranks.missing_after_seconds * 1'000'000'000);
+  JudgeRanks(now_unix_nanos);
+}
+
+void RunHealth::OnRankFinished(uint32_t rank, uint32_t attempt,
+                               int64_t now_unix_nanos) {
+  progress_.Finish(rank, attempt, now_unix_nanos);
+  JudgeRanks(now_unix_nanos);
+}
+
+void RunHealth::ResetLead(uint64_t step, int64_t now_unix_nanos) {
+  tracker_.BeginStep(step, now_unix_nanos);
+  for (const AlertSpec& spec : AllAlertSpecs()) {
+    if (!AlertTracker::AcrossRanks(spec.kind) && spec.kind != AlertKind::kRunSilent) {
+      tracker_.Resolve(spec.kind, step);
+    }
+  }
+  window_ = RunWindow(config_.window_steps);
+  trends_ = Trends{};
+  baselines_ = Baselines{};
+  post_warmup_seen_ = 0;
+  records_seen_ = 0;
+  last_step_.reset();
+  detectors_ = MakeDetectors(config_);
+  timing_.ResetLead();
 }
 
 void RunHealth::Rewind(uint64_t step) {

@@ -5,12 +5,15 @@
 #ifndef TRAINWATCH_SERVER_HEALTH_RUN_HEALTH_H_
 #define TRAINWATCH_SERVER_HEALTH_RUN_HEALTH_H_
 
+#include <limits>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "health/alert_tracker.h"
 #include "health/detector.h"
+#include "health/rank_progress.h"
 #include "health/run_timing.h"
 #include "health/window.h"
 
@@ -26,9 +29,24 @@ class RunHealth {
 
   // A record of the lead stream (lowest rank, latest attempt), in step order.
   void OnLeadRecord(const v1::StepRecord& record, int64_t now_unix_nanos);
-  // A record of any rank (the lead's included), for cross-rank checks.
+  // A record of any rank (the lead's included), for the cross-rank checks
+  // and step times, from the stream whose RunStart named `host`. Steps are
+  // judged across ranks once every rank's record of them is in
+  // (RankProgress), so any order of the ranks' streams gives the same
+  // cross-rank verdicts.
   void OnRankRecord(uint32_t rank, uint32_t attempt,
-                    const v1::StepRecord& record);
+                    const v1::StepRecord& record, std::string_view host = {},
+                    int64_t now_unix_nanos = 0);
+  // Ranks silent for ranks.missing_after_seconds are missing: the steps
+  // that waited for them are judged.
+  void DeclareMissingRanks(int64_t now_unix_nanos);
+  // A rank's stream finished: no step waits for it any more.
+  void OnRankFinished(uint32_t rank, uint32_t attempt, int64_t now_unix_nanos);
+  // Another stream leads the run from now on (a lower rank that showed up):
+  // the lead's windows, baselines, trends and detectors start afresh, and
+  // the lead's alerts still firing resolve at `step`.
+  void ResetLead(uint64_t step, int64_t now_unix_nanos);
+  const RankProgress& rank_progress() const { return progress_; }
   // The job restarted from a checkpoint at `step`: forget steps >= step.
   void Rewind(uint64_t step);
   // The lead stream's RunStart changed (a new attempt or a lower rank).
@@ -60,7 +78,16 @@ class RunHealth {
   uint64_t post_warmup_seen_ = 0;
   uint64_t records_seen_ = 0;
   std::optional<uint64_t> last_step_;
-  std::vector<std::unique_ptr<Detector>> detectors_;
+  // Judges the steps across ranks that RankProgress says are complete, up
+  // to `limit`.
+  void JudgeRanks(int64_t now_unix_nanos,
+                  uint64_t limit = std::numeric_limits<uint64_t>::max());
+
+  std::vector<std::unique_ptr<Detector>> detectors_;       // the lead's
+  std::vector<std::unique_ptr<Detector>> rank_detectors_;  // cross-rank
+  RankProgress progress_;
+  std::optional<uint64_t> judged_through_;  // of progress_.attempt()
+  uint32_t judged_attempt_ = 0;
   RunTiming timing_;
   AlertTracker tracker_;
 };

@@ -37,12 +37,8 @@ void RunPipeline::OnStreamStarted(uint32_t rank, uint32_t attempt,
   }
 }
 
-void RunPipeline::SetLead(const v1::RunStart& start) {
-  lead_host_ = start.host();
-  if (health_ != nullptr) {
-    health_->set_info(InfoFrom(start));
-    return;
-  }
+void RunPipeline::EnsureHealth(const v1::RunStart& start) {
+  if (health_ != nullptr) return;
   health_ = std::make_unique<RunHealth>(
       InfoFrom(start), config_,
       [this](const AlertEpisode& e) { Report(e); },
@@ -52,12 +48,60 @@ void RunPipeline::SetLead(const v1::RunStart& start) {
       });
 }
 
+void RunPipeline::SetLead(const v1::RunStart& start) {
+  lead_host_ = start.host();
+  EnsureHealth(start);
+  health_->set_info(InfoFrom(start));
+}
+
+bool RunPipeline::CanLead(uint32_t rank) const {
+  return rank == 0 || (health_ != nullptr &&
+                       health_->rank_progress().AllMissingBelow(rank));
+}
+
+void RunPipeline::TakeLead(const v1::RunStart& start, int64_t now_unix_nanos) {
+  if (lead_rank_ != kNoLead && start.rank() != lead_rank_) {
+    // A lower rank took over: its windows hold its own records only.
+    health_->ResetLead(last_step_, now_unix_nanos);
+    health_attempt_.reset();
+  }
+  lead_rank_ = start.rank();
+  lead_attempt_ = start.attempt();
+  if (pending_.has_value() && pending_->start.rank() >= lead_rank_) pending_.reset();
+  SetLead(start);
+  observer_->OnLeadChanged(start);
+}
+
+void RunPipeline::PromotePending(int64_t now_unix_nanos) {
+  PendingLead p = std::move(*pending_);
+  pending_.reset();
+  TakeLead(p.start, now_unix_nanos);
+  if (p.records.empty()) return;
+  const int64_t saved = now_unix_nanos_;
+  for (const auto& [r, at] : p.records) {
+    now_unix_nanos_ = at;
+    LeadRecord(p.start.attempt(), r, at);
+  }
+  now_unix_nanos_ = saved;
+  const v1::StepRecord& last = p.records.back().first;
+  last_step_ = last.step();
+  observer_->OnLeadBatchDone(last, now_unix_nanos);
+  observer_->OnWindows(*health_);
+}
+
+void RunPipeline::LeadRecord(uint32_t attempt, const v1::StepRecord& r,
+                             int64_t now_unix_nanos) {
+  FeedLead(attempt, r, now_unix_nanos);
+  OnSpikeVerdicts(health_->timing().OnLeadRecord(r, now_unix_nanos), r.step());
+  EvaluateTiming(r);
+  observer_->OnLeadRecord(r);
+}
+
 void RunPipeline::Report(const AlertEpisode& e) {
   // Alerts about what the lead rank computed name its host (a lemon machine
   // shows as the same host across runs, DESIGN.md §4 HostSuspect).
   if (e.text.host.empty() && !lead_host_.empty() &&
-      (e.kind == AlertKind::kNonFiniteUpdate ||
-       Spec(e.kind).name == "LossSpike")) {
+      (e.kind == AlertKind::kNonFiniteUpdate || e.kind == AlertKind::kLossSpike)) {
     AlertEpisode named = e;
     named.text.host = lead_host_;
     observer_->OnAlert(named);
@@ -66,24 +110,10 @@ void RunPipeline::Report(const AlertEpisode& e) {
   observer_->OnAlert(e);
 }
 
-void RunPipeline::EvaluateStraggler(uint64_t step) {
-  RunTiming& t = health_->timing();
-  AlertTracker& tracker = health_->tracker();
-  tracker.BeginStep(step, now_unix_nanos_);
-  const bool straggler = t.StragglerHolds();
-  tracker.Condition(AlertKind::kRankStraggler, step, straggler,
-                    t.StragglerRatio(), [&t] {
-                      return AlertText{.summary = t.StragglerSummary(),
-                                       .description = t.StragglerDescription(),
-                                       .host = t.straggler_host(),
-                                       .rank = t.straggler_rank()};
-                    });
-}
-
 void RunPipeline::EvaluateTiming(const v1::StepRecord& r) {
   RunTiming& t = health_->timing();
   AlertTracker& tracker = health_->tracker();
-  EvaluateStraggler(r.step());
+  tracker.BeginStep(r.step(), now_unix_nanos_);
   const bool stalled = t.StallHolds();
   tracker.Condition(AlertKind::kInputPipelineStall, r.step(), stalled,
                     t.StallFraction(), [&t, this] {
@@ -103,9 +133,7 @@ void RunPipeline::OnSpikeVerdicts(const std::vector<SpikeOutcome>& outcomes,
     if (!o.recurred) {
       // The restart worked: the spike's alert is over.
       tracker.Resolve(AlertKind::kGradNormSpike, step);
-      if (std::optional<AlertKind> loss = AlertKindByName("LossSpike")) {
-        tracker.Resolve(*loss, step);
-      }
+      tracker.Resolve(AlertKind::kLossSpike, step);
       continue;
     }
     if (!o.optimizer_or_lr()) continue;
@@ -157,13 +185,23 @@ void RunPipeline::OnBatch(
   int first = 0;
   while (first < records.size() && !is_new(records[first])) ++first;
   if (first == records.size()) return;
+  EnsureHealth(start);
   if (rank < lead_rank_ || (rank == lead_rank_ && attempt > lead_attempt_)) {
-    lead_rank_ = rank;
-    lead_attempt_ = attempt;
-    SetLead(start);
-    observer_->OnLeadChanged(start);
+    if (CanLead(rank)) {
+      TakeLead(start, now_unix_nanos);
+    } else if (!pending_.has_value() || rank < pending_->start.rank() ||
+               (rank == pending_->start.rank() &&
+                attempt > pending_->start.attempt())) {
+      // Waits for the lower ranks (rank 0 may arrive last).
+      pending_ = PendingLead{.start = start};
+    }
   }
   const bool lead = rank == lead_rank_ && attempt == lead_attempt_;
+  PendingLead* pending =
+      !lead && pending_.has_value() && pending_->start.rank() == rank &&
+              pending_->start.attempt() == attempt
+          ? &*pending_
+          : nullptr;
   RunHealth& health = *health_;
   last_record_unix_nanos_ = now_unix_nanos;
   ResolveSilent(records[first].step());
@@ -176,23 +214,20 @@ void RunPipeline::OnBatch(
     seen = r.step();
     last = &r;
     ++fresh;
-    health.OnRankRecord(rank, attempt, r);
-    health.timing().OnRecord(rank, start.host(), r);
-    if (!lead) {
-      // Ranks' records arrive in any order: a straggler found in another
-      // rank's records fires at that record's step, not at the lead's next.
-      if (!health.tracker().firing(AlertKind::kRankStraggler) &&
-          health.timing().step_times().Suspect().has_value()) {
-        EvaluateStraggler(r.step());
-      }
+    health.OnRankRecord(rank, attempt, r, start.host(), now_unix_nanos);
+    if (pending != nullptr) {
+      pending->records.emplace_back(r, now_unix_nanos);
       continue;
     }
-    FeedLead(attempt, r, now_unix_nanos);
-    OnSpikeVerdicts(health.timing().OnLeadRecord(r, now_unix_nanos), r.step());
-    EvaluateTiming(r);
-    observer_->OnLeadRecord(r);
+    if (lead) LeadRecord(attempt, r, now_unix_nanos);
   }
   observer_->OnRecordsAccepted(fresh, client_dropped);
+  if (pending != nullptr &&
+      pending->records.size() >= config_.ranks.max_pending_lead_records) {
+    // Too long without the lower ranks to wait any longer.
+    PromotePending(now_unix_nanos);
+    return;
+  }
   if (!lead) {
     // Other ranks' step times move the run's step-time figures.
     if (health.timing().step_times().ready()) observer_->OnWindows(health);
@@ -203,19 +238,34 @@ void RunPipeline::OnBatch(
   observer_->OnWindows(health);
 }
 
-bool RunPipeline::OnEvent(const v1::RunEvent& event) {
+bool RunPipeline::OnEvent(uint32_t rank, uint32_t attempt,
+                          const v1::RunEvent& event) {
   if (event.kind() != v1::RUN_FINISHED && event.kind() != v1::RUN_FAILED) {
     return false;
   }
   ResolveSilent(event.step());
   if (health_ != nullptr) {
-    OnSpikeVerdicts(health_->timing().OnFinish(event.step()), event.step());
+    health_->OnRankFinished(rank, attempt, now_unix_nanos_);
+    if (has_lead()) {
+      OnSpikeVerdicts(health_->timing().OnFinish(event.step()), event.step());
+    }
   }
   return true;
 }
 
+void RunPipeline::CheckRanks(int64_t now_unix_nanos) {
+  if (health_ == nullptr) return;
+  now_unix_nanos_ = now_unix_nanos;
+  health_->DeclareMissingRanks(now_unix_nanos);
+  if (pending_.has_value() && pending_->start.rank() < lead_rank_ &&
+      CanLead(pending_->start.rank())) {
+    PromotePending(now_unix_nanos);
+  }
+  if (health_->timing().step_times().ready()) observer_->OnWindows(*health_);
+}
+
 void RunPipeline::CheckSilence(int64_t now, int64_t silent_nanos) {
-  if (health_ == nullptr || now - last_record_unix_nanos_ < silent_nanos) {
+  if (!has_lead() || now - last_record_unix_nanos_ < silent_nanos) {
     return;
   }
   const double seconds = static_cast<double>(now - last_record_unix_nanos_) * 1e-9;

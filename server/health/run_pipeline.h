@@ -5,8 +5,15 @@
 // one RunObserver.
 //
 //  - Lead stream (DESIGN.md §3): the lowest rank reporting, and of that rank
-//    the latest attempt. Its records feed the windows, baselines and
-//    detectors; every rank's records feed the cross-rank checks.
+//    the latest attempt. Its records alone feed the windows, baselines and
+//    detectors; every rank's records feed the cross-rank checks, which judge
+//    a step once every rank's record of it is in (RankProgress). Rank 0
+//    leads at once; a higher rank leads only once every rank below it is
+//    missing (ranks.missing_after_seconds without a record), and until then
+//    its records wait (at most ranks.max_pending_lead_records), so rank 0
+//    arriving last still leads from its first step with its own history. A
+//    lower rank that shows up after a higher one led takes over with its
+//    own records, on fresh windows.
 //  - Dedup: per stream (rank, attempt) the pipeline remembers the last step
 //    processed, starting from the last step the store holds, so a batch
 //    resent after a reconnect or a crash counts once (a step at 2^64 - 1
@@ -27,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -101,12 +109,17 @@ class RunPipeline {
       const v1::RunStart& start,
       const google::protobuf::RepeatedPtrField<v1::StepRecord>& records,
       uint64_t client_dropped, int64_t now_unix_nanos);
-  // A stored event. Returns whether it ends the run (RUN_FINISHED,
-  // RUN_FAILED), which resolves RunSilent.
-  bool OnEvent(const v1::RunEvent& event);
+  // A stored event of the stream (rank, attempt). Returns whether it ends
+  // the run (RUN_FINISHED, RUN_FAILED), which resolves RunSilent; no step
+  // waits for that rank's records any more.
+  bool OnEvent(uint32_t rank, uint32_t attempt, const v1::RunEvent& event);
 
   // Fires RunSilent if no record came for `silent_nanos`.
   void CheckSilence(int64_t now_unix_nanos, int64_t silent_nanos);
+  // Declares missing the ranks silent for ranks.missing_after_seconds: the
+  // cross-rank steps that waited for them are judged, and a rank that waited
+  // for them to lead the run leads.
+  void CheckRanks(int64_t now_unix_nanos);
   // The run is forgotten: resolves every alert still firing at its last step.
   void ResolveAll(int64_t now_unix_nanos);
 
@@ -128,14 +141,26 @@ class RunPipeline {
   HealthSnapshot Snapshot() const;
 
   const std::string& run_id() const { return run_id_; }
-  // Null until the run has a lead stream.
+  // Null until the run's first record.
   const RunHealth* health() const { return health_.get(); }
+  // Whether a stream leads the run (none yet while a higher rank waits).
+  bool has_lead() const { return lead_rank_ != kNoLead; }
   uint64_t last_step() const { return last_step_; }
   uint32_t lead_rank() const { return lead_rank_; }
   uint32_t lead_attempt() const { return lead_attempt_; }
 
  private:
   void SetLead(const v1::RunStart& start);
+  // Whether `rank` may lead now: rank 0, or every rank below it is missing.
+  bool CanLead(uint32_t rank) const;
+  // The stream of `start` leads from now on.
+  void TakeLead(const v1::RunStart& start, int64_t now_unix_nanos);
+  // The waiting stream leads, and its records are fed.
+  void PromotePending(int64_t now_unix_nanos);
+  // A lead record: the health, spike verdicts, timing, the observer.
+  void LeadRecord(uint32_t attempt, const v1::StepRecord& r,
+                  int64_t now_unix_nanos);
+  void EnsureHealth(const v1::RunStart& start);
   // Feeds one lead-stream record to the health, rewinding first on a new
   // attempt that restarts at or before the last step.
   void FeedLead(uint32_t attempt, const v1::StepRecord& record,
@@ -143,7 +168,6 @@ class RunPipeline {
   void ResolveSilent(uint64_t step);
   // After a lead record: the timing conditions, and the spike verdicts.
   void EvaluateTiming(const v1::StepRecord& record);
-  void EvaluateStraggler(uint64_t step);
   void OnSpikeVerdicts(const std::vector<SpikeOutcome>& outcomes, uint64_t step);
   // The alert as the observer gets it: with the host it implicates.
   void Report(const AlertEpisode& episode);
@@ -152,7 +176,8 @@ class RunPipeline {
   const HealthConfig& config_;
   RunObserver* const observer_;
   std::unique_ptr<RunHealth> health_;
-  uint32_t lead_rank_ = std::numeric_limits<uint32_t>::max();
+  static constexpr uint32_t kNoLead = std::numeric_limits<uint32_t>::max();
+  uint32_t lead_rank_ = kNoLead;
   uint32_t lead_attempt_ = 0;
   // The attempt whose records the health last took in.
   std::optional<uint32_t> health_attempt_;
@@ -160,6 +185,13 @@ class RunPipeline {
   uint64_t last_step_ = 0;  // of the lead stream
   std::string lead_host_;   // the lead stream's RunStart.host
   int64_t now_unix_nanos_ = 0;  // of the batch being processed
+  // A stream that would lead but waits for a lower rank, with its records
+  // (and when each arrived).
+  struct PendingLead {
+    v1::RunStart start;
+    std::vector<std::pair<v1::StepRecord, int64_t>> records;
+  };
+  std::optional<PendingLead> pending_;
   // Per stream (rank << 32 | attempt): the last step processed (none yet:
   // nullopt). A key is present once the stream's start is known.
   absl::flat_hash_map<uint64_t, std::optional<uint64_t>> last_processed_;

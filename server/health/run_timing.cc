@@ -1,21 +1,41 @@
 #include "health/run_timing.h"
 
+#include <cmath>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace trainwatch {
 
-RunTiming::RunTiming(const TimingConfig& config)
+RunTiming::RunTiming(const TimingConfig& config, uint32_t horizon_steps)
     : config_(config),
       times_(config.straggler),
+      pending_(horizon_steps),
       goodput_(config.goodput),
       replay_(config.spike_replay) {}
 
-void RunTiming::OnRecord(uint32_t rank, std::string_view host,
+void RunTiming::OnRecord(uint32_t rank, uint32_t attempt, std::string_view host,
                          const v1::StepRecord& r) {
   if (!r.has_step_time_s()) return;
   if (times_.HostOf(rank) != host) times_.SetHost(rank, host);
-  times_.Add(rank, r.step_time_s());
+  PendingTimes* p = pending_.Get(attempt, r.step());
+  if (p == nullptr) return;
+  if (rank >= p->seconds.size()) {
+    p->seconds.resize(size_t{rank} + 1, std::numeric_limits<float>::quiet_NaN());
+  }
+  p->seconds[rank] = static_cast<float>(r.step_time_s());
+  ++p->ranks;
+}
+
+void RunTiming::JudgeRanksThrough(
+    uint64_t through, const std::function<void(uint64_t step)>& judged) {
+  pending_.JudgeThrough(through, [&](uint64_t step, const PendingTimes& p) {
+    for (uint32_t rank = 0; rank < p.seconds.size(); ++rank) {
+      if (!std::isnan(p.seconds[rank])) times_.Add(rank, p.seconds[rank]);
+    }
+    judged(step);
+  });
 }
 
 std::vector<SpikeOutcome> RunTiming::OnLeadRecord(const v1::StepRecord& r,
@@ -134,7 +154,8 @@ void RunTiming::FillHealth(v1::WindowStats* window,
 }
 
 size_t RunTiming::MemoryBytes() const {
-  return sizeof(*this) + times_.MemoryBytes();
+  return sizeof(*this) + times_.MemoryBytes() +
+         pending_.size() * sizeof(PendingTimes);
 }
 
 }  // namespace trainwatch

@@ -8,6 +8,7 @@
 #define TRAINWATCH_SERVER_HEALTH_RUN_TIMING_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,6 +16,7 @@
 
 #include "health/goodput.h"
 #include "health/spike_replay.h"
+#include "health/step_digests.h"
 #include "health/step_times.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
@@ -29,12 +31,29 @@ struct TimingConfig {
 
 class RunTiming {
  public:
-  explicit RunTiming(const TimingConfig& config);
+  // Step times of ranks arriving up to `horizon_steps` apart are judged step
+  // by step (RunHealth's RankProgress keeps the lag within it).
+  explicit RunTiming(const TimingConfig& config, uint32_t horizon_steps = 131072);
+  // The step times a step waits with until it is judged: a float a rank.
+  struct PendingTimes {
+    uint32_t ranks = 0;
+    std::vector<float> seconds;  // by rank; NaN: none
+  };
   RunTiming(const RunTiming&) = delete;
   RunTiming& operator=(const RunTiming&) = delete;
 
-  // A fresh record of any rank, from the stream whose RunStart named `host`.
-  void OnRecord(uint32_t rank, std::string_view host, const v1::StepRecord& r);
+  // A fresh record of any rank, from the stream whose RunStart named `host`:
+  // its step time is kept until the step is judged (JudgeRanksThrough).
+  void OnRecord(uint32_t rank, uint32_t attempt, std::string_view host,
+                const v1::StepRecord& r);
+  // Every rank's records of `attempt` up to `through` are in: their step
+  // times enter the ranks' levels step by step, in rank order, and
+  // `judged(step)` is called after each step (RankStraggler is evaluated
+  // there).
+  void JudgeRanksThrough(uint64_t through,
+                         const std::function<void(uint64_t step)>& judged);
+  // Another stream leads the run: the lead's input waits start afresh.
+  void ResetLead() { wait_ = InputWait{}; }
   // A lead record (after OnRecord for it). `now_unix_nanos` stands in for a
   // record without time_unix_nanos. Returns the spike verdicts it settles.
   std::vector<SpikeOutcome> OnLeadRecord(const v1::StepRecord& r,
@@ -47,9 +66,9 @@ class RunTiming {
   // The run finished at `step`.
   std::vector<SpikeOutcome> OnFinish(uint64_t step);
 
-  // RankStraggler, evaluated after each lead record: one rank's CUSUM
-  // against the median rank passed its threshold; while firing, holds until
-  // that rank's level falls below resolve_ratio.
+  // RankStraggler, evaluated at each judged step: one rank's CUSUM against
+  // the median rank passed its threshold; while firing, holds until that
+  // rank's level falls below resolve_ratio.
   bool StragglerHolds();
   double StragglerRatio() const;  // the named rank's level / the median's
   std::string StragglerSummary() const;
@@ -77,6 +96,7 @@ class RunTiming {
  private:
   const TimingConfig& config_;
   RankStepTimes times_;
+  StepDigests<PendingTimes> pending_;
   InputWait wait_;
   Goodput goodput_;
   SpikeReplay replay_;

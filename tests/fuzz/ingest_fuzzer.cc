@@ -258,8 +258,8 @@ class WatchedRun final : public RunObserver {
   }
 
   // Engine::SubmitEvent once the event is stored.
-  void OnEvent(const v1::RunEvent& event) {
-    const bool ends = pipeline_->OnEvent(event);
+  void OnEvent(const v1::RunStart& start, const v1::RunEvent& event) {
+    const bool ends = pipeline_->OnEvent(start.rank(), start.attempt(), event);
     Check(ends == (event.kind() == v1::RUN_FINISHED || event.kind() == v1::RUN_FAILED),
           "only RUN_FINISHED and RUN_FAILED end a run");
     if (pipeline_->health() == nullptr) return;
@@ -300,6 +300,7 @@ class WatchedRun final : public RunObserver {
     const uint64_t last_step = pipeline_->last_step();
     Reset();
     pipeline_->Recover(lead_start_, last_step);
+    shadow_rank_ = lead_start_.rank();
     for (const v1::Alert& a : snap.active_alerts) {
       AlertEpisode e = FromProto(a);
       pipeline_->RestoreAlert(e);
@@ -368,6 +369,13 @@ class WatchedRun final : public RunObserver {
               start.attempt() == lead_attempt_,
           "OnLeadChanged names the new lead");
     expect_lead_change_ = false;
+    if (shadow_rank_.has_value() && *shadow_rank_ != start.rank()) {
+      // A lower rank took over: the lead's windows hold its records only.
+      shadow_ = ShadowWindow(config_.window_steps);
+      shadow_attempt_.reset();
+      shadow_last_step_.reset();
+    }
+    shadow_rank_ = start.rank();
   }
   void OnLeadRecord(const v1::StepRecord& r) override {
     Check(!muted_, "no lead record reported while replaying");
@@ -404,6 +412,7 @@ class WatchedRun final : public RunObserver {
     shadow_ = ShadowWindow(config_.window_steps);
     shadow_attempt_.reset();
     shadow_last_step_.reset();
+    shadow_rank_.reset();
     listener_firing_ = {};
     windows_seen_ = false;
   }
@@ -471,6 +480,7 @@ class WatchedRun final : public RunObserver {
   ShadowWindow shadow_;
   std::optional<uint32_t> shadow_attempt_;
   std::optional<uint64_t> shadow_last_step_;
+  std::optional<uint32_t> shadow_rank_;  // the lead rank the shadow follows
   std::array<bool, kAlertKindCount> listener_firing_{};
   size_t transitions_ = 0;
   bool muted_ = false;
@@ -528,7 +538,7 @@ class Server {
         if (current_ == nullptr) return;
         absl::Status s = ValidateRunEvent(request.event(), limits_);
         ExpectRefusal(s);
-        if (s.ok()) current_run_->OnEvent(request.event());
+        if (s.ok()) current_run_->OnEvent(*current_, request.event());
         return;
       }
       case v1::ReportRequest::MSG_NOT_SET:
@@ -583,6 +593,10 @@ HealthConfig ConsumeConfig(FuzzedDataProvider& in) {
   c.scaler_stuck.consecutive = count(6);
   c.clip_before_unscale.steps = count(w);
   c.rank_mismatch.horizon_steps = count(64);
+  // A higher rank leads at the end of its first batch, as the oracle's lead
+  // rule says (waiting for a lower rank is arrival_order_test's and
+  // arrival_order_fuzzer's to check).
+  c.ranks.max_pending_lead_records = 1;
   c.fp16_scaler.steps = count(w);
   c.adam.stall_reports = count(4);
   c.spike.ema_beta = in.ConsumeBool() ? 0.5 : 0.99;

@@ -134,17 +134,50 @@ TEST_F(RunPipelineTest, TheLargestStepDoesNotWrapTheDedup) {
 TEST_F(RunPipelineTest, TheLowestRankLeadsAndTheLatestAttemptOfIt) {
   for (uint32_t rank : {0u, 1u}) pipeline_.OnStreamStarted(rank, 0, std::nullopt);
   pipeline_.OnStreamStarted(0, 1, std::nullopt);
-  Send(Start(1), Steps(0, 3));  // rank 1 leads until rank 0 reports
-  Send(Start(0), Steps(0, 2));  // rank 0 takes over
-  Send(Start(1), Steps(3, 5));  // no longer the lead: cross-rank checks only
+  Send(Start(1), Steps(0, 3));  // rank 1 waits: rank 0 may still come
+  EXPECT_FALSE(pipeline_.has_lead());
+  Send(Start(0), Steps(0, 2));  // rank 0 leads, from its own first step
+  Send(Start(1), Steps(3, 5));  // not the lead: cross-rank checks only
   Send(Start(0, 1), Steps(2, 4));  // a later attempt of rank 0 leads
   Send(Start(0, 0), Steps(2, 4));  // the old attempt no longer does
-  EXPECT_THAT(seen_.leads, ElementsAre(100, 0, 1));
-  EXPECT_THAT(seen_.lead_steps, ElementsAre(0, 1, 2, 0, 1, 2, 3));
+  EXPECT_THAT(seen_.leads, ElementsAre(0, 1));
+  EXPECT_THAT(seen_.lead_steps, ElementsAre(0, 1, 2, 3));
   EXPECT_THAT(seen_.accepted, ElementsAre(3, 2, 2, 2, 2));
   EXPECT_EQ(pipeline_.lead_rank(), 0u);
   EXPECT_EQ(pipeline_.lead_attempt(), 1u);
   EXPECT_EQ(pipeline_.last_step(), 3u);
+  // Rank 1's records never reached the lead's windows.
+  EXPECT_EQ(pipeline_.health()->window().grad_norm.slots(), 4u);
+}
+
+TEST_F(RunPipelineTest, AHigherRankLeadsOnceTheLowerRanksAreMissing) {
+  for (uint32_t rank : {0u, 1u}) pipeline_.OnStreamStarted(rank, 0, std::nullopt);
+  Send(Start(1), Steps(0, 30, 2.0));  // every step clipped
+  pipeline_.CheckRanks(now_ + (config_.ranks.missing_after_seconds - 1) * kSecond);
+  EXPECT_FALSE(pipeline_.has_lead());
+  EXPECT_THAT(seen_.lead_steps, IsEmpty());
+  // Rank 0 never came: rank 1 leads with every record it sent.
+  pipeline_.CheckRanks(now_ + config_.ranks.missing_after_seconds * kSecond);
+  ASSERT_TRUE(pipeline_.has_lead());
+  EXPECT_EQ(pipeline_.lead_rank(), 1u);
+  EXPECT_THAT(seen_.leads, ElementsAre(100));
+  EXPECT_EQ(seen_.lead_steps.size(), 30u);
+  EXPECT_THAT(seen_.batch_ends, ElementsAre(29));
+  EXPECT_EQ(pipeline_.health()->window().grad_norm.slots(), 30u);
+  // Rank 0 after all: it takes over on fresh windows, with its own records.
+  Send(Start(0), Steps(0, 5));
+  EXPECT_EQ(pipeline_.lead_rank(), 0u);
+  EXPECT_EQ(pipeline_.health()->window().grad_norm.slots(), 5u);
+}
+
+TEST_F(RunPipelineTest, ALeadWaitingTooLongLeadsAtItsRecordLimit) {
+  config_.ranks.max_pending_lead_records = 10;
+  pipeline_.OnStreamStarted(1, 0, std::nullopt);
+  Send(Start(1), Steps(0, 9));
+  EXPECT_FALSE(pipeline_.has_lead());
+  Send(Start(1), Steps(9, 12));
+  EXPECT_TRUE(pipeline_.has_lead());
+  EXPECT_EQ(seen_.lead_steps.size(), 12u);
 }
 
 TEST_F(RunPipelineTest, ANewAttemptFromAnEarlierStepRewindsTheWindows) {
@@ -190,13 +223,13 @@ TEST_F(RunPipelineTest, OnlyFinishedOrFailedEndsTheRunAndResolvesRunSilent) {
   v1::RunEvent event;
   event.set_kind(v1::CHECKPOINT_SAVED);
   event.set_step(9);
-  EXPECT_FALSE(pipeline_.OnEvent(event));
+  EXPECT_FALSE(pipeline_.OnEvent(0, 0, event));
   EXPECT_THAT(seen_.alerts, ElementsAre("fire RunSilent"));
   event.set_kind(v1::RUN_FINISHED);
-  EXPECT_TRUE(pipeline_.OnEvent(event));
+  EXPECT_TRUE(pipeline_.OnEvent(0, 0, event));
   EXPECT_THAT(seen_.alerts, ElementsAre("fire RunSilent", "resolve RunSilent"));
   event.set_kind(v1::RUN_FAILED);
-  EXPECT_TRUE(pipeline_.OnEvent(event));
+  EXPECT_TRUE(pipeline_.OnEvent(0, 0, event));
 }
 
 TEST_F(RunPipelineTest, ClippingFiresAndResolveAllResolvesAtTheLastStep) {

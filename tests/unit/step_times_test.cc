@@ -294,11 +294,12 @@ TEST(RunTiming, NamesTheStragglerAndItsHostThenResolves) {
   for (uint64_t s = 0; s < 600; ++s) {
     for (uint32_t rank = 0; rank < 8; ++rank) {
       const double slow = rank == 6 && s >= 300 && s < 450 ? 1.3 : 1.0;
-      timing.OnRecord(rank, "node-" + std::to_string(rank / 2),
+      timing.OnRecord(rank, 0, "node-" + std::to_string(rank / 2),
                       Rec(s, jitter(rng) * slow));
     }
     timing.OnLeadRecord(Rec(s, 1.0), 0);
-    const bool holds = timing.StragglerHolds();
+    bool holds = false;
+    timing.JudgeRanksThrough(s, [&](uint64_t) { holds = timing.StragglerHolds(); });
     if (holds && fired == 0) {
       fired = s;
       EXPECT_EQ(timing.straggler_rank(), 6u);
@@ -346,8 +347,9 @@ TEST(RunTiming, MemoryAt1024Ranks) {
   RunTiming timing(config);
   for (uint64_t s = 0; s < 20; ++s) {
     for (uint32_t rank = 0; rank < 1024; ++rank) {
-      timing.OnRecord(rank, "gpu-node-" + std::to_string(rank / 8), Rec(s, 1.0));
+      timing.OnRecord(rank, 0, "gpu-node-" + std::to_string(rank / 8), Rec(s, 1.0));
     }
+    timing.JudgeRanksThrough(s, [](uint64_t) {});
   }
   std::printf("[ memory   ] RunTiming at 1024 ranks: %zu bytes (%.1f a rank)\n",
               timing.MemoryBytes(), timing.MemoryBytes() / 1024.0);
