@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -19,7 +20,8 @@ namespace {
 // spike, an entry in the spike list with its restart plan (the checkpoint
 // at least 100 steps before it, the batches to skip). A gradient spike that
 // clipping absorbed leaves the loss where it was and stays GradNormSpike's
-// (info).
+// (info). Any loss convention: a loss near 0 or below (an RL policy loss) is
+// judged in linear terms, and never on one step of its printed resolution.
 class LossSpike final : public Detector {
  public:
   explicit LossSpike(const HealthConfig& config)
@@ -47,20 +49,33 @@ class LossSpike final : public Detector {
     const std::vector<int64_t> ids = s->fired_now
         ? high_batch_ids_
         : std::vector<int64_t>(r.batch_ids().begin(), r.batch_ids().end());
-    sink.Event(AlertKind::kLossSpike, r.step(), s->ratio, ids, [&] {
-      return AlertText{
-          absl::StrFormat("Loss spike at step %d", s->onset_step),
-          absl::StrFormat(
-              "loss %.4g at step %d is %.2fx its recent level %.4g (median of "
-              "the last %d losses) and has stayed >= %gx and %g robust sd "
-              "above it since step %d; restart plan: trainwatchctl spikes "
-              "(the checkpoint >= 100 steps before step %d, skip the batches "
-              "listed)",
-              r.loss(), r.step(), s->ratio, s->level,
-              ctx.config.loss_spike.recent_steps,
-              ctx.config.loss_spike.min_ratio, ctx.config.loss_spike.sigmas,
-              s->onset_step, s->onset_step),
-          s->onset_step};
+    // The peak: the ratio in log space; in linear terms (a ratio to a level
+    // near 0 says nothing) the jump itself.
+    const double peak = s->log_space ? s->ratio : r.loss() - s->level;
+    sink.Event(AlertKind::kLossSpike, r.step(), peak, ids, [&] {
+      const auto& c = ctx.config.loss_spike;
+      const std::string plan = absl::StrFormat(
+          "; restart plan: trainwatchctl spikes (the checkpoint >= 100 steps "
+          "before step %d, skip the batches listed)",
+          s->onset_step);
+      std::string description =
+          s->log_space
+              ? absl::StrFormat(
+                    "loss %.4g at step %d is %.2fx its recent level %.4g "
+                    "(median of the last %d losses) and has stayed >= %gx and "
+                    "%g robust sd above it since step %d",
+                    r.loss(), r.step(), s->ratio, s->level, c.recent_steps,
+                    c.min_ratio, c.sigmas, s->onset_step)
+              : absl::StrFormat(
+                    "loss %.4g at step %d is %.4g above its recent level %.4g "
+                    "(median of the last %d losses; robust sd %.2g, resolution "
+                    "%.2g) and has stayed >= %g robust sd and >= %g resolution "
+                    "steps above it since step %d",
+                    r.loss(), r.step(), r.loss() - s->level, s->level,
+                    c.recent_steps, s->sd, s->resolution, c.sigmas,
+                    rule_.options().min_quanta, s->onset_step);
+      return AlertText{absl::StrFormat("Loss spike at step %d", s->onset_step),
+                       description + plan, s->onset_step};
     });
     if (s->fired_now) {
       sink.Spike(SpikeInfo{.step = s->onset_step,

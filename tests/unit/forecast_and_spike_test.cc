@@ -1,5 +1,5 @@
-// TrendForecaster, LossSpikeRule, ScaleBleed and StepDigests (DESIGN.md §4)
-// on synthetic signals with fixed seeds.
+// TrendForecaster, ScaleBleed and StepDigests (DESIGN.md §4) on synthetic
+// signals with fixed seeds (LossSpikeRule: loss_spike_test.cc).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "health/loss_spike.h"
 #include "health/scale_bleed.h"
 #include "health/step_digests.h"
 #include "health/trend_forecast.h"
@@ -115,97 +114,6 @@ TEST(TrendForecaster, TheFitIsTheilSenExactly) {
   // The bracket does its job: most fits never look at most slopes twice.
   EXPECT_GT(bracketed, fits * 85 / 100) << bracketed << " of " << fits;
   EXPECT_LT(bracketed, fits) << "no fit selected among all the slopes";
-}
-
-// A loss curve: falling slowly, 1.5% multiplicative noise.
-double Loss(std::mt19937& rng, uint64_t step) {
-  std::normal_distribution<double> g(0.0, 0.015);
-  return (2.1 + 3.0 * std::exp(-static_cast<double>(step) / 2000.0)) *
-         std::exp(g(rng));
-}
-
-TEST(LossSpikeRule, NamesABloomLikeSpikeAtItsOnset) {
-  LossSpikeRule rule(LossSpikeRule::Options{});
-  std::mt19937 rng(3);
-  std::optional<uint64_t> fired, onset;
-  for (uint64_t s = 1; s <= 3000; ++s) {
-    double loss = Loss(rng, s);
-    // 2.2 -> 5.1 over 8 steps, back over ~30.
-    if (s >= 2000 && s < 2008) loss *= 1.0 + 1.35 * (s - 1999) / 8.0;
-    if (s >= 2008 && s < 2040) loss *= 1.0 + 1.35 * (2040 - s) / 32.0;
-    auto r = rule.Add(s, loss);
-    if (r && r->fired_now) {
-      ASSERT_FALSE(fired.has_value()) << "fired twice";
-      fired = s;
-      onset = r->onset_step;
-    }
-  }
-  ASSERT_TRUE(fired.has_value());
-  EXPECT_LE(*fired, 2010u);
-  EXPECT_GE(*onset, 2000u);
-  EXPECT_LE(*onset, 2003u);
-}
-
-TEST(LossSpikeRule, OneOrTwoHighStepsAndNoiseAreNotASpike) {
-  LossSpikeRule rule(LossSpikeRule::Options{});
-  std::mt19937 rng(4);
-  for (uint64_t s = 1; s <= 20000; ++s) {
-    double loss = Loss(rng, s);
-    if (s == 5000) loss *= 3.0;                  // a corrupted batch
-    if (s == 9000 || s == 9001) loss *= 1.3;     // two steps
-    auto r = rule.Add(s, loss);
-    ASSERT_FALSE(r && r->fired_now) << s;
-  }
-}
-
-// The level and spread come from a sorted copy of the history, updated at
-// each refresh (the median read, the MAD merged outwards): exactly the
-// median and MAD of the history then, with ties, heavy tails, the history
-// not yet full, and refreshes further apart than the history is long.
-void ExpectExactLevelAndSpread(uint32_t recent_steps, uint32_t refresh_steps) {
-  SCOPED_TRACE(testing::Message() << "history " << recent_steps
-                                  << ", refresh every " << refresh_steps);
-  LossSpikeRule::Options o;
-  o.recent_steps = recent_steps;
-  o.min_steps = 1;
-  o.refresh_steps = refresh_steps;
-  o.min_ratio = 1e300;  // nothing is high, so every loss enters the history
-  o.min_sd = 0.0;
-  LossSpikeRule rule(o);
-  std::mt19937 rng(11);
-  std::cauchy_distribution<double> tail(0.0, 0.3);
-  std::uniform_int_distribution<int> level(1, 6);
-  std::vector<double> history;
-  for (uint64_t s = 1; s <= 5000; ++s) {
-    // Quantized losses (many ties) in one stretch, heavy-tailed in another.
-    const double loss = s % 2000 < 700 ? 0.5 * level(rng)
-                                       : std::exp(1.0 + tail(rng));
-    rule.Add(s, loss);
-    history.push_back(std::log(loss));
-    if (history.size() > o.recent_steps) history.erase(history.begin());
-    if ((s - 1) % refresh_steps != 0) continue;  // refreshes: 1, 1 + R, ...
-    std::vector<double> v = history;
-    std::sort(v.begin(), v.end());
-    const double m = v[v.size() / 2];
-    for (double& x : v) x = std::abs(x - m);
-    std::sort(v.begin(), v.end());
-    ASSERT_TRUE(rule.median_log().has_value()) << s;
-    ASSERT_EQ(*rule.median_log(), m) << s;
-    ASSERT_EQ(rule.sd(), 1.4826 * v[v.size() / 2]) << s;
-  }
-}
-
-TEST(LossSpikeRule, LevelAndSpreadAreTheExactMedianAndMadOfTheHistory) {
-  ExpectExactLevelAndSpread(100, 8);  // the defaults
-  ExpectExactLevelAndSpread(100, 1);
-  ExpectExactLevelAndSpread(7, 3);
-  ExpectExactLevelAndSpread(10, 25);  // values enter and leave in between
-}
-
-TEST(LossSpikeRule, IgnoresLossesWithoutALog) {
-  LossSpikeRule rule(LossSpikeRule::Options{});
-  EXPECT_FALSE(rule.Add(1, -0.5).has_value());
-  EXPECT_FALSE(rule.Add(2, NAN).has_value());
 }
 
 TEST(ScaleBleed, ASlowBleedIsNamedAfterFiveHalvingsWithAForecast) {

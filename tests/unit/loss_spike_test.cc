@@ -1,0 +1,428 @@
+// LossSpikeRule and the LossSpike detector (DESIGN.md §4) on every loss
+// convention: a language-model loss (log space), losses near zero or below
+// and losses printed with few digits (RL policy losses, DPO, reward models),
+// on synthetic signals with fixed seeds and on a real GRPO log.
+#include "health/loss_spike.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "health_test_util.h"
+#include "import_files.h"
+#include "import_log.h"
+
+namespace trainwatch {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::HealthHarness;
+using ::testing::Not;
+using testing::Rec;
+using ::testing::SizeIs;
+
+// A loss as a log prints it with `decimals` digits after the point.
+double Printed(double loss, int decimals) {
+  const double scale = std::pow(10.0, decimals);
+  return std::round(loss * scale) / scale;
+}
+
+// A language-model loss curve: falling slowly, 1.5% multiplicative noise.
+double Loss(std::mt19937& rng, uint64_t step) {
+  std::normal_distribution<double> g(0.0, 0.015);
+  return (2.1 + 3.0 * std::exp(-static_cast<double>(step) / 2000.0)) *
+         std::exp(g(rng));
+}
+
+// A pairwise loss (DPO, a reward model): the mean over a batch of
+// -log sigmoid(margin), each pair's margin ~ N(mean, sd). 0.693 at a margin
+// of 0, falling as the margins grow.
+double PairwiseLoss(std::mt19937& rng, int batch, double mean, double sd) {
+  std::normal_distribution<double> margin(mean, sd);
+  double sum = 0;
+  for (int i = 0; i < batch; ++i) sum += std::log1p(std::exp(-margin(rng)));
+  return sum / batch;
+}
+
+// What the rule said about a series.
+struct Fires {
+  std::vector<uint64_t> at;                    // the steps it fired at
+  std::vector<uint64_t> onsets;                // and the onsets it named
+  std::optional<LossSpikeRule::Result> first;  // the first firing step's
+  uint64_t high_steps = 0;
+};
+
+template <typename LossAt>
+Fires Feed(LossSpikeRule& rule, uint64_t steps, LossAt loss_at) {
+  Fires f;
+  for (uint64_t s = 1; s <= steps; ++s) {
+    std::optional<LossSpikeRule::Result> r = rule.Add(s, loss_at(s));
+    if (!r) continue;
+    f.high_steps += r->high;
+    if (r->fired_now) {
+      f.at.push_back(s);
+      f.onsets.push_back(r->onset_step);
+      if (!f.first) f.first = r;
+    }
+  }
+  return f;
+}
+
+// --- Language-model losses: log space. ---
+
+TEST(LossSpikeRule, NamesABloomLikeSpikeAtItsOnset) {
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  std::mt19937 rng(3);
+  std::optional<uint64_t> fired, onset;
+  for (uint64_t s = 1; s <= 3000; ++s) {
+    double loss = Loss(rng, s);
+    // 2.2 -> 5.1 over 8 steps, back over ~30.
+    if (s >= 2000 && s < 2008) loss *= 1.0 + 1.35 * (s - 1999) / 8.0;
+    if (s >= 2008 && s < 2040) loss *= 1.0 + 1.35 * (2040 - s) / 32.0;
+    auto r = rule.Add(s, loss);
+    if (r && r->fired_now) {
+      ASSERT_FALSE(fired.has_value()) << "fired twice";
+      fired = s;
+      onset = r->onset_step;
+      EXPECT_TRUE(r->log_space);
+      EXPECT_GT(r->ratio, 1.25);
+    }
+  }
+  ASSERT_TRUE(fired.has_value());
+  EXPECT_LE(*fired, 2010u);
+  EXPECT_GE(*onset, 2000u);
+  EXPECT_LE(*onset, 2003u);
+}
+
+TEST(LossSpikeRule, OneOrTwoHighStepsAndNoiseAreNotASpike) {
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  std::mt19937 rng(4);
+  for (uint64_t s = 1; s <= 20000; ++s) {
+    double loss = Loss(rng, s);
+    if (s == 5000) loss *= 3.0;               // a corrupted batch
+    if (s == 9000 || s == 9001) loss *= 1.3;  // two steps
+    auto r = rule.Add(s, loss);
+    ASSERT_FALSE(r && r->fired_now) << s;
+  }
+}
+
+TEST(LossSpikeRule, ALanguageModelLossPrintedWithFourDigitsIsStillInLogSpace) {
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  std::mt19937 rng(8);
+  const Fires f = Feed(rule, 3000, [&](uint64_t s) {
+    const double spike = s >= 2000 && s < 2010 ? 1.6 : 1.0;
+    return Printed(Loss(rng, s) * spike, 4);
+  });
+  ASSERT_TRUE(rule.recent().has_value());
+  EXPECT_TRUE(rule.recent()->log_space);
+  EXPECT_NEAR(rule.recent()->resolution, 1e-4, 1e-9);
+  EXPECT_THAT(f.at, ::testing::ElementsAre(2002u));
+  EXPECT_THAT(f.onsets, ::testing::ElementsAre(2000u));
+}
+
+// --- Losses near zero, negative, or printed with few digits. ---
+
+TEST(LossSpikeRule, QuantizationStepsOfAPolicyLossNearZeroNeverFire) {
+  // A GRPO-like policy loss printed with 4 decimals: 0.0 (or -0.0) on most
+  // steps, a few 1e-4 either side on the rest, with runs of one to six
+  // quanta up for five steps; and a stretch of exact zeros followed by a
+  // run of one and two quanta.
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::normal_distribution<double> g(-0.5e-4, 2e-4);
+  const Fires f = Feed(rule, 20000, [&](uint64_t s) {
+    if (s > 1000 && s % 1000 < 5) return (s / 1000 % 6 + 1) * 1e-4;
+    if (s >= 12000 && s < 12300) return s % 2 ? 0.0 : -0.0;
+    if (s >= 12300 && s < 12306) return s < 12303 ? 1e-4 : 2e-4;
+    return u(rng) < 0.25 ? Printed(g(rng), 4) : 0.0;
+  });
+  EXPECT_EQ(f.high_steps, 0u);
+  ASSERT_TRUE(rule.recent().has_value());
+  EXPECT_FALSE(rule.recent()->log_space);
+}
+
+TEST(LossSpikeRule, APositiveLossOfAFewQuantaIsNotJudgedByItsRatioAlone) {
+  // Printed as 0.0001 on most steps and 0.0002 on the rest, with runs of
+  // 0.0002: in log space alone (a MAD of 0) those runs are doublings. And
+  // 0.0001 .. 0.0004 with runs of 0.0006.
+  for (bool wide : {false, true}) {
+    SCOPED_TRACE(wide ? "1..4 quanta" : "1 or 2 quanta");
+    LossSpikeRule rule(LossSpikeRule::Options{});
+    std::mt19937 rng(6);
+    std::uniform_int_distribution<int> quanta(1, 4);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    const Fires f = Feed(rule, 5000, [&](uint64_t s) {
+      if (s % 500 < 5) return wide ? 6e-4 : 2e-4;
+      if (wide) return quanta(rng) * 1e-4;
+      return u(rng) < 0.1 ? 2e-4 : 1e-4;
+    });
+    EXPECT_EQ(f.high_steps, 0u);
+    ASSERT_TRUE(rule.recent().has_value());
+    EXPECT_TRUE(rule.recent()->log_space);
+  }
+}
+
+TEST(LossSpikeRule, AJumpOfANegativeLossFiresOnceAtItsOnset) {
+  // Level -0.02, sd 0.003, printed with 4 decimals; +0.2 for 10 steps.
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  std::mt19937 rng(7);
+  std::normal_distribution<double> g(-0.02, 0.003);
+  const Fires f = Feed(rule, 4000, [&](uint64_t s) {
+    return s >= 2000 && s < 2010 ? 0.2 : Printed(g(rng), 4);
+  });
+  EXPECT_THAT(f.at, ::testing::ElementsAre(2002u));
+  EXPECT_THAT(f.onsets, ::testing::ElementsAre(2000u));
+  EXPECT_EQ(f.high_steps, 10u);
+  ASSERT_TRUE(f.first.has_value());
+  EXPECT_FALSE(f.first->log_space);
+  EXPECT_NEAR(f.first->level, -0.02, 0.001);
+  EXPECT_NEAR(f.first->sd, 0.003, 0.0008);
+  EXPECT_NEAR(f.first->resolution, 1e-4, 1e-9);
+}
+
+TEST(LossSpikeRule, DpoAndRewardModelLossesDoNotFireOnTheirHealthyShapes) {
+  struct Shape {
+    const char* name;
+    int batch;
+    double final_margin;  // the mean margin the training approaches
+    double margin_sd;
+  };
+  // DPO from 0.693 down to ~0.5; a reward model (accuracy ~0.7) to ~0.65;
+  // DPO runs that overfit, their loss falling to ~0.0017 and ~0.00001 with a
+  // long right tail (a batch with one badly ranked pair), the second printed
+  // as 0.0000 on many steps (so not in log space).
+  for (const Shape& shape :
+       {Shape{"dpo", 32, 1.5, 2.0}, Shape{"reward model", 64, 0.6, 1.5},
+        Shape{"dpo overfitting", 32, 9.0, 2.5},
+        Shape{"dpo overfitting more", 32, 14.0, 2.5}}) {
+    for (int decimals : {4, 16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << shape.name << ", " << decimals << " decimals");
+      LossSpikeRule rule(LossSpikeRule::Options{});
+      std::mt19937 rng(9);
+      const Fires f = Feed(rule, 6000, [&](uint64_t s) {
+        const double mean = shape.final_margin * (1 - std::exp(-1e-3 * s));
+        return Printed(PairwiseLoss(rng, shape.batch, mean, shape.margin_sd),
+                       decimals);
+      });
+      EXPECT_THAT(f.at, ::testing::IsEmpty());
+    }
+  }
+}
+
+TEST(LossSpikeRule, ADivergingDpoLossFires) {
+  // From ~0.17 (a batch-to-batch sd of 35%) to ~3, the policy preferring
+  // the rejected answers for 20 steps.
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  std::mt19937 rng(10);
+  const Fires f = Feed(rule, 3000, [&](uint64_t s) {
+    const double mean = s >= 2000 && s < 2020 ? -3.0 : 3.0;
+    return Printed(PairwiseLoss(rng, 32, mean, 2.0), 4);
+  });
+  EXPECT_THAT(f.at, ::testing::ElementsAre(2002u));
+  EXPECT_THAT(f.onsets, ::testing::ElementsAre(2000u));
+}
+
+TEST(LossSpikeRule, AConstantLossGivesNothingToJudgeAJumpAgainst) {
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  const Fires f = Feed(
+      rule, 1000, [](uint64_t s) { return s > 500 && s < 510 ? 0.3 : 0.0; });
+  EXPECT_EQ(f.high_steps, 0u);
+}
+
+TEST(LossSpikeRule, IgnoresNonFiniteLossesOnly) {
+  LossSpikeRule rule(LossSpikeRule::Options{.min_steps = 1});
+  EXPECT_FALSE(rule.Add(1, NAN).has_value());
+  EXPECT_FALSE(rule.Add(2, INFINITY).has_value());
+  EXPECT_FALSE(rule.recent().has_value());
+  EXPECT_FALSE(rule.Add(3, -0.5).has_value());  // the first: history only
+  EXPECT_TRUE(rule.Add(4, -0.5).has_value());
+  ASSERT_TRUE(rule.recent().has_value());
+  EXPECT_EQ(rule.recent()->median, -0.5);
+  EXPECT_FALSE(rule.recent()->log_space);
+}
+
+// The statistics come from a sorted copy of the history, updated at each
+// refresh (the median read, each deviation quantile found by a binary
+// search): exactly those of the history then, with ties, heavy tails,
+// signed and mostly-zero losses, the history not yet full, and refreshes
+// further apart than the history is long.
+void ExpectExactStatistics(uint32_t recent_steps, uint32_t refresh_steps) {
+  SCOPED_TRACE(::testing::Message() << "history " << recent_steps
+                                    << ", refresh every " << refresh_steps);
+  LossSpikeRule::Options o;
+  o.recent_steps = recent_steps;
+  o.min_steps = 1;
+  o.refresh_steps = refresh_steps;
+  // Nothing is high, so every loss enters the history.
+  o.sigmas = 1e300;
+  o.min_quanta = 1e300;
+  o.min_ratio = 1e300;
+  o.min_sd = 0.0;
+  LossSpikeRule rule(o);
+  std::mt19937 rng(11);
+  std::cauchy_distribution<double> tail(0.0, 0.3);
+  std::uniform_int_distribution<int> level(1, 6);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::normal_distribution<double> policy(0.0, 2e-4), negative(-0.02, 0.003);
+  std::vector<double> history;
+  size_t log_space = 0, mad_zero = 0, q90_wider = 0, all_equal = 0;
+  for (uint64_t s = 1; s <= 9000; ++s) {
+    const uint64_t phase = s % 3000;
+    double loss;
+    if (phase < 600) {
+      loss = 0.5 * level(rng);  // few digits: many ties
+    } else if (phase < 1200) {
+      loss = std::exp(1.0 + tail(rng));  // heavy-tailed, log space
+    } else if (phase < 1800) {
+      loss = u(rng) < 0.2 ? Printed(policy(rng), 4) : 0.0;  // MAD 0
+    } else if (phase < 2100) {
+      loss = u(rng) < 0.05 ? (u(rng) < 0.5 ? 1e-4 : -1e-4) : 0.0;  // q90 0
+    } else if (phase < 2200) {
+      loss = 0.0;  // all equal
+    } else {
+      loss = negative(rng);  // continuous, below 0
+    }
+    rule.Add(s, loss);
+    history.push_back(loss);
+    if (history.size() > o.recent_steps) history.erase(history.begin());
+    if ((s - 1) % refresh_steps != 0) continue;  // refreshes: 1, 1 + R, ...
+    std::vector<double> v = history;
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size(), k = n / 2;
+    const double m = v[k];
+    double gap = INFINITY;
+    for (size_t i = 1; i < n; ++i) {
+      if (v[i] > v[i - 1]) gap = std::min(gap, v[i] - v[i - 1]);
+    }
+    std::vector<double> dev;
+    for (double x : v) dev.push_back(std::abs(x - m));
+    std::sort(dev.begin(), dev.end());
+    const double by_mad = 1.4826 * dev[k];
+    const double by_q90 = (1.0 / 1.6449) * dev[n * 9 / 10];
+    ASSERT_TRUE(rule.recent().has_value()) << s;
+    const LossSpikeRule::Recent& r = *rule.recent();
+    ASSERT_EQ(r.median, m) << s;
+    ASSERT_EQ(r.sd, std::max(by_mad, by_q90)) << s;
+    ASSERT_EQ(r.resolution, std::isinf(gap) ? 0.0 : gap) << s;
+    mad_zero += by_mad == 0;
+    q90_wider += by_q90 > by_mad;
+    all_equal += std::isinf(gap);
+    ASSERT_EQ(r.log_space, v[0] > 0) << s;
+    if (!r.log_space) continue;
+    ++log_space;
+    std::vector<double> lv;
+    for (double x : v) lv.push_back(std::log(x));
+    std::sort(lv.begin(), lv.end());
+    const double lm = lv[k];
+    for (double& x : lv) x = std::abs(x - lm);
+    std::sort(lv.begin(), lv.end());
+    ASSERT_EQ(r.log_median, lm) << s;
+    ASSERT_EQ(r.log_sd, 1.4826 * lv[k]) << s;
+  }
+  // Each kind of history came up.
+  EXPECT_GT(log_space, 0u);
+  EXPECT_GT(q90_wider, mad_zero);
+  EXPECT_GT(mad_zero, all_equal);
+  EXPECT_GT(all_equal, 0u);
+}
+
+TEST(LossSpikeRule, StatisticsAreExactlyThoseOfTheHistory) {
+  ExpectExactStatistics(100, 8);  // the defaults
+  ExpectExactStatistics(100, 1);
+  ExpectExactStatistics(7, 3);
+  ExpectExactStatistics(10, 25);  // values enter and leave in between
+}
+
+// --- The detector, through RunHealth. ---
+
+RunInfo Bf16() {
+  return RunInfo{.run_id = "r",
+                 .precision = v1::BF16,
+                 .max_norm = 1.0,
+                 .warmup_steps = 100};
+}
+
+TEST(LossSpikeDetector, ANegativeLossJumpPagesOnceInLinearTerms) {
+  HealthHarness h(Bf16());
+  std::mt19937 rng(12);
+  std::lognormal_distribution<double> norm(std::log(0.3), 0.15);
+  std::normal_distribution<double> g(-0.02, 0.003);
+  for (uint64_t s = 1; s <= 3000; ++s) {
+    v1::StepRecord r = Rec(s, norm(rng));
+    r.set_loss(s >= 2000 && s < 2010 ? 0.2 : Printed(g(rng), 4));
+    h.Lead(r);
+  }
+  auto fired = h.Fired(AlertKind::kLossSpike);
+  ASSERT_THAT(fired, SizeIs(1));
+  EXPECT_EQ(fired[0].onset_step, 2000u);
+  EXPECT_NEAR(fired[0].peak, 0.22, 0.002);  // the jump, not a ratio
+  EXPECT_THAT(fired[0].description, HasSubstr("above its recent level -0.02"));
+  EXPECT_THAT(fired[0].description, HasSubstr("resolution 0.0001"));
+  EXPECT_THAT(fired[0].description, Not(HasSubstr("x its recent level")));
+  EXPECT_THAT(fired[0].description, HasSubstr("restart plan"));
+  bool listed = false;
+  for (const SpikeInfo& s : h.spikes) listed |= s.step == 2000;
+  EXPECT_TRUE(listed);
+}
+
+// The policy loss of a real GRPO fine-tune (trainer_state.json, printed with
+// 4 decimals: 0.0 on most steps, down to -0.0012 and up to 0.0006). Log space
+// read one quantum as a doubling and paged 4 times ("loss 0.0002 at step
+// 1610 is 2.00x its recent level 0.0001").
+std::vector<v1::StepRecord> RealGrpoRecords(cli::ImportPlan* plan) {
+  cli::LoggedRun run;
+  const std::string path =
+      std::string(TW_SHARED_TESTDATA) +
+      "/real-logs/Learned-Remasking-Policy-for-dLLM__pretrained_checkpoint-"
+      "2000_trainer_state.json";
+  absl::Status read = cli::ImportFile(path, cli::ImportFormat::kHf, {}, &run);
+  EXPECT_TRUE(read.ok()) << read;
+  absl::StatusOr<cli::ImportPlan> p = PlanImport(run, {});
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) return {};
+  *plan = *p;
+  return p->records;
+}
+
+TEST(LossSpikeRule, ARealGrpoPolicyLossHasNoHighStep) {
+  cli::ImportPlan plan;
+  const std::vector<v1::StepRecord> records = RealGrpoRecords(&plan);
+  ASSERT_EQ(records.size(), 2000u);
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  uint64_t judged = 0, high = 0;
+  for (const v1::StepRecord& r : records) {
+    ASSERT_TRUE(r.has_loss());
+    auto s = rule.Add(r.step(), r.loss());
+    judged += s.has_value();
+    high += s && s->high;
+  }
+  EXPECT_GT(judged, 1900u);
+  EXPECT_EQ(high, 0u);
+  ASSERT_TRUE(rule.recent().has_value());
+  EXPECT_FALSE(rule.recent()->log_space);
+  EXPECT_NEAR(rule.recent()->resolution, 1e-4, 1e-9);
+}
+
+TEST(LossSpikeDetector, ARealGrpoPolicyLossDoesNotPage) {
+  cli::ImportPlan plan;
+  const std::vector<v1::StepRecord> records = RealGrpoRecords(&plan);
+  ASSERT_FALSE(records.empty());
+  HealthHarness h(
+      RunInfo{.run_id = "grpo",
+              .precision = static_cast<v1::Precision>(plan.precision),
+              .max_norm = plan.max_norm,
+              .warmup_steps = plan.warmup_steps});
+  for (const v1::StepRecord& r : records) h.Lead(r);
+  EXPECT_THAT(h.Fired(AlertKind::kLossSpike), ::testing::IsEmpty());
+}
+
+}  // namespace
+}  // namespace trainwatch
