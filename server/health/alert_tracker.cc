@@ -63,9 +63,13 @@ std::vector<AlertKind> CausesOf(AlertKind kind) {
     case AlertKind::kNonFiniteUpdate:
       return {AlertKind::kLossScaleCollapse};
     case AlertKind::kGradNormSpike:
+      return {AlertKind::kLossSpike};
+    // Under a diverging fp16 run the norms are Inf or huge: the clip share
+    // and the norm's level follow from the collapse, not from clipping.
     case AlertKind::kGradNormDrift:
     case AlertKind::kClipFractionHigh:
-      return {AlertKind::kLossSpike};
+      return {AlertKind::kLossSpike, AlertKind::kLossScaleCollapse,
+              AlertKind::kNonFiniteUpdate};
     case AlertKind::kAdamStaleSecondMoment:
       return {AlertKind::kLossSpike, AlertKind::kGradNormSpike};
     default:

@@ -15,6 +15,7 @@
 #ifndef TRAINWATCH_SERVER_HEALTH_DETECTOR_H_
 #define TRAINWATCH_SERVER_HEALTH_DETECTOR_H_
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -88,6 +89,12 @@ class AlertSink {
   // Records a spike for the spike list (in addition to Event()).
   virtual void Spike(const SpikeInfo& spike) = 0;
 };
+
+// Whether a lead step counts as clipped for the clip share: clipping fired
+// on a step that applied an update with a finite norm.
+inline bool Clipped(const v1::StepRecord& r) {
+  return r.clipped() && !r.skipped() && std::isfinite(r.grad_norm());
+}
 
 // What a detector sees for one lead-stream record.
 struct StepContext {

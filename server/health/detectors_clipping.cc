@@ -34,8 +34,9 @@ class ClipFractionHigh final : public Detector {
     if (!ctx.post_warmup) return;
     const FlagSeries& clipped = ctx.window.clipped;
     const auto& cfg = ctx.config.clip_fraction;
-    // As RunHealth flags it: a skipped step applied no update.
-    bool flag = r.clipped() && !r.skipped();
+    // As RunHealth flags it: a skipped step applied no update, and a
+    // non-finite norm is NonFiniteUpdate's.
+    bool flag = Clipped(r);
     if (flag && allowance > 0 && ctx.run.max_norm > 0) {
       flag = std::log(r.grad_norm() / ctx.run.max_norm) > allowance;
     }

@@ -22,8 +22,9 @@ void RunHealth::OnLeadRecord(const v1::StepRecord& r, int64_t now_unix_nanos) {
   if (post_warmup) {
     window_.grad_norm.Push(r.step(), r.grad_norm());
     // A skipped step applied no update, so it was not clipped either (its
-    // norm is usually Inf, which would otherwise read as clipped).
-    window_.clipped.Push(r.clipped() && !r.skipped());
+    // norm is usually Inf, which would otherwise read as clipped); nor was a
+    // step with a non-finite norm (NonFiniteUpdate's, not clipping's).
+    window_.clipped.Push(Clipped(r));
     window_.skipped.Push(r.skipped());
     if (r.has_max_attn_logit()) {
       window_.max_attn_logit.Push(r.step(), r.max_attn_logit());

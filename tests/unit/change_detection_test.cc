@@ -3,7 +3,10 @@
 // noise, one episode for a hovering quantity.
 #include "health/change_detection.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <utility>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -234,6 +237,27 @@ TEST(RateShiftDetector, ARateHoveringBetween4_6And7PercentGivesAtMostTwoFires) {
       return p;
     });
     EXPECT_LE(r.fires, 2) << seed;
+  }
+}
+
+// The case: ~0.3% of steps clipped, then the norm's median moves
+// from 0.35 to 0.81 of max_norm. The delays are printed; the bound on the
+// mean is what the CUSUM from half the threshold can do at ARL0 1e6.
+TEST(RateShiftDetector, AJumpTo15To25PercentIsNamedWithinTensOfSteps) {
+  for (const auto [to, mean_bound] : {std::pair{0.15, 90.0}, {0.19, 60.0}, {0.25, 40.0}}) {
+    uint64_t worst = 0, total = 0;
+    for (uint32_t seed = 1; seed <= 20; ++seed) {
+      RateRun r = RunRate(seed, 4000, [to = to](uint64_t s) { return s >= 2000 ? to : 0.003; });
+      ASSERT_TRUE(r.first_fire.has_value()) << to << " " << seed;
+      EXPECT_GE(*r.first_fire, 2000u) << to << " " << seed;
+      EXPECT_EQ(r.fires, 1) << to << " " << seed;
+      EXPECT_NEAR(static_cast<double>(*r.first_onset), 2000.0, 60.0) << seed;
+      worst = std::max(worst, *r.first_fire - 2000);
+      total += *r.first_fire - 2000;
+    }
+    std::printf("[ delay    ] 0.3%% -> %.0f%%: mean %.1f, worst %d steps (20 seeds)\n",
+                100 * to, total / 20.0, static_cast<int>(worst));
+    EXPECT_LE(total / 20.0, mean_bound) << to;
   }
 }
 

@@ -344,6 +344,36 @@ TEST(NonFiniteUpdate, FiresOnAppliedNanNormOrInfLoss) {
   EXPECT_EQ(resolved[1].step, inf_loss_step + resolve_after);
 }
 
+// A diverging fp16 run: the scale collapses (every step overflows and
+// halves it), then steps are applied with Inf norms and a NaN loss. That is
+// one cause: LossScaleCollapse and NonFiniteUpdate page; the Inf norms are
+// not clipped steps, and nothing else pages without a caused_by.
+TEST(NonFiniteUpdate, ADivergingFp16RunIsOneCauseNotAClipFractionPage) {
+  Fp16Run run({.warmup_steps = 200});
+  HealthHarness h(run.Info());
+  while (run.step() < 2000) h.Lead(run.Next());
+  for (int i = 0; i < 20; ++i) h.Lead(run.Overflow());
+  for (int i = 0; i < 300; ++i) {
+    v1::StepRecord r = run.Next();
+    SetNorm(r, kInf);
+    r.set_loss(std::nan(""));
+    r.set_skipped(false);
+    h.Lead(r);
+  }
+  EXPECT_FALSE(h.Fired(AlertKind::kLossScaleCollapse).empty());
+  EXPECT_FALSE(h.Fired(AlertKind::kNonFiniteUpdate).empty());
+  EXPECT_THAT(h.Fired(AlertKind::kClipFractionHigh), IsEmpty());
+  for (const auto& t : h.transitions) {
+    if (!t.firing || Spec(t.kind).severity == "info") continue;
+    if (t.kind == AlertKind::kLossScaleCollapse || t.kind == AlertKind::kScalerStuck) {
+      continue;
+    }
+    EXPECT_FALSE(t.caused_by.empty())
+        << Spec(t.kind).name << " at " << t.step << " pages on its own: "
+        << t.description;
+  }
+}
+
 TEST(NonFiniteUpdate, SilentOnSkippedOverflowSteps) {
   Fp16Run run({.warmup_steps = 200});
   HealthHarness h(run.Info());
