@@ -157,7 +157,8 @@ struct ShadowWindow {
   // What RunHealth::OnLeadRecord pushes for a post-warmup record.
   void Push(const v1::StepRecord& r) {
     grad_norm.Push(r.step(), r.grad_norm());
-    clipped.Push(r.step(), r.clipped() && !r.skipped());
+    // A skipped step, or one with a non-finite norm, was not clipped.
+    clipped.Push(r.step(), r.clipped() && !r.skipped() && std::isfinite(r.grad_norm()));
     skipped.Push(r.step(), r.skipped());
     if (r.has_max_attn_logit()) max_attn_logit.Push(r.step(), r.max_attn_logit());
     if (r.has_log_z()) log_z.Push(r.step(), r.log_z());
@@ -538,7 +539,7 @@ class Server {
         if (current_ == nullptr) return;
         absl::Status s = ValidateRunEvent(request.event(), limits_);
         ExpectRefusal(s);
-        if (s.ok()) current_run_->OnEvent(*current_, request.event());
+        if (s.ok()) current_run_->OnEvent(current_->start, request.event());
         return;
       }
       case v1::ReportRequest::MSG_NOT_SET:
