@@ -12,7 +12,24 @@ minus the onset the generator knows), and per scenario the alerts that page
   tools/scenario_delays.py --bin old=OLD/bin --bin new=build/bin [NAME ...]
 
 With two --bin the table has a column per build (e.g. main before a change,
-and the change). Standard library only.
+and the change).
+
+  tools/scenario_delays.py --bin build/bin --orders [NAME ...]
+
+--orders replays each multi-rank scenario (world_size > 1) three ways, each
+under a run id of its own (RUN_ID/ORDER) against one server, every rank's
+whole file with `trainwatchctl replay FILE --run R --rank N`: every rank at
+once (concurrent streams), one rank after another rank 0 first, and one
+after another from the highest rank down to rank 0 (rank 0 last). It prints
+the alerts of each (alertname@started_step/onset_step) and whether the three
+are equal, and exits 1 if any differ. The server runs with
+ranks.missing_after_seconds = --missing-after (default 5; the sequential
+orders must replay faster than that, or ranks not yet replayed count as
+missing), the alerts are read once that long has passed since the last
+replay (a step waiting for a silent rank has been judged by then), and
+host_suspect.min_runs is above the number of orders (HostSuspect counts
+runs naming a host: the three replays of one scenario would raise it on the
+second). Standard library only.
 """
 
 import argparse
@@ -29,11 +46,12 @@ GENERATOR = os.path.join(ROOT, "tests", "testdata", "scenarios", "generate.py")
 CHUNK = 100
 
 
-def start_server(bindir, work):
+def start_server(bindir, work, config=None):
     log = open(os.path.join(work, "server.log"), "w+")
     proc = subprocess.Popen(
         [os.path.join(bindir, "trainwatch-server"), "--listen", "127.0.0.1:0",
-         "--metrics-listen", "127.0.0.1:0", "--db", os.path.join(work, "tw.db")],
+         "--metrics-listen", "127.0.0.1:0", "--db", os.path.join(work, "tw.db"),
+         *(["--config", config] if config else [])],
         stdout=log, stderr=subprocess.STDOUT)
     for _ in range(600):
         log.seek(0)
@@ -124,11 +142,113 @@ def measure(bindir, scenario, gen_dir):
     return rows, fires, pages
 
 
+# Arrival orders of a multi-rank scenario's ranks (--orders).
+ORDERS = ("all at once", "rank 0 first", "rank 0 last")
+ORDER_RUN = {"all at once": "at-once", "rank 0 first": "rank0-first",
+             "rank 0 last": "rank0-last"}
+
+
+def rank_files(scenario, gen_dir):
+    """{attempt: [(rank, path)]} of the scenario's files, from their run_start."""
+    out = {}
+    for stage in scenario["replay"]:
+        for f in stage:
+            path = os.path.join(gen_dir, f)
+            with open(path) as fh:
+                start = json.loads(fh.readline())["run_start"]
+            out.setdefault(start.get("attempt", 0), []).append((start.get("rank", 0), path))
+    return {a: sorted(files) for a, files in out.items()}
+
+
+def replay_order(bindir, address, run, attempts, order):
+    ctl_path = os.path.join(bindir, "trainwatchctl")
+    for attempt in sorted(attempts):
+        files = attempts[attempt]
+        argv = [[ctl_path, "--server", address, "replay", path, "--run", run,
+                 "--rank", str(rank)] for rank, path in files]
+        if order == "all at once":
+            procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True) for a in argv]
+            outs = [(p, p.communicate()[0]) for p in procs]
+            for p, out in outs:
+                if p.returncode != 0:
+                    sys.exit(f"trainwatchctl replay ({run}): {out}")
+            continue
+        for a in (argv if order == "rank 0 first" else reversed(argv)):
+            r = subprocess.run(a, capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"{' '.join(a)}: {r.stdout}{r.stderr}")
+
+
+def alert_key(a):
+    return (a["alertname"], a["started_step"], a["onset_step"])
+
+
+def compare_orders(bindir, scenarios, gen_dir, missing_after):
+    multi = [s for s in scenarios if s.get("world_size", 1) > 1]
+    if not multi:
+        sys.exit("no multi-rank scenario among those named")
+    differ = []
+    with tempfile.TemporaryDirectory(prefix="tw-orders-") as work:
+        config = os.path.join(work, "trainwatch.yaml")
+        with open(config, "w") as f:
+            # HostSuspect is about the host across runs: the second run here to
+            # name a host would raise it (the same files, the same hosts).
+            f.write(f"ranks:\n  missing_after_seconds: {missing_after}\n"
+                    f"host_suspect:\n  min_runs: {len(ORDERS) + 1}\n")
+        proc, address = start_server(bindir, work, config)
+        try:
+            for s in multi:
+                attempts = rank_files(s, gen_dir)
+                for order in ORDERS:
+                    began = time.monotonic()
+                    replay_order(bindir, address, f"{s['run_id']}/{ORDER_RUN[order]}",
+                                 attempts, order)
+                    last_replay = time.monotonic()
+                    if last_replay - began >= missing_after:
+                        print(f"warning: {s['name']} ({order}) took "
+                              f"{last_replay - began:.1f} s, over --missing-after: ranks "
+                              "not yet replayed may have counted as missing", file=sys.stderr)
+            # A step that waits for a rank is judged once the timer (every
+            # second) has declared the rank missing.
+            time.sleep(max(0.0, last_replay + missing_after + 2 - time.monotonic()))
+            print("| scenario | ranks | " + " | ".join(ORDERS) + " | equal |")
+            print("|---" * (3 + len(ORDERS)) + "|")
+            for s in multi:
+                alerts = [settled_alerts(bindir, address,
+                                         f"{s['run_id']}/{ORDER_RUN[o]}") for o in ORDERS]
+                keys = [sorted(alert_key(a) for a in al) for al in alerts]
+                same = all(k == keys[0] for k in keys)
+                if not same:
+                    differ.append(s["name"])
+                cells = [", ".join(f"{n}@{st}/{on}" for n, st, on in k) or "none"
+                         for k in keys]
+                print(f"| {s['name']} | {s['world_size']} | " + " | ".join(cells) +
+                      f" | {'yes' if same else 'NO'} |", flush=True)
+                if not same:
+                    for o, al in zip(ORDERS, alerts):
+                        for a in sorted(al, key=alert_key):
+                            print(f"  {s['name']} ({o}): {json.dumps(a, sort_keys=True)}",
+                                  file=sys.stderr)
+        finally:
+            proc.kill()
+            proc.wait()
+    if differ:
+        print(f"verdicts depend on the arrival order: {', '.join(differ)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", action="append", required=True,
                     help="[LABEL=]DIR with trainwatch-server and trainwatchctl "
                     "(given twice: side by side)")
+    ap.add_argument("--orders", action="store_true",
+                    help="replay each multi-rank scenario in three arrival orders "
+                    "and compare the alerts")
+    ap.add_argument("--missing-after", type=int, default=5, metavar="SECONDS",
+                    help="ranks.missing_after_seconds of the server (--orders)")
     ap.add_argument("names", nargs="*")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="tw-scenarios-") as gen_dir:
@@ -136,6 +256,13 @@ def main():
         with open(os.path.join(gen_dir, "expected.json")) as f:
             scenarios = json.load(f)["scenarios"]
         builds = [b.split("=", 1) if "=" in b else (b, b) for b in args.bin]
+        if args.orders:
+            rc = 0
+            for label, d in builds:
+                if len(builds) > 1:
+                    print(f"\n{label}:\n")
+                rc |= compare_orders(d, scenarios, gen_dir, args.missing_after)
+            return rc
         heads = [label for label, _ in builds]
         print("| scenario | alert | onset | " + " | ".join(f"delay ({h})" for h in heads) +
               " | " + " | ".join(f"pages ({h})" for h in heads) + " |")
@@ -156,4 +283,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
