@@ -28,6 +28,9 @@ constexpr const char* kUsage = R"(usage: trainwatch-server [flags]
   --synchronous MODE       SQLite synchronous: NORMAL (default) or FULL
   --engine-threads N       health-engine threads (default 2)
   --max-active-runs N      runs that have not finished, at most (default 10000)
+  --run-idle-timeout SECONDS
+                           a run with no step this long leaves the active runs
+                           (its history stays; it can come back; default 3600)
   --config FILE            YAML detector thresholds (see deploy/trainwatch.yaml)
   --alertmanager-url URL   send alerts to Alertmanager (POST URL/api/v2/alerts)
   --alertmanager-resend-interval SECONDS
@@ -38,7 +41,8 @@ constexpr const char* kUsage = R"(usage: trainwatch-server [flags]
                            answered this fast (default 10): a dead or stopped
                            trainer's stream ends; an idle live one stays
   --auth-token-file FILE   require bearer tokens: lines "TOKEN SCOPE[,SCOPE...]",
-                           scopes read, write:PREFIX, write:* (README "Security")
+                           scopes read, write:PREFIX, write:*, runs:N
+                           (docs/security.md)
   --tls-cert FILE          serve gRPC over TLS with this PEM certificate chain
   --tls-key FILE           ... and this PEM private key (both or neither)
   --tls-client-ca FILE     also require client certificates signed by these
@@ -119,6 +123,8 @@ int main(int argc, char** argv) {
       }
       options.alertmanager_resend_interval =
           std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    } else if (arg == "--run-idle-timeout") {
+      options.run_idle_timeout = ParseSeconds(arg, value);
     } else if (arg == "--keepalive-time") {
       options.keepalive_time = ParseSeconds(arg, value);
     } else if (arg == "--keepalive-timeout") {

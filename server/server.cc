@@ -1,6 +1,5 @@
 #include "server.h"
 
-#include <prometheus/exposer.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -203,6 +202,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
   engine_options.notifier = server->notifier_.get();
   engine_options.shards = options.engine_threads;
   engine_options.max_active_runs = options.max_active_runs;
+  engine_options.run_idle_timeout = options.run_idle_timeout;
   engine_options.health = options.health;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
       engine_options, server->store_.get(), m, Clock::Real());

@@ -42,6 +42,8 @@ struct ServerOptions {
   size_t engine_threads = 2;
   // Runs that have not finished, at most.
   size_t max_active_runs = 10000;
+  // A run with no step for this long leaves the active set.
+  std::chrono::milliseconds run_idle_timeout{3'600'000};
   ValidationLimits limits;
   // Detector thresholds (--config).
   HealthConfig health;

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -49,9 +50,17 @@ absl::Status ParseScopes(absl::string_view field, TokenScope* scope) {
       } else {
         scope->write_prefixes.push_back(std::string(s));
       }
+    } else if (absl::ConsumePrefix(&s, "runs:")) {
+      uint32_t n = 0;
+      if (!absl::SimpleAtoi(s, &n) || n == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "runs:N wants a whole number of runs >= 1, got \"", s, "\""));
+      }
+      scope->max_active_runs = n;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "unknown scope \"", s, "\"; scopes are read, write:PREFIX, write:*"));
+          "unknown scope \"", s,
+          "\"; scopes are read, write:PREFIX, write:*, runs:N"));
     }
   }
   return absl::OkStatus();

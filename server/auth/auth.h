@@ -4,6 +4,7 @@
 //   read           ListRuns, GetRunHealth, ListAlerts, QuerySteps
 //   write:PREFIX   Report for run ids that start with PREFIX
 //   write:*        Report for any run
+//   runs:N         at most N active runs opened with this token at once
 // `#` starts a comment (tokens cannot contain it); blank lines are ignored.
 // A token is 16..256 printable ASCII characters without spaces or `#`.
 //
@@ -35,6 +36,9 @@ struct TokenScope {
   bool read = false;
   // Report for run ids starting with one of these; "" (write:*) = any run.
   std::vector<std::string> write_prefixes;
+  // runs:N: at most N of the runs this token opened are active at once
+  // (beside the server's --max-active-runs); none: no bound of its own.
+  std::optional<uint32_t> max_active_runs;
   // Line of the token file, to tell tokens apart without naming them.
   int line = 0;
 };

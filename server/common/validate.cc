@@ -1,6 +1,9 @@
 #include "common/validate.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 
@@ -101,6 +104,23 @@ absl::Status ValidateRunStart(const v1::RunStart& start,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Steps are stored as signed 64-bit integers (SQLite's): a step at or above
+// 2^63 (usually a client's -1 read as unsigned) cannot be stored as sent,
+// so it is refused rather than acknowledged and clamped.
+absl::Status ValidateStep(uint64_t step, absl::string_view what) {
+  if (step <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, step, " is not below 2^63 (", static_cast<int64_t>(step),
+      " as a signed integer: a step of -1?); steps are stored as signed "
+      "64-bit integers"));
+}
+
+}  // namespace
+
 absl::Status ValidateStepBatch(const v1::StepBatch& batch,
                                const ValidationLimits& limits) {
   if (static_cast<size_t>(batch.records_size()) > limits.max_batch_records) {
@@ -109,6 +129,7 @@ absl::Status ValidateStepBatch(const v1::StepBatch& batch,
                      " records; at most ", limits.max_batch_records));
   }
   for (const v1::StepRecord& r : batch.records()) {
+    if (absl::Status s = ValidateStep(r.step(), "step "); !s.ok()) return s;
     if (static_cast<size_t>(r.batch_ids_size()) > limits.max_batch_ids) {
       return absl::InvalidArgumentError(
           absl::StrCat("step ", r.step(), ": batch_ids has ", r.batch_ids_size(),
@@ -146,6 +167,9 @@ absl::Status ValidateStepBatch(const v1::StepBatch& batch,
 
 absl::Status ValidateRunEvent(const v1::RunEvent& event,
                               const ValidationLimits& limits) {
+  if (absl::Status s = ValidateStep(event.step(), "event at step "); !s.ok()) {
+    return s;
+  }
   if (event.kind() == v1::EVENT_KIND_UNSPECIFIED ||
       !v1::EventKind_IsValid(event.kind())) {
     return absl::InvalidArgumentError(

@@ -78,6 +78,8 @@ std::shared_ptr<RunState> Engine::FindOrAddRunLocked(const std::string& run_id) 
     if (it->second->finished) {
       it->second->finished = false;
       it->second->metrics->finished.Set(0);
+      it->second->last_batch_unix_nanos.store(clock_->NowUnixNanos(),
+                                              std::memory_order_relaxed);
       ++active_runs_;
     }
     return it->second;
@@ -92,18 +94,33 @@ std::shared_ptr<RunState> Engine::FindOrAddRunLocked(const std::string& run_id) 
 }
 
 absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
-                                                DoneCallback done) {
+                                                DoneCallback done,
+                                                std::optional<RunQuota> quota) {
   std::shared_ptr<RunState> run;
   {
     absl::MutexLock lock(&mu_);
     auto it = runs_.find(start.run_id());
     bool known_active = it != runs_.end() && !it->second->finished;
+    if (!known_active && quota.has_value() &&
+        active_by_token_[quota->token] >= quota->max_active_runs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "run ", start.run_id(), ": this token (line ", quota->token,
+          " of the token file) already has ", active_by_token_[quota->token],
+          " active runs, its runs:", quota->max_active_runs,
+          " quota; finish old runs (RUN_FINISHED), or they leave the active "
+          "set after --run-idle-timeout without a step"));
+    }
     if (!known_active && active_runs_ >= options_.max_active_runs) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "this server already monitors ", active_runs_,
-          " active runs (the limit); finish old runs or use another server"));
+          " active runs, its --max-active-runs limit; finish old runs or use "
+          "another server"));
     }
     run = FindOrAddRunLocked(start.run_id());
+    if (!known_active && quota.has_value()) {
+      run->quota_token = quota->token;
+      ++active_by_token_[quota->token];
+    }
     metrics_->runs_active.Set(static_cast<double>(active_runs_));
   }
   auto handle = std::make_shared<Stream>(
@@ -160,6 +177,8 @@ void Engine::SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
   WriteOp op{.kind = WriteOp::Kind::kBatch,
              .key = stream->key,
              .received_unix_nanos = clock_->NowUnixNanos()};
+  stream->run->last_batch_unix_nanos.store(op.received_unix_nanos,
+                                           std::memory_order_relaxed);
   // Swaps the records' pointers (neither field is on an arena): a copy into
   // a vector was 8% of the server's CPU at 16 streams.
   op.records.Swap(batch.mutable_records());
@@ -216,7 +235,16 @@ void Engine::SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
 
 void Engine::MarkFinished(RunState& run) {
   absl::MutexLock lock(&mu_);
+  MarkFinishedLocked(run);
+}
+
+void Engine::MarkFinishedLocked(RunState& run) {
   if (run.finished) return;
+  if (run.quota_token.has_value()) {
+    auto it = active_by_token_.find(*run.quota_token);
+    if (it != active_by_token_.end() && --it->second == 0) active_by_token_.erase(it);
+    run.quota_token.reset();
+  }
   run.finished = true;
   run.finished_unix_nanos = clock_->NowUnixNanos();
   run.metrics->finished.Set(1);

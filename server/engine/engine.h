@@ -75,6 +75,9 @@ struct EngineOptions {
   size_t shards = 2;
   // Runs that have not finished; a new one past this is RESOURCE_EXHAUSTED.
   size_t max_active_runs = 10000;
+  // A run with no record for this long leaves the active set (as if it had
+  // finished: its history stays, and it can come back); 0: never.
+  std::chrono::milliseconds run_idle_timeout{3'600'000};
   // A batch of at most this many records (a live trainer's, sent as it
   // trains) is processed before queued larger ones (a replay's, a client
   // catching up): a bad step is not detected behind a healthy backlog. The
@@ -90,6 +93,12 @@ struct EngineOptions {
 };
 
 struct RunState;
+
+// A token's own bound on the active runs it opens (its runs:N scope).
+struct RunQuota {
+  int token = 0;  // the token's line in the token file: tells tokens apart
+  uint32_t max_active_runs = 0;
+};
 
 // One open Report stream, as the engine knows it. Its identity is fixed when
 // the stream opens; `held` and `start_result` belong to the stream's shard:
@@ -133,8 +142,11 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // `start` must be validated. Stores the RunStart; `done` runs once durable.
+  // A run not active yet counts against `quota` (when given) and against
+  // max_active_runs: past either, RESOURCE_EXHAUSTED naming it.
   absl::StatusOr<StreamHandle> OpenStream(const v1::RunStart& start,
-                                          DoneCallback done);
+                                          DoneCallback done,
+                                          std::optional<RunQuota> quota = {});
   // Updates the run with the records not seen before, then commits the
   // batch; `done` runs after both. `processed` (may be empty) runs on the
   // shard once the records are processed (or refused), always before `done`:
@@ -160,6 +172,11 @@ class Engine {
   // ago (server clock) and that no stream holds. Called by the timer.
   void ForgetFinishedRuns();
 
+  // Runs without a batch for run_idle_timeout (server clock) leave the
+  // active set (their history stays; a new batch brings them back). Called
+  // by the timer.
+  void RetireIdleRuns();
+
   // Finishes queued work; later callbacks run inline. Call after the store
   // has closed, so every commit's callback has been posted.
   void Stop();
@@ -177,8 +194,10 @@ class Engine {
   static void RunInOrder(const StreamHandle& stream,
                          std::function<void(absl::Status)> work, bool small);
   static void OnStartCommitted(Stream& stream, const WriteResult& result);
-  // The run reported RUN_FINISHED or RUN_FAILED.
+  // The run reported RUN_FINISHED or RUN_FAILED, or sent nothing for
+  // run_idle_timeout: it leaves the active set.
   void MarkFinished(RunState& run);
+  void MarkFinishedLocked(RunState& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // recovery.cc: an unfinished run's pipeline and series from the store.
   absl::Status Rebuild(RunState& run, const v1::RunSummary& summary);
   // At start: alerts stored as firing for runs that finished (before the
@@ -199,6 +218,8 @@ class Engine {
   absl::flat_hash_map<std::string, std::shared_ptr<RunState>> runs_
       ABSL_GUARDED_BY(mu_);
   size_t active_runs_ ABSL_GUARDED_BY(mu_) = 0;
+  // Active runs per token with a runs:N quota (RunQuota::token).
+  absl::flat_hash_map<int, size_t> active_by_token_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar stop_cv_;
   std::thread silence_thread_;

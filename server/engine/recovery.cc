@@ -23,6 +23,12 @@ absl::Status Engine::Rebuild(RunState& run, const v1::RunSummary& summary) {
 
   absl::StatusOr<v1::RunStart> start = store_->GetLeadStart(summary.run_id());
   if (!start.ok()) return start.status();
+  // Idle since its last record, not since this start: a run idle for
+  // run_idle_timeout leaves the active set at the timer's next tick.
+  if (summary.last_seen_unix_nanos() > 0) {
+    run.last_batch_unix_nanos.store(summary.last_seen_unix_nanos(),
+                                    std::memory_order_relaxed);
+  }
   RunPipeline& pipeline = run.pipeline;
   pipeline.Recover(*start, summary.last_step());
   run.router.SetLabels(*start);

@@ -2,8 +2,10 @@
 #ifndef TRAINWATCH_SERVER_ENGINE_RUN_STATE_H_
 #define TRAINWATCH_SERVER_ENGINE_RUN_STATE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -16,7 +18,8 @@
 
 namespace trainwatch {
 
-// Per-run state. `finished` and `finished_unix_nanos` are guarded by
+// Per-run state. `finished`, `finished_unix_nanos` and `quota_token` are
+// guarded by
 // Engine::mu_; the router and the pipeline are touched only by the run's
 // shard thread (or by Create before serving, or by ForgetFinishedRuns once
 // nothing else holds the run).
@@ -27,15 +30,21 @@ struct RunState {
       : run_id(id),
         metrics(std::move(run_metrics)),
         router(id, store, metrics, this->metrics.get(), notifier, hosts),
-        pipeline(id, config, &router, now_unix_nanos) {}
+        pipeline(id, config, &router, now_unix_nanos),
+        last_batch_unix_nanos(now_unix_nanos) {}
 
   const std::string run_id;
   // Declared before the router and the pipeline, which borrow it.
   std::unique_ptr<RunMetrics> metrics;
   bool finished = false;
   int64_t finished_unix_nanos = 0;  // server clock
+  // The token whose runs:N quota this active run counts against.
+  std::optional<int> quota_token;
   AlertRouter router;
   RunPipeline pipeline;
+  // When a batch of the run last arrived (server clock), for
+  // run_idle_timeout; written by any stream's thread, read by the timer.
+  std::atomic<int64_t> last_batch_unix_nanos{0};
 };
 
 }  // namespace trainwatch

@@ -1,6 +1,7 @@
 // The engine's timer (Engine::SilenceLoop, every silence_check_interval):
 // RunSilent for runs that stopped reporting, ranks declared missing (the
-// cross-rank checks stop waiting for them), and forgetting finished runs
+// cross-rank checks stop waiting for them), runs idle for run_idle_timeout
+// leaving the active set, and forgetting finished runs
 // once their retention has passed.
 #include <pthread.h>
 
@@ -28,6 +29,23 @@ void Engine::CheckSilence() {
       run->pipeline.CheckSilence(now, limit);
       run->pipeline.CheckRanks(now);
     });
+  }
+}
+
+void Engine::RetireIdleRuns() {
+  if (options_.run_idle_timeout.count() <= 0) return;
+  const int64_t now = clock_->NowUnixNanos();
+  const int64_t idle =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(options_.run_idle_timeout)
+          .count();
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, run] : runs_) {
+    if (!run->finished &&
+        now - run->last_batch_unix_nanos.load(std::memory_order_relaxed) >= idle) {
+      // Leaves the active set as a finished run does; a new batch brings
+      // it back (FindOrAddRunLocked).
+      MarkFinishedLocked(*run);
+    }
   }
 }
 
@@ -64,6 +82,7 @@ void Engine::SilenceLoop() {
     if (stopping_) break;
     mu_.Unlock();
     CheckSilence();
+    RetireIdleRuns();
     ForgetFinishedRuns();
     mu_.Lock();
   }

@@ -142,8 +142,13 @@ class ReportReactor final
           if (!s.ok()) return s;
         }
         ++pending_;
+        std::optional<RunQuota> quota;
+        if (scope_ != nullptr && scope_->max_active_runs.has_value()) {
+          quota = RunQuota{.token = scope_->line,
+                           .max_active_runs = *scope_->max_active_runs};
+        }
         absl::StatusOr<StreamHandle> stream = ingest_->engine_->OpenStream(
-            request_.start(), [this](absl::Status s) { OnDurable(0, s); });
+            request_.start(), [this](absl::Status s) { OnDurable(0, s); }, quota);
         if (!stream.ok()) {
           --pending_;
           return stream.status();

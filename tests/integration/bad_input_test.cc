@@ -552,6 +552,21 @@ TEST_F(BadInput, DuplicateStepsAreStoredAndCountedOnce) {
   EXPECT_EQ(MetricValue(Metrics(), "trainwatch_steps_total{run=\"dup\"}"), 4);
 }
 
+// A client's -1 read as unsigned: it used to be acked and stored clamped to
+// 2^63 - 1, and every later step of the stream was then acked and dropped as
+// a duplicate. Now it is refused, nothing after it is applied, and the
+// ordinary steps sent next (the client drops a refused batch and goes on)
+// are stored, every one.
+TEST_F(BadInput, AStepOf2To64Minus1IsRefusedAndTheOrdinaryStepsAfterItStored) {
+  v1::ReportRequest bad = Batch(2, {10});
+  bad.mutable_batch()->mutable_records(0)->set_step(std::numeric_limits<uint64_t>::max());
+  ExpectRefused(SendAfterGood(bad, "minus-one"), grpc::StatusCode::INVALID_ARGUMENT,
+                "step 18446744073709551615 is not below 2^63");
+  EXPECT_TRUE(SendOnNewStream({Start("minus-one"), Batch(3, Range(10, 100))}).ok());
+  EXPECT_EQ(StoredStepNumbers("minus-one"), Range(0, 110));
+  EXPECT_EQ(MetricValue(Metrics(), "trainwatch_steps_total{run=\"minus-one\"}"), 110);
+}
+
 TEST_F(BadInput, BatchOverTheRecordLimitIsRefusedAndTheLimitAccepted) {
   RawStream s(server_->grpc_address());
   s.Send(Start("big"));
@@ -652,7 +667,7 @@ TEST_F(BadInputFewRuns, MoreActiveRunsThanTheLimitAreRefusedUntilOneFinishes) {
   EXPECT_TRUE(SendOnNewStream({Start("second"), Batch(1, {0})}).ok());
   ExpectRefused(SendOnNewStream({Start("third")}),
                 grpc::StatusCode::RESOURCE_EXHAUSTED,
-                "this server already monitors 2 active runs (the limit)");
+                "this server already monitors 2 active runs, its --max-active-runs limit");
   // A known active run may open more streams (another rank, a reconnect).
   EXPECT_TRUE(SendOnNewStream({Start("second"), Batch(1, {1})}).ok());
   // Once a run finishes, its place is free.

@@ -285,6 +285,47 @@ TEST_F(SecurityTest, TokensAreCheckedAndScoped) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// Issue 26: a write:team-a/ token opened runs that sent only a RunStart and
+// held the server's places for ever. A runs:N token opens N active runs,
+// the next is RESOURCE_EXHAUSTED naming the quota, other tenants are not
+// affected, and runs idle for --run-idle-timeout leave the active set.
+TEST_F(SecurityTest, ARunsQuotaBoundsATokensActiveRunsUntilTheyGoIdle) {
+  std::ofstream(dir_.File("quota-tokens"))
+      << kWriteA << " write:team-a/,runs:5\n"
+      << kAdmin << " read,write:*\n";
+  chmod(dir_.File("quota-tokens").c_str(), 0600);
+  ServerProcess server(dir_.File("db"), 0,
+                       {"--auth-token-file", dir_.File("quota-tokens"),
+                        "--run-idle-timeout", "8"});
+  const std::vector<std::string> team_a = {"--token-file", Pki("write-a.token")};
+  // A refused replay retries until its --timeout: shorter than the idle
+  // timeout, or the runs it waits for would go idle meanwhile.
+  const std::vector<std::string> team_a_briefly = {
+      "--token-file", Pki("write-a.token"), "--timeout", "2"};
+  const std::vector<std::string> admin = {"--token-file", Pki("admin.token")};
+  for (int i = 1; i <= 5; ++i) {
+    CommandResult r = Ctl(server, team_a,
+                          {"replay", WriteLog("team-a/r" + std::to_string(i), 2)});
+    ASSERT_EQ(r.exit_code, 0) << i << ": " << r.err;
+  }
+  CommandResult r = Ctl(server, team_a_briefly, {"replay", WriteLog("team-a/r6", 2)});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(r.err, HasSubstr("its runs:5 quota"));
+  // A run already active may still report; another tenant still opens runs.
+  EXPECT_EQ(Ctl(server, team_a, {"replay", WriteLog("team-a/r1", 3)}).exit_code, 0);
+  r = Ctl(server, admin, {"replay", WriteLog("team-b/x", 2)});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // Idle for 8 s, team A's runs leave the active set: r6 gets in.
+  bool admitted = false;
+  for (int i = 0; i < 15 && !admitted; ++i) {
+    admitted =
+        Ctl(server, team_a_briefly, {"replay", WriteLog("team-a/r6", 2)}).exit_code == 0;
+  }
+  EXPECT_TRUE(admitted) << "team A's idle runs still count against its quota";
+  EXPECT_EQ(StoredSteps(server, admin, "team-a/r6"), 2u);
+}
+
 TEST_F(SecurityTest, TokensOverTls) {
   std::vector<std::string> args = TlsServerArgs();
   args.insert(args.end(), {"--auth-token-file", Pki("tokens")});

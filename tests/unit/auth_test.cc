@@ -106,6 +106,18 @@ TEST(Authorizer, WriteScopeGatesReportAndRunPrefixes) {
   EXPECT_TRUE(Authorizer::CheckWriteRun(**b, "anything/at:all").ok());
 }
 
+TEST(Authorizer, RunsScopeBoundsActiveRuns) {
+  absl::StatusOr<std::unique_ptr<Authorizer>> auth = Authorizer::Parse(
+      std::string(kWriter) + " write:team-a/,runs:5\n" + kReader + " read\n", "tokens");
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  absl::StatusOr<const TokenScope*> w = (*auth)->Authenticate(Bearer(kWriter));
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ((*w)->max_active_runs, 5u);
+  absl::StatusOr<const TokenScope*> r = (*auth)->Authenticate(Bearer(kReader));
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE((*r)->max_active_runs.has_value());
+}
+
 TEST(Authorizer, FileErrorsNameFileAndLine) {
   struct Case {
     std::string text;
@@ -125,6 +137,8 @@ TEST(Authorizer, FileErrorsNameFileAndLine) {
            {ok_token + " write:\n", "tokens:1: write:PREFIX wants"},
            {ok_token + " write:bad prefix\n", "tokens:1: want TOKEN SCOPE"},
            {ok_token + " write:a*b\n", "tokens:1: write:PREFIX wants"},
+           {ok_token + " write:*,runs:0\n", "tokens:1: runs:N wants a whole number"},
+           {ok_token + " write:*,runs:x\n", "tokens:1: runs:N wants a whole number"},
            {ok_token + " read\n" + ok_token + " write:*\n",
             "tokens:2: the token of line 1 again"},
        }) {

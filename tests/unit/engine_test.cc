@@ -258,6 +258,34 @@ TEST_F(EngineTest, TooManyActiveRunsIsResourceExhausted) {
   EXPECT_TRUE(engine_->OpenStream(Start("d"), [](absl::Status) {}).ok());
 }
 
+TEST_F(EngineTest, ATokensRunsQuotaIsItsOwnAndIdleRunsLeaveTheActiveSet) {
+  const RunQuota team_a{.token = 2, .max_active_runs = 2};
+  auto open = [&](const char* run, std::optional<RunQuota> quota) {
+    std::promise<absl::Status> done;
+    auto h = engine_->OpenStream(Start(run), [&](absl::Status s) { done.set_value(s); },
+                                 quota);
+    if (h.ok()) EXPECT_TRUE(done.get_future().get().ok());
+    return h;
+  };
+  ASSERT_TRUE(open("a1", team_a).ok());
+  ASSERT_TRUE(open("a2", team_a).ok());
+  absl::StatusOr<StreamHandle> refused = open("a3", team_a);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status()));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("this token (line 2 of the token file) already has 2 active "
+                        "runs, its runs:2 quota"));
+  EXPECT_TRUE(open("a1", team_a).ok());  // an active run reopens
+  EXPECT_TRUE(open("b1", std::nullopt).ok());  // another tenant
+  // An hour without a batch: a1 and a2 leave the active set; a3 gets in.
+  clock_.Advance(std::chrono::seconds(3599));
+  engine_->RetireIdleRuns();
+  EXPECT_FALSE(open("a3", team_a).ok());
+  clock_.Advance(std::chrono::seconds(1));
+  engine_->RetireIdleRuns();
+  EXPECT_TRUE(open("a3", team_a).ok());
+  EXPECT_EQ(Value(*metrics_, "trainwatch_runs_active"), 1);
+}
+
 TEST_F(EngineTest, RunSilentFiresAfterTheSilenceAndResolvesOnTheNextStep) {
   StreamHandle h = OpenStream(Start("r"));
   Submit(h, Batch(0, 10));

@@ -114,6 +114,27 @@ TEST(ValidateStepBatch, NonFiniteClipCoefIsDataAndALongLayerNameIsNot) {
               HasSubstr("step 3: layer name"));
 }
 
+// A client's -1 read as unsigned: acknowledged and stored clamped to 2^63 - 1,
+// it made every later step of its stream a duplicate (issue 26).
+TEST(ValidateStepBatch, RefusesAStepAtOrAbove2To63NamingIt) {
+  v1::StepBatch b;
+  b.add_records()->set_step(5);
+  b.add_records()->set_step(std::numeric_limits<uint64_t>::max());
+  const absl::Status s = ValidateStepBatch(b, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("step 18446744073709551615 is not below 2^63 (-1 "));
+  b.mutable_records(1)->set_step(uint64_t{1} << 63);
+  EXPECT_THAT(ValidateStepBatch(b, {}).message(),
+              HasSubstr("step 9223372036854775808 is not below 2^63"));
+  b.mutable_records(1)->set_step((uint64_t{1} << 63) - 1);  // the largest stored
+  EXPECT_TRUE(ValidateStepBatch(b, {}).ok());
+  v1::RunEvent e;
+  e.set_kind(v1::CHECKPOINT_SAVED);
+  e.set_step(std::numeric_limits<uint64_t>::max());
+  EXPECT_THAT(ValidateRunEvent(e, {}).message(),
+              HasSubstr("event at step 18446744073709551615 is not below 2^63"));
+}
+
 TEST(ValidateStepBatch, RefusesOversizedBatchNamingTheLimit) {
   v1::StepBatch b;
   b.set_seq(7);
