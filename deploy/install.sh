@@ -18,6 +18,7 @@ PACKAGES=(
   prometheus-cpp-dev libsqlite3-dev libyaml-cpp-dev libcurl4-openssl-dev
   nlohmann-json3-dev libssl-dev libcrypt-dev
   libgoogle-perftools-dev  # tcmalloc for trainwatch-server
+  libmicrohttpd-dev libgnutls28-dev  # the /metrics HTTP layer (epoll, TLS)
   # Python client (built for Debian's /usr/bin/python3)
   python3 python3-dev pybind11-dev python3-pybind11 python3-numpy
   # tests and tools

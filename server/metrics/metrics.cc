@@ -6,7 +6,6 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "metrics/https_exposer.h"
 
 namespace trainwatch {
 namespace {
@@ -34,17 +33,6 @@ prometheus::Labels RunLabel(const std::string& run_id) {
 }
 }  // namespace
 
-// What the exposer serves: Metrics::Collect.
-class Metrics::Exposition final : public prometheus::Collectable {
- public:
-  explicit Exposition(const Metrics* metrics) : metrics_(metrics) {}
-  std::vector<prometheus::MetricFamily> Collect() const override {
-    return metrics_->Collect();
-  }
-
- private:
-  const Metrics* const metrics_;
-};
 
 RunMetrics::RunMetrics(
     Metrics& m, const std::string& run_id,
@@ -129,7 +117,6 @@ RunMetrics::~RunMetrics() {
 
 Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
     : registry_(std::move(registry)),
-      exposition_(std::make_shared<Exposition>(this)),
       ingest_records(
           Counter(*registry_, "trainwatch_ingest_records_total",
                   "Step records received and accepted (all runs, all ranks).")
@@ -249,29 +236,15 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
   if (!web.basic_auth_users.empty()) {
     m->auth_ = std::make_unique<BasicAuthChecker>(web.basic_auth_users);
   }
-  BasicAuthChecker* auth = m->auth_.get();
-  if (web.tls()) {
-    Metrics* metrics = m.get();
-    absl::StatusOr<std::unique_ptr<HttpsExposer>> https = HttpsExposer::Start(
-        listen, web, [metrics] { return metrics->Serialize(); }, auth);
-    if (!https.ok()) return https.status();
-    m->https_ = *std::move(https);
-    return m;
-  }
-  try {
-    m->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot serve /metrics on ", listen, ": ", e.what()));
-  }
-  if (auth != nullptr) {
-    m->exposer_->RegisterAuth(
-        [auth](const std::string& user, const std::string& password) {
-          return auth->Check(user, password);
-        },
-        "trainwatch", "/metrics");
-  }
-  m->exposer_->RegisterCollectable(m->exposition_);
+  Metrics* metrics = m.get();
+  absl::StatusOr<std::unique_ptr<HttpExposer>> exposer =
+      HttpExposer::Start(HttpExposerOptions{
+          .listen = listen,
+          .web = web,
+          .body = [metrics] { return metrics->Serialize(); },
+          .auth = m->auth_.get()});
+  if (!exposer.ok()) return exposer.status();
+  m->exposer_ = *std::move(exposer);
   return m;
 }
 
@@ -282,10 +255,7 @@ std::unique_ptr<RunMetrics> Metrics::AddRun(
 }
 
 int Metrics::ListeningPort() const {
-  if (https_ != nullptr) return https_->port();
-  if (exposer_ == nullptr) return 0;
-  std::vector<int> ports = exposer_->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
+  return exposer_ == nullptr ? 0 : exposer_->port();
 }
 
 std::string Metrics::Serialize() const {

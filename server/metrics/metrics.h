@@ -8,7 +8,6 @@
 #define TRAINWATCH_SERVER_METRICS_METRICS_H_
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -22,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "metrics/https_exposer.h"
+#include "metrics/http_exposer.h"
 #include "metrics/run_family.h"
 #include "metrics/web_config.h"
 
@@ -117,8 +116,6 @@ class Metrics {
  private:
   // Declared first: every family below is registered on it.
   std::shared_ptr<prometheus::Registry> registry_;
-  class Exposition;
-  std::shared_ptr<Exposition> exposition_;  // what the exposer serves
 
  public:
   // Starts serving /metrics on `listen` (host:port); "" serves nothing
@@ -196,9 +193,8 @@ class Metrics {
 
   // Declared before the exposers, whose threads call it until they are gone.
   std::unique_ptr<BasicAuthChecker> auth_;
-  // Plain HTTP (prometheus-cpp's civetweb), or HTTPS (web_config.h).
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::unique_ptr<HttpsExposer> https_;
+  // Plain HTTP or HTTPS (web_config.h), event-driven (http_exposer.h).
+  std::unique_ptr<HttpExposer> exposer_;
 };
 
 }  // namespace trainwatch

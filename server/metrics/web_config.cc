@@ -177,6 +177,13 @@ absl::StatusOr<WebConfig> LoadWebConfig(const std::string& path) {
   return config;
 }
 
+bool BasicAuthChecker::Verified(const std::string& user,
+                                const std::string& password) {
+  const std::string key = Sha256(absl::StrCat(user, ":", password));
+  absl::MutexLock lock(&mu_);
+  return verified_.contains(key);
+}
+
 bool BasicAuthChecker::Check(const std::string& user,
                              const std::string& password) {
   auto it = users_.find(user);
@@ -187,13 +194,19 @@ bool BasicAuthChecker::Check(const std::string& user,
   {
     absl::MutexLock lock(&mu_);
     if (verified_.contains(key)) return true;
+    if (rejected_.contains(key)) return false;
   }
+  // crypt_r stops at a NUL: "secret\0anything" would pass as "secret".
+  if (password.find('\0') != std::string::npos) return false;
   crypt_data data;
   std::memset(&data, 0, sizeof(data));
   const char* hashed = crypt_r(password.c_str(), it->second.c_str(), &data);
   // crypt_r returns a string starting "*" on failure, never the hash.
   if (hashed == nullptr || std::strlen(hashed) != it->second.size() ||
       CRYPTO_memcmp(hashed, it->second.data(), it->second.size()) != 0) {
+    absl::MutexLock lock(&mu_);
+    if (rejected_.size() >= kMaxRejected) rejected_.clear();
+    rejected_.insert(key);
     return false;
   }
   absl::MutexLock lock(&mu_);

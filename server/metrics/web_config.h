@@ -49,11 +49,12 @@ absl::StatusOr<WebConfig> LoadWebConfig(const std::string& path);
 
 // Checks basic-auth credentials against bcrypt hashes with libcrypt's
 // crypt_r. bcrypt is slow on purpose (tens of ms at cost 10), and Prometheus
-// sends the same credentials on every scrape, so a successful check is
-// remembered by the SHA-256 of user, a separator and password (the password
-// itself is not kept); failures are never cached.
+// sends the same credentials on every scrape, so a check is remembered by
+// the SHA-256 of user, a separator and password (the password itself is not
+// kept): a success for good, a failure among the last kMaxRejected, so that
+// the same wrong password sent again costs a hash, not a bcrypt.
 //
-// Thread-safe: Check() may be called from any thread (civetweb's workers).
+// Thread-safe: Check() may be called from any thread (the exposer's).
 class BasicAuthChecker {
  public:
   explicit BasicAuthChecker(std::map<std::string, std::string> users)
@@ -62,11 +63,16 @@ class BasicAuthChecker {
   BasicAuthChecker& operator=(const BasicAuthChecker&) = delete;
 
   bool Check(const std::string& user, const std::string& password);
+  // Whether these credentials were verified before (a hash, no bcrypt).
+  bool Verified(const std::string& user, const std::string& password);
+
+  static constexpr size_t kMaxRejected = 4096;
 
  private:
   const std::map<std::string, std::string> users_;
   absl::Mutex mu_;
   absl::flat_hash_set<std::string> verified_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> rejected_ ABSL_GUARDED_BY(mu_);
 };
 
 // Whether `hash` is a bcrypt hash crypt_r understands ("$2b$10$" + 53
