@@ -60,11 +60,17 @@ void RunHealth::OnLeadRecord(const v1::StepRecord& r, int64_t now_unix_nanos) {
 void RunHealth::OnRankRecord(uint32_t rank, uint32_t attempt,
                              const v1::StepRecord& r, std::string_view host,
                              int64_t now_unix_nanos) {
-  // Step times wait per rank until judged: bound the lag by what they hold.
   const uint32_t world = std::max(info_.world_size, rank + 1);
-  progress_.set_max_lag_steps(std::max<uint64_t>(
-      1, std::min<uint64_t>(config_.rank_mismatch.horizon_steps,
-                            config_.ranks.max_pending_values / world)));
+  // One rank has nothing to compare (RankNormMismatch, ShardNormMismatch
+  // need two, RankStraggler three).
+  if (world == 1) return;
+  if (world != lag_world_) {
+    // Step times wait per rank until judged: bound the lag by what they hold.
+    lag_world_ = world;
+    progress_.set_max_lag_steps(std::max<uint64_t>(
+        1, std::min<uint64_t>(config_.rank_mismatch.horizon_steps,
+                              config_.ranks.max_pending_values / world)));
+  }
   if (!progress_.Add(rank, attempt, world, r.step(), now_unix_nanos)) return;
   // A step far ahead may push older ones past the lag bound: judge those
   // first (not this step, whose record is not in yet), so that the digests

@@ -88,6 +88,7 @@ class RunHealth {
   RankProgress progress_;
   std::optional<uint64_t> judged_through_;  // of progress_.attempt()
   uint32_t judged_attempt_ = 0;
+  uint32_t lag_world_ = 0;  // the world size progress_'s lag bound is for
   RunTiming timing_;
   AlertTracker tracker_;
 };
