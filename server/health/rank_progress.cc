@@ -33,13 +33,7 @@ bool RankProgress::Add(uint32_t rank, uint32_t attempt, uint32_t world_size,
     // Back again: it counts from here on.
     r.missing = false;
     r.next = std::max(r.next, next);
-    if (!any_present_ || r.next < min_next_) {
-      min_next_ = r.next;
-      at_min_ = 1;
-      any_present_ = true;
-    } else if (r.next == min_next_) {
-      ++at_min_;
-    }
+    CountPresent(r.next);
   } else if (next > r.next) {
     const uint64_t old = r.next;
     r.next = next;
@@ -89,14 +83,17 @@ void RankProgress::Rescan() {
   any_present_ = false;
   at_min_ = 0;
   for (const Rank& r : ranks_) {
-    if (r.missing) continue;
-    if (!any_present_ || r.next < min_next_) {
-      min_next_ = r.next;
-      at_min_ = 1;
-      any_present_ = true;
-    } else if (r.next == min_next_) {
-      ++at_min_;
-    }
+    if (!r.missing) CountPresent(r.next);
+  }
+}
+
+void RankProgress::CountPresent(uint64_t next) {
+  if (!any_present_ || next < min_next_) {
+    min_next_ = next;
+    at_min_ = 1;
+    any_present_ = true;
+  } else if (next == min_next_) {
+    ++at_min_;
   }
 }
 

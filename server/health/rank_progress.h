@@ -65,6 +65,8 @@ class RankProgress {
   void Grow(uint32_t world_size, int64_t now_unix_nanos);
   // Recomputes min_next_ and at_min_ over the ranks not missing.
   void Rescan();
+  // A rank not missing at `next`: into min_next_ and at_min_.
+  void CountPresent(uint64_t next);
   // Raises through_ to what the ranks and the lag bound allow.
   void Advance();
 

@@ -19,6 +19,7 @@
 
 #include "gtest/gtest.h"
 #include "harness.h"
+#include "settled_alerts.h"
 
 namespace trainwatch::testing {
 namespace {
@@ -35,38 +36,20 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// The run's alerts once two reads 100 ms apart agree, sorted; `error` says
-// why not.
-std::vector<AlertKey> SettledAlerts(const std::string& address,
-                                    const std::string& run, std::string* error) {
-  std::string last;
-  for (int i = 0; i < 50; ++i) {
-    CommandResult r = RunCommand({BinDir() + "/trainwatchctl", "--server",
-                                  address, "alerts", "--run", run, "--json"});
-    if (r.exit_code != 0) {
-      *error = r.out + r.err;
-      return {};
-    }
-    if (r.out == last) {
-      const json alerts = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
-      if (!alerts.is_array()) {
-        *error = "not a JSON array: " + r.out;
-        return {};
-      }
-      std::vector<AlertKey> keys;
-      for (const json& a : alerts) {
-        keys.emplace_back(a.at("alertname").get<std::string>(),
-                          a.at("started_step").get<uint64_t>(),
-                          a.at("onset_step").get<uint64_t>());
-      }
-      std::sort(keys.begin(), keys.end());
-      return keys;
-    }
-    last = r.out;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+// The run's settled alerts as (alertname, started_step, onset_step), sorted;
+// `error` says why not.
+std::vector<AlertKey> SettledAlertKeys(const std::string& address,
+                                       const std::string& run, std::string* error) {
+  const std::optional<json> alerts = SettledAlerts(address, run, error);
+  if (!alerts.has_value()) return {};
+  std::vector<AlertKey> keys;
+  for (const json& a : *alerts) {
+    keys.emplace_back(a.at("alertname").get<std::string>(),
+                      a.at("started_step").get<uint64_t>(),
+                      a.at("onset_step").get<uint64_t>());
   }
-  *error = "alerts did not settle within 5 s";
-  return {};
+  std::sort(keys.begin(), keys.end());
+  return keys;
 }
 
 std::string Describe(const std::vector<AlertKey>& keys) {
@@ -125,7 +108,7 @@ TEST_P(ArrivalOrderIntegrationTest, SameAlertsWhateverOrderTheRanksArriveIn) {
   }
 
   std::string error;
-  const std::vector<AlertKey> first = SettledAlerts(server.grpc_address(),
+  const std::vector<AlertKey> first = SettledAlertKeys(server.grpc_address(),
                                                     run_id + "/rank0-first", &error);
   ASSERT_EQ(error, "");
   for (const json& e : scenario.at("expected")) {
@@ -136,7 +119,7 @@ TEST_P(ArrivalOrderIntegrationTest, SameAlertsWhateverOrderTheRanksArriveIn) {
   }
   for (const std::string order : {"at-once", "rank0-last"}) {
     const std::vector<AlertKey> got =
-        SettledAlerts(server.grpc_address(), run_id + "/" + order, &error);
+        SettledAlertKeys(server.grpc_address(), run_id + "/" + order, &error);
     ASSERT_EQ(error, "") << order;
     EXPECT_EQ(Describe(got), Describe(first)) << order << " vs rank0-first";
   }

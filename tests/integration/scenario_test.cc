@@ -26,6 +26,7 @@
 
 #include "gtest/gtest.h"
 #include "harness.h"
+#include "settled_alerts.h"
 
 namespace trainwatch::testing {
 namespace {
@@ -187,33 +188,6 @@ CommandResult ReplayInLockstep(const std::string& address,
 bool ConcurrentReplay() {
   const char* mode = std::getenv("TW_SCENARIO_REPLAY");
   return mode != nullptr && std::string(mode) == "concurrent";
-}
-
-// The run's alert history, once two reads 100 ms apart agree (the engine has
-// taken everything in before the last ack; this only waits out the store).
-std::optional<json> SettledAlerts(const std::string& address,
-                                  const std::string& run, std::string* error) {
-  std::string last;
-  for (int i = 0; i < 50; ++i) {
-    CommandResult r = RunCommand({BinDir() + "/trainwatchctl", "--server",
-                                  address, "alerts", "--run", run, "--json"});
-    if (r.exit_code != 0) {
-      *error = r.out + r.err;
-      return std::nullopt;
-    }
-    if (r.out == last) {
-      json alerts = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
-      if (!alerts.is_array()) {
-        *error = "not a JSON array: " + r.out;
-        return std::nullopt;
-      }
-      return alerts;
-    }
-    last = r.out;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  *error = "alerts did not settle within 5 s";
-  return std::nullopt;
 }
 
 // Runs generate.py with `args`; "" on success, else what went wrong.
