@@ -33,7 +33,9 @@ std::optional<v1::Alert> HostWatch::OnAlertFired(const v1::Alert& fired) {
   {
     absl::MutexLock lock(&mu_);
     s = incidents_.Add({fired.host(), fired.alertname(), fired.run(),
-                        fired.started_unix_nanos()});
+                        fired.started_unix_nanos(),
+                        absl::StrCat(fired.alertname(), "|", fired.started_step(), "|",
+                                     fired.rank(), "|", fired.description())});
   }
   if (!s.has_value()) return std::nullopt;
   v1::Alert a;

@@ -1,6 +1,8 @@
 #include "health/host_incidents.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 namespace trainwatch {
 namespace {
@@ -16,9 +18,14 @@ std::optional<HostSuspicion> HostIncidents::Summarize(const std::string& host,
                                                       const Host& h,
                                                       int64_t since) const {
   std::set<std::string> runs, names;
+  std::map<std::string, std::string> run_of;  // fingerprint -> first run
   HostSuspicion s{.host = host};
   for (const HostIncident& i : h.incidents) {
     if (i.unix_nanos < since) continue;
+    if (!i.fingerprint.empty()) {
+      auto [it, added] = run_of.try_emplace(i.fingerprint, i.run);
+      if (!added && it->second != i.run) continue;  // a replay of that run
+    }
     if (runs.empty() && names.empty()) s.first_unix_nanos = i.unix_nanos;
     runs.insert(i.run);
     names.insert(i.alertname);

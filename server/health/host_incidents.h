@@ -34,6 +34,12 @@ struct HostIncident {
   std::string alertname;
   std::string run;
   int64_t unix_nanos = 0;
+  // What the alert said (its name, step, rank and description; "" unknown,
+  // as for incidents read back from the store): another run's incident
+  // with the same fingerprint is that run's records replayed under another
+  // run id (an import, a scenario replayed), not another run failing on the
+  // host, and does not count as one.
+  std::string fingerprint;
 };
 
 // A host that `min_runs` runs named within the window.

@@ -220,6 +220,24 @@ TEST(HostIncidents, TwoRunsNamingAHostWithinADayMakeItSuspect) {
   EXPECT_FALSE(incidents.Suspicion("node-7", t0 + 3600 * kSec + 86400 * kSec + 1));
 }
 
+// The same records replayed under other run ids (an import, a scenario
+// replayed in three arrival orders) are one run, not a lemon machine's
+// victims: the same alert at the same step with the same text.
+TEST(HostIncidents, AReplayOfTheSameRecordsUnderAnotherRunIdIsNotAnotherRun) {
+  HostIncidents incidents(HostSuspectConfig{});
+  const int64_t t0 = 100000 * kSec;
+  const std::string said = "RankStraggler|1530|5|rank 5 on host gpu-node-1 takes 1.30x";
+  EXPECT_FALSE(incidents.Add({"gpu-node-1", "RankStraggler", "s/at-once", t0, said}));
+  EXPECT_FALSE(incidents.Add({"gpu-node-1", "RankStraggler", "s/rank0-first", t0 + kSec, said}));
+  EXPECT_FALSE(incidents.Add({"gpu-node-1", "RankStraggler", "s/rank0-last", t0 + 2 * kSec, said}));
+  // Another run with an incident of its own on that host: suspect.
+  std::optional<HostSuspicion> s = incidents.Add(
+      {"gpu-node-1", "RankStraggler", "other-run", t0 + 3 * kSec,
+       "RankStraggler|88|5|rank 5 on host gpu-node-1 takes 1.41x"});
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->runs, (std::vector<std::string>{"other-run", "s/at-once"}));
+}
+
 TEST(HostIncidents, IncidentsMoreThanADayApartAreNotSuspect) {
   HostIncidents incidents(HostSuspectConfig{});
   EXPECT_FALSE(incidents.Add({"node-1", "LossSpike", "run-a", 0}).has_value());
