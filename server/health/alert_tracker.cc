@@ -20,10 +20,6 @@ bool AlertTracker::Enabled(AlertKind kind) const {
   return !config_.disabled.contains(std::string(Spec(kind).name));
 }
 
-void AlertTracker::BeginStep(uint64_t step, int64_t now_unix_nanos) {
-  now_unix_nanos_ = now_unix_nanos;
-}
-
 bool AlertTracker::AcrossRanks(AlertKind kind) {
   return kind == AlertKind::kRankNormMismatch ||
          kind == AlertKind::kShardNormMismatch ||

@@ -49,14 +49,14 @@ class AlertTracker final : public AlertSink {
   AlertTracker(const HealthConfig& config, Listener on_transition,
                SpikeListener on_spike);
 
-  // The time stamped on transitions of the lead step being processed.
-  void BeginStep(uint64_t step, int64_t now_unix_nanos);
+  // The time stamped on the transitions that follow (of the lead step, or
+  // of the cross-rank steps, being processed).
+  void SetNow(int64_t now_unix_nanos) { now_unix_nanos_ = now_unix_nanos; }
   // Resolves the lead's alerts whose condition has been false long enough.
   void EndStep(uint64_t step);
   // The same for the cross-rank alerts, which count steps of their own: the
   // steps judged across ranks (RankProgress), which may trail the lead's or
   // run ahead of them, depending on the order the ranks arrive in.
-  void BeginRanksStep(int64_t now_unix_nanos) { now_unix_nanos_ = now_unix_nanos; }
   void EndRanksStep(uint64_t step);
   // Alerts judged across ranks, on steps of their own (EndRanksStep).
   static bool AcrossRanks(AlertKind kind);

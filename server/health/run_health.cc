@@ -17,7 +17,7 @@ RunHealth::RunHealth(RunInfo info, const HealthConfig& config,
       tracker_(config, std::move(on_transition), std::move(on_spike)) {}
 
 void RunHealth::OnLeadRecord(const v1::StepRecord& r, int64_t now_unix_nanos) {
-  tracker_.BeginStep(r.step(), now_unix_nanos);
+  tracker_.SetNow(now_unix_nanos);
   const bool post_warmup = r.step() >= info_.warmup_steps;
   if (post_warmup) {
     window_.grad_norm.Push(r.step(), r.grad_norm());
@@ -96,7 +96,7 @@ void RunHealth::JudgeRanks(int64_t now_unix_nanos, uint64_t limit) {
   }
   judged_attempt_ = progress_.attempt();
   judged_through_ = through;
-  tracker_.BeginRanksStep(now_unix_nanos);
+  tracker_.SetNow(now_unix_nanos);
   RanksThroughContext ctx{.through = *through,
                           .attempt = progress_.attempt(),
                           .run = info_,
@@ -128,7 +128,7 @@ void RunHealth::OnRankFinished(uint32_t rank, uint32_t attempt,
 }
 
 void RunHealth::ResetLead(uint64_t step, int64_t now_unix_nanos) {
-  tracker_.BeginStep(step, now_unix_nanos);
+  tracker_.SetNow(now_unix_nanos);
   for (const AlertSpec& spec : AllAlertSpecs()) {
     if (!AlertTracker::AcrossRanks(spec.kind) && spec.kind != AlertKind::kRunSilent) {
       tracker_.Resolve(spec.kind, step);

@@ -113,7 +113,7 @@ void RunPipeline::Report(const AlertEpisode& e) {
 void RunPipeline::EvaluateTiming(const v1::StepRecord& r) {
   RunTiming& t = health_->timing();
   AlertTracker& tracker = health_->tracker();
-  tracker.BeginStep(r.step(), now_unix_nanos_);
+  tracker.SetNow(now_unix_nanos_);
   const bool stalled = t.StallHolds();
   tracker.Condition(AlertKind::kInputPipelineStall, r.step(), stalled,
                     t.StallFraction(), [&t, this] {
@@ -270,7 +270,7 @@ void RunPipeline::CheckSilence(int64_t now, int64_t silent_nanos) {
   }
   const double seconds = static_cast<double>(now - last_record_unix_nanos_) * 1e-9;
   AlertTracker& tracker = health_->tracker();
-  tracker.BeginStep(last_step_, now);
+  tracker.SetNow(now);
   tracker.Fire(AlertKind::kRunSilent, last_step_, seconds,
                AlertText{absl::StrCat("run ", run_id_, " is silent"),
                          absl::StrFormat("no step from run %s for %.0f s (last step %d); "
@@ -281,7 +281,7 @@ void RunPipeline::CheckSilence(int64_t now, int64_t silent_nanos) {
 void RunPipeline::ResolveAll(int64_t now_unix_nanos) {
   if (health_ == nullptr) return;
   AlertTracker& tracker = health_->tracker();
-  tracker.BeginStep(last_step_, now_unix_nanos);
+  tracker.SetNow(now_unix_nanos);
   for (const AlertSpec& spec : AllAlertSpecs()) {
     tracker.Resolve(spec.kind, last_step_);
   }

@@ -46,8 +46,9 @@ class RunTiming {
   // its step time is kept until the step is judged (JudgeRanksThrough).
   void OnRecord(uint32_t rank, uint32_t attempt, std::string_view host,
                 const v1::StepRecord& r);
-  // Every rank's records of `attempt` up to `through` are in: their step
-  // times enter the ranks' levels step by step, in rank order, and
+  // Every rank's records up to `through` (of the attempt they came with) are
+  // in: their step times enter the ranks' levels step by step, in rank
+  // order, and
   // `judged(step)` is called after each step (RankStraggler is evaluated
   // there).
   void JudgeRanksThrough(uint64_t through,

@@ -291,7 +291,7 @@ TEST(AlertTrackerAmend, AnAmendedAlertIsAnUpdateNotASecondFire) {
                        nullptr);
   tracker.Amend(AlertKind::kGradNormSpike, AlertText{.summary = "x"}, "");
   EXPECT_THAT(seen, IsEmpty()) << "nothing to amend while it is not firing";
-  tracker.BeginStep(100, 0);
+  tracker.SetNow(0);
   tracker.Fire(AlertKind::kGradNormSpike, 100, 9.0,
                AlertText{.summary = "Gradient norm spike at step 100"});
   tracker.Amend(AlertKind::kGradNormSpike,
