@@ -1,4 +1,4 @@
-// trainwatchctl's command line (DESIGN.md §6), separate from main() so that
+// trainwatchctl's command line (docs/contracts.md), separate from main() so that
 // tests can run whole invocations in-process.
 #ifndef TRAINWATCH_CLIENT_CLI_CLI_H_
 #define TRAINWATCH_CLIENT_CLI_CLI_H_

@@ -1,4 +1,4 @@
-// trainwatchctl across a fleet (DESIGN.md §9, docs/fleet.md): `--server A,B,C`
+// trainwatchctl across a fleet (docs/fleet.md): `--server A,B,C`
 // names every server; `runs` and `alerts` ask them all at once and merge, and
 // a run-scoped command finds the one server that holds its run.
 #ifndef TRAINWATCH_CLIENT_CLI_FLEET_H_

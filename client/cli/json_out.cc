@@ -1,4 +1,5 @@
 #include "json_out.h"
+#include "trainwatch/v1/alert_names.h"
 
 #include <charconv>
 #include <cmath>
@@ -260,16 +261,16 @@ void WriteRun(JsonWriter& w, const v1::RunSummary& run,
 void WriteAlert(JsonWriter& w, const v1::Alert& a,
                 absl::string_view server) {
   // The wire says "0 while firing"; JSON can say it plainly.
-  const bool resolved = a.state() == "resolved";
+  const bool resolved = a.state() == v1::ALERT_STATE_RESOLVED;
   w.BeginObject();
   w.Key("alertname");
   w.String(a.alertname());
   w.Key("run");
   w.String(a.run());
   w.Key("severity");
-  w.String(a.severity());
+  w.String(v1::SeverityName(a.severity()));
   w.Key("state");
-  w.String(a.state());
+  w.String(v1::StateName(a.state()));
   w.Key("started_step");
   w.Uint(a.started_step());
   w.Key("resolved_step");

@@ -1,4 +1,4 @@
-// JSON output of trainwatchctl's `--json` mode (DESIGN.md §6).
+// JSON output of trainwatchctl's `--json` mode (docs/contracts.md).
 //
 // Written by hand rather than with protobuf's MessageToJsonString because the
 // proto3 mapping prints 64-bit integers as strings ("step": "12") and drops

@@ -1,5 +1,5 @@
 // trainwatchctl: replays step logs into a trainwatch server and queries it
-// (DESIGN.md §6). The command line is parsed in cli.cc; the commands live in
+// (docs/contracts.md). The command line is parsed in cli.cc; the commands live in
 // replay.cc and query.cc.
 #include <string>
 #include <vector>

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "trainwatch/v1/alert_names.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "commands.h"
@@ -67,7 +68,7 @@ std::string RenderRuns(const std::vector<FromServer<v1::RunSummary>>& runs,
 }
 
 std::string AlertSteps(const v1::Alert& alert) {
-  if (alert.state() != "resolved") {
+  if (alert.state() != v1::ALERT_STATE_RESOLVED) {
     return absl::StrCat(alert.started_step(), "-");
   }
   return absl::StrCat(alert.started_step(), "-", alert.resolved_step());
@@ -82,8 +83,8 @@ std::string RenderAlerts(const std::vector<FromServer<v1::Alert>>& alerts,
   Table table(header);
   for (const auto& [a, server] : alerts) {
     std::vector<std::string> row = {
-        a->alertname(),        a->severity(),
-        a->state(),            a->run(),
+        a->alertname(),        std::string(v1::SeverityName(a->severity())),
+        std::string(v1::StateName(a->state())), a->run(),
         absl::StrCat(a->rank()), AlertSteps(*a),
         a->onset_step() > 0 ? absl::StrCat(a->onset_step()) : "-",
         a->caused_by().empty() ? "-" : "<- " + a->caused_by(),

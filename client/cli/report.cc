@@ -1,4 +1,5 @@
 #include "report.h"
+#include "trainwatch/v1/alert_names.h"
 
 #include <algorithm>
 #include <cmath>
@@ -147,8 +148,8 @@ bool Clipped(const v1::StepRecord& r, double max_norm) {
 }
 
 int SeverityRank(const v1::Alert& a) {
-  if (a.severity() == "critical") return 0;
-  if (a.severity() == "warning") return 1;
+  if (a.severity() == v1::SEVERITY_CRITICAL) return 0;
+  if (a.severity() == v1::SEVERITY_WARNING) return 1;
   return 2;
 }
 
@@ -444,13 +445,13 @@ std::string AlertsHtml(const std::vector<v1::Alert>& alerts) {
       "<th>Fix</th></tr></thead><tbody>\n";
   for (const v1::Alert& a : alerts) {
     const std::string steps =
-        a.state() == "resolved"
+        a.state() == v1::ALERT_STATE_RESOLVED
             ? absl::StrCat(a.started_step(), "-", a.resolved_step())
             : absl::StrCat(a.started_step(), "-");
-    absl::StrAppend(&out, "<tr class=\"sev-", HtmlEscape(a.severity()),
+    absl::StrAppend(&out, "<tr class=\"sev-", HtmlEscape(v1::SeverityName(a.severity())),
                     "\"><td>", HtmlEscape(a.alertname()), "</td><td>",
-                    HtmlEscape(a.severity()), "</td><td>",
-                    HtmlEscape(a.state()), "</td><td>", steps, "</td><td>",
+                    HtmlEscape(v1::SeverityName(a.severity())), "</td><td>",
+                    HtmlEscape(v1::StateName(a.state())), "</td><td>", steps, "</td><td>",
                     HtmlEscape(a.description().empty() ? a.summary()
                                                        : a.description()),
                     "</td><td>", HtmlEscape(a.likely_cause()), "</td><td>",
@@ -479,8 +480,8 @@ std::vector<std::string> ReportVerdict(const ReportInput& in) {
   // Firing before resolved, critical before warning, earliest first.
   std::stable_sort(paging.begin(), paging.end(),
                    [](const v1::Alert* a, const v1::Alert* b) {
-                     const bool fa = a->state() != "resolved";
-                     const bool fb = b->state() != "resolved";
+                     const bool fa = a->state() != v1::ALERT_STATE_RESOLVED;
+                     const bool fb = b->state() != v1::ALERT_STATE_RESOLVED;
                      if (fa != fb) return fa;
                      if (SeverityRank(*a) != SeverityRank(*b)) {
                        return SeverityRank(*a) < SeverityRank(*b);
@@ -501,12 +502,12 @@ std::vector<std::string> ReportVerdict(const ReportInput& in) {
     named.push_back(a->alertname());
     if (named.size() > 4) break;
     const std::string state =
-        a->state() == "resolved"
+        a->state() == v1::ALERT_STATE_RESOLVED
             ? absl::StrCat("resolved at step ", a->resolved_step())
             : "still firing";
     lines.push_back(absl::StrCat(
         a->summary().empty() ? a->alertname() : a->summary(), " (",
-        a->alertname(), ", ", a->severity(), "): ", AlertSpan(*a), ", ", state,
+        a->alertname(), ", ", v1::SeverityName(a->severity()), "): ", AlertSpan(*a), ", ", state,
         ". ", Sentence("", a->description()),
         Sentence("Likely cause: ", a->likely_cause()),
         Sentence("What to do: ", a->fix())));
@@ -575,15 +576,15 @@ std::string RenderReport(const ReportInput& in) {
       w.Key("name");
       w.String(a.alertname());
       w.Key("severity");
-      w.String(a.severity());
+      w.String(v1::SeverityName(a.severity()));
       w.Key("state");
-      w.String(a.state());
+      w.String(v1::StateName(a.state()));
       w.Key("from");
       w.Uint(a.onset_step() != 0 && a.onset_step() < a.started_step()
                  ? a.onset_step()
                  : a.started_step());
       w.Key("to");
-      w.Uint(a.state() == "resolved" ? a.resolved_step()
+      w.Uint(a.state() == v1::ALERT_STATE_RESOLVED ? a.resolved_step()
                                      : std::max(last, a.started_step()));
       w.Key("summary");
       w.String(a.summary());
@@ -602,7 +603,7 @@ std::string RenderReport(const ReportInput& in) {
   }
   const bool bad = std::any_of(
       in.alerts.begin(), in.alerts.end(), [](const v1::Alert& a) {
-        return a.severity() == "critical" || a.severity() == "warning";
+        return v1::Pages(a.severity());
       });
 
   std::string out;

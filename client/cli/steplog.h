@@ -1,4 +1,4 @@
-// The JSONL step log (DESIGN.md §6): one JSON object per line, read as a
+// The JSONL step log (docs/contracts.md): one JSON object per line, read as a
 // stream so that a log of any length is never held in memory at once.
 //
 //   {"run_start": {"run_id": "r1", "precision": "FP16", "max_norm": 1.0}}

@@ -30,7 +30,7 @@ constexpr size_t kMaxCapacity = size_t{1} << 24;
 constexpr absl::Duration kStopGrace = absl::Milliseconds(500);
 constexpr std::chrono::milliseconds kDestructorFlush = std::chrono::seconds(2);
 
-// ASCII only, whatever the process locale (the server's rule, DESIGN.md §2).
+// ASCII only, whatever the process locale (the server's rule, docs/contracts.md).
 bool IsRunIdChar(char c) {
   return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' ||
          c == '_' || c == ':' || c == '/' || c == '-';

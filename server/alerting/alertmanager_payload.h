@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "alerting/alert_notice.h"
+#include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {
 
@@ -17,14 +17,14 @@ namespace trainwatch {
 // allowed): BASE/api/v2/alerts.
 std::string AlertmanagerAlertsUrl(const std::string& base_url);
 
-// labels: alertname, run, severity and the run's labels (the three reserved
+// labels: alertname, run, severity and the run's labels (run_labels) (the three reserved
 // names win a clash, so a run label cannot rename or reroute an alert);
 // annotations: summary, description, likely_cause, fix, started_step and,
 // when there are any, batch_ids (comma-separated). startsAt is the fire time.
 // A firing alert's endsAt is now + 4 x the resend interval, as Prometheus
 // does: if trainwatch dies, Alertmanager resolves the alert by itself once
 // four resends are missed. A resolved alert's endsAt is its resolve time.
-std::string AlertmanagerPayload(const std::vector<const AlertNotice*>& alerts,
+std::string AlertmanagerPayload(const std::vector<const v1::Alert*>& alerts,
                                 int64_t now_unix_nanos,
                                 std::chrono::nanoseconds resend_interval);
 

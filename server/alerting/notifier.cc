@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "alerting/alertmanager_payload.h"
 #include "alerting/webhook_payload.h"
+#include "trainwatch/v1/alert_names.h"
 
 namespace trainwatch {
 namespace {
@@ -51,7 +52,7 @@ class Notifier::Channel {
 
   void Start() { thread_ = std::thread([this] { Loop(); }); }
 
-  void Add(const AlertNotice& notice, bool restored) {
+  void Add(const v1::Alert& notice, bool restored) {
     {
       absl::MutexLock lock(&mu_);
       if (stopping_ || !AddLocked(notice, restored)) {
@@ -131,7 +132,7 @@ class Notifier::Channel {
   }
 
   // Takes in what was added; false when it is dropped (no room).
-  virtual bool AddLocked(const AlertNotice& notice, bool restored)
+  virtual bool AddLocked(const v1::Alert& notice, bool restored)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   // Builds the next body due at `now`; returns the notifications in it (0:
   // nothing due). What it took stays in flight until Sent/Failed.
@@ -199,14 +200,14 @@ class AlertmanagerChannel final : public Notifier::Channel {
  private:
   using Key = std::tuple<std::string, std::string, int64_t>;
   struct Entry {
-    AlertNotice notice;
+    v1::Alert notice;
     bool pending = true;    // changed since last delivered
     int64_t last_sent = 0;  // unix nanos
     uint64_t version = 0;   // bumped by every change, to spot one mid-post
   };
 
-  bool AddLocked(const AlertNotice& n, bool restored) override {
-    Key key{n.run, n.alertname, n.started_unix_nanos};
+  bool AddLocked(const v1::Alert& n, bool restored) override {
+    Key key{n.run(), n.alertname(), n.started_unix_nanos()};
     auto it = alerts_.find(key);
     if (it == alerts_.end()) {
       if (alerts_.size() >= options().queue_capacity) return false;
@@ -221,11 +222,11 @@ class AlertmanagerChannel final : public Notifier::Channel {
 
   size_t TakeLocked(int64_t now, std::string* body) override {
     const int64_t resend = Nanos(options().resend_interval);
-    std::vector<const AlertNotice*> batch;
+    std::vector<const v1::Alert*> batch;
     in_flight_.clear();
     for (const auto& [key, e] : alerts_) {
       if (batch.size() >= options().alertmanager_batch) break;
-      if (e.pending || (e.notice.firing && now - e.last_sent >= resend)) {
+      if (e.pending || (v1::Firing(e.notice) && now - e.last_sent >= resend)) {
         batch.push_back(&e.notice);
         in_flight_.emplace_back(key, e.version);
       }
@@ -243,7 +244,7 @@ class AlertmanagerChannel final : public Notifier::Channel {
       // Changed while posting (e.g. resolved): still to be sent.
       if (it->second.version != version) continue;
       it->second.pending = false;
-      if (!it->second.notice.firing) alerts_.erase(it);
+      if (!v1::Firing(it->second.notice)) alerts_.erase(it);
     }
     in_flight_.clear();
   }
@@ -261,7 +262,7 @@ class AlertmanagerChannel final : public Notifier::Channel {
     int64_t next = kNever;
     for (const auto& [key, e] : alerts_) {
       if (e.pending) return 0;
-      if (e.notice.firing) {
+      if (v1::Firing(e.notice)) {
         next = std::min(next, e.last_sent + Nanos(options().resend_interval));
       }
     }
@@ -279,11 +280,11 @@ class WebhookChannel final : public Notifier::Channel {
 
  private:
   struct Item {
-    AlertNotice notice;
+    v1::Alert notice;
     int attempts = 0;
   };
 
-  bool AddLocked(const AlertNotice& n, bool restored) override {
+  bool AddLocked(const v1::Alert& n, bool restored) override {
     if (restored) return true;  // its fire was delivered before the restart
     if (queue_.size() >= options().queue_capacity) return false;
     queue_.push_back(Item{n});
@@ -366,11 +367,11 @@ absl::StatusOr<std::unique_ptr<Notifier>> Notifier::Create(
 
 Notifier::~Notifier() { Stop(); }
 
-void Notifier::Notify(const AlertNotice& notice) {
+void Notifier::Notify(const v1::Alert& notice) {
   for (auto& c : channels_) c->Add(notice, /*restored=*/false);
 }
 
-void Notifier::Restore(const AlertNotice& firing) {
+void Notifier::Restore(const v1::Alert& firing) {
   for (auto& c : channels_) c->Add(firing, /*restored=*/true);
 }
 

@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "alerting/alert_notice.h"
 #include "alerting/http_sender.h"
 #include "common/clock.h"
+#include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {
 
@@ -76,12 +76,13 @@ class Notifier {
   Notifier& operator=(const Notifier&) = delete;
 
   // A fire or resolve. Never waits on the network.
-  void Notify(const AlertNotice& notice);
+  // `alert` carries the run's labels (run_labels).
+  void Notify(const v1::Alert& alert);
 
   // An alert that was firing before a restart (the engine restored it):
   // Alertmanager gets it again, right away and then every resend interval;
   // the webhook, which saw the fire already, gets nothing.
-  void Restore(const AlertNotice& firing);
+  void Restore(const v1::Alert& firing);
 
   // Sends what is due now on the calling thread (start_threads = false).
   void Pump();

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "alerting/alert_notice.h"
+#include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {
 
@@ -15,7 +15,7 @@ namespace trainwatch {
 // resolved_step, peak_value, batch_ids, started_at, resolved_at}. While
 // firing, resolved_step and resolved_at are null; a non-finite peak_value is
 // null (JSON has no NaN).
-std::string WebhookPayload(const AlertNotice& alert);
+std::string WebhookPayload(const v1::Alert& alert);
 
 }  // namespace trainwatch
 

@@ -1,4 +1,4 @@
-// Bearer-token authorization (--auth-token-file, README "Security").
+// Bearer-token authorization (--auth-token-file, docs/security.md).
 //
 // The token file has one token per line, `TOKEN SCOPE[,SCOPE...]`:
 //   read           ListRuns, GetRunHealth, ListAlerts, QuerySteps

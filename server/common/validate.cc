@@ -148,7 +148,7 @@ absl::Status ValidateStepBatch(const v1::StepBatch& batch,
             limits.max_layer_name_chars));
       }
     }
-    // NaN and Inf are data (DESIGN.md §2); a finite value outside [0, 1] is a
+    // NaN and Inf are data (docs/contracts.md); a finite value outside [0, 1] is a
     // bug in whatever computed it.
     if (r.has_clip_coef() && std::isfinite(r.clip_coef()) &&
         (r.clip_coef() < 0 || r.clip_coef() > 1)) {

@@ -1,4 +1,4 @@
-// Validation of what trainers send (DESIGN.md §2). Each function returns
+// Validation of what trainers send (docs/contracts.md). Each function returns
 // INVALID_ARGUMENT with a message that names the field, the value and the
 // step where there is one, so a user can find the problem in their loop.
 #ifndef TRAINWATCH_SERVER_COMMON_VALIDATE_H_
@@ -38,7 +38,7 @@ absl::Status ValidateRunStart(const v1::RunStart& start,
 // Checks the batch as a whole; nothing of a refused batch may be applied.
 // Non-finite floats are data and pass (a finite clip_coef outside [0, 1] does
 // not). Step order is not checked here: the store ignores a step at or below
-// the last one stored for the stream (DESIGN.md §3), in a batch or across.
+// the last one stored for the stream (docs/contracts.md), in a batch or across.
 absl::Status ValidateStepBatch(const v1::StepBatch& batch,
                                const ValidationLimits& limits);
 

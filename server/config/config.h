@@ -1,5 +1,5 @@
 // The detector thresholds of a deployment, read from the YAML file given to
-// trainwatch-server --config (DESIGN.md §4). deploy/trainwatch.yaml lists
+// trainwatch-server --config (docs/detectors.md). deploy/trainwatch.yaml lists
 // every key with its default and doubles as the reference:
 //
 //   window_steps: 1000

@@ -5,34 +5,9 @@
 #include <utility>
 
 #include "health/convert.h"
+#include "trainwatch/v1/alert_names.h"
 
 namespace trainwatch {
-namespace {
-
-AlertNotice ToNotice(const v1::Alert& a,
-                     const std::map<std::string, std::string>& run_labels) {
-  AlertNotice n;
-  n.alertname = a.alertname();
-  n.run = a.run();
-  n.severity = a.severity();
-  n.firing = a.state() == "firing";
-  n.run_labels = run_labels;
-  n.summary = a.summary();
-  n.description = a.description();
-  n.likely_cause = a.likely_cause();
-  n.fix = a.fix();
-  n.started_step = a.started_step();
-  n.resolved_step = a.resolved_step();
-  n.onset_step = a.onset_step();
-  n.caused_by = a.caused_by();
-  n.peak_value = a.peak_value();
-  n.batch_ids.assign(a.batch_ids().begin(), a.batch_ids().end());
-  n.started_unix_nanos = a.started_unix_nanos();
-  n.resolved_unix_nanos = a.resolved_unix_nanos();
-  return n;
-}
-
-}  // namespace
 
 AlertRouter::AlertRouter(std::string run_id, Store* store, Metrics* metrics,
                          RunMetrics* run_metrics, Notifier* notifier,
@@ -45,13 +20,16 @@ AlertRouter::AlertRouter(std::string run_id, Store* store, Metrics* metrics,
       hosts_(hosts) {}
 
 void AlertRouter::SetLabels(const v1::RunStart& lead) {
-  labels_ = std::map<std::string, std::string>(lead.labels().begin(),
-                                               lead.labels().end());
+  labels_ = lead.labels();
 }
 
 void AlertRouter::Route(v1::Alert alert) {
   // Only enqueues: the notifier's threads do the network.
-  if (notifier_ != nullptr) notifier_->Notify(ToNotice(alert, labels_));
+  if (notifier_ != nullptr) {
+    v1::Alert labelled = alert;
+    *labelled.mutable_run_labels() = labels_;
+    notifier_->Notify(std::move(labelled));
+  }
   store_->Submit(WriteOp{.kind = WriteOp::Kind::kAlert,
                          .key = {alert.run(), 0, 0},
                          .alert = std::move(alert)});
@@ -62,20 +40,25 @@ void AlertRouter::Restore(const v1::Alert& firing) {
       kind.has_value() && run_metrics_ != nullptr) {
     run_metrics_->alert_active[static_cast<size_t>(*kind)].Set(1);
   }
-  if (notifier_ != nullptr) notifier_->Restore(ToNotice(firing, labels_));
+  if (notifier_ != nullptr) {
+    v1::Alert labelled = firing;
+    *labelled.mutable_run_labels() = labels_;
+    notifier_->Restore(std::move(labelled));
+  }
 }
 
-void AlertRouter::OnAlert(const AlertEpisode& e) {
-  const size_t i = static_cast<size_t>(e.kind);
-  run_metrics_->alert_active[i].Set(e.firing ? 1 : 0);
-  if (e.firing && !e.update) run_metrics_->alerts_fired[i].Get().Increment();
-  v1::Alert alert = ToProto(run_id_, e);
+void AlertRouter::OnAlert(AlertKind kind, const v1::Alert& alert, bool update) {
+  const size_t i = static_cast<size_t>(kind);
+  const bool firing = v1::Firing(alert);
+  run_metrics_->alert_active[i].Set(firing ? 1 : 0);
+  if (firing && !update) run_metrics_->alerts_fired[i].Get().Increment();
   std::optional<v1::Alert> suspect;
-  if (e.firing && !e.update && hosts_ != nullptr && incident_counted_[i] != e.started_step) {
-    incident_counted_[i] = e.started_step;
-    suspect = hosts_->OnAlertFired(alert);
+  if (firing && !update && hosts_ != nullptr &&
+      incident_counted_[i] != alert.started_step()) {
+    incident_counted_[i] = alert.started_step();
+    suspect = hosts_->OnAlertFired(kind, alert);
   }
-  Route(std::move(alert));
+  Route(alert);
   if (suspect.has_value()) Route(*std::move(suspect));
 }
 

@@ -45,7 +45,7 @@ class AlertRouter final : public RunObserver {
   void Restore(const v1::Alert& firing);
 
   // RunObserver.
-  void OnAlert(const AlertEpisode& episode) override;
+  void OnAlert(AlertKind kind, const v1::Alert& alert, bool update) override;
   void OnSpike(const SpikeInfo& spike) override;
   void OnLeadChanged(const v1::RunStart& start) override;
   void OnLeadRecord(const v1::StepRecord& record) override;
@@ -62,7 +62,7 @@ class AlertRouter final : public RunObserver {
   RunMetrics* const run_metrics_;
   Notifier* const notifier_;
   HostWatch* const hosts_;
-  std::map<std::string, std::string> labels_;
+  google::protobuf::Map<std::string, std::string> labels_;
   // The started_step of each alert's episode counted as a host incident.
   std::array<std::optional<uint64_t>, kAlertKindCount> incident_counted_;
   // Lost steps already added to trainwatch_lost_steps_total.

@@ -1,24 +1,60 @@
 #include "engine/host_watch.h"
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "health/convert.h"
 
 namespace trainwatch {
+namespace {
+
+// Where the detector's one alert lands: the HostSuspect of the run whose
+// alert tipped its host over.
+class FiredSink final : public AlertSink {
+ public:
+  FiredSink(const std::string& run, int64_t now_unix_nanos)
+      : run_(run), now_unix_nanos_(now_unix_nanos) {}
+
+  void Fire(AlertKind kind, uint64_t step, double value, AlertText text) override {
+    AlertEpisode e{.kind = kind,
+                   .firing = true,
+                   .started_step = step,
+                   .started_unix_nanos = now_unix_nanos_,
+                   .peak_value = value,
+                   .text = std::move(text)};
+    if (e.text.rank.has_value()) e.rank = *e.text.rank;
+    fired = ToProto(run_, e);
+  }
+  // A server-wide rule only fires.
+  void Condition(AlertKind, uint64_t, bool, double,
+                 const std::function<AlertText()>&) override {}
+  void Event(AlertKind, uint64_t, double, const std::vector<int64_t>&,
+             const std::function<AlertText()>&) override {}
+  void Spike(const SpikeInfo&) override {}
+  void Resolve(AlertKind, uint64_t) override {}
+
+  std::optional<v1::Alert> fired;
+
+ private:
+  const std::string& run_;
+  const int64_t now_unix_nanos_;
+};
+
+}  // namespace
 
 absl::Status HostWatch::Load(int64_t now_unix_nanos) {
   absl::StatusOr<std::vector<HostIncidentRow>> rows =
       store_->ListHostIncidents(now_unix_nanos - window_nanos_);
   if (!rows.ok()) return rows.status();
   absl::MutexLock lock(&mu_);
+  HostIncidents& incidents = detector_.incidents();
   for (const HostIncidentRow& r : *rows) {
-    incidents_.Add({r.host, r.alertname, r.run_id, r.unix_nanos});
+    incidents.Add({r.host, r.alertname, r.run_id, r.unix_nanos});
   }
-  incidents_.Expire(now_unix_nanos);
+  incidents.Expire(now_unix_nanos);
   return absl::OkStatus();
 }
 
-std::optional<v1::Alert> HostWatch::OnAlertFired(const v1::Alert& fired) {
-  if (fired.host().empty() || !HostIncidents::Implicates(fired.alertname())) {
+std::optional<v1::Alert> HostWatch::OnAlertFired(AlertKind kind,
+                                                 const v1::Alert& fired) {
+  if (fired.host().empty() || !HostIncidents::Implicates(kind)) {
     return std::nullopt;
   }
   metrics_->host_incidents_total
@@ -29,39 +65,19 @@ std::optional<v1::Alert> HostWatch::OnAlertFired(const v1::Alert& fired) {
                                       .alertname = fired.alertname(),
                                       .run_id = fired.run(),
                                       .unix_nanos = fired.started_unix_nanos()}});
-  std::optional<HostSuspicion> s;
+  FiredSink sink(fired.run(), fired.started_unix_nanos());
   {
     absl::MutexLock lock(&mu_);
-    s = incidents_.Add({fired.host(), fired.alertname(), fired.run(),
-                        fired.started_unix_nanos(),
-                        absl::StrCat(fired.alertname(), "|", fired.started_step(), "|",
-                                     fired.rank(), "|", fired.description())});
+    detector_.OnAlertFired(FiredContext{.kind = kind,
+                                        .run = fired.run(),
+                                        .host = fired.host(),
+                                        .started_step = fired.started_step(),
+                                        .started_unix_nanos = fired.started_unix_nanos(),
+                                        .rank = fired.rank(),
+                                        .description = fired.description()},
+                           sink);
   }
-  if (!s.has_value()) return std::nullopt;
-  v1::Alert a;
-  a.set_alertname("HostSuspect");
-  a.set_run(fired.run());
-  a.set_severity("warning");
-  a.set_state("firing");
-  a.set_started_step(fired.started_step());
-  a.set_started_unix_nanos(fired.started_unix_nanos());
-  a.set_peak_value(static_cast<double>(s->runs.size()));
-  a.set_host(s->host);
-  a.set_rank(fired.rank());
-  a.set_summary(absl::StrCat("host ", s->host, " is suspect"));
-  a.set_description(absl::StrCat(
-      "host ", s->host, " was named by ", absl::StrJoin(s->alertnames, ", "),
-      " alerts of ", s->runs.size(), " different runs within a day: ",
-      absl::StrJoin(s->runs, ", ")));
-  a.set_likely_cause(
-      "A lemon machine: a GPU with failing memory or silent data corruption, "
-      "a throttled or mis-seated card, a bad NIC: different runs fail on it in "
-      "the same ways.");
-  a.set_fix(
-      "Drain the host from the scheduler, run the vendor diagnostics (DCGM "
-      "level 3, memory tests), and restart the affected runs elsewhere from "
-      "their last checkpoints.");
-  return a;
+  return std::move(sink.fired);
 }
 
 }  // namespace trainwatch

@@ -36,8 +36,11 @@ absl::Status Engine::Rebuild(RunState& run, const v1::RunSummary& summary) {
       store_->ListAlerts(summary.run_id(), /*active_only=*/true);
   if (!firing.ok()) return firing.status();
   for (const v1::Alert& a : *firing) {
-    if (!AlertKindByName(a.alertname()).has_value()) continue;
-    pipeline.RestoreAlert(FromProto(a));
+    // Only the run's own alerts (not HostSuspect, the server's, which stays
+    // as stored) are the tracker's.
+    const std::optional<AlertKind> kind = AlertKindByName(a.alertname());
+    if (!kind.has_value() || *kind == AlertKind::kHostSuspect) continue;
+    pipeline.RestoreAlert(a);
     run.router.Restore(a);
   }
   // Replay history muted: the first W post-warmup steps give the baselines,
@@ -81,7 +84,7 @@ absl::Status Engine::ResolveAlertsOfFinishedRuns(
   for (v1::Alert& alert : *firing) {
     auto it = finished.find(alert.run());
     if (it == finished.end()) continue;
-    alert.set_state("resolved");
+    alert.set_state(v1::ALERT_STATE_RESOLVED);
     alert.set_resolved_step(std::max(alert.started_step(), it->second->last_step()));
     alert.set_resolved_unix_nanos(now);
     std::unique_ptr<AlertRouter>& router = routers[alert.run()];

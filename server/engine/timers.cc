@@ -16,7 +16,6 @@ namespace trainwatch {
 
 void Engine::CheckSilence() {
   const int64_t now = clock_->NowUnixNanos();
-  const int64_t limit = options_.health.silent.seconds * 1'000'000'000;
   std::vector<std::shared_ptr<RunState>> runs;
   {
     absl::MutexLock lock(&mu_);
@@ -25,8 +24,8 @@ void Engine::CheckSilence() {
     }
   }
   for (std::shared_ptr<RunState>& run : runs) {
-    ShardFor(run->run_id)->Post([run = std::move(run), now, limit] {
-      run->pipeline.CheckSilence(now, limit);
+    ShardFor(run->run_id)->Post([run = std::move(run), now] {
+      run->pipeline.OnTick(now);
       run->pipeline.CheckRanks(now);
     });
   }

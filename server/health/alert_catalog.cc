@@ -6,110 +6,117 @@ namespace {
 using K = AlertKind;
 
 constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
-    {K::kClipFractionHigh, "ClipFractionHigh", "warning",
+    {K::kClipFractionHigh, "ClipFractionHigh", v1::SEVERITY_WARNING,
      "The clip threshold is acting as a lower learning rate: gradients are "
      "larger than the threshold on many steps (LR too high, bad data, or a "
      "threshold set below the run's typical norm).",
      "Fix the learning rate or the data upstream rather than leaning on "
      "clipping; set max_norm from trainwatch_recommended_clip_threshold (98th "
      "percentile of pre-clip norms)."},
-    {K::kGradNormSpike, "GradNormSpike", "info",
+    {K::kGradNormSpike, "GradNormSpike", v1::SEVERITY_INFO,
      "An isolated gradient spike: usually a bad or unusual batch, or an "
      "out-of-date Adam second moment meeting a large gradient. Clipping "
      "usually absorbs it: when the loss does not move, nothing needs doing.",
      "If loss also jumped (LossSpike), restart from the last checkpoint ~100 "
      "steps before the spike and skip the batches listed (trainwatchctl "
      "spikes --run R)."},
-    {K::kGradNormDrift, "GradNormDrift", "warning",
+    {K::kGradNormDrift, "GradNormDrift", v1::SEVERITY_WARNING,
      "The typical gradient norm has grown steadily since the start of "
      "training: rising sharpness, a learning rate too high for this phase, or "
      "growing weights.",
      "Lower the learning rate or add warmup/decay; check weight decay and "
      "data mixture changes around the step it started."},
-    {K::kLossScaleCollapse, "LossScaleCollapse", "critical",
+    {K::kLossScaleCollapse, "LossScaleCollapse", v1::SEVERITY_CRITICAL,
      "The fp16 loss scale falls step after step: gradients overflow on every "
      "step, which usually means the run is diverging.",
      "Restart from an earlier checkpoint with a lower learning rate, or move "
      "to bf16."},
-    {K::kSkipRateHigh, "SkipRateHigh", "warning",
+    {K::kSkipRateHigh, "SkipRateHigh", v1::SEVERITY_WARNING,
      "Many optimizer steps are skipped for inf/NaN gradients: the fp16 range "
      "is exceeded often (activations or gradients too large).",
      "Lower the learning rate, check for overflow-prone layers, or use bf16."},
-    {K::kScalerStuck, "ScalerStuck", "critical",
+    {K::kScalerStuck, "ScalerStuck", v1::SEVERITY_CRITICAL,
      "Steps are skipped but the loss scale never drops: scaler.update() is "
      "only called on clean steps, so the scaler cannot recover.",
      "Call scaler.update() after every scaler.step(), including skipped ones."},
-    {K::kNonFiniteUpdate, "NonFiniteUpdate", "critical",
+    {K::kNonFiniteUpdate, "NonFiniteUpdate", v1::SEVERITY_CRITICAL,
      "A NaN or Inf gradient norm or loss on a step that was applied: the "
      "weights may now be corrupted.",
      "Stop and restart from the last good checkpoint; make sure inf/NaN "
      "steps are skipped (GradScaler, or a check before optimizer.step())."},
-    {K::kClipBeforeUnscale, "ClipBeforeUnscale", "critical",
+    {K::kClipBeforeUnscale, "ClipBeforeUnscale", v1::SEVERITY_CRITICAL,
      "Clipping runs on the scaled fp16 gradients: the norm tracks the loss "
      "scale and every step is clipped, so the effective learning rate is tiny.",
      "Call scaler.unscale_(optimizer) before clip_grad_norm_."},
-    {K::kPostClipNormReported, "PostClipNormReported", "warning",
+    {K::kPostClipNormReported, "PostClipNormReported", v1::SEVERITY_WARNING,
      "The reported norm is the post-clip norm (it never exceeds max_norm and "
      "piles up at exactly max_norm), so clipping and spikes are invisible.",
      "Report the value returned by clip_grad_norm_ (the pre-clip norm)."},
-    {K::kAttentionLogitGrowth, "AttentionLogitGrowth", "warning",
+    {K::kAttentionLogitGrowth, "AttentionLogitGrowth", v1::SEVERITY_WARNING,
      "Attention logits are growing (query/key norms blow up), a known path to "
      "loss spikes and divergence in large models.",
      "Add qk-layernorm or logit soft-capping (QK-clip), or lower the learning "
      "rate."},
-    {K::kLogZDrift, "LogZDrift", "warning",
+    {K::kLogZDrift, "LogZDrift", v1::SEVERITY_WARNING,
      "The output softmax normalizer log Z is drifting: output logits grow or "
      "shrink without bound.",
      "Add a z-loss (e.g. 1e-4 * log Z^2) and check weight decay on the output "
      "layer."},
-    {K::kRankNormMismatch, "RankNormMismatch", "critical",
+    {K::kRankNormMismatch, "RankNormMismatch", v1::SEVERITY_CRITICAL,
      "Ranks report different gradient norms or clip coefficients for one "
      "step: clipping uses each shard's local norm (per-shard clipping).",
      "Compute the norm over all ranks before clipping (clip_grad_norm_ on the "
      "FSDP/DDP module, or all-reduce the squared norm)."},
-    {K::kShardNormMismatch, "ShardNormMismatch", "critical",
+    {K::kShardNormMismatch, "ShardNormMismatch", v1::SEVERITY_CRITICAL,
      "The shards' squared sums do not add up to the reported norm: squares "
      "not reduced across a group, or replicated parameters counted more than "
      "once.",
      "Reduce squared norms over the right process groups and count "
      "replicated (tensor-parallel-duplicated) parameters once."},
-    {K::kFp16WithoutScaler, "Fp16WithoutScaler", "warning",
+    {K::kFp16WithoutScaler, "Fp16WithoutScaler", v1::SEVERITY_WARNING,
      "An fp16 run without dynamic loss scaling: small gradients flush to "
      "zero and large ones overflow.",
      "Use torch.cuda.amp.GradScaler (or bf16), and report its scale."},
-    {K::kAdamStaleSecondMoment, "AdamStaleSecondMoment", "warning",
+    {K::kAdamStaleSecondMoment, "AdamStaleSecondMoment", v1::SEVERITY_WARNING,
      "A layer's g/sqrt(v) is far above 1: its Adam second moment is out of "
      "date, and a loss spike tends to follow within a few steps.",
      "Lower beta2 (e.g. 0.95), or clip the update (update clipping)."},
-    {K::kLayerUpdateStall, "LayerUpdateStall", "warning",
+    {K::kLayerUpdateStall, "LayerUpdateStall", v1::SEVERITY_WARNING,
      "A layer's gradient RMS is near Adam's eps: its updates vanish.",
      "Use a smaller eps (e.g. 1e-15 for large models)."},
-    {K::kLossSpike, "LossSpike", "critical",
+    {K::kLossSpike, "LossSpike", v1::SEVERITY_CRITICAL,
      "The loss jumped far above its recent level and stayed up: the PaLM / "
      "BLOOM kind of loss spike (bad batches meeting an out-of-date Adam "
      "second moment, or an LR too high for this phase); it may not recover.",
      "Restart from the last checkpoint at least 100 steps before the spike "
      "and skip the batches listed (trainwatchctl spikes --run R); if it "
      "recurs without them, lower the LR or beta2."},
-    {K::kRunSilent, "RunSilent", "warning",
+    {K::kRunSilent, "RunSilent", v1::SEVERITY_WARNING,
      "No step arrived for a while from a run that has not finished: the job "
      "hung, crashed, or lost its connection to trainwatch.",
      "Check the job's processes and logs; if it crashed, restart from the "
      "last checkpoint."},
-    {K::kRankStraggler, "RankStraggler", "warning",
+    {K::kRankStraggler, "RankStraggler", v1::SEVERITY_WARNING,
      "One rank's steps take longer than the others' and every rank waits for "
      "it: a throttled or failing GPU, a slow host (CPU contention, a noisy "
      "neighbour), a degraded network link, or an uneven data shard.",
      "Look at the named host (nvidia-smi clocks and temperature, dmesg, "
      "DCGM diagnostics); drain it and restart the run without it if it stays "
      "slow."},
-    {K::kInputPipelineStall, "InputPipelineStall", "warning",
+    {K::kInputPipelineStall, "InputPipelineStall", v1::SEVERITY_WARNING,
      "The training loop waits for its input pipeline: too few loader "
      "workers, slow storage or network reads, heavy preprocessing on the "
      "critical path.",
      "Add DataLoader workers and prefetching (prefetch_factor, "
      "pin_memory), cache or pre-tokenize the data, move preprocessing off "
      "the training process."},
+    {K::kHostSuspect, "HostSuspect", v1::SEVERITY_WARNING,
+     "A lemon machine: a GPU with failing memory or silent data corruption, "
+     "a throttled or mis-seated card, a bad NIC: different runs fail on it in "
+     "the same ways.",
+     "Drain the host from the scheduler, run the vendor diagnostics (DCGM "
+     "level 3, memory tests), and restart the affected runs elsewhere from "
+     "their last checkpoints."},
 }};
 
 }  // namespace

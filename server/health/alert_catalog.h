@@ -1,4 +1,4 @@
-// Every alert trainwatch raises (DESIGN.md §4): its name, severity, and what
+// Every alert trainwatch raises (docs/detectors.md): its name, severity, and what
 // to tell the person it wakes up: the likely cause and the fix.
 #ifndef TRAINWATCH_SERVER_HEALTH_ALERT_CATALOG_H_
 #define TRAINWATCH_SERVER_HEALTH_ALERT_CATALOG_H_
@@ -6,6 +6,8 @@
 #include <array>
 #include <optional>
 #include <string_view>
+
+#include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {
 
@@ -30,15 +32,18 @@ enum class AlertKind {
   kRunSilent,
   kRankStraggler,
   kInputPipelineStall,
+  // Server-wide (HostSuspectDetector, over every run's alerts); raised on the
+  // run whose alert made its host suspect.
+  kHostSuspect,
 };
-inline constexpr size_t kAlertKindCount = 20;
+inline constexpr size_t kAlertKindCount = 21;
 
 struct AlertSpec {
   AlertKind kind;
   std::string_view name;      // the alertname label
   // critical and warning page; info is recorded, exported and drawn, not
   // paged (the shipped Alertmanager routes).
-  std::string_view severity;  // info | warning | critical
+  v1::Severity severity;
   std::string_view likely_cause;
   std::string_view fix;
 };

@@ -51,7 +51,7 @@ namespace {
 // norm spike shows a step or two before the loss jumps).
 constexpr uint64_t kCauseLeadSteps = 8;
 
-// The pairs of DESIGN.md §4 (and deploy/alertmanager's inhibit_rules): the
+// The pairs of docs/detectors.md (and deploy/alertmanager's inhibit_rules): the
 // cause of `kind`, tried in order.
 std::vector<AlertKind> CausesOf(AlertKind kind) {
   switch (kind) {
@@ -185,11 +185,11 @@ void AlertTracker::ResolveQuiet(uint64_t step, bool across_ranks) {
   }
 }
 
-void AlertTracker::Amend(AlertKind kind, AlertText text, std::string severity) {
+void AlertTracker::Amend(AlertKind kind, AlertText text, v1::Severity severity) {
   State& s = states_[static_cast<size_t>(kind)];
   if (!s.episode.firing || muted_) return;
   s.episode.text = std::move(text);
-  if (!severity.empty()) s.episode.severity = std::move(severity);
+  if (severity != v1::SEVERITY_UNSPECIFIED) s.episode.severity = severity;
   // The same episode again, not a new fire (found by ingest_fuzzer: it was
   // reported as one, and the router counted the alert as fired twice).
   s.episode.update = true;

@@ -1,5 +1,5 @@
 // The alert lifecycle of one run: turns what detectors report into fire and
-// resolve transitions (DESIGN.md §4). A windowed alert fires on the first step
+// resolve transitions (docs/detectors.md). A windowed alert fires on the first step
 // its condition holds and resolves once the condition has been false for
 // resolve_after_steps; an event alert fires once per episode and resolves
 // after resolve_after_steps without another event.
@@ -31,13 +31,13 @@ struct AlertEpisode {
   AlertText text;  // text.onset_step: the change-point estimate, 0: none
   std::vector<int64_t> batch_ids;
   uint32_t rank = 0;
-  // The alert this one is a consequence of at the same steps (DESIGN.md §4).
+  // The alert this one is a consequence of at the same steps (docs/detectors.md).
   std::optional<AlertKind> caused_by;
   // Set on a report of an episode already firing: its caused_by was just
   // found (its cause fired a few steps after it), or Amend rewrote its text
   // and severity. Not a new fire.
   bool update = false;
-  std::string severity;  // "" = the catalog's
+  v1::Severity severity = v1::SEVERITY_UNSPECIFIED;  // unspecified: the catalog's
 };
 
 class AlertTracker final : public AlertSink {
@@ -75,7 +75,7 @@ class AlertTracker final : public AlertSink {
   // Rewrites a firing alert's text (and raises its severity when `severity`
   // is not empty) and tells the listener, as an update: what a spike's
   // recurrence learned.
-  void Amend(AlertKind kind, AlertText text, std::string severity);
+  void Amend(AlertKind kind, AlertText text, v1::Severity severity);
 
   // Marks an alert as firing without telling the listener: its fire was
   // stored before a server restart and must not be sent again.

@@ -1,4 +1,4 @@
-// Sequential change detection for the level signals of DESIGN.md §4 (log grad
+// Sequential change detection for the level signals of docs/detectors.md (log grad
 // norm, clip and skip rates, max attention logit, log Z): a windowed median or
 // fraction needs about W/2 steps to move past its threshold after a sudden
 // change; a CUSUM against the run's baseline names a persistent shift within

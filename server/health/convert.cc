@@ -1,6 +1,7 @@
 #include "health/convert.h"
 
 #include "health/alert_catalog.h"
+#include "trainwatch/v1/alert_names.h"
 
 namespace trainwatch {
 
@@ -15,6 +16,7 @@ RunInfo InfoFrom(const v1::RunStart& s) {
       s.scaler_growth_interval() == 0 ? 2000 : s.scaler_growth_interval();
   if (s.has_adam_eps()) info.adam_eps = s.adam_eps();
   if (s.has_adam_beta2()) info.adam_beta2 = s.adam_beta2();
+  info.host = s.host();
   return info;
 }
 
@@ -23,8 +25,9 @@ v1::Alert ToProto(const std::string& run, const AlertEpisode& e) {
   v1::Alert a;
   a.set_alertname(std::string(spec.name));
   a.set_run(run);
-  a.set_severity(e.severity.empty() ? std::string(spec.severity) : e.severity);
-  a.set_state(e.firing ? "firing" : "resolved");
+  a.set_severity(e.severity != v1::SEVERITY_UNSPECIFIED ? e.severity
+                                                         : spec.severity);
+  a.set_state(e.firing ? v1::ALERT_STATE_FIRING : v1::ALERT_STATE_RESOLVED);
   a.set_started_step(e.started_step);
   a.set_started_unix_nanos(e.started_unix_nanos);
   if (!e.firing) {
@@ -49,7 +52,7 @@ v1::Alert ToProto(const std::string& run, const AlertEpisode& e) {
 AlertEpisode FromProto(const v1::Alert& a) {
   AlertEpisode e;
   e.kind = *AlertKindByName(a.alertname());
-  e.firing = a.state() == "firing";
+  e.firing = a.state() == v1::ALERT_STATE_FIRING;
   e.started_step = a.started_step();
   e.resolved_step = a.resolved_step();
   e.started_unix_nanos = a.started_unix_nanos();
@@ -69,7 +72,7 @@ AlertEpisode FromProto(const v1::Alert& a) {
 std::vector<std::pair<std::string, std::string>> AlertLabels() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const AlertSpec& s : AllAlertSpecs()) {
-    out.emplace_back(std::string(s.name), std::string(s.severity));
+    out.emplace_back(std::string(s.name), std::string(v1::SeverityName(s.severity)));
   }
   return out;
 }

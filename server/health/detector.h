@@ -1,4 +1,4 @@
-// The detector seam: one small class per failure of DESIGN.md §4.
+// The detector seam: one small class per failure of docs/detectors.md.
 //
 // The engine calls every detector of a run, in step order, on the run's
 // shard thread (so detectors need no locks):
@@ -40,12 +40,13 @@ struct RunInfo {
   uint32_t scaler_growth_interval = 2000;
   std::optional<double> adam_eps;
   std::optional<double> adam_beta2;
+  std::string host;  // the lead rank's machine ("" = not said)
 };
 
 // What a detector says about one alert transition: the human text
 // (likely_cause and fix come from the catalog; the description carries the
 // numbers that fired it) and, for a level shift, the detector's estimate of
-// the step the change began (DESIGN.md §4's onset_step; 0: none).
+// the step the change began (docs/detectors.md onset_step; 0: none).
 struct AlertText {
   std::string summary;
   std::string description;
@@ -88,6 +89,14 @@ class AlertSink {
 
   // Records a spike for the spike list (in addition to Event()).
   virtual void Spike(const SpikeInfo& spike) = 0;
+
+  // Fires now unless already firing, and stays firing until Resolve(): an
+  // alert about time (RunSilent) or over other runs (HostSuspect), which no
+  // count of steps resolves.
+  virtual void Fire(AlertKind kind, uint64_t step, double value,
+                    AlertText text) = 0;
+  // Resolves the alert if it is firing: its condition ended outright.
+  virtual void Resolve(AlertKind kind, uint64_t step) = 0;
 };
 
 // Whether a lead step counts as clipped for the clip share: clipping fired
@@ -95,6 +104,8 @@ class AlertSink {
 inline bool Clipped(const v1::StepRecord& r) {
   return r.clipped() && !r.skipped() && std::isfinite(r.grad_norm());
 }
+
+class RunTiming;
 
 // What a detector sees for one lead-stream record.
 struct StepContext {
@@ -109,6 +120,8 @@ struct StepContext {
   bool post_warmup = false;
   // Lead-stream records seen so far in this attempt, this one included.
   uint64_t records_seen = 0;
+  // Step times, input waits and goodput, this record included.
+  RunTiming& timing;
 };
 
 // What a detector sees for a record of any rank.
@@ -127,6 +140,30 @@ struct RanksThroughContext {
   uint32_t attempt = 0;
   const RunInfo& run;
   const HealthConfig& config;
+  // Every rank's step times, waiting per rank until their step is judged.
+  RunTiming& timing;
+};
+
+// What a detector sees on the engine's clock tick (every second or so) and
+// when any stream of the run shows life.
+struct TickContext {
+  int64_t now_unix_nanos = 0;
+  // When the run's last record or event arrived (any stream).
+  int64_t last_record_unix_nanos = 0;
+  uint64_t last_step = 0;  // the lead's latest step
+  const RunInfo& run;
+  const HealthConfig& config;
+};
+
+// An alert of some run fired, as the server-wide rules see it.
+struct FiredContext {
+  AlertKind kind;
+  const std::string& run;
+  const std::string& host;  // the host it names ("" = none)
+  uint64_t started_step = 0;
+  int64_t started_unix_nanos = 0;
+  uint32_t rank = 0;
+  const std::string& description;
 };
 
 class Detector {
@@ -135,15 +172,24 @@ class Detector {
   virtual void OnStep(const StepContext& ctx, AlertSink& sink) {}
   virtual void OnRankRecord(const RankRecordContext& ctx, AlertSink& sink) {}
   virtual void OnRanksThrough(const RanksThroughContext& ctx, AlertSink& sink) {}
+  // The clock moved (the engine's timer), with or without records.
+  virtual void OnTick(const TickContext& ctx, AlertSink& sink) {}
+  // A record or event of any stream of the run arrived at `step`.
+  virtual void OnActivity(uint64_t step, AlertSink& sink) {}
+  // Server-wide detectors (one for all runs): another run's alert fired.
+  virtual void OnAlertFired(const FiredContext& ctx, AlertSink& sink) {}
   // The job restarted from a checkpoint: forget state of steps >= `step`.
   virtual void OnRewind(uint64_t step) {}
 };
 
-// The detectors of the lead stream's records (every alert of DESIGN.md §4
-// but the cross-rank ones and RunSilent, a timer in the engine), for one run.
+// The detectors of the lead stream's records, for one run: every per-run
+// alert of the catalog but the cross-rank ones and RunSilent.
 std::vector<std::unique_ptr<Detector>> MakeDetectors(const HealthConfig& config);
-// The cross-rank detectors (RankNormMismatch, ShardNormMismatch), for one run.
+// The cross-rank detectors (RankNormMismatch, ShardNormMismatch,
+// RankStraggler), for one run.
 std::vector<std::unique_ptr<Detector>> MakeRankDetectors(const HealthConfig& config);
+// The detectors of the clock and of life signs (RunSilent), for one run.
+std::vector<std::unique_ptr<Detector>> MakeClockDetectors(const HealthConfig& config);
 
 }  // namespace trainwatch
 

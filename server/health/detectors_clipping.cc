@@ -1,4 +1,4 @@
-// Clipping detectors (DESIGN.md §4): ClipFractionHigh (the clip fraction:
+// Clipping detectors (docs/detectors.md): ClipFractionHigh (the clip fraction:
 // too many steps clipped) and PostClipNormReported (the reported norm is the
 // post-clip one). They read the lead stream only (OnStep).
 #include <algorithm>

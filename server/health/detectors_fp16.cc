@@ -1,4 +1,4 @@
-// FP16 loss-scaling detectors (DESIGN.md §4): LossScaleCollapse, SkipRateHigh,
+// FP16 loss-scaling detectors (docs/detectors.md): LossScaleCollapse, SkipRateHigh,
 // ScalerStuck, NonFiniteUpdate, ClipBeforeUnscale, Fp16WithoutScaler. They
 // read the lead stream only (OnStep).
 #include <algorithm>
@@ -218,10 +218,13 @@ class NonFiniteUpdate final : public Detector {
     sink.Event(AlertKind::kNonFiniteUpdate, r.step(), 1.0, batch_ids, [&] {
       std::string loss = r.has_loss() ? absl::StrFormat("%g", r.loss()) : "-";
       return AlertText{
-          "Non-finite update applied",
+          .summary = "Non-finite update applied",
+          .description =
           absl::StrFormat("step %d was applied (not skipped) with grad_norm "
                           "%g and loss %s",
-                          r.step(), r.grad_norm(), loss)};
+                          r.step(), r.grad_norm(), loss),
+          // What the lead rank computed: its machine (HostSuspect).
+          .host = ctx.run.host};
     });
   }
 };

@@ -1,4 +1,4 @@
-// Gradient norm detectors (DESIGN.md §4): GradNormSpike (an isolated spike
+// Gradient norm detectors (docs/detectors.md): GradNormSpike (an isolated spike
 // against an EMA) and GradNormDrift (the norm's level against its baseline,
 // by change detection). They read the lead stream only (OnStep).
 #include <algorithm>

@@ -39,6 +39,12 @@ void AddFp16Detectors(const HealthConfig& config, Detectors* out);
 void AddRankDetectors(const HealthConfig& config, Detectors* out);
 void AddLayerDetectors(const HealthConfig& config, Detectors* out);
 
+// detectors_timing.cc: RankStraggler (across ranks), InputPipelineStall
+// (lead), RunSilent (clock).
+std::unique_ptr<Detector> MakeRankStraggler(const HealthConfig& config);
+std::unique_ptr<Detector> MakeInputPipelineStall(const HealthConfig& config);
+std::unique_ptr<Detector> MakeRunSilent(const HealthConfig& config);
+
 // A rate alert (the clipped or the skipped share of post-warmup steps): a
 // Bernoulli CUSUM names a jump of the rate within tens of steps, and the
 // share over the window W (above the threshold once W holds min_steps)

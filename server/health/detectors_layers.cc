@@ -1,4 +1,4 @@
-// Per-layer Adam detectors (DESIGN.md §4): AdamStaleSecondMoment,
+// Per-layer Adam detectors (docs/detectors.md): AdamStaleSecondMoment,
 // LayerUpdateStall. They read the layer_stats the clients send every N steps
 // on the lead stream; records without layer_stats leave them unchanged.
 #include <algorithm>

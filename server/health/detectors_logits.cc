@@ -1,4 +1,4 @@
-// Logit trend detectors (DESIGN.md §4): AttentionLogitGrowth (max attention
+// Logit trend detectors (docs/detectors.md): AttentionLogitGrowth (max attention
 // logit against a cap, its baseline and its forecast) and LogZDrift (log Z
 // against its baseline and its forecast). They read the lead stream only (OnStep).
 #include <algorithm>

@@ -1,4 +1,4 @@
-// LossSpike (DESIGN.md §4): the loss jumps far above its recent level and
+// LossSpike (docs/detectors.md): the loss jumps far above its recent level and
 // stays up for a few steps (LossSpikeRule). Reads the lead stream only.
 #include <algorithm>
 #include <cmath>
@@ -75,7 +75,9 @@ class LossSpike final : public Detector {
                     c.recent_steps, s->sd, s->resolution, c.sigmas,
                     rule_.options().min_quanta, s->onset_step);
       return AlertText{absl::StrFormat("Loss spike at step %d", s->onset_step),
-                       description + plan, s->onset_step};
+                       description + plan, s->onset_step,
+                       // What the lead rank computed: its machine (HostSuspect).
+                       ctx.run.host};
     });
     if (s->fired_now) {
       sink.Spike(SpikeInfo{.step = s->onset_step,

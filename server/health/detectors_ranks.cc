@@ -1,4 +1,4 @@
-// Cross-rank detectors (DESIGN.md §4): RankNormMismatch, ShardNormMismatch.
+// Cross-rank detectors (docs/detectors.md): RankNormMismatch, ShardNormMismatch.
 // They keep a small digest of what the ranks reported for each step
 // (OnRankRecord, in arrival order) and judge a step once every rank's record
 // of it is in (OnRanksThrough, in step order), so a step is judged once, with

@@ -1,4 +1,4 @@
-// Goodput of one run (DESIGN.md §4): what the run's wall time bought, and
+// Goodput of one run (docs/detectors.md): what the run's wall time bought, and
 // what it lost to skipped steps, to steps redone after a rewind, and to
 // silent gaps. Single-threaded: fed by the run's pipeline with its lead
 // records (every attempt) in arrival order.

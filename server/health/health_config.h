@@ -1,4 +1,4 @@
-// Detector thresholds (DESIGN.md §4). The defaults here are the documented
+// Detector thresholds (docs/detectors.md). The defaults here are the documented
 // defaults; a deployment changes them in the YAML file given with --config.
 #ifndef TRAINWATCH_SERVER_HEALTH_HEALTH_CONFIG_H_
 #define TRAINWATCH_SERVER_HEALTH_HEALTH_CONFIG_H_

@@ -9,9 +9,9 @@ namespace {
 constexpr int64_t kNanos = 1'000'000'000;
 }  // namespace
 
-bool HostIncidents::Implicates(const std::string& alertname) {
-  return alertname == "NonFiniteUpdate" || alertname == "LossSpike" ||
-         alertname == "RankStraggler";
+bool HostIncidents::Implicates(AlertKind kind) {
+  return kind == AlertKind::kNonFiniteUpdate || kind == AlertKind::kLossSpike ||
+         kind == AlertKind::kRankStraggler;
 }
 
 std::optional<HostSuspicion> HostIncidents::Summarize(const std::string& host,

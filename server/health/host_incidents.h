@@ -1,8 +1,8 @@
-// Lemon hosts (DESIGN.md §4 HostSuspect): the same machine named by
+// Lemon hosts (HostSuspect, docs/detectors.md): the same machine named by
 // NonFiniteUpdate, LossSpike or RankStraggler alerts of at least two
-// different runs within a day. Server-wide and pure: the engine feeds it the
-// incidents as alerts fire (and the stored ones at start), and raises
-// HostSuspect when Add() says a host just became suspect.
+// different runs within a day. Server-wide and pure: HostSuspectDetector is
+// fed every run's alerts as they fire (and the stored incidents at start),
+// and raises HostSuspect when a host just became suspect.
 //
 // Not thread-safe: the caller serializes.
 #ifndef TRAINWATCH_SERVER_HEALTH_HOST_INCIDENTS_H_
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "health/alert_catalog.h"
 
 namespace trainwatch {
 
@@ -55,8 +56,8 @@ class HostIncidents {
  public:
   explicit HostIncidents(HostSuspectConfig config) : config_(config) {}
 
-  // Whether an alert of this name implicates the host it names.
-  static bool Implicates(const std::string& alertname);
+  // Whether an alert of this kind implicates the host it names.
+  static bool Implicates(AlertKind kind);
 
   // Records an incident (an empty host is ignored). Returns the host's
   // suspicion when this incident makes it suspect and it was not already

@@ -1,4 +1,4 @@
-// LossSpike's rule (DESIGN.md §4): the loss jumps far above its recent level
+// LossSpike's rule (docs/detectors.md): the loss jumps far above its recent level
 // and stays up for a few steps, the PaLM / BLOOM kind of spike that needs a
 // person (a restart before it, skipping its batches). A gradient spike that
 // clipping absorbed leaves the loss where it was and is not one.

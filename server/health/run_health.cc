@@ -12,6 +12,7 @@ RunHealth::RunHealth(RunInfo info, const HealthConfig& config,
       window_(config.window_steps),
       detectors_(MakeDetectors(config)),
       rank_detectors_(MakeRankDetectors(config)),
+      clock_detectors_(MakeClockDetectors(config)),
       progress_(config.rank_mismatch.horizon_steps),
       timing_(config.timing, config.rank_mismatch.horizon_steps),
       tracker_(config, std::move(on_transition), std::move(on_spike)) {}
@@ -52,7 +53,8 @@ void RunHealth::OnLeadRecord(const v1::StepRecord& r, int64_t now_unix_nanos) {
                   .baselines = baselines_,
                   .trends = trends_,
                   .post_warmup = post_warmup,
-                  .records_seen = records_seen_};
+                  .records_seen = records_seen_,
+                  .timing = timing_};
   for (auto& d : detectors_) d->OnStep(ctx, tracker_);
   tracker_.EndStep(r.step());
 }
@@ -100,19 +102,25 @@ void RunHealth::JudgeRanks(int64_t now_unix_nanos, uint64_t limit) {
   RanksThroughContext ctx{.through = *through,
                           .attempt = progress_.attempt(),
                           .run = info_,
-                          .config = config_};
+                          .config = config_,
+                          .timing = timing_};
   for (auto& d : rank_detectors_) d->OnRanksThrough(ctx, tracker_);
-  RunTiming& t = timing_;
-  timing_.JudgeRanksThrough(*through, [&](uint64_t step) {
-    tracker_.Condition(AlertKind::kRankStraggler, step, t.StragglerHolds(),
-                       t.StragglerRatio(), [&t] {
-                         return AlertText{.summary = t.StragglerSummary(),
-                                          .description = t.StragglerDescription(),
-                                          .host = t.straggler_host(),
-                                          .rank = t.straggler_rank()};
-                       });
-  });
   tracker_.EndRanksStep(*through);
+}
+
+void RunHealth::OnTick(int64_t now_unix_nanos, int64_t last_record_unix_nanos,
+                       uint64_t last_step) {
+  tracker_.SetNow(now_unix_nanos);
+  TickContext ctx{.now_unix_nanos = now_unix_nanos,
+                  .last_record_unix_nanos = last_record_unix_nanos,
+                  .last_step = last_step,
+                  .run = info_,
+                  .config = config_};
+  for (auto& d : clock_detectors_) d->OnTick(ctx, tracker_);
+}
+
+void RunHealth::OnActivity(uint64_t step) {
+  for (auto& d : clock_detectors_) d->OnActivity(step, tracker_);
 }
 
 void RunHealth::DeclareMissingRanks(int64_t now_unix_nanos) {

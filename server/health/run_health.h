@@ -37,6 +37,12 @@ class RunHealth {
   void OnRankRecord(uint32_t rank, uint32_t attempt,
                     const v1::StepRecord& record, std::string_view host = {},
                     int64_t now_unix_nanos = 0);
+  // The engine's clock tick: the run's last record or event arrived at
+  // `last_record_unix_nanos`, and the lead's last step is `last_step`.
+  void OnTick(int64_t now_unix_nanos, int64_t last_record_unix_nanos,
+              uint64_t last_step);
+  // A record or event of any stream arrived at `step`.
+  void OnActivity(uint64_t step);
   // Ranks silent for ranks.missing_after_seconds are missing: the steps
   // that waited for them are judged.
   void DeclareMissingRanks(int64_t now_unix_nanos);
@@ -85,6 +91,7 @@ class RunHealth {
 
   std::vector<std::unique_ptr<Detector>> detectors_;       // the lead's
   std::vector<std::unique_ptr<Detector>> rank_detectors_;  // cross-rank
+  std::vector<std::unique_ptr<Detector>> clock_detectors_;  // RunSilent
   RankProgress progress_;
   std::optional<uint64_t> judged_through_;  // of progress_.attempt()
   uint32_t judged_attempt_ = 0;

@@ -49,7 +49,6 @@ void RunPipeline::EnsureHealth(const v1::RunStart& start) {
 }
 
 void RunPipeline::SetLead(const v1::RunStart& start) {
-  lead_host_ = start.host();
   EnsureHealth(start);
   health_->set_info(InfoFrom(start));
 }
@@ -91,38 +90,15 @@ void RunPipeline::PromotePending(int64_t now_unix_nanos) {
 
 void RunPipeline::LeadRecord(uint32_t attempt, const v1::StepRecord& r,
                              int64_t now_unix_nanos) {
+  // A live record's input wait (not history's: replay feeds no timing).
+  health_->timing().AddLeadWait(r);
   FeedLead(attempt, r, now_unix_nanos);
   OnSpikeVerdicts(health_->timing().OnLeadRecord(r, now_unix_nanos), r.step());
-  EvaluateTiming(r);
   observer_->OnLeadRecord(r);
 }
 
 void RunPipeline::Report(const AlertEpisode& e) {
-  // Alerts about what the lead rank computed name its host (a lemon machine
-  // shows as the same host across runs, DESIGN.md §4 HostSuspect).
-  if (e.text.host.empty() && !lead_host_.empty() &&
-      (e.kind == AlertKind::kNonFiniteUpdate || e.kind == AlertKind::kLossSpike)) {
-    AlertEpisode named = e;
-    named.text.host = lead_host_;
-    observer_->OnAlert(named);
-    return;
-  }
-  observer_->OnAlert(e);
-}
-
-void RunPipeline::EvaluateTiming(const v1::StepRecord& r) {
-  RunTiming& t = health_->timing();
-  AlertTracker& tracker = health_->tracker();
-  tracker.SetNow(now_unix_nanos_);
-  const bool stalled = t.StallHolds();
-  tracker.Condition(AlertKind::kInputPipelineStall, r.step(), stalled,
-                    t.StallFraction(), [&t, this] {
-                      return AlertText{
-                          .summary = "the input pipeline stalls the run",
-                          .description = t.StallDescription(),
-                          .host = lead_host_};
-                    });
-  tracker.EndStep(r.step());
+  observer_->OnAlert(e.kind, ToProto(run_id_, e), e.update);
 }
 
 void RunPipeline::OnSpikeVerdicts(const std::vector<SpikeOutcome>& outcomes,
@@ -146,7 +122,7 @@ void RunPipeline::OnSpikeVerdicts(const std::vector<SpikeOutcome>& outcomes,
           "step %d: the cause is the optimizer state or the learning rate, "
           "not the data (restart earlier, lower the LR or Adam's beta2)",
           o.recurrence_step, o.spike_step);
-      tracker.Amend(kind, std::move(text), "critical");
+      tracker.Amend(kind, std::move(text), v1::SEVERITY_CRITICAL);
     }
   }
 }
@@ -165,11 +141,6 @@ void RunPipeline::FeedLead(uint32_t attempt, const v1::StepRecord& r,
   h.OnLeadRecord(r, now_unix_nanos);
 }
 
-void RunPipeline::ResolveSilent(uint64_t step) {
-  if (health_ != nullptr && health_->tracker().firing(AlertKind::kRunSilent)) {
-    health_->tracker().Resolve(AlertKind::kRunSilent, step);
-  }
-}
 
 void RunPipeline::OnBatch(
     const v1::RunStart& start,
@@ -177,7 +148,7 @@ void RunPipeline::OnBatch(
     uint64_t client_dropped, int64_t now_unix_nanos) {
   const uint32_t rank = start.rank(), attempt = start.attempt();
   // A duplicate or a step that went backwards (a resent batch) is skipped,
-  // as the store skips it (DESIGN.md §3).
+  // as the store skips it (docs/contracts.md, "Semantics").
   std::optional<uint64_t>& seen = last_processed_[StreamSlot(rank, attempt)];
   auto is_new = [&seen](const v1::StepRecord& r) {
     return !seen.has_value() || r.step() > *seen;
@@ -204,7 +175,7 @@ void RunPipeline::OnBatch(
           : nullptr;
   RunHealth& health = *health_;
   last_record_unix_nanos_ = now_unix_nanos;
-  ResolveSilent(records[first].step());
+  health.OnActivity(records[first].step());
   const v1::StepRecord* last = nullptr;
   size_t fresh = 0;
   now_unix_nanos_ = now_unix_nanos;
@@ -243,8 +214,8 @@ bool RunPipeline::OnEvent(uint32_t rank, uint32_t attempt,
   if (event.kind() != v1::RUN_FINISHED && event.kind() != v1::RUN_FAILED) {
     return false;
   }
-  ResolveSilent(event.step());
   if (health_ != nullptr) {
+    health_->OnActivity(event.step());
     health_->OnRankFinished(rank, attempt, now_unix_nanos_);
     if (has_lead()) {
       OnSpikeVerdicts(health_->timing().OnFinish(event.step()), event.step());
@@ -264,18 +235,9 @@ void RunPipeline::CheckRanks(int64_t now_unix_nanos) {
   if (health_->timing().step_times().ready()) observer_->OnWindows(*health_);
 }
 
-void RunPipeline::CheckSilence(int64_t now, int64_t silent_nanos) {
-  if (!has_lead() || now - last_record_unix_nanos_ < silent_nanos) {
-    return;
-  }
-  const double seconds = static_cast<double>(now - last_record_unix_nanos_) * 1e-9;
-  AlertTracker& tracker = health_->tracker();
-  tracker.SetNow(now);
-  tracker.Fire(AlertKind::kRunSilent, last_step_, seconds,
-               AlertText{absl::StrCat("run ", run_id_, " is silent"),
-                         absl::StrFormat("no step from run %s for %.0f s (last step %d); "
-                                         "the run has not reported RUN_FINISHED",
-                                         run_id_, seconds, last_step_)});
+void RunPipeline::OnTick(int64_t now_unix_nanos) {
+  if (!has_lead()) return;
+  health_->OnTick(now_unix_nanos, last_record_unix_nanos_, last_step_);
 }
 
 void RunPipeline::ResolveAll(int64_t now_unix_nanos) {
@@ -294,8 +256,8 @@ void RunPipeline::Recover(const v1::RunStart& lead, uint64_t last_step) {
   SetLead(lead);
 }
 
-void RunPipeline::RestoreAlert(const AlertEpisode& episode) {
-  health_->tracker().Restore(episode);
+void RunPipeline::RestoreAlert(const v1::Alert& firing) {
+  health_->tracker().Restore(FromProto(firing));
 }
 
 void RunPipeline::BeginReplay() { health_->tracker().set_muted(true); }

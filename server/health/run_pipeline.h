@@ -4,7 +4,7 @@
 // the run's RunHealth, and reports everything the outside world sees through
 // one RunObserver.
 //
-//  - Lead stream (DESIGN.md §3): the lowest rank reporting, and of that rank
+//  - Lead stream (docs/contracts.md, "Semantics"): the lowest rank reporting, and of that rank
 //    the latest attempt. Its records alone feed the windows, baselines and
 //    detectors; every rank's records feed the cross-rank checks, which judge
 //    a step once every rank's record of it is in (RankProgress). Rank 0
@@ -20,8 +20,8 @@
 //    included).
 //  - Rewind: a new attempt whose first step is at or below the last step seen
 //    rewinds the windows to that step.
-//  - RunSilent: fired by CheckSilence(), resolved by the next record or by
-//    the run's end.
+//  - The clock: OnTick() runs the clock's detectors (RunSilent, resolved by
+//    the next record or by the run's end).
 //
 // Not thread-safe: the engine keeps each run's pipeline on one shard thread.
 // No clock either: every call that stamps time takes `now_unix_nanos`.
@@ -52,8 +52,10 @@ class RunObserver {
  public:
   virtual ~RunObserver() = default;
 
-  // An alert fired or resolved (never while replaying history).
-  virtual void OnAlert(const AlertEpisode& episode) = 0;
+  // An alert fired or resolved (never while replaying history). `update`:
+  // a report of an episode already firing (its cause or text changed), not
+  // a new fire.
+  virtual void OnAlert(AlertKind kind, const v1::Alert& alert, bool update) = 0;
   // A gradient spike, for the spike list (never while replaying history).
   virtual void OnSpike(const SpikeInfo& spike) = 0;
   // Another stream became the lead (a lower rank, or a later attempt of the
@@ -114,8 +116,9 @@ class RunPipeline {
   // waits for that rank's records any more.
   bool OnEvent(uint32_t rank, uint32_t attempt, const v1::RunEvent& event);
 
-  // Fires RunSilent if no record came for `silent_nanos`.
-  void CheckSilence(int64_t now_unix_nanos, int64_t silent_nanos);
+  // The engine's clock tick: the clock's detectors (RunSilent, when no
+  // record came for silent.seconds).
+  void OnTick(int64_t now_unix_nanos);
   // Declares missing the ranks silent for ranks.missing_after_seconds: the
   // cross-rank steps that waited for them are judged, and a rank that waited
   // for them to lead the run leads.
@@ -129,7 +132,8 @@ class RunPipeline {
   // during which nothing fires and the observer hears only OnWindows() (at
   // EndReplay()).
   void Recover(const v1::RunStart& lead, uint64_t last_step);
-  void RestoreAlert(const AlertEpisode& episode);
+  // `firing` must name an alert of the catalog.
+  void RestoreAlert(const v1::Alert& firing);
   void BeginReplay();
   // A stored lead-rank record; records of attempts after the lead's are
   // ignored.
@@ -165,11 +169,8 @@ class RunPipeline {
   // attempt that restarts at or before the last step.
   void FeedLead(uint32_t attempt, const v1::StepRecord& record,
                 int64_t now_unix_nanos);
-  void ResolveSilent(uint64_t step);
-  // After a lead record: the timing conditions, and the spike verdicts.
-  void EvaluateTiming(const v1::StepRecord& record);
   void OnSpikeVerdicts(const std::vector<SpikeOutcome>& outcomes, uint64_t step);
-  // The alert as the observer gets it: with the host it implicates.
+  // A transition of the tracker, to the observer in the alert's one shape.
   void Report(const AlertEpisode& episode);
 
   const std::string run_id_;
@@ -183,7 +184,6 @@ class RunPipeline {
   std::optional<uint32_t> health_attempt_;
   int64_t last_record_unix_nanos_ = 0;
   uint64_t last_step_ = 0;  // of the lead stream
-  std::string lead_host_;   // the lead stream's RunStart.host
   int64_t now_unix_nanos_ = 0;  // of the batch being processed
   // A stream that would lead but waits for a lower rank, with its records
   // (and when each arrived).

@@ -38,11 +38,14 @@ void RunTiming::JudgeRanksThrough(
   });
 }
 
-std::vector<SpikeOutcome> RunTiming::OnLeadRecord(const v1::StepRecord& r,
-                                                  int64_t now_unix_nanos) {
+void RunTiming::AddLeadWait(const v1::StepRecord& r) {
   if (r.has_step_time_s() && r.has_data_wait_s()) {
     wait_.Add(r.step_time_s(), r.data_wait_s());
   }
+}
+
+std::vector<SpikeOutcome> RunTiming::OnLeadRecord(const v1::StepRecord& r,
+                                                  int64_t now_unix_nanos) {
   std::optional<double> step_time;
   if (r.has_step_time_s()) step_time = r.step_time_s();
   goodput_.OnLeadRecord(r.step(), r.skipped(),

@@ -1,9 +1,10 @@
-// Where a run's time goes (DESIGN.md §4): its ranks' step times
-// (RankStraggler), the lead rank's input waits (InputPipelineStall), its
-// goodput, and the replays of its spikes (the restart loop). The run's
-// pipeline feeds it every record and asks it, on each lead record, whether
-// each condition holds; the alert tracker does the rest (fire, hysteresis,
-// resolve). Pure and single-threaded, like the pipeline that owns it.
+// Where a run's time goes (docs/goodput-and-stragglers.md): its ranks' step
+// times, the lead rank's input waits, its goodput, and the replays of its
+// spikes (the restart loop). The run's pipeline feeds it every record; the
+// RankStraggler and InputPipelineStall detectors (detectors_timing.cc) ask
+// it whether their condition holds, and the alert tracker does the rest
+// (fire, hysteresis, resolve). Pure and single-threaded, like the pipeline
+// that owns it.
 #ifndef TRAINWATCH_SERVER_HEALTH_RUN_TIMING_H_
 #define TRAINWATCH_SERVER_HEALTH_RUN_TIMING_H_
 
@@ -55,8 +56,11 @@ class RunTiming {
                          const std::function<void(uint64_t step)>& judged);
   // Another stream leads the run: the lead's input waits start afresh.
   void ResetLead() { wait_ = InputWait{}; }
-  // A lead record (after OnRecord for it). `now_unix_nanos` stands in for a
-  // record without time_unix_nanos. Returns the spike verdicts it settles.
+  // A live lead record's input wait, before the detectors judge it.
+  void AddLeadWait(const v1::StepRecord& r);
+  // A lead record (after OnRecord for it, and after the detectors judged
+  // it): goodput and spike replays. `now_unix_nanos` stands in for a record
+  // without time_unix_nanos. Returns the spike verdicts it settles.
   std::vector<SpikeOutcome> OnLeadRecord(const v1::StepRecord& r,
                                          int64_t now_unix_nanos);
   // A new attempt restarted at `first_step`; the run had reached `last_step`.

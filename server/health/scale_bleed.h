@@ -1,4 +1,4 @@
-// LossScaleCollapse's slow-bleed rule (DESIGN.md §4): an fp16 loss scale that
+// LossScaleCollapse's slow-bleed rule (docs/detectors.md): an fp16 loss scale that
 // keeps halving without ever growing back. GradScaler grows the scale only
 // after growth_interval clean steps in a row, so overflows that keep coming
 // sooner than that walk the scale down to nothing, however slowly; the

@@ -1,4 +1,4 @@
-// The restart loop closed (DESIGN.md §4): after a spike, a new attempt that
+// The restart loop closed (docs/detectors.md): after a spike, a new attempt that
 // restarts at or before the spike's step replays it. This watches the
 // replayed range: did the new attempt leave the spike's batch ids out, and
 // did the spike come back. Single-threaded: fed by the run's pipeline.

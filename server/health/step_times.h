@@ -1,4 +1,4 @@
-// Step times across ranks and the input pipeline (DESIGN.md §4 RankStraggler,
+// Step times across ranks and the input pipeline (docs/detectors.md RankStraggler,
 // InputPipelineStall): the pure state the detectors read. Single-threaded: fed
 // and read by the run's pipeline only.
 #ifndef TRAINWATCH_SERVER_HEALTH_STEP_TIMES_H_
@@ -30,7 +30,7 @@ struct StragglerConfig {
   // A rank's level: an EMA of its log step time, updated with innovations
   // clipped to +-log(clip) (so one-off slow steps barely move it).
   double ema_alpha = 0.1;
-  // Fire threshold named in the alert (DESIGN.md: >= 20% above the median).
+  // Fire threshold named in the alert (docs/detectors.md: >= 20% above the median).
   double ratio = 1.2;
   // While firing, the condition holds until the rank's level falls below
   // this ratio (hysteresis); then resolve_after_steps clear steps resolve it.
@@ -91,7 +91,7 @@ class RankStepTimes {
   std::vector<RankDetail> Slowest(size_t n) const;
 
   size_t ranks() const { return ranks_.size(); }
-  // Heap bytes held (for the per-run budget, DESIGN.md §8).
+  // Heap bytes held (for the per-run budget, docs/performance.md).
   size_t MemoryBytes() const;
 
  private:

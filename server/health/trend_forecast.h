@@ -1,5 +1,5 @@
 // A robust linear trend of a slowly moving signal (the max attention logit,
-// log Z) and the step at which it is forecast to reach a level: DESIGN.md §4's
+// log Z) and the step at which it is forecast to reach a level: docs/detectors.md
 // AttentionLogitGrowth fires when the trend reaches the cap (100) within a
 // horizon (2000 steps), well before the crossing.
 //

@@ -240,7 +240,7 @@ struct RunWindow {
 };
 
 // Robust linear trends of the slowly moving signals over their last ~1,000
-// post-warmup values, for the forecasts of DESIGN.md §4 (AttentionLogitGrowth
+// post-warmup values, for the forecasts of docs/detectors.md (AttentionLogitGrowth
 // reaching the cap, LogZDrift moving its threshold, within a horizon).
 struct Trends {
   TrendForecaster max_attn_logit{TrendForecaster::Options{}};

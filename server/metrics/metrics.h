@@ -1,4 +1,4 @@
-// The Prometheus side of trainwatch (DESIGN.md §5): the exposer on
+// The Prometheus side of trainwatch (docs/metrics.md): the exposer on
 // --metrics-listen, the server's own series, and one RunMetrics per run.
 //
 // Families are registered once at start-up; a run's series are added once

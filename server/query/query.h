@@ -35,7 +35,7 @@ class Query {
 
   static constexpr size_t kRecordsPerMessage = 2048;
   // A restart plan starts from a checkpoint at least this many steps before
-  // the spike (DESIGN.md §4).
+  // the spike (docs/detectors.md).
   static constexpr uint64_t kRestartLeadSteps = 100;
 
  private:

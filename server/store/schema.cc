@@ -85,7 +85,7 @@ CREATE TABLE spikes (
 ) WITHOUT ROWID;
 )sql";
 
-// Version 4: what goodput and the restart loop keep (DESIGN.md §4): a
+// Version 4: what goodput and the restart loop keep (docs/detectors.md): a
 // spike's replay verdict, the host an alert names, and the incidents that
 // implicate a host (HostSuspect remembers them across restarts).
 constexpr const char* kSchemaV4 = R"sql(
@@ -103,7 +103,7 @@ CREATE INDEX host_incidents_time ON host_incidents (time_ns);
 )sql";
 
 // Version 5: an alert's change-point estimate and the alert it is a
-// consequence of (DESIGN.md §4). After 4 so that a database already at 4
+// consequence of (docs/detectors.md). After 4 so that a database already at 4
 // gets them too.
 constexpr const char* kSchemaV5 = R"sql(
 ALTER TABLE alerts ADD COLUMN onset_step INTEGER NOT NULL DEFAULT 0;

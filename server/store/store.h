@@ -10,7 +10,7 @@
 // Exactly-once. The writer thread keeps, per stream, the last step it has
 // committed (persisted in `streams.last_step` in the same transaction as the
 // chunk). A record whose step is not above it is a duplicate or older step
-// and is dropped (DESIGN.md §3), so a batch resent after a reconnect or a
+// and is dropped (docs/contracts.md), so a batch resent after a reconnect or a
 // server crash is stored once. If a transaction fails, that state rolls back
 // with it, so a retry of the same batch is not mistaken for a duplicate.
 //

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "store/store.h"
+#include "trainwatch/v1/alert_names.h"
 
 namespace trainwatch {
 namespace {
@@ -176,8 +177,8 @@ absl::StatusOr<std::vector<v1::Alert>> Store::ListAlerts(
     v1::Alert& a = alerts.emplace_back();
     a.set_run(std::string(s.Text(0)));
     a.set_alertname(std::string(s.Text(1)));
-    a.set_severity(std::string(s.Text(2)));
-    a.set_state(std::string(s.Text(3)));
+    a.set_severity(v1::SeverityByName(s.Text(2)).value_or(v1::SEVERITY_UNSPECIFIED));
+    a.set_state(v1::StateByName(s.Text(3)).value_or(v1::ALERT_STATE_UNSPECIFIED));
     a.set_started_step(static_cast<uint64_t>(s.Int(4)));
     if (!s.IsNull(5)) a.set_resolved_step(static_cast<uint64_t>(s.Int(5)));
     a.set_started_unix_nanos(s.Int(6));

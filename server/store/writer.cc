@@ -1,5 +1,7 @@
 #include "store/writer.h"
 
+#include "trainwatch/v1/alert_names.h"
+
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
@@ -297,14 +299,15 @@ absl::Status StoreWriter::ApplyAlert(const WriteOp& op) {
   if (!run_key.ok()) return run_key.status();
   const v1::Alert& a = op.alert;
   upsert_alert_.Bind(1, *run_key).Bind(2, a.alertname())
-      .Bind(3, ToDb(a.started_step())).Bind(4, a.severity())
-      .Bind(5, a.state()).Bind(7, a.started_unix_nanos())
+      .Bind(3, ToDb(a.started_step()))
+      .Bind(4, v1::SeverityName(a.severity()))
+      .Bind(5, v1::StateName(a.state())).Bind(7, a.started_unix_nanos())
       .Bind(9, a.peak_value()).Bind(10, a.summary())
       .Bind(11, a.description()).Bind(12, a.likely_cause())
       .Bind(13, a.fix()).BindBlob(14, PackIds(a.batch_ids()))
       .Bind(15, int64_t{a.rank()}).Bind(16, ToDb(a.onset_step()))
       .Bind(17, a.caused_by()).Bind(18, a.host());
-  if (a.state() == "resolved") {
+  if (a.state() == v1::ALERT_STATE_RESOLVED) {
     upsert_alert_.Bind(6, ToDb(a.resolved_step()))
         .Bind(8, a.resolved_unix_nanos());
   }

@@ -1,6 +1,6 @@
 // trainwatch::Client::Record() of a plain step (no batch ids, no layer
 // stats): the cost the training loop pays per optimizer step (budget: <= 100
-// ns median, DESIGN.md §8).
+// ns median, docs/performance.md).
 //
 // The client talks to an in-process fake server that acks every batch as
 // soon as it arrives, so the queue drains while Record() is measured (the

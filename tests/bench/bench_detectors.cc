@@ -16,6 +16,7 @@
 
 #include "health/detectors_internal.h"
 #include "health/run_health.h"
+#include "health/run_timing.h"
 
 namespace {
 
@@ -90,6 +91,8 @@ class NullSink final : public AlertSink {
     ++calls;
   }
   void Spike(const SpikeInfo&) override { ++calls; }
+  void Fire(AlertKind, uint64_t, double, AlertText) override { ++calls; }
+  void Resolve(AlertKind, uint64_t) override { ++calls; }
   uint64_t calls = 0;
 };
 
@@ -118,6 +121,7 @@ void BM_DetectorGroup(benchmark::State& state) {
   Baselines baselines;
   Trends trends;
   NullSink sink;
+  RunTiming timing(config.timing);
   uint64_t step = 0;
   auto feed = [&] {
     v1::StepRecord& r = stream[step % kStream];
@@ -138,7 +142,8 @@ void BM_DetectorGroup(benchmark::State& state) {
     const StepContext ctx{.record = r, .run = info, .config = config,
                           .window = window, .baselines = baselines,
                           .trends = trends,
-                          .post_warmup = true, .records_seen = step + 1};
+                          .post_warmup = true, .records_seen = step + 1,
+                          .timing = timing};
     for (auto& d : detectors) {
       d->OnRankRecord(rctx, sink);
       d->OnStep(ctx, sink);

@@ -1,5 +1,5 @@
-// Store commit throughput, and the reference it is judged against (DESIGN.md
-// §8): a raw SQLite prepared-insert loop, one row per step, in the same
+// Store commit throughput, and the reference it is judged against (docs/performance.md):
+// a raw SQLite prepared-insert loop, one row per step, in the same
 // binary so the ratio is measured under the same conditions.
 //
 //  - BM_StoreCommit/B: one batch of B records submitted, waited for (one

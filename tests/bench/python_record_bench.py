@@ -8,7 +8,7 @@ Each variant is timed per call with time.perf_counter_ns over --calls calls
 (after a warm-up), and the median is reported. The client points at a port
 nothing listens on with a capacity above the call count, so record() pays its
 full queue push and nothing is dropped; no server is needed. Budget
-(DESIGN.md §8): record() <= 2 us median. Not a test: nothing is asserted.
+(docs/performance.md): record() <= 2 us median. Not a test: nothing is asserted.
 """
 
 import argparse

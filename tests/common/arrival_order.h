@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "health/alert_catalog.h"
 #include "health/run_pipeline.h"
+#include "trainwatch/v1/alert_names.h"
 
 namespace trainwatch::arrival {
 
@@ -171,21 +172,21 @@ struct Verdict {
 
 class Recorder final : public RunObserver {
  public:
-  void OnAlert(const AlertEpisode& e) override {
-    const std::string_view name = Spec(e.kind).name;
-    const std::string cause = e.caused_by ? std::string(Spec(*e.caused_by).name) : "";
-    if (e.update) {
+  void OnAlert(AlertKind kind, const v1::Alert& a, bool update) override {
+    const std::string_view name = Spec(kind).name;
+    if (update) {
       lines.push_back(absl::StrFormat("%s update started=%d caused_by=%s text=%s",
-                                      name, e.started_step, cause, e.text.description));
-    } else if (e.firing) {
+                                      name, a.started_step(), a.caused_by(),
+                                      a.description()));
+    } else if (v1::Firing(a)) {
       lines.push_back(absl::StrFormat(
           "%s fire started=%d onset=%d rank=%d host=%s caused_by=%s text=%s | %s",
-          name, e.started_step, e.text.onset_step, e.rank, e.text.host, cause,
-          e.text.summary, e.text.description));
+          name, a.started_step(), a.onset_step(), a.rank(), a.host(),
+          a.caused_by(), a.summary(), a.description()));
     } else {
       lines.push_back(absl::StrFormat("%s resolve started=%d resolved=%d peak=%.9g",
-                                      name, e.started_step, e.resolved_step,
-                                      e.peak_value));
+                                      name, a.started_step(), a.resolved_step(),
+                                      a.peak_value()));
     }
   }
   void OnSpike(const SpikeInfo& s) override {

@@ -229,9 +229,20 @@ def main():
     rules = docs.get("deploy/prometheus/trainwatch-rules.yml", [{}])[0]
     by_name = {r["alert"]: r for g in rules.get("groups", []) for r in g["rules"] if "alert" in r}
     cat = open(D("server/health/alert_catalog.cc")).read()
-    specs = re.findall(r'\{K::k\w+,\s*"(\w+)",\s*"(\w+)"', cat)
+    specs = [(n, sev.lower()) for n, sev in
+             re.findall(r'\{K::k\w+,\s*"(\w+)",\s*v1::SEVERITY_(\w+)', cat)]
     check(len(specs) >= 17, f"alert_catalog.cc parsed: {len(specs)} alertnames")
+    # HostSuspect is the server-wide one: its fleet rule counts hosts over
+    # trainwatch_host_incidents_total, across servers (checked below).
+    host = dict(specs).get("HostSuspect")
+    if check(host is not None and "HostSuspect" in by_name, "HostSuspect in the catalog and the rules"):
+        r = by_name["HostSuspect"]
+        check(r.get("labels", {}).get("severity") == host, f"HostSuspect: severity {host}")
+        check("trainwatch_host_incidents_total" in r["expr"] and "by (host)" in r["expr"],
+              "HostSuspect: from trainwatch_host_incidents_total, by host")
     for name, sev in specs:
+        if name == "HostSuspect":
+            continue
         r = by_name.get(name)
         if check(r is not None, f"rule for {name}"):
             check(r.get("labels", {}).get("severity") == sev, f"{name}: severity {sev}")

@@ -56,6 +56,7 @@
 #include "health/convert.h"
 #include "health/run_health.h"
 #include "health/run_pipeline.h"
+#include "trainwatch/v1/alert_names.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {
@@ -275,9 +276,9 @@ class WatchedRun final : public RunObserver {
     const size_t before = transitions_;
     const bool was_silent = pipeline_->health() != nullptr &&
                             pipeline_->health()->tracker().firing(AlertKind::kRunSilent);
-    pipeline_->CheckSilence(last_fresh_ + limit - 1, limit);
+    pipeline_->OnTick(last_fresh_ + limit - 1);
     Check(transitions_ == before, "no RunSilent before the silence is long enough");
-    pipeline_->CheckSilence(last_fresh_ + limit, limit);
+    pipeline_->OnTick(last_fresh_ + limit);
     if (pipeline_->health() == nullptr) {
       Check(transitions_ == before, "no RunSilent before the run has a lead");
       return;
@@ -303,15 +304,14 @@ class WatchedRun final : public RunObserver {
     pipeline_->Recover(lead_start_, last_step);
     shadow_rank_ = lead_start_.rank();
     for (const v1::Alert& a : snap.active_alerts) {
-      AlertEpisode e = FromProto(a);
-      pipeline_->RestoreAlert(e);
-      listener_firing_[static_cast<size_t>(e.kind)] = true;
+      pipeline_->RestoreAlert(a);
+      listener_firing_[static_cast<size_t>(*AlertKindByName(a.alertname()))] = true;
     }
     if (extra.has_value() && !Disabled(*extra)) {
-      pipeline_->RestoreAlert(AlertEpisode{.kind = *extra,
-                                           .firing = true,
-                                           .started_step = last_step,
-                                           .text = AlertText{"restored", "stored"}});
+      pipeline_->RestoreAlert(ToProto(run_id_, AlertEpisode{.kind = *extra,
+                                                            .firing = true,
+                                                            .started_step = last_step,
+                                                            .text = AlertText{"restored", "stored"}}));
       listener_firing_[static_cast<size_t>(*extra)] = true;
     }
     ExpectAlerts();
@@ -330,30 +330,35 @@ class WatchedRun final : public RunObserver {
   }
 
   // RunObserver.
-  void OnAlert(const AlertEpisode& e) override {
+  void OnAlert(AlertKind kind, const v1::Alert& a, bool update) override {
     Check(!muted_, "no alert transition while muted");
     ++transitions_;
-    bool& firing = listener_firing_[static_cast<size_t>(e.kind)];
-    if (e.update) {
+    const bool now_firing = v1::Firing(a);
+    bool& firing = listener_firing_[static_cast<size_t>(kind)];
+    if (update) {
       // An episode already firing is reported again when its cause fired a
       // few steps later (caused_by set) or a spike's recurrence amended its
       // text: not a new fire.
-      Check(e.firing && firing, "an update is of a firing alert");
+      Check(now_firing && firing, "an update is of a firing alert");
     } else {
-      Check(e.firing != firing, "fire and resolve alternate");
+      Check(now_firing != firing, "fire and resolve alternate");
     }
-    Check(!e.firing || !Disabled(e.kind), "a disabled alert never fires");
-    firing = e.firing;
-    AlertEpisode back = FromProto(ToProto(run_id_, e));
-    Check(back.kind == e.kind && back.firing == e.firing &&
-              back.started_step == e.started_step &&
-              back.resolved_step == (e.firing ? 0 : e.resolved_step) &&
-              SameDouble(back.peak_value, e.peak_value) &&
-              back.text.summary == e.text.summary &&
-              back.text.description == e.text.description &&
-              back.batch_ids == e.batch_ids &&
-              e.batch_ids.size() <= AlertTracker::kMaxBatchIds,
-          "an alert episode survives ToProto/FromProto");
+    Check(!now_firing || !Disabled(kind), "a disabled alert never fires");
+    Check(a.alertname() == Spec(kind).name, "the alert names its kind");
+    firing = now_firing;
+    // What recovery does with a stored alert gives the same alert back.
+    const v1::Alert back = ToProto(run_id_, FromProto(a));
+    Check(back.alertname() == a.alertname() && back.state() == a.state() &&
+              back.severity() == a.severity() &&
+              back.started_step() == a.started_step() &&
+              back.resolved_step() == a.resolved_step() &&
+              SameDouble(back.peak_value(), a.peak_value()) &&
+              back.summary() == a.summary() &&
+              back.description() == a.description() &&
+              back.caused_by() == a.caused_by() && back.host() == a.host() &&
+              back.batch_ids_size() == a.batch_ids_size() &&
+              static_cast<size_t>(a.batch_ids_size()) <= AlertTracker::kMaxBatchIds,
+          "an alert survives FromProto/ToProto");
   }
   void OnSpike(const SpikeInfo& s) override {
     Check(!muted_, "no spike is reported while muted");

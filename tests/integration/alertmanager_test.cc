@@ -3,7 +3,7 @@
 // replayed spike reaches Alertmanager's API with its labels and annotations,
 // keeps being re-sent after a server restart, resolves, and Alertmanager
 // notifies the receiver of both; --webhook-url gets both transitions
-// directly. Prints the delivery latencies the README quotes.
+// directly. Prints the delivery latencies docs/alerting.md quotes.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -411,7 +411,7 @@ TEST(AlertmanagerIntegration, WebhookGetsTheFireAndTheResolveDirectly) {
   const json& f = fired->body;
   EXPECT_EQ(f["alertname"], "GradNormSpike");
   EXPECT_EQ(f["run"], run);
-  EXPECT_EQ(f["severity"], "info");  // recorded, not paged (DESIGN.md §4)
+  EXPECT_EQ(f["severity"], "info");  // recorded, not paged (docs/detectors.md)
   EXPECT_EQ(f["labels"], (json{{"model", "llama-7b"}, {"owner", "ana"}}));
   EXPECT_EQ(f["started_step"], kSpikeStep);
   EXPECT_EQ(f["peak_value"], 12.0);

@@ -4,7 +4,7 @@
 // names the field, value or step. Every case also proves that the server
 // keeps serving and loses nothing: a healthy stream opened before the bad one
 // gets an ack after it, and what was acked before the bad message is stored.
-// The table in README.md ("Errors and limits") lists the same cases.
+// The table in docs/errors-and-limits.md lists the same cases.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -527,7 +527,7 @@ TEST_F(BadInput, SqlLookingLabelValueAndEventDetailAreStoredVerbatim) {
 
 // ---- Steps: order, duplicates, limits ---------------------------------------
 
-// DESIGN.md §3: a duplicate or older step is ignored. Within one batch too:
+// docs/contracts.md: a duplicate or older step is ignored. Within one batch too:
 // the batch is acked and the older record is not stored.
 TEST_F(BadInput, StepGoingBackwardsWithinABatchIsIgnored) {
   EXPECT_TRUE(SendOnNewStream({Start("back"), Batch(1, {10, 11, 5, 12})}).ok());

@@ -1,4 +1,4 @@
-// A fleet on loopback with real parts (DESIGN.md §9, docs/fleet.md): three
+// A fleet on loopback with real parts (docs/fleet.md): three
 // trainwatch-servers behind the shipped nginx configuration
 // (deploy/fleet/render.sh, Debian's nginx), a real Alertmanager, and 12 runs
 // x 2 ranks of real C++ clients streaming through the proxy. One server is

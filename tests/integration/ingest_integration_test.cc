@@ -190,7 +190,7 @@ TEST(IngestIntegration, LargeReplayIsCompleteAndQueryable) {
                          server.grpc_address(), "replay", dir.File("big.jsonl")});
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  // Informational, not asserted: the README's figures come from benchmarks.
+  // Informational, not asserted: the figures of docs/performance.md come from benchmarks.
   std::printf("replayed %llu steps in %.2f s (%.0f steps/s)\n",
               static_cast<unsigned long long>(kSteps), seconds, kSteps / seconds);
   json steps = StepsJson(server.grpc_address(), "big-run");

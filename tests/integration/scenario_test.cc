@@ -6,7 +6,7 @@
 // alert fires, and nothing else fires unless the manifest allows it.
 //
 // Run the binary directly to get the per-detector precision / recall /
-// detection-delay table of the README at the end:
+// detection-delay table of docs/detectors.md at the end:
 //   build/bin/scenario_test
 #include <algorithm>
 #include <chrono>

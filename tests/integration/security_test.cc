@@ -1,4 +1,4 @@
-// Security end to end (README "Security"): the real trainwatch-server with
+// Security end to end (docs/security.md): the real trainwatch-server with
 // TLS, mutual TLS and bearer tokens, driven by trainwatchctl and the C++
 // client, with certificates made by the openssl CLI at test time: a CA, a
 // server certificate for IP:127.0.0.1 and DNS:localhost, a client certificate

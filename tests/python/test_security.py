@@ -1,5 +1,5 @@
 """trainwatch.Client's auth_token and TLS options through the binding, against
-the real server with TLS and a token file (README "Security"). Certificates
+the real server with TLS and a token file (docs/security.md). Certificates
 are made with the openssl CLI."""
 
 import json

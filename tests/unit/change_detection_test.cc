@@ -1,4 +1,4 @@
-// The change-detection components of DESIGN.md §4 on synthetic signals with
+// The change-detection components of docs/detectors.md on synthetic signals with
 // fixed seeds: delays on sudden shifts, silence on heavy-tailed healthy
 // noise, one episode for a hovering quantity.
 #include "health/change_detection.h"

@@ -67,7 +67,7 @@ class FakeServer final : public v1::TrainingHealth::Service {
     v1::Alert* spike = response->add_alerts();
     spike->set_alertname("GradNormSpike");
     spike->set_run("r1");
-    spike->set_state("firing");
+    spike->set_state(v1::ALERT_STATE_FIRING);
     spike->set_started_step(150);
     spike->set_peak_value(42.5);
     spike->add_batch_ids(300);
@@ -75,7 +75,7 @@ class FakeServer final : public v1::TrainingHealth::Service {
     v1::Alert* clip = response->add_alerts();
     clip->set_alertname("ClipFractionHigh");
     clip->set_run("r1");
-    clip->set_state("resolved");
+    clip->set_state(v1::ALERT_STATE_RESOLVED);
     clip->set_started_step(10);
     clip->set_resolved_step(90);
     return grpc::Status::OK;
@@ -94,7 +94,7 @@ class FakeServer final : public v1::TrainingHealth::Service {
     response->set_recommended_max_norm(1.5);
     v1::Alert* alert = response->add_active_alerts();
     alert->set_alertname("LossScaleCollapse");
-    alert->set_state("firing");
+    alert->set_state(v1::ALERT_STATE_FIRING);
     // Oldest first: one too early for any checkpoint, one with a plan.
     v1::Spike* early = response->add_spikes();
     early->set_step(90);

@@ -1,4 +1,4 @@
-// trainwatchctl and the C++ client across a fleet (DESIGN.md §9): every call
+// trainwatchctl and the C++ client across a fleet (docs/fleet.md): every call
 // about a run carries x-trainwatch-run (what a fleet's proxy routes by), and
 // `--server A,B,C` fans `runs` and `alerts` out to every server and sends a
 // run-scoped command to the server that holds the run. Against in-process
@@ -96,7 +96,7 @@ class FakeServer final : public v1::TrainingHealth::Service {
       v1::Alert* alert = response->add_alerts();
       alert->set_alertname("GradNormSpike");
       alert->set_run(run);
-      alert->set_state("firing");
+      alert->set_state(v1::ALERT_STATE_FIRING);
       alert->set_started_step(last_step);
     }
     return grpc::Status::OK;

@@ -364,7 +364,7 @@ TEST(NonFiniteUpdate, ADivergingFp16RunIsOneCauseNotAClipFractionPage) {
   EXPECT_FALSE(h.Fired(AlertKind::kNonFiniteUpdate).empty());
   EXPECT_THAT(h.Fired(AlertKind::kClipFractionHigh), IsEmpty());
   for (const auto& t : h.transitions) {
-    if (!t.firing || Spec(t.kind).severity == "info") continue;
+    if (!t.firing || Spec(t.kind).severity == v1::SEVERITY_INFO) continue;
     if (t.kind == AlertKind::kLossScaleCollapse || t.kind == AlertKind::kScalerStuck) {
       continue;
     }

@@ -1,4 +1,4 @@
-// Detection v2 (DESIGN.md §4) through RunHealth with the real detectors and
+// Detection v2 (docs/detectors.md) through RunHealth with the real detectors and
 // alert tracker: level shifts named within tens of steps at their change
 // point, hysteresis, forecasts, the slow scale bleed, LossSpike, caused_by,
 // ranks compared whatever their arrival order, and the healthy shapes that
@@ -122,7 +122,7 @@ TEST(LossSpikeV2, ABloomLikeSpikePagesOnceAndTheNormSpikeIsItsConsequence) {
   auto loss = h.Fired(AlertKind::kLossSpike);
   ASSERT_THAT(loss, SizeIs(1));
   EXPECT_LE(loss[0].step, 2008u);
-  EXPECT_EQ(Spec(AlertKind::kLossSpike).severity, "critical");
+  EXPECT_EQ(Spec(AlertKind::kLossSpike).severity, v1::SEVERITY_CRITICAL);
   EXPECT_FALSE(loss[0].batch_ids.empty());
   for (AlertKind k : {AlertKind::kGradNormSpike, AlertKind::kClipFractionHigh,
                       AlertKind::kGradNormDrift}) {
@@ -131,7 +131,7 @@ TEST(LossSpikeV2, ABloomLikeSpikePagesOnceAndTheNormSpikeIsItsConsequence) {
     }
   }
   EXPECT_THAT(h.Fired(AlertKind::kGradNormSpike), SizeIs(1));
-  EXPECT_EQ(Spec(AlertKind::kGradNormSpike).severity, "info");
+  EXPECT_EQ(Spec(AlertKind::kGradNormSpike).severity, v1::SEVERITY_INFO);
   // The spike list has it, for its restart plan.
   bool listed = false;
   for (const SpikeInfo& s : h.spikes) listed |= s.step >= 2000 && s.step <= 2004;

@@ -307,7 +307,7 @@ TEST_F(EngineTest, RunSilentFiresAfterTheSilenceAndResolvesOnTheNextStep) {
   auto alerts = store_->ListAlerts("r", false);
   ASSERT_TRUE(alerts.ok());
   ASSERT_EQ(alerts->size(), 1u);
-  EXPECT_EQ((*alerts)[0].state(), "resolved");
+  EXPECT_EQ((*alerts)[0].state(), v1::ALERT_STATE_RESOLVED);
   EXPECT_EQ((*alerts)[0].resolved_step(), 10u);
 }
 
@@ -381,7 +381,7 @@ TEST_F(EngineTest, AFinishedRunIsForgottenAfterItsRetentionOnceNoStreamHoldsIt) 
   for (const v1::Alert& a : *alerts) {
     if (a.alertname() != "ClipFractionHigh") continue;
     found = true;
-    EXPECT_EQ(a.state(), "resolved");
+    EXPECT_EQ(a.state(), v1::ALERT_STATE_RESOLVED);
     EXPECT_EQ(a.resolved_step(), 199u);
   }
   EXPECT_TRUE(found);
@@ -415,9 +415,9 @@ TEST_F(EngineTest, ARestartResolvesTheFiringAlertsOfRunsThatFinished) {
     if (a.alertname() == "ClipFractionHigh") by_run[a.run()] = a;
   }
   ASSERT_EQ(by_run.size(), 2u);
-  EXPECT_EQ(by_run["done"].state(), "resolved");
+  EXPECT_EQ(by_run["done"].state(), v1::ALERT_STATE_RESOLVED);
   EXPECT_EQ(by_run["done"].resolved_step(), 199u);
-  EXPECT_EQ(by_run["live"].state(), "firing");
+  EXPECT_EQ(by_run["live"].state(), v1::ALERT_STATE_FIRING);
 }
 
 TEST(EngineRestartTest, ARestartKeepsBaselineWindowsAndFiringAlertsWithoutRefiring) {

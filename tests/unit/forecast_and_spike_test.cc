@@ -1,4 +1,4 @@
-// TrendForecaster, ScaleBleed and StepDigests (DESIGN.md §4) on synthetic
+// TrendForecaster, ScaleBleed and StepDigests (docs/detectors.md) on synthetic
 // signals with fixed seeds (LossSpikeRule: loss_spike_test.cc).
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// LossSpikeRule and the LossSpike detector (DESIGN.md §4) on every loss
+// LossSpikeRule and the LossSpike detector (docs/detectors.md) on every loss
 // convention: a language-model loss (log space), losses near zero or below
 // and losses printed with few digits (RL policy losses, DPO, reward models),
 // on synthetic signals with fixed seeds and on a real GRPO log.

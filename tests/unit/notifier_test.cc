@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "alerting/alertmanager_payload.h"
+#include "alerting/time_format.h"
 #include "alerting/webhook_payload.h"
 #include "gtest/gtest.h"
 
@@ -25,24 +26,27 @@ using std::chrono::seconds;
 
 constexpr int64_t kStart = 1'700'000'000'123'456'789;  // 2023-11-14T22:13:20.123Z
 
-AlertNotice Spike(bool firing = true) {
-  AlertNotice n;
-  n.alertname = "GradNormSpike";
-  n.run = "llama/run-42";
-  n.severity = "warning";
-  n.firing = firing;
-  n.run_labels = {{"model", "llama-7b"}, {"owner", "ana"}, {"severity", "page-me"}};
-  n.summary = "gradient norm spike";
-  n.description = "norm 12 is 34x the EMA";
-  n.likely_cause = "a bad batch";
-  n.fix = "restart 100 steps earlier";
-  n.started_step = 3000;
-  n.peak_value = 12.0;
-  n.batch_ids = {21000, 21001};
-  n.started_unix_nanos = kStart;
+v1::Alert Spike(bool firing = true) {
+  v1::Alert n;
+  n.set_alertname("GradNormSpike");
+  n.set_run("llama/run-42");
+  n.set_severity(v1::SEVERITY_WARNING);
+  n.set_state(firing ? v1::ALERT_STATE_FIRING : v1::ALERT_STATE_RESOLVED);
+  (*n.mutable_run_labels())["model"] = "llama-7b";
+  (*n.mutable_run_labels())["owner"] = "ana";
+  (*n.mutable_run_labels())["severity"] = "page-me";
+  n.set_summary("gradient norm spike");
+  n.set_description("norm 12 is 34x the EMA");
+  n.set_likely_cause("a bad batch");
+  n.set_fix("restart 100 steps earlier");
+  n.set_started_step(3000);
+  n.set_peak_value(12.0);
+  n.add_batch_ids(21000);
+  n.add_batch_ids(21001);
+  n.set_started_unix_nanos(kStart);
   if (!firing) {
-    n.resolved_step = 3100;
-    n.resolved_unix_nanos = kStart + 90'000'000'000;
+    n.set_resolved_step(3100);
+    n.set_resolved_unix_nanos(kStart + 90'000'000'000);
   }
   return n;
 }
@@ -96,7 +100,7 @@ TEST(FormatRfc3339, UtcWithMilliseconds) {
 }
 
 TEST(AlertmanagerPayload, LabelsAnnotationsAndTimes) {
-  AlertNotice firing = Spike();
+  v1::Alert firing = Spike();
   json body = json::parse(AlertmanagerPayload({&firing}, kStart + 1'000'000'000,
                                               seconds(60)));
   ASSERT_TRUE(body.is_array());
@@ -118,7 +122,7 @@ TEST(AlertmanagerPayload, LabelsAnnotationsAndTimes) {
   // Firing: now + 4 x 60 s, so Alertmanager resolves it if we die.
   EXPECT_EQ(a["endsAt"], "2023-11-14T22:17:21.123Z");
 
-  AlertNotice resolved = Spike(/*firing=*/false);
+  v1::Alert resolved = Spike(/*firing=*/false);
   body = json::parse(AlertmanagerPayload({&resolved}, kStart + 500'000'000'000,
                                          seconds(60)));
   EXPECT_EQ(body[0]["endsAt"], "2023-11-14T22:14:50.123Z");  // the resolve time
@@ -152,8 +156,8 @@ TEST(WebhookPayload, FiringAndResolvedShapes) {
   EXPECT_EQ(r["resolved_step"], 3100);
   EXPECT_EQ(r["resolved_at"], "2023-11-14T22:14:50.123Z");
 
-  AlertNotice nan = Spike();
-  nan.peak_value = std::nan("");
+  v1::Alert nan = Spike();
+  nan.set_peak_value(std::nan(""));
   EXPECT_TRUE(json::parse(WebhookPayload(nan))["peak_value"].is_null());
 }
 
@@ -329,8 +333,8 @@ TEST_F(NotifierTest, AlertmanagerHoldsAtMostItsCapacityOfAlerts) {
   o.queue_capacity = 2;
   auto n = Make(o);
   for (int i = 0; i < 4; ++i) {
-    AlertNotice a = Spike();
-    a.run = "run-" + std::to_string(i);
+    v1::Alert a = Spike();
+    a.set_run("run-" + std::to_string(i));
     n->Notify(a);
   }
   n->Notify(Spike());  // a new run: no room either

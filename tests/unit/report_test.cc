@@ -43,12 +43,12 @@ TEST(ReportVerdict, NamesTheProblemSinceWhenAndTheFix) {
   ReportInput in = MakeRun(100, 0);
   v1::Alert info;
   info.set_alertname("GradNormSpike");
-  info.set_severity("info");
+  info.set_severity(v1::SEVERITY_INFO);
   in.alerts.push_back(info);
   v1::Alert a;
   a.set_alertname("ClipFractionHigh");
-  a.set_severity("warning");
-  a.set_state("firing");
+  a.set_severity(v1::SEVERITY_WARNING);
+  a.set_state(v1::ALERT_STATE_FIRING);
   a.set_started_step(400);
   a.set_onset_step(350);
   a.set_summary("Clipping on 40% of steps");

@@ -1,6 +1,7 @@
 // RunPipeline on its own: no threads, no store, no metrics; a recording
 // observer sees everything it reports.
 #include "health/run_pipeline.h"
+#include "trainwatch/v1/alert_names.h"
 
 #include <limits>
 #include <string>
@@ -43,9 +44,9 @@ std::vector<v1::StepRecord> Steps(uint64_t from, uint64_t to, double norm = 0.5)
 }
 
 struct Recorder final : RunObserver {
-  void OnAlert(const AlertEpisode& e) override {
-    alerts.push_back(std::string(e.firing ? "fire " : "resolve ") +
-                     std::string(Spec(e.kind).name));
+  void OnAlert(AlertKind kind, const v1::Alert& a, bool) override {
+    alerts.push_back(std::string(v1::Firing(a) ? "fire " : "resolve ") +
+                     std::string(Spec(kind).name));
   }
   void OnSpike(const SpikeInfo& s) override { spikes.push_back(s.step); }
   void OnLeadChanged(const v1::RunStart& s) override {
@@ -202,13 +203,13 @@ TEST_F(RunPipelineTest, ANewAttemptPastTheLastStepKeepsTheWindows) {
 }
 
 TEST_F(RunPipelineTest, SilenceFiresRunSilentAndTheNextRecordResolvesIt) {
-  pipeline_.CheckSilence(now_ + 1000 * kSecond, 300 * kSecond);
+  pipeline_.OnTick(now_ + 1000 * kSecond);
   EXPECT_THAT(seen_.alerts, IsEmpty()) << "no lead yet: nothing to be silent";
   pipeline_.OnStreamStarted(0, 0, std::nullopt);
   Send(Start(0), Steps(0, 10));
-  pipeline_.CheckSilence(now_ + 299 * kSecond, 300 * kSecond);
+  pipeline_.OnTick(now_ + 299 * kSecond);
   EXPECT_THAT(seen_.alerts, IsEmpty());
-  pipeline_.CheckSilence(now_ + 300 * kSecond, 300 * kSecond);
+  pipeline_.OnTick(now_ + 300 * kSecond);
   EXPECT_THAT(seen_.alerts, ElementsAre("fire RunSilent"));
   EXPECT_EQ(pipeline_.Snapshot().active_alerts.size(), 1u);
   Send(Start(0), Steps(10, 11));
@@ -219,7 +220,7 @@ TEST_F(RunPipelineTest, SilenceFiresRunSilentAndTheNextRecordResolvesIt) {
 TEST_F(RunPipelineTest, OnlyFinishedOrFailedEndsTheRunAndResolvesRunSilent) {
   pipeline_.OnStreamStarted(0, 0, std::nullopt);
   Send(Start(0), Steps(0, 10));
-  pipeline_.CheckSilence(now_ + 400 * kSecond, 300 * kSecond);
+  pipeline_.OnTick(now_ + 400 * kSecond);
   v1::RunEvent event;
   event.set_kind(v1::CHECKPOINT_SAVED);
   event.set_step(9);
@@ -250,10 +251,10 @@ TEST_F(RunPipelineTest, ClippingFiresAndResolveAllResolvesAtTheLastStep) {
 
 TEST_F(RunPipelineTest, RecoveryReplaysMutedAndKeepsStoredAlertsFiring) {
   pipeline_.Recover(Start(0, 1), /*last_step=*/149);
-  AlertEpisode stored;
-  stored.kind = AlertKind::kClipFractionHigh;
-  stored.firing = true;
-  stored.started_step = 110;
+  v1::Alert stored;
+  stored.set_alertname("ClipFractionHigh");
+  stored.set_state(v1::ALERT_STATE_FIRING);
+  stored.set_started_step(110);
   pipeline_.RestoreAlert(stored);
   pipeline_.BeginReplay();
   for (const v1::StepRecord& r : Steps(0, 150, 2.0)) pipeline_.Replay(1, r, now_);
@@ -289,7 +290,8 @@ TEST(AlertTrackerAmend, AnAmendedAlertIsAnUpdateNotASecondFire) {
   std::vector<AlertEpisode> seen;
   AlertTracker tracker(config, [&](const AlertEpisode& e) { seen.push_back(e); },
                        nullptr);
-  tracker.Amend(AlertKind::kGradNormSpike, AlertText{.summary = "x"}, "");
+  tracker.Amend(AlertKind::kGradNormSpike, AlertText{.summary = "x"},
+                v1::SEVERITY_UNSPECIFIED);
   EXPECT_THAT(seen, IsEmpty()) << "nothing to amend while it is not firing";
   tracker.SetNow(0);
   tracker.Fire(AlertKind::kGradNormSpike, 100, 9.0,
@@ -297,14 +299,14 @@ TEST(AlertTrackerAmend, AnAmendedAlertIsAnUpdateNotASecondFire) {
   tracker.Amend(AlertKind::kGradNormSpike,
                 AlertText{.summary = "Gradient norm spike at step 100",
                           .description = "it recurred"},
-                "critical");
+                v1::SEVERITY_CRITICAL);
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_TRUE(seen[0].firing);
   EXPECT_FALSE(seen[0].update);
   EXPECT_TRUE(seen[1].firing);
   EXPECT_TRUE(seen[1].update);
   EXPECT_EQ(seen[1].started_step, 100u);
-  EXPECT_EQ(seen[1].severity, "critical");
+  EXPECT_EQ(seen[1].severity, v1::SEVERITY_CRITICAL);
   EXPECT_EQ(seen[1].text.description, "it recurred");
   EXPECT_FALSE(tracker.episode(AlertKind::kGradNormSpike).update)
       << "later reports are not updates unless they are";

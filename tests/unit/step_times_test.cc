@@ -142,7 +142,7 @@ TEST(RankStepTimes, MemoryAt1024RanksIsAFewBytesARank) {
   const size_t bytes = times.MemoryBytes();
   std::printf("[ memory   ] RankStepTimes at 1024 ranks (128 hosts): %zu bytes, "
               "%.1f bytes a rank\n", bytes, bytes / 1024.0);
-  EXPECT_LT(bytes, 64u * 1024);  // DESIGN.md §8: 100 KiB a run in all
+  EXPECT_LT(bytes, 64u * 1024);  // docs/performance.md: 100 KiB a run in all
 }
 
 TEST(InputWait, MedianOfRecentStepsIgnoresOneSlowBatch) {
@@ -199,8 +199,8 @@ TEST(Goodput, MeasuresStepTimeFromGapsWhenRecordsHaveNone) {
 
 TEST(HostIncidents, TwoRunsNamingAHostWithinADayMakeItSuspect) {
   HostIncidents incidents(HostSuspectConfig{});
-  EXPECT_TRUE(HostIncidents::Implicates("RankStraggler"));
-  EXPECT_FALSE(HostIncidents::Implicates("ClipFractionHigh"));
+  EXPECT_TRUE(HostIncidents::Implicates(AlertKind::kRankStraggler));
+  EXPECT_FALSE(HostIncidents::Implicates(AlertKind::kClipFractionHigh));
   const int64_t t0 = 100000 * kSec;
   EXPECT_FALSE(incidents.Add({"node-7", "NonFiniteUpdate", "run-a", t0}).has_value());
   EXPECT_FALSE(incidents.Add({"node-7", "RankStraggler", "run-a", t0 + kSec}).has_value());
@@ -348,6 +348,7 @@ TEST(RunTiming, InputStallWithHysteresis) {
   std::vector<bool> holds;
   for (uint64_t s = 0; s < 200; ++s) {
     const double wait = s >= 50 && s < 120 ? 0.3 : (s >= 120 && s < 150 ? 0.15 : 0.02);
+    timing.AddLeadWait(Rec(s, 1.0, wait));
     timing.OnLeadRecord(Rec(s, 1.0, wait), 0);
     holds.push_back(timing.StallHolds());
   }

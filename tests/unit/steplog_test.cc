@@ -282,8 +282,8 @@ TEST(WriteAlert, HasEveryKeyAndNullWhileFiring) {
   v1::Alert alert;
   alert.set_alertname("GradNormSpike");
   alert.set_run("r1");
-  alert.set_severity("warning");
-  alert.set_state("firing");
+  alert.set_severity(v1::SEVERITY_WARNING);
+  alert.set_state(v1::ALERT_STATE_FIRING);
   alert.set_started_step(150);
   alert.set_peak_value(12.5);
   alert.set_description("norm \"12.5\" is 40x\nthe mean");
@@ -301,7 +301,7 @@ TEST(WriteAlert, HasEveryKeyAndNullWhileFiring) {
   EXPECT_THAT(out, HasSubstr(R"("batch_ids":[])"));
   EXPECT_THAT(out, HasSubstr(R"(norm \"12.5\" is 40x\nthe mean)"));
 
-  alert.set_state("resolved");
+  alert.set_state(v1::ALERT_STATE_RESOLVED);
   alert.set_resolved_step(400);
   out.clear();
   JsonWriter w2(&out);

@@ -188,8 +188,8 @@ TEST_F(StoreTest, SpikeOutcomeAlertHostAndHostIncidentsAreKept) {
   v1::Alert alert;
   alert.set_alertname("RankStraggler");
   alert.set_run("r1");
-  alert.set_severity("warning");
-  alert.set_state("firing");
+  alert.set_severity(v1::SEVERITY_WARNING);
+  alert.set_state(v1::ALERT_STATE_FIRING);
   alert.set_started_step(10);
   alert.set_rank(5);
   alert.set_host("node-3");

@@ -37,7 +37,7 @@ enum class Precision { kUnspecified = 0, kFp32 = 1, kBf16 = 2, kFp16 = 3 };
 std::optional<Precision> ParsePrecision(const std::string& text);
 
 // How a client authenticates to the server and protects the connection
-// (README "Security"). Plaintext and no token by default.
+// (docs/security.md). Plaintext and no token by default.
 struct ConnectionSecurity {
   // Bearer token, sent as "authorization: Bearer TOKEN" on every call; ""
   // sends none. Printable ASCII without spaces.
@@ -65,7 +65,7 @@ struct ClientOptions {
   // TLS and bearer token; the files are read by Create().
   ConnectionSecurity security;
 
-  // RunStart fields (DESIGN.md §2).
+  // RunStart fields (docs/contracts.md).
   std::string run_id;
   uint32_t rank = 0;
   uint32_t world_size = 1;
@@ -106,7 +106,7 @@ struct LayerStat {
   double g_over_sqrt_v_rms = 0.0;
 };
 
-// One optimizer step (StepRecord of DESIGN.md §2). Floats may be NaN or Inf.
+// One optimizer step (StepRecord of docs/contracts.md). Floats may be NaN or Inf.
 struct Step {
   uint64_t step = 0;
   double grad_norm = 0.0;                 // pre-clip global norm

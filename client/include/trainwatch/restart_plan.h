@@ -1,4 +1,4 @@
-// The restart plan of a run's latest spike (DESIGN.md §4, §6 `plan`): where
+// The restart plan of a run's latest spike (docs/detectors.md; `trainwatchctl plan`, docs/contracts.md): where
 // to resume, which batches to skip, and why; for a launcher or a data loader
 // to act on. `trainwatchctl plan` prints it; the Python package's
 // trainwatch.restart_plan() returns it.

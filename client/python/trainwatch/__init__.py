@@ -41,7 +41,7 @@ __all__ = ["Client", "Stats", "EVENT_KINDS", "restart_plan", "SkipBatches"]
 _RECORDED = _trainwatch.RECORDED
 _DEFERRED = _trainwatch.DEFERRED
 
-# RunEvent kinds (DESIGN.md §2), as the C++ EventKind values.
+# RunEvent kinds (docs/contracts.md), as the C++ EventKind values.
 EVENT_KINDS = {"checkpoint_saved": 1, "run_finished": 2, "run_failed": 3}
 
 # StepRecord fields record() takes after step, in the binding's order.

@@ -1,4 +1,4 @@
-"""The restart loop (DESIGN.md §4): ask the server for the plan of a run's
+"""The restart loop (docs/detectors.md): ask the server for the plan of a run's
 latest spike, then skip its batches on the next attempt.
 
     plan = trainwatch.restart_plan("127.0.0.1:50051", "llama/run-42")

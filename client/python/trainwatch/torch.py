@@ -134,7 +134,7 @@ def _mha_max_logit(m, query, key):
 
 
 class LayerStats:
-    """Per-layer gradient statistics every `every` steps (DESIGN.md §2
+    """Per-layer gradient statistics every `every` steps (docs/contracts.md
     layer_stats): for each module that owns parameters, by its qualified
     name, the gradient L2 norm, the gradient RMS, and for Adam-family
     optimizers the RMS of g / (sqrt(v_hat) + eps), where v_hat is the

@@ -1,4 +1,4 @@
-#include "alerting/alert_notice.h"
+#include "alerting/time_format.h"
 
 #include <time.h>
 
