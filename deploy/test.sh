@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds, and runs the whole test suite: unit and
 # integration tests (ctest; integration tests start the real server binary on
-# loopback ports with a temporary SQLite file), the DESIGN.md contract check,
+# loopback ports with a temporary SQLite file), the contract check of the names and shapes docs/contracts.md promises,
 # clang's thread-safety analysis of the server (build-clang), and a short run
 # of each fuzz target (clang, its own build directory
 # build-fuzz; FUZZ_SECONDS each, 30 by default; FUZZ_SECONDS=0 skips it).
@@ -13,7 +13,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 status=0
 (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 900 -j2) || status=$?
 
-# The names and shapes DESIGN.md promises, checked on the built tree.
+# The names and shapes docs/contracts.md promises, checked on the built tree.
 if [ -x ../shared/checks/contract.sh ]; then
   BIN="$BUILD_DIR/bin" ../shared/checks/contract.sh || status=$?
 else

@@ -107,7 +107,7 @@ snippet() {
     fi
   fi
   sed "s/^/$ind/; s/^ *$//" <<CONF
-# trainwatch fleet proxy (DESIGN.md §9, docs/fleet.md), rendered by
+# trainwatch fleet proxy (docs/fleet.md), rendered by
 # ${command_line}
 
 upstream trainwatch_servers {

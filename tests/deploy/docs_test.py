@@ -1,5 +1,13 @@
 """The README is the front door: short, and every relative link in it and in
-docs/ resolves to a file inside the repository (no path outside it)."""
+docs/ resolves to a file inside the repository (no path outside it), and to
+a heading of that file when it names one (#anchor). Beyond the docs, the
+tree's own references must hold too: every docs/X.md a source file, script
+or config names exists (and the section it names after it, `docs/X.md,
+"Section"` or `docs/X.md#anchor`, is a heading there); every README section
+a comment names (`README "Section"`) is a heading of the README; no comment
+points at a design file outside the repository ("DESIGN.md"); and every
+series the server registers (a "trainwatch_..." name in server/metrics/) is
+listed in docs/metrics.md."""
 import os
 import re
 import sys
@@ -35,9 +43,96 @@ for path in docs:
     if "../shared" in text:
         failures.append(f"{os.path.relpath(path, root)}: mentions ../shared, outside the repository")
 
+def slug(heading):
+    """GitHub's anchor for a heading."""
+    h = heading.strip().lower()
+    h = re.sub(r"[^\w\- ]", "", h)
+    return h.replace(" ", "-")
+
+
+def headings(path):
+    out = set()
+    in_code = False
+    for line in open(path, encoding="utf-8"):
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            out.add(line.lstrip("#").strip())
+    return out
+
+
+# Anchors of markdown links.
+for path in docs:
+    text = open(path, encoding="utf-8").read()
+    for target in link.findall(text):
+        if re.match(r"[a-z]+:", target) or "#" not in target:
+            continue
+        file_part, anchor = target.split("#", 1)
+        resolved = (os.path.abspath(os.path.join(os.path.dirname(path), file_part))
+                    if file_part else path)
+        if resolved.endswith(".md") and os.path.exists(resolved):
+            checked += 1
+            if anchor not in {slug(h) for h in headings(resolved)}:
+                failures.append(f"{os.path.relpath(path, root)}: link {target}: no such heading")
+
+# References from the rest of the tree.
+skip_dirs = {".git", "node_modules", "corpus", "testdata", "vendor"}
+suffixes = (".cc", ".h", ".py", ".sh", ".yml", ".yaml", ".txt", ".md", ".conf",
+            ".proto", ".json", ".html", ".js", ".cmake")
+doc_ref = re.compile(r"docs/([a-z0-9-]+\.md)(?:(#[a-z0-9-]+)|,\s+\"([^\"]+)\")?")
+readme_ref = re.compile(r"README(?:\.md)?(?:'s)?\s+\(?\"([^\"]+)\"")
+readme_sections = headings(readme)
+tree_refs = 0
+for dirpath, dirnames, files in os.walk(root):
+    rel_dir = os.path.relpath(dirpath, root)
+    dirnames[:] = [d for d in dirnames
+                   if d not in skip_dirs and not (rel_dir == "." and d.startswith("build"))]
+    for f in files:
+        if not f.endswith(suffixes) and f not in ("CMakeLists.txt", "Dockerfile", "run"):
+            continue
+        path = os.path.join(dirpath, f)
+        where = os.path.relpath(path, root)
+        if where == os.path.join("tests", "deploy", "docs_test.py"):
+            continue
+        try:
+            text = open(path, encoding="utf-8").read()
+        except UnicodeDecodeError:
+            continue
+        if "DESIGN.md" in text:
+            failures.append(f"{where}: names DESIGN.md, a file outside the repository: point at docs/")
+        for m in doc_ref.finditer(text):
+            tree_refs += 1
+            target = os.path.join(root, "docs", m.group(1))
+            if not os.path.exists(target):
+                failures.append(f"{where}: names docs/{m.group(1)}, which does not exist")
+                continue
+            names = headings(target)
+            if m.group(2) and m.group(2)[1:] not in {slug(h) for h in names}:
+                failures.append(f"{where}: docs/{m.group(1)}{m.group(2)}: no such heading")
+            if m.group(3) and m.group(3) not in names:
+                failures.append(f'{where}: docs/{m.group(1)}, "{m.group(3)}": no such heading')
+        for m in readme_ref.finditer(text):
+            tree_refs += 1
+            if m.group(1) not in readme_sections:
+                failures.append(f'{where}: names README section "{m.group(1)}", which does not exist')
+
+# Every series the server registers is documented.
+metrics_doc = open(os.path.join(root, "docs", "metrics.md"), encoding="utf-8").read()
+series = set()
+for dirpath, _, files in os.walk(os.path.join(root, "server", "metrics")):
+    for f in files:
+        series |= set(re.findall(r'"(trainwatch_[a-z_]+)"',
+                                 open(os.path.join(dirpath, f), encoding="utf-8").read()))
+if len(series) < 30:
+    failures.append(f"found only {len(series)} series in server/metrics/: the scan is broken")
+for name in sorted(series):
+    if f"`{name}`" not in metrics_doc:
+        failures.append(f"docs/metrics.md does not list {name}, which /metrics exports")
+
 if checked == 0:
     failures.append("no relative links found at all: the README should link docs/")
 for f in failures:
     print("FAIL:", f)
-print(f"docs_test: {len(docs)} files, {checked} links checked, {len(failures)} failures")
+print(f"docs_test: {len(docs)} files, {checked} links checked, {tree_refs} references "
+      f"from the tree, {len(series)} series, {len(failures)} failures")
 sys.exit(1 if failures else 0)

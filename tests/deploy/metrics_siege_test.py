@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""/metrics under siege (docs/fleet.md, "Exposed edges"), plain and HTTPS
+"""/metrics under siege (docs/security.md, "Exposed edges"), plain and HTTPS
 with basic auth, against the real trainwatch-server:
 
   metrics_siege_test.py SOURCE_DIR SERVER_BIN

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The performance table of the README (DESIGN.md §8), in one run on this
+# The performance table of docs/performance.md, in one run on this
 # machine: end to end records/s at 1 / 16 / 64 streams with ack and alert
 # latency, the server's CPU per record and peak RSS, the raw SQLite reference
 # measured right after (the ratio server/reference), memory per active run at
