@@ -1,4 +1,4 @@
-#include "cli.h"
+#include "cli/cli.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -9,8 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
-#include "commands.h"
-#include "flags.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
 
 namespace trainwatch::cli {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "flags.h"
+#include "cli/flags.h"
 #include "grpcpp/grpcpp.h"
 #include "trainwatch/client.h"
 #include "trainwatch/v1/trainwatch.grpc.pb.h"

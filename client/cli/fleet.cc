@@ -1,4 +1,4 @@
-#include "fleet.h"
+#include "cli/fleet.h"
 
 #include <cstdio>
 

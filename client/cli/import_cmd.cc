@@ -9,10 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "commands.h"
-#include "import_files.h"
-#include "import_log.h"
-#include "send.h"
+#include "cli/commands.h"
+#include "import/import_files.h"
+#include "import/import_log.h"
+#include "cli/send.h"
 
 namespace trainwatch::cli {
 namespace {

@@ -14,10 +14,10 @@
 #include "trainwatch/v1/alert_names.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "commands.h"
-#include "fleet.h"
-#include "json_out.h"
-#include "text_out.h"
+#include "cli/commands.h"
+#include "cli/fleet.h"
+#include "output/json_out.h"
+#include "output/text_out.h"
 
 namespace trainwatch::cli {
 namespace {

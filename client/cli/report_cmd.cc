@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "commands.h"
-#include "fleet.h"
-#include "report.h"
+#include "cli/commands.h"
+#include "cli/fleet.h"
+#include "report/report.h"
 
 namespace trainwatch::cli {
 namespace {

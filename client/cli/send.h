@@ -10,8 +10,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "commands.h"
-#include "steplog.h"
+#include "cli/commands.h"
+#include "steplog/steplog.h"
 #include "trainwatch/client.h"
 
 namespace trainwatch::cli {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "trainwatch/step_fields.h"
+
 namespace trainwatch::internal {
 namespace {
 
@@ -66,9 +68,7 @@ void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out) {
     // into a NaN coefficient, which scales nothing down.
     out->set_clipped(norm > max_norm);
   }
-  if (step.clip_coef) {
-    out->set_clip_coef(*step.clip_coef);
-  } else if (max_norm > 0) {
+  if (!step.clip_coef && max_norm > 0) {
     if (std::isfinite(norm)) {
       out->set_clip_coef(std::min(1.0, max_norm / (norm + kClipEpsilon)));
     } else if (norm > 0) {
@@ -76,17 +76,14 @@ void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out) {
     }  // NaN: no meaningful coefficient, leave it absent.
   }
 
-  if (step.loss_scale) out->set_loss_scale(*step.loss_scale);
+  // clip_coef is set above when derived; a reported one is set again here.
+#define TW_SET(name) \
+  if (step.name) out->set_##name(*step.name);
+  TRAINWATCH_STEP_OPTIONAL_DOUBLES(TW_SET)
+#undef TW_SET
   out->set_skipped(step.skipped);
-  if (step.max_attn_logit) out->set_max_attn_logit(*step.max_attn_logit);
-  if (step.log_z) out->set_log_z(*step.log_z);
-  if (step.loss) out->set_loss(*step.loss);
-  if (step.lr) out->set_lr(*step.lr);
   out->set_time_unix_nanos(step.time_unix_nanos);
   out->mutable_batch_ids()->Add(step.batch_ids.begin(), step.batch_ids.end());
-  if (step.shard_sq_sum) out->set_shard_sq_sum(*step.shard_sq_sum);
-  if (step.step_time_s) out->set_step_time_s(*step.step_time_s);
-  if (step.data_wait_s) out->set_data_wait_s(*step.data_wait_s);
   for (const auto& [layer, stat] : step.layer_stats) {
     v1::LayerStats& proto = (*out->mutable_layer_stats())[layer];
     proto.set_grad_norm(stat.grad_norm);

@@ -277,6 +277,7 @@ HealthSnapshot RunPipeline::Snapshot() const {
   HealthSnapshot snap;
   // W, so that `trainwatchctl health` can say how far the baseline is.
   snap.window.set_window_size(config_.window_steps);
+  snap.window.set_clip_fraction_threshold(config_.clip_fraction.threshold);
   if (health_ == nullptr) return snap;
   const RunHealth& h = *health_;
   const RunWindow& w = h.window();

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "health/select.h"
+#include "trainwatch/v1/quantile.h"
 
 namespace trainwatch {
 
@@ -39,14 +40,7 @@ double* UpperBound(double* first, double* last, double v) {
   return BranchFreeBound(first, static_cast<size_t>(last - first),
                          [v](double x) { return !(v < x); });
 }
-// The index of the nearest-rank q-quantile among n > 0 sorted values: the
-// smallest value with at least q of the values at or below it.
-size_t NearestRank(double q, size_t n) {
-  const double clamped = q < 0 ? 0 : (q > 1 ? 1 : q);
-  const size_t rank =
-      static_cast<size_t>(std::ceil(clamped * static_cast<double>(n)));
-  return rank == 0 ? 0 : rank - 1;
-}
+using v1::NearestRank;  // the one definition, shared with the report
 
 }  // namespace
 

@@ -24,8 +24,8 @@
 #include "google/protobuf/util/field_comparator.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "json_out.h"
-#include "steplog.h"
+#include "output/json_out.h"
+#include "steplog/steplog.h"
 
 namespace trainwatch::cli {
 namespace {

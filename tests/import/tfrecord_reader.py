@@ -1,7 +1,7 @@
 """An independent reader of TensorBoard event files, for checking
 trainwatchctl import: TFRecord framing with both masked CRC32C checks, and
 the Event / Summary / TensorProto wire format decoded by hand. Shares no code
-with the C++ reader (client/cli/import_tensorboard.cc). Standard library
+with the C++ reader (client/import/import_tensorboard.cc). Standard library
 only."""
 
 import struct

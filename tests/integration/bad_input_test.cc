@@ -32,9 +32,12 @@
 #include "gtest/gtest.h"
 #include "harness.h"
 #include "trainwatch/v1/trainwatch.grpc.pb.h"
+#include "eventually.h"
 
 namespace trainwatch::testing {
 namespace {
+
+using ::trainwatch::testing::Eventually;
 
 using ::testing::HasSubstr;
 using json = nlohmann::json;
@@ -45,17 +48,6 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // Short keepalive, so that the dead-peer cases end in seconds.
 const std::vector<std::string> kKeepaliveArgs = {"--keepalive-time", "1",
                                                  "--keepalive-timeout", "1"};
-
-// Polls `condition` until it holds or a generous deadline passes.
-bool WaitFor(const std::function<bool()>& condition,
-             std::chrono::seconds deadline = std::chrono::seconds(60)) {
-  const Clock::time_point end = Clock::now() + deadline;
-  while (!condition()) {
-    if (Clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
 
 // A Report stream driven with the generated stub. A reader thread takes the
 // acks as they come (as the real client does), so keepalive pings are
@@ -673,7 +665,7 @@ TEST_F(BadInputFewRuns, MoreActiveRunsThanTheLimitAreRefusedUntilOneFinishes) {
   // Once a run finishes, its place is free.
   EXPECT_TRUE(
       SendOnNewStream({Start("second"), Event(1, 1, v1::RUN_FINISHED)}).ok());
-  EXPECT_TRUE(WaitFor(
+  EXPECT_TRUE(Eventually(
       [&] { return MetricValue(Metrics(), "trainwatch_runs_active") == 1; }));
   EXPECT_TRUE(SendOnNewStream({Start("third"), Batch(1, {0})}).ok());
   EXPECT_EQ(StoredSteps("third").size(), 1u);
@@ -690,7 +682,7 @@ TEST_F(BadInput, IdleLiveStreamIsKeptOpen) {
   s.Send(Start("idle"));
   s.Send(Batch(1, Range(0, 5)));
   ASSERT_TRUE(s.WaitAck(1));
-  ASSERT_TRUE(WaitFor([&] { return StreamsActive() == 2; })) << StreamsActive();
+  ASSERT_TRUE(Eventually([&] { return StreamsActive() == 2; })) << StreamsActive();
   // Quiet for several keepalive periods (1 s each): pings flow and are
   // answered.
   std::this_thread::sleep_for(std::chrono::seconds(5));
@@ -768,13 +760,13 @@ TEST_F(BadInput, StoppedTrainerIsDroppedByKeepaliveAndResendsLater) {
   trainer.Write(R"({"run_start": {"run_id": "stopped", "precision": "BF16"}})"
                 "\n");
   trainer.Write(StepLines(0, 100));
-  ASSERT_TRUE(WaitFor([&] { return StoredSteps("stopped").size() == 100; }));
-  ASSERT_TRUE(WaitFor([&] { return StreamsActive() == 2; })) << StreamsActive();
+  ASSERT_TRUE(Eventually([&] { return StoredSteps("stopped").size() == 100; }));
+  ASSERT_TRUE(Eventually([&] { return StreamsActive() == 2; })) << StreamsActive();
   std::this_thread::sleep_for(
       std::chrono::seconds(4));  // idle, answering pings
   ASSERT_EQ(StreamsActive(), 2);
   kill(trainer.pid(), SIGSTOP);
-  EXPECT_TRUE(WaitFor([&] { return StreamsActive() == 1; }))
+  EXPECT_TRUE(Eventually([&] { return StreamsActive() == 1; }))
       << "the stopped trainer's stream is still open: " << StreamsActive();
   kill(trainer.pid(), SIGCONT);
   trainer.Write(StepLines(100, 100));
@@ -814,9 +806,9 @@ TEST_F(BadInput, SilentHttp2ConnectionIsDropped) {
   out += block;
   ASSERT_EQ(write(fd, out.data(), out.size()),
             static_cast<ssize_t>(out.size()));
-  EXPECT_TRUE(WaitFor([&] { return StreamsActive() == 2; })) << StreamsActive();
+  EXPECT_TRUE(Eventually([&] { return StreamsActive() == 2; })) << StreamsActive();
   // Read (never answer) until the server closes the connection.
-  bool closed = WaitFor([&] {
+  bool closed = Eventually([&] {
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, 0) <= 0) return false;
     char buf[4096];
@@ -825,7 +817,7 @@ TEST_F(BadInput, SilentHttp2ConnectionIsDropped) {
   });
   close(fd);
   EXPECT_TRUE(closed) << "the server kept a silent connection open";
-  EXPECT_TRUE(WaitFor([&] { return StreamsActive() == 1; })) << StreamsActive();
+  EXPECT_TRUE(Eventually([&] { return StreamsActive() == 1; })) << StreamsActive();
 }
 
 // ---- NaN and Inf in every float --------------------------------------------

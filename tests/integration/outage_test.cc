@@ -25,9 +25,12 @@
 #include "harness.h"
 #include "stored_data.h"
 #include "trainwatch/client.h"
+#include "eventually.h"
 
 namespace trainwatch::testing {
 namespace {
+
+using ::trainwatch::testing::Eventually;
 
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
@@ -105,17 +108,6 @@ class StderrCapture {
   int saved_ = -1;
 };
 
-// Waits for `done` with a generous deadline; false if it never held.
-template <typename F>
-bool PollUntil(F done, std::chrono::seconds deadline = std::chrono::seconds(30)) {
-  const Clock::time_point end = Clock::now() + deadline;
-  while (!done()) {
-    if (Clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
-
 // The stored records of (run, rank 0) are exactly steps [0, n), once each,
 // with the grad_norm the trainer recorded.
 void ExpectStoredExactly(const std::string& db, const std::string& run, uint64_t n) {
@@ -165,7 +157,7 @@ TEST_P(OutageTest, ClientBuffersThroughTheOutageAndDeliversEveryStepOnce) {
       std::this_thread::sleep_until(t0 + std::chrono::microseconds(100 * step));
     }
     if (step == kStopAt) {
-      ASSERT_TRUE(PollUntil([&] { return (*client)->Stats().acked >= 2000; }));
+      ASSERT_TRUE(Eventually([&] { return (*client)->Stats().acked >= 2000; }));
       if (sigkill) {
         server->Kill();
       } else {
@@ -227,7 +219,7 @@ TEST(OutageDropTest, PastCapacityDropsAreCountedExactlyLoggedAndExported) {
   server->Kill();
   // Once the client has noticed, nothing is in flight: the next kCapacity
   // steps fill the buffer and every later one drops.
-  ASSERT_TRUE(PollUntil([&] { return (*client)->Stats().reconnects > reconnects; }));
+  ASSERT_TRUE(Eventually([&] { return (*client)->Stats().reconnects > reconnects; }));
 
   StderrCapture log(dir.File("client.log"));
   RecordTimer during_outage;
@@ -263,7 +255,7 @@ TEST(OutageDropTest, PastCapacityDropsAreCountedExactlyLoggedAndExported) {
   // The count reached the server with the first batch after the outage.
   const std::string series = "trainwatch_client_dropped_steps_total{run=\"" + run + "\"}";
   double exported = std::nan("");
-  EXPECT_TRUE(PollUntil([&] {
+  EXPECT_TRUE(Eventually([&] {
     exported = MetricValue(HttpGet(server->metrics_url()), series);
     return exported == static_cast<double>(kDropped);
   })) << series << " is " << exported;

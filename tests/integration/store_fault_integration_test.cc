@@ -25,26 +25,18 @@
 #include "harness.h"
 #include "stored_data.h"
 #include "trainwatch/client.h"
+#include "eventually.h"
 
 namespace trainwatch::testing {
 namespace {
+
+using ::trainwatch::testing::Eventually;
 
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point from) {
   return std::chrono::duration<double>(Clock::now() - from).count();
-}
-
-// Polls `cond` every 20 ms until it holds or a generous deadline passes.
-template <typename F>
-bool Eventually(F cond, std::chrono::seconds limit = std::chrono::seconds(120)) {
-  Clock::time_point deadline = Clock::now() + limit;
-  while (!cond()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
 }
 
 std::string ReadFile(const std::string& path) {

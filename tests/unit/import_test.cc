@@ -14,9 +14,9 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
-#include "import_files.h"
-#include "import_log.h"
-#include "import_tensorboard.h"
+#include "import/import_files.h"
+#include "import/import_log.h"
+#include "import/import_tensorboard.h"
 
 namespace trainwatch::cli {
 namespace {

@@ -15,8 +15,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "health_test_util.h"
-#include "import_files.h"
-#include "import_log.h"
+#include "import/import_files.h"
+#include "import/import_log.h"
 
 namespace trainwatch {
 namespace {

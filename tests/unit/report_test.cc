@@ -1,12 +1,17 @@
-// Tests of the HTML report (client/cli/report.cc): the verdict's words, that
-// the page is self-contained, and that a 1M-step run is downsampled without
-// losing its spike. The page drawn in a real browser: tests/import.
+// Tests of the HTML report (client/report/report.cc): the verdict's words,
+// that the page is self-contained, that a 1M-step run is downsampled without
+// losing its spike, and that it charts the server's figures (its window
+// quantile, its W, its threshold). The page drawn in a real browser:
+// tests/import.
 #include <regex>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "report.h"
+#include "health/window.h"
+#include "report/report.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -93,6 +98,44 @@ TEST(RenderReport, MillionStepsKeepTheSpikeInFewColumns) {
   // Two thousand columns, not a million points: a few hundred KiB.
   EXPECT_LT(html.size(), 1'500'000u);
   EXPECT_THAT(html, HasSubstr("\"points\":1000000"));
+}
+
+// The data the page draws from: the JSON in <script id="tw-data">.
+nlohmann::json ReportData(const std::string& html) {
+  const std::string open = "id=\"tw-data\">";
+  const size_t at = html.find(open);
+  if (at == std::string::npos) return nullptr;
+  const size_t begin = at + open.size();
+  return nlohmann::json::parse(html.substr(begin, html.find("</script>", begin) - begin));
+}
+
+TEST(RenderReport, ChartsTheServersWindowQuantileWindowAndThreshold) {
+  // Distinct norms, so that two definitions of a quantile disagree.
+  ReportInput in = MakeRun(1500, 0);
+  for (v1::StepRecord& r : in.records) {
+    r.set_grad_norm(1.0 + static_cast<double>((r.step() * 7919) % 1500) * 1e-3);
+  }
+  in.window = 1000;  // overridden by what the server says:
+  in.health.mutable_window()->set_window_size(400);
+  in.health.mutable_window()->set_clip_fraction_threshold(0.1);
+  const std::string html = RenderReport(in);
+  const nlohmann::json data = ReportData(html);
+  ASSERT_TRUE(data.is_object()) << "no tw-data";
+  std::optional<double> last_p50, last_p90;
+  for (const auto& chart : data["charts"]) {
+    if (chart["id"] != "grad_norm") continue;
+    for (const auto& line : chart["lines"]) {
+      if (line["name"] == "p50 over W") last_p50 = line["y"].back().get<double>();
+      if (line["name"] == "p90 over W") last_p90 = line["y"].back().get<double>();
+    }
+  }
+  ASSERT_TRUE(last_p50.has_value() && last_p90.has_value());
+  // The server's window over the same records, at the same W.
+  ValueWindow server(400);
+  for (const v1::StepRecord& r : in.records) server.Push(r.step(), r.grad_norm());
+  EXPECT_EQ(*last_p50, *server.Quantile(0.5));
+  EXPECT_EQ(*last_p90, *server.Quantile(0.9));
+  EXPECT_THAT(html, HasSubstr("10% (ClipFractionHigh)"));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Tests of trainwatchctl's JSONL step-log reader and JSON writer.
-#include "steplog.h"
+#include "steplog/steplog.h"
 
 #include <cmath>
 #include <limits>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "json_out.h"
+#include "output/json_out.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -261,7 +261,7 @@ TEST(WriteStep, PrintsNumbersBareAndNonFiniteAsStrings) {
   JsonWriter w(&out);
   WriteStep(w, record, /*rank=*/2, /*attempt=*/1);
   EXPECT_EQ(out, R"({"rank":2,"attempt":1,"step":12,"grad_norm":"Infinity",)"
-                 R"("loss_scale":32768,"skipped":true,"loss":"NaN",)"
+                 R"("skipped":true,"loss_scale":32768,"loss":"NaN",)"
                  R"("time_unix_nanos":0,"batch_ids":[24,25]})");
 }
 

@@ -21,9 +21,12 @@
 #include "store/sqlite.h"
 #include "store/store.h"
 #include "test_records.h"
+#include "eventually.h"
 
 namespace trainwatch {
 namespace {
+
+using ::trainwatch::testing::Eventually;
 
 using std::chrono::milliseconds;
 using testing::Start;
@@ -190,17 +193,6 @@ std::future<WriteResult> Submit(Store& store, WriteOp op) {
 
 bool Ready(const std::future<WriteResult>& f) {
   return f.wait_for(milliseconds(0)) == std::future_status::ready;
-}
-
-// Polls `cond` until it holds or a generous deadline passes.
-template <typename F>
-bool Eventually(F cond) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(2));
-  }
-  return true;
 }
 
 // Every StoreFault the store reported, in order.

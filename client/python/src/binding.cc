@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "absl/status/status.h"
 #include "trainwatch/client.h"
 #include "trainwatch/restart_plan.h"
+#include "trainwatch/step_fields.h"
 
 namespace py = pybind11;
 
@@ -392,6 +394,17 @@ PYBIND11_MODULE(_trainwatch, m) {
   m.attr("RECORDED") = trainwatch::kRecorded;
   m.attr("DROPPED") = trainwatch::kDropped;
   m.attr("DEFERRED") = trainwatch::kDeferred;
+  // The step record's optional floats (step_fields.h), which record() must
+  // take: the Python layer checks its own field list against them at import.
+#define TW_NAME(name) #name,
+  static constexpr const char* kOptionalDoubles[] = {
+      TRAINWATCH_STEP_OPTIONAL_DOUBLES(TW_NAME)};
+#undef TW_NAME
+  py::tuple optional_doubles(std::size(kOptionalDoubles));
+  for (size_t i = 0; i < std::size(kOptionalDoubles); ++i) {
+    optional_doubles[i] = py::str(kOptionalDoubles[i]);
+  }
+  m.attr("STEP_OPTIONAL_DOUBLES") = optional_doubles;
 
   m.def("restart_plan", &trainwatch::FetchPlan, py::arg("address"),
         py::arg("run"), py::arg("auth_token"), py::arg("tls"),

@@ -48,6 +48,12 @@ EVENT_KINDS = {"checkpoint_saved": 1, "run_finished": 2, "run_failed": 3}
 _FIELDS = ("grad_norm", "loss", "loss_scale", "skipped", "clipped", "clip_coef",
            "max_attn_logit", "log_z", "lr", "step_time_s", "data_wait_s",
            "batch_ids", "shard_sq_sum", "layer_stats")
+# The step record's optional floats, from the C++ field table
+# (step_fields.h): a field added there and not here is caught at import.
+_missing = set(_trainwatch.STEP_OPTIONAL_DOUBLES) - set(_FIELDS)
+if _missing:
+    raise ImportError(f"trainwatch: record() does not take {sorted(_missing)}, "
+                      "which the C++ client's field table has")
 _BOOL_FIELDS = frozenset(("skipped", "clipped"))
 _BOOL_POSITIONS = frozenset(_FIELDS.index(f) for f in _BOOL_FIELDS)
 _LAST_SCALAR = _FIELDS.index("batch_ids")  # fields before it are scalars

@@ -2,7 +2,7 @@
 """Writes the scenario suite: synthetic training runs as JSONL step logs.
 
 Each scenario is one run made with a fixed seed: healthy runs of several
-kinds, and runs with one failure each of DESIGN.md §4. The manifest
+kinds, and runs with one failure each of docs/detectors.md. The manifest
 (expected.json) lists, per scenario, its run id, its files as "replay"
 stages (a stage holds one file per rank, streamed together; a restarted job
 has one stage per attempt, streamed in order), the alerts it must raise with
@@ -56,7 +56,7 @@ import zlib
 
 BASE_TIME_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z
 STEP_TIME_NS = 400_000_000
-WINDOW = 1000  # DESIGN.md §4 default W
+WINDOW = 1000  # docs/detectors.md default W
 MANIFEST = "expected.json"
 
 

@@ -1,16 +1,14 @@
-// TrendForecaster, ScaleBleed and StepDigests (docs/detectors.md) on synthetic
-// signals with fixed seeds (LossSpikeRule: loss_spike_test.cc).
+// TrendForecaster (docs/detectors.md: the forecasts of AttentionLogitGrowth
+// and LogZDrift) on synthetic signals with fixed seeds.
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "health/scale_bleed.h"
-#include "health/step_digests.h"
 #include "health/trend_forecast.h"
 
 namespace trainwatch {
@@ -114,104 +112,6 @@ TEST(TrendForecaster, TheFitIsTheilSenExactly) {
   // The bracket does its job: most fits never look at most slopes twice.
   EXPECT_GT(bracketed, fits * 85 / 100) << bracketed << " of " << fits;
   EXPECT_LT(bracketed, fits) << "no fit selected among all the slopes";
-}
-
-TEST(ScaleBleed, ASlowBleedIsNamedAfterFiveHalvingsWithAForecast) {
-  ScaleBleed bleed;
-  double scale = 32768;
-  std::optional<uint64_t> named;
-  for (uint64_t s = 1; s <= 3000; ++s) {
-    if (s >= 1000 && (s - 1000) % 150 == 0) scale /= 2;
-    bleed.Add(s, scale);
-    if (!named && bleed.bleed(5, 1.0).has_value()) named = s;
-  }
-  ASSERT_TRUE(named.has_value());
-  EXPECT_EQ(*named, 1600u);  // halvings at 1000, 1150, ..., 1600
-  ScaleBleed again;
-  scale = 32768;
-  for (uint64_t s = 1; s <= 1600; ++s) {
-    if (s >= 1000 && (s - 1000) % 150 == 0) scale /= 2;
-    again.Add(s, scale);
-  }
-  auto b = again.bleed(5, 1.0);
-  ASSERT_TRUE(b.has_value());
-  EXPECT_DOUBLE_EQ(b->steps_per_halving, 150.0);
-  // 1024 after five halvings: ten more at 150 steps each.
-  ASSERT_TRUE(b->forecast_step.has_value());
-  EXPECT_EQ(*b->forecast_step, 1600u + 11 * 150);
-}
-
-TEST(ScaleBleed, TheHealthySawtoothIsNotABleed) {
-  ScaleBleed bleed;
-  double scale = 65536;
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  uint32_t clean = 0;
-  for (uint64_t s = 1; s <= 40000; ++s) {
-    // Overflows above 2^15; a stray overflow every ~10,000 steps.
-    const bool overflow = (scale > 32768 && u(rng) < 0.01) || u(rng) < 0.0001;
-    if (overflow) {
-      scale /= 2;
-      clean = 0;
-    } else if (++clean == 2000) {
-      scale *= 2;
-      clean = 0;
-    }
-    bleed.Add(s, scale, s > 10);
-    ASSERT_FALSE(bleed.bleed(5, 1.0).has_value()) << s;
-  }
-}
-
-struct Digest {
-  float norm = 0;
-  uint16_t ranks = 0;
-};
-
-TEST(StepDigests, JudgesEachStepOnceInStepOrderWithBoundedMemory) {
-  StepDigests<Digest> d(100000);
-  for (uint64_t s = 1; s <= 100000; ++s) {
-    Digest* g = d.Get(0, s);
-    ASSERT_NE(g, nullptr);
-    g->norm = static_cast<float>(s);
-    ++g->ranks;
-  }
-  EXPECT_EQ(d.size(), 100000u);
-  for (uint64_t s = 1; s <= 100000; ++s) ++d.Get(0, s)->ranks;
-  std::vector<uint64_t> judged;
-  d.JudgeThrough(100000, [&](uint64_t step, const Digest& g) {
-    EXPECT_EQ(g.ranks, 2u);
-    EXPECT_EQ(g.norm, static_cast<float>(step));
-    judged.push_back(step);
-  });
-  ASSERT_EQ(judged.size(), 100000u);
-  EXPECT_TRUE(std::is_sorted(judged.begin(), judged.end()));
-  EXPECT_EQ(d.size(), 0u);
-  // A judged step is not taken again.
-  EXPECT_EQ(d.Get(0, 500), nullptr);
-  // Nothing is held beyond the lag bound.
-  StepDigests<Digest> small(10);
-  ASSERT_NE(small.Get(0, 1), nullptr);
-  EXPECT_EQ(small.Get(0, 11), nullptr);
-  EXPECT_NE(small.Get(0, 10), nullptr);
-  // A newer attempt starts afresh; an older one is ignored.
-  EXPECT_NE(small.Get(1, 50), nullptr);
-  EXPECT_EQ(small.Get(0, 51), nullptr);
-  EXPECT_EQ(small.size(), 1u);
-}
-
-// Found by ingest_fuzzer: a rank reporting step 2^64 - 1 (a client's -1),
-// then another rank step 0 (or any step far below): the distance back plus
-// the steps held wrapped past 2^64 and passed the lag check.
-TEST(StepDigests, AStepFarBelowAStepNearTheTopOfUint64IsDropped) {
-  constexpr uint64_t kTop = std::numeric_limits<uint64_t>::max();
-  StepDigests<Digest> d(64);
-  ASSERT_NE(d.Get(0, kTop - 1), nullptr);
-  ASSERT_NE(d.Get(0, kTop), nullptr);
-  EXPECT_EQ(d.size(), 2u);
-  EXPECT_EQ(d.Get(0, 0), nullptr);
-  EXPECT_EQ(d.Get(0, kTop - 100), nullptr);  // more than the lag back
-  EXPECT_NE(d.Get(0, kTop - 10), nullptr);   // within it: held
-  EXPECT_EQ(d.size(), 11u);  // kTop - 10 .. kTop
 }
 
 }  // namespace

@@ -6,8 +6,8 @@
 // with a simple_value, or a scalar float/double tensor (TF2 summaries). The
 // protos are read from the wire format with protobuf's CodedInputStream, so
 // no TensorFlow .proto is needed.
-#ifndef TRAINWATCH_CLIENT_CLI_IMPORT_TENSORBOARD_H_
-#define TRAINWATCH_CLIENT_CLI_IMPORT_TENSORBOARD_H_
+#ifndef TRAINWATCH_CLIENT_IMPORT_IMPORT_TENSORBOARD_H_
+#define TRAINWATCH_CLIENT_IMPORT_IMPORT_TENSORBOARD_H_
 
 #include <cstdint>
 #include <functional>
@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "import_log.h"
+#include "import/import_log.h"
 
 namespace trainwatch::cli {
 
@@ -49,4 +49,4 @@ bool LooksLikeTfRecord(absl::string_view bytes);
 
 }  // namespace trainwatch::cli
 
-#endif  // TRAINWATCH_CLIENT_CLI_IMPORT_TENSORBOARD_H_
+#endif  // TRAINWATCH_CLIENT_IMPORT_IMPORT_TENSORBOARD_H_

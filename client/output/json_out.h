@@ -3,8 +3,8 @@
 // Written by hand rather than with protobuf's MessageToJsonString because the
 // proto3 mapping prints 64-bit integers as strings ("step": "12") and drops
 // zero values, while scripts expect `"step": 12` and a fixed set of keys.
-#ifndef TRAINWATCH_CLIENT_CLI_JSON_OUT_H_
-#define TRAINWATCH_CLIENT_CLI_JSON_OUT_H_
+#ifndef TRAINWATCH_CLIENT_OUTPUT_JSON_OUT_H_
+#define TRAINWATCH_CLIENT_OUTPUT_JSON_OUT_H_
 
 #include <cstdint>
 #include <string>
@@ -94,4 +94,4 @@ void WriteHealth(JsonWriter& w, const v1::GetRunHealthResponse& health);
 
 }  // namespace trainwatch::cli
 
-#endif  // TRAINWATCH_CLIENT_CLI_JSON_OUT_H_
+#endif  // TRAINWATCH_CLIENT_OUTPUT_JSON_OUT_H_

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "import_files.h"
+#include "import/import_files.h"
 #include "nlohmann/json.hpp"
 
 namespace trainwatch::cli {

@@ -1,4 +1,4 @@
-// Detection v2 (docs/detectors.md) through RunHealth with the real detectors and
+// RunHealth (docs/detectors.md) with the real detectors and
 // alert tracker: level shifts named within tens of steps at their change
 // point, hysteresis, forecasts, the slow scale bleed, LossSpike, caused_by,
 // ranks compared whatever their arrival order, and the healthy shapes that
@@ -43,7 +43,7 @@ class Norms {
   std::uniform_real_distribution<double> u_{0.0, 1.0};
 };
 
-TEST(GradNormDriftV2, NamesASudden3xShiftWithinTensOfStepsAtItsChangePoint) {
+TEST(GradNormDrift, NamesASudden3xShiftWithinTensOfStepsAtItsChangePoint) {
   HealthHarness h(Bf16());
   Norms n(1);
   for (uint64_t s = 1; s <= 3000; ++s) {
@@ -57,7 +57,7 @@ TEST(GradNormDriftV2, NamesASudden3xShiftWithinTensOfStepsAtItsChangePoint) {
   EXPECT_THAT(fired[0].description, HasSubstr("since step"));
 }
 
-TEST(GradNormDriftV2, TheRiseAsTheLrDecaysToItsFloorIsNotDrift) {
+TEST(GradNormDrift, TheRiseAsTheLrDecaysToItsFloorIsNotDrift) {
   HealthHarness h(Bf16());
   Norms n(2);
   for (uint64_t s = 1; s <= 10000; ++s) {
@@ -71,7 +71,7 @@ TEST(GradNormDriftV2, TheRiseAsTheLrDecaysToItsFloorIsNotDrift) {
   EXPECT_THAT(h.FiredNames(), IsEmpty());
 }
 
-TEST(ClipFractionHighV2, NamesAJumpTo20PercentInTensOfStepsAndHoversAsOneAlert) {
+TEST(ClipFractionHigh, NamesAJumpTo20PercentInTensOfStepsAndHoversAsOneAlert) {
   HealthHarness h(Bf16());
   std::mt19937_64 rng(3);
   std::uniform_real_distribution<double> u(0.0, 1.0);
@@ -87,7 +87,7 @@ TEST(ClipFractionHighV2, NamesAJumpTo20PercentInTensOfStepsAndHoversAsOneAlert) 
   EXPECT_NEAR(static_cast<double>(fired[0].onset_step), 2000.0, 30.0);
 }
 
-TEST(AttentionLogitGrowthV2, ForecastsTheCapWellBeforeTheCrossing) {
+TEST(AttentionLogitGrowth, ForecastsTheCapWellBeforeTheCrossing) {
   HealthHarness h(Bf16());
   Norms n(4);
   std::optional<uint64_t> crossed;
@@ -108,7 +108,7 @@ TEST(AttentionLogitGrowthV2, ForecastsTheCapWellBeforeTheCrossing) {
   EXPECT_NEAR(t.max_attn_logit.trend()->slope, 0.008, 0.002);
 }
 
-TEST(LossSpikeV2, ABloomLikeSpikePagesOnceAndTheNormSpikeIsItsConsequence) {
+TEST(LossSpike, ABloomLikeSpikePagesOnceAndTheNormSpikeIsItsConsequence) {
   HealthHarness h(Bf16());
   Norms n(5);
   for (uint64_t s = 1; s <= 3000; ++s) {
@@ -138,7 +138,7 @@ TEST(LossSpikeV2, ABloomLikeSpikePagesOnceAndTheNormSpikeIsItsConsequence) {
   EXPECT_TRUE(listed);
 }
 
-TEST(LossSpikeV2, AnAbsorbedNormSpikeIsNotALossSpike) {
+TEST(LossSpike, AnAbsorbedNormSpikeIsNotALossSpike) {
   HealthHarness h(Bf16());
   Norms n(6);
   for (uint64_t s = 1; s <= 3000; ++s) {
@@ -149,7 +149,7 @@ TEST(LossSpikeV2, AnAbsorbedNormSpikeIsNotALossSpike) {
   EXPECT_THAT(h.FiredNames(), ::testing::ElementsAre("GradNormSpike"));
 }
 
-TEST(LossScaleCollapseV2, ASlowBleedIsNamedAtTheSixthHalvingWithItsForecastAndTheSawtoothIsNot) {
+TEST(LossScaleCollapse, ASlowBleedIsNamedAtTheSixthHalvingWithItsForecastAndTheSawtoothIsNot) {
   RunInfo info = Bf16();
   info.precision = v1::FP16;
   HealthHarness h(info);
@@ -191,7 +191,7 @@ TEST(LossScaleCollapseV2, ASlowBleedIsNamedAtTheSixthHalvingWithItsForecastAndTh
   EXPECT_THAT(saw.FiredNames(), IsEmpty());
 }
 
-TEST(CausedByV2, SkipsUnderACollapsingScaleAreItsConsequence) {
+TEST(CausedBy, SkipsUnderACollapsingScaleAreItsConsequence) {
   RunInfo info = Bf16();
   info.precision = v1::FP16;
   HealthHarness h(info);
@@ -211,7 +211,7 @@ TEST(CausedByV2, SkipsUnderACollapsingScaleAreItsConsequence) {
   EXPECT_EQ(skips[0].caused_by, "LossScaleCollapse");
 }
 
-TEST(AdamStaleSecondMomentV2, AdaptingAfterWarmupIsSilentAJumpAtASpikeIsItsConsequence) {
+TEST(AdamStaleSecondMoment, AdaptingAfterWarmupIsSilentAJumpAtASpikeIsItsConsequence) {
   HealthHarness h(Bf16(20));
   Norms n(10);
   for (uint64_t s = 1; s <= 400; ++s) {
@@ -233,7 +233,7 @@ TEST(AdamStaleSecondMomentV2, AdaptingAfterWarmupIsSilentAJumpAtASpikeIsItsConse
   EXPECT_EQ(stale[0].caused_by, "GradNormSpike");
 }
 
-TEST(RankNormMismatchV2, RanksArrivingFarApartAreComparedFromTheFirstStep) {
+TEST(RankNormMismatch, RanksArrivingFarApartAreComparedFromTheFirstStep) {
   RunInfo info = Bf16();
   info.world_size = 2;
   HealthHarness h(info);

@@ -1,4 +1,4 @@
-#include "import_log.h"
+#include "import/import_log.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,4 +1,4 @@
-#include "text_out.h"
+#include "output/text_out.h"
 
 #include <algorithm>
 #include <cmath>

@@ -10,7 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "import_files.h"
+#include "import/import_files.h"
 
 namespace trainwatch::cli {
 namespace {

@@ -1,4 +1,4 @@
-#include "import_files.h"
+#include "import/import_files.h"
 
 #include <cerrno>
 #include <cstring>
@@ -9,7 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "import_tensorboard.h"
+#include "import/import_tensorboard.h"
 
 namespace trainwatch::cli {
 

@@ -1,5 +1,4 @@
-#include "json_out.h"
-#include "trainwatch/v1/alert_names.h"
+#include "output/json_out.h"
 
 #include <charconv>
 #include <cmath>
@@ -7,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "trainwatch/step_fields.h"
+#include "trainwatch/v1/alert_names.h"
 
 namespace trainwatch::cli {
 
@@ -170,24 +171,17 @@ void WriteStep(JsonWriter& w, const v1::StepRecord& r, uint32_t rank,
     w.Key("clipped");
     w.Bool(r.clipped());
   }
-  OptionalDouble(w, "clip_coef", r.has_clip_coef(), r.clip_coef());
-  OptionalDouble(w, "loss_scale", r.has_loss_scale(), r.loss_scale());
   w.Key("skipped");
   w.Bool(r.skipped());
-  OptionalDouble(w, "max_attn_logit", r.has_max_attn_logit(),
-                 r.max_attn_logit());
-  OptionalDouble(w, "log_z", r.has_log_z(), r.log_z());
-  OptionalDouble(w, "loss", r.has_loss(), r.loss());
-  OptionalDouble(w, "lr", r.has_lr(), r.lr());
+#define TW_WRITE(name) OptionalDouble(w, #name, r.has_##name(), r.name());
+  TRAINWATCH_STEP_OPTIONAL_DOUBLES(TW_WRITE)
+#undef TW_WRITE
   w.Key("time_unix_nanos");
   w.Int(r.time_unix_nanos());
   if (!r.batch_ids().empty()) {
     w.Key("batch_ids");
     Int64Array(w, r.batch_ids());
   }
-  OptionalDouble(w, "shard_sq_sum", r.has_shard_sq_sum(), r.shard_sq_sum());
-  OptionalDouble(w, "step_time_s", r.has_step_time_s(), r.step_time_s());
-  OptionalDouble(w, "data_wait_s", r.has_data_wait_s(), r.data_wait_s());
   if (!r.layer_stats().empty()) {
     std::map<std::string, v1::LayerStats> sorted(r.layer_stats().begin(),
                                                  r.layer_stats().end());

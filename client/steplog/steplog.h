@@ -7,8 +7,8 @@
 //
 // Field names and values follow the proto3 JSON mapping of trainwatch.v1, so
 // non-finite floats are the strings "NaN", "Infinity" and "-Infinity".
-#ifndef TRAINWATCH_CLIENT_CLI_STEPLOG_H_
-#define TRAINWATCH_CLIENT_CLI_STEPLOG_H_
+#ifndef TRAINWATCH_CLIENT_STEPLOG_STEPLOG_H_
+#define TRAINWATCH_CLIENT_STEPLOG_STEPLOG_H_
 
 #include <cstdint>
 #include <istream>
@@ -70,4 +70,4 @@ absl::StatusOr<EventKind> ToClientEventKind(v1::EventKind kind);
 
 }  // namespace trainwatch::cli
 
-#endif  // TRAINWATCH_CLIENT_CLI_STEPLOG_H_
+#endif  // TRAINWATCH_CLIENT_STEPLOG_STEPLOG_H_

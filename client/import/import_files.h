@@ -1,14 +1,14 @@
 // The log formats `trainwatchctl import` reads, and how a file's format is
 // recognised (docs/import-and-report.md).
-#ifndef TRAINWATCH_CLIENT_CLI_IMPORT_FILES_H_
-#define TRAINWATCH_CLIENT_CLI_IMPORT_FILES_H_
+#ifndef TRAINWATCH_CLIENT_IMPORT_IMPORT_FILES_H_
+#define TRAINWATCH_CLIENT_IMPORT_IMPORT_FILES_H_
 
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "import_log.h"
+#include "import/import_log.h"
 
 namespace trainwatch::cli {
 
@@ -47,4 +47,4 @@ absl::Status ParseCsvLog(absl::string_view text, absl::string_view name,
 
 }  // namespace trainwatch::cli
 
-#endif  // TRAINWATCH_CLIENT_CLI_IMPORT_FILES_H_
+#endif  // TRAINWATCH_CLIENT_IMPORT_IMPORT_FILES_H_

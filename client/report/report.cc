@@ -1,5 +1,4 @@
-#include "report.h"
-#include "trainwatch/v1/alert_names.h"
+#include "report/report.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,8 +11,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "json_out.h"
-#include "text_out.h"
+#include "output/json_out.h"
+#include "output/text_out.h"
+#include "trainwatch/v1/alert_names.h"
+#include "trainwatch/v1/quantile.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -288,6 +289,10 @@ std::vector<Chart> BuildCharts(const ReportInput& in,
   }
 
   std::vector<Chart> charts;
+  // The server's W when it says, else the input's.
+  const size_t w = in.health.window().window_size() > 0
+                       ? in.health.window().window_size()
+                       : in.window;
   // Pre-clip norm: min/max columns, rolling p50/p90/p99 over the last W
   // post-warmup records (as the server's window), the threshold and the
   // recommended one.
@@ -297,7 +302,7 @@ std::vector<Chart> BuildCharts(const ReportInput& in,
     std::vector<double> window;
     for (size_t end : ds.ColumnEnds(post_norm)) {
       window.clear();
-      const size_t begin = end + 1 > in.window ? end + 1 - in.window : 0;
+      const size_t begin = end + 1 > w ? end + 1 - w : 0;
       for (size_t i = begin; i <= end; ++i) {
         if (std::isfinite(post_norm[i].value)) {
           window.push_back(post_norm[i].value);
@@ -305,10 +310,9 @@ std::vector<Chart> BuildCharts(const ReportInput& in,
       }
       if (window.empty()) continue;
       std::sort(window.begin(), window.end());
-      auto q = [&](double f) {
-        return window[std::min(window.size() - 1,
-                               static_cast<size_t>(f * window.size()))];
-      };
+      // The server's definition (trainwatch_grad_norm_window): the same
+      // records give the same p50.
+      auto q = [&](double f) { return window[v1::NearestRank(f, window.size())]; };
       for (auto [line, f] : {std::pair{&p50, 0.5}, std::pair{&p90, 0.9},
                              std::pair{&p99, 0.99}}) {
         line->x.push_back(post_norm[end].step);
@@ -340,7 +344,7 @@ std::vector<Chart> BuildCharts(const ReportInput& in,
       prefix[i + 1] = prefix[i] + post_clipped[i];
     }
     for (size_t end : ds.ColumnEnds(post_norm)) {
-      const size_t begin = end + 1 > in.window ? end + 1 - in.window : 0;
+      const size_t begin = end + 1 > w ? end + 1 - w : 0;
       frac.x.push_back(post_norm[end].step);
       frac.y.push_back(static_cast<double>(prefix[end + 1] - prefix[begin]) /
                        (end + 1 - begin));
@@ -350,7 +354,12 @@ std::vector<Chart> BuildCharts(const ReportInput& in,
       cf.note = "no clip threshold (max_norm) was given for this run";
     }
     cf.lines.push_back(std::move(frac));
-    cf.hlines.push_back({"5% (ClipFractionHigh)", 0.05});
+    // The server's configured threshold (5% unless configured otherwise).
+    const double limit = in.health.window().clip_fraction_threshold() > 0
+                             ? in.health.window().clip_fraction_threshold()
+                             : 0.05;
+    cf.hlines.push_back(
+        {absl::StrCat(Num(100 * limit), "% (ClipFractionHigh)"), limit});
   }
   charts.push_back(std::move(cf));
 

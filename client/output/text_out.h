@@ -1,6 +1,6 @@
 // Human-readable output of trainwatchctl: aligned tables and short numbers.
-#ifndef TRAINWATCH_CLIENT_CLI_TEXT_OUT_H_
-#define TRAINWATCH_CLIENT_CLI_TEXT_OUT_H_
+#ifndef TRAINWATCH_CLIENT_OUTPUT_TEXT_OUT_H_
+#define TRAINWATCH_CLIENT_OUTPUT_TEXT_OUT_H_
 
 #include <cstdint>
 #include <string>
@@ -44,4 +44,4 @@ std::string StepTableRow(const v1::StepRecord& record, uint32_t rank,
 
 }  // namespace trainwatch::cli
 
-#endif  // TRAINWATCH_CLIENT_CLI_TEXT_OUT_H_
+#endif  // TRAINWATCH_CLIENT_OUTPUT_TEXT_OUT_H_

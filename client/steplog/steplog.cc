@@ -1,4 +1,4 @@
-#include "steplog.h"
+#include "steplog/steplog.h"
 
 #include <algorithm>
 #include <utility>
@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "trainwatch/step_fields.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -142,20 +143,13 @@ Step ToClientStep(const v1::StepRecord& record) {
   step.step = record.step();
   step.grad_norm = record.grad_norm();
   if (record.has_clipped()) step.clipped = record.clipped();
-  if (record.has_clip_coef()) step.clip_coef = record.clip_coef();
-  if (record.has_loss_scale()) step.loss_scale = record.loss_scale();
+#define TW_GET(name) \
+  if (record.has_##name()) step.name = record.name();
+  TRAINWATCH_STEP_OPTIONAL_DOUBLES(TW_GET)
+#undef TW_GET
   step.skipped = record.skipped();
-  if (record.has_max_attn_logit()) {
-    step.max_attn_logit = record.max_attn_logit();
-  }
-  if (record.has_log_z()) step.log_z = record.log_z();
-  if (record.has_loss()) step.loss = record.loss();
-  if (record.has_lr()) step.lr = record.lr();
   step.time_unix_nanos = record.time_unix_nanos();
   step.batch_ids.assign(record.batch_ids().begin(), record.batch_ids().end());
-  if (record.has_shard_sq_sum()) step.shard_sq_sum = record.shard_sq_sum();
-  if (record.has_step_time_s()) step.step_time_s = record.step_time_s();
-  if (record.has_data_wait_s()) step.data_wait_s = record.data_wait_s();
   for (const auto& [name, stats] : record.layer_stats()) {
     step.layer_stats[name] =
         LayerStat{.grad_norm = stats.grad_norm(),

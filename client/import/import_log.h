@@ -6,8 +6,8 @@
 // that TensorBoard tags, CSV headers and stdout keys use to those fields.
 // PlanImport then turns a LoggedRun into the RunStart and StepRecords to
 // replay, inferring what the log does not say, and says what it inferred.
-#ifndef TRAINWATCH_CLIENT_CLI_IMPORT_LOG_H_
-#define TRAINWATCH_CLIENT_CLI_IMPORT_LOG_H_
+#ifndef TRAINWATCH_CLIENT_IMPORT_IMPORT_LOG_H_
+#define TRAINWATCH_CLIENT_IMPORT_IMPORT_LOG_H_
 
 #include <cstdint>
 #include <map>
@@ -125,4 +125,4 @@ std::optional<double> ParseLogNumber(absl::string_view text);
 
 }  // namespace trainwatch::cli
 
-#endif  // TRAINWATCH_CLIENT_CLI_IMPORT_LOG_H_
+#endif  // TRAINWATCH_CLIENT_IMPORT_IMPORT_LOG_H_

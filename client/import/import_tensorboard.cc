@@ -1,4 +1,4 @@
-#include "import_tensorboard.h"
+#include "import/import_tensorboard.h"
 
 #include <array>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
-#include "import_files.h"
+#include "import/import_files.h"
 
 namespace trainwatch::cli {
 namespace {

@@ -8,8 +8,8 @@
 // no network. Series are downsampled to at most kReportColumns columns of
 // min/max, so a spike stays visible in a 1M-step run and the file stays
 // small.
-#ifndef TRAINWATCH_CLIENT_CLI_REPORT_H_
-#define TRAINWATCH_CLIENT_CLI_REPORT_H_
+#ifndef TRAINWATCH_CLIENT_REPORT_REPORT_H_
+#define TRAINWATCH_CLIENT_REPORT_REPORT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -37,8 +37,8 @@ struct ReportInput {
   v1::GetRunHealthResponse health;
   std::vector<v1::Alert> alerts;  // every alert of the run, any state
   std::vector<v1::StepRecord> records;
-  // Rolling window of the p50/p90/p99 and clip-fraction curves (the
-  // server's W).
+  // Rolling window of the p50/p90/p99 and clip-fraction curves when the
+  // health does not say (health.window().window_size(), the server's W).
   size_t window = 1000;
   // Hook for later sections (goodput, stragglers): rendered in order.
   std::vector<ReportSection> extra_sections;
@@ -60,4 +60,4 @@ extern const char kReportJS[];
 
 }  // namespace trainwatch::cli
 
-#endif  // TRAINWATCH_CLIENT_CLI_REPORT_H_
+#endif  // TRAINWATCH_CLIENT_REPORT_REPORT_H_
