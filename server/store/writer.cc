@@ -1,17 +1,13 @@
 #include "store/writer.h"
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-
 #include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "store/step_codec.h"
 
 namespace trainwatch {
 namespace {
-
-constexpr uint32_t kRecordsTag = (2 << 3) | 2;  // StepBatch.records, length-delimited
 
 // Steps live in SQLite's signed 64-bit integers; larger ones are clamped on
 // the way in (no real run gets near 2^63 steps).
@@ -24,25 +20,6 @@ int64_t ToDb(uint64_t step) {
 std::string PackIds(const google::protobuf::RepeatedField<int64_t>& ids) {
   std::string out(ids.size() * sizeof(int64_t), '\0');
   if (!ids.empty()) std::memcpy(out.data(), ids.data(), out.size());
-  return out;
-}
-
-// Encodes records[i] for each i of `picked` as a serialized StepBatch (field
-// `records` only) without copying them into a StepBatch first.
-std::string EncodeRecords(
-    const google::protobuf::RepeatedPtrField<v1::StepRecord>& records,
-    const std::vector<size_t>& picked) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    for (size_t i : picked) {
-      const v1::StepRecord& r = records[i];
-      coded.WriteTag(kRecordsTag);
-      coded.WriteVarint32(static_cast<uint32_t>(r.ByteSizeLong()));
-      r.SerializeWithCachedSizes(&coded);
-    }
-  }
   return out;
 }
 
@@ -263,7 +240,7 @@ absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
       .Bind(3, int64_t{op.key.attempt}).Bind(4, first)
       .Bind(5, *st.last_step)
       .Bind(6, static_cast<int64_t>(picked_.size()))
-      .BindBlob(7, EncodeRecords(op.records, picked_));
+      .BindBlob(7, EncodeStepChunk(op.records, picked_));
   if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
   result.stored = picked_.size();
   RunProgress& p = progress_[st.run_key];

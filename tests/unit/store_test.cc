@@ -3,11 +3,13 @@
 
 #include <sqlite3.h>
 
+#include <bit>
 #include <cstdio>
 #include <future>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "store/step_codec.h"
 #include "test_records.h"
 
 namespace trainwatch {
@@ -363,8 +365,120 @@ TEST(StoreFileTest, AVersion5DatabaseIsMigratedWithItsRecords) {
                                   }).ok());
   EXPECT_EQ(read, 3000u);
   store->reset();
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "6");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "7");
   EXPECT_EQ(Sql(path, "SELECT count(rowid) FROM step_chunks"), "1");
+}
+
+// Rewrites every chunk of the file as the store wrote it before the columnar
+// format: a serialized StepBatch of the records (what writer.cc encoded).
+void RewriteChunksInTheOldFormat(const std::string& path) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* select = nullptr;
+  sqlite3_stmt* update = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT rowid, records FROM step_chunks", -1,
+                               &select, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_prepare_v2(db, "UPDATE step_chunks SET records = ?2 WHERE rowid = ?1",
+                               -1, &update, nullptr), SQLITE_OK);
+  std::vector<std::pair<int64_t, std::string>> old;
+  while (sqlite3_step(select) == SQLITE_ROW) {
+    std::string_view blob(static_cast<const char*>(sqlite3_column_blob(select, 1)),
+                          static_cast<size_t>(sqlite3_column_bytes(select, 1)));
+    v1::StepBatch batch;
+    ASSERT_TRUE(DecodeStepChunk(blob, batch.mutable_records()).ok());
+    old.emplace_back(sqlite3_column_int64(select, 0), batch.SerializeAsString());
+  }
+  for (const auto& [rowid, blob] : old) {
+    sqlite3_bind_int64(update, 1, rowid);
+    sqlite3_bind_blob(update, 2, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+    ASSERT_EQ(sqlite3_step(update), SQLITE_DONE);
+    sqlite3_reset(update);
+  }
+  sqlite3_finalize(select);
+  sqlite3_finalize(update);
+  sqlite3_close(db);
+}
+
+// Records whose doubles include what a lossy path would lose.
+StepRecords OddRecords(uint64_t from, uint64_t to) {
+  StepRecords recs = Steps(from, to);
+  for (v1::StepRecord& r : recs) {
+    r.set_loss(std::bit_cast<double>(uint64_t{0x7ff8000000000000} | r.step()));
+    r.set_lr(r.step() % 2 ? -0.0 : 3e-4 / static_cast<double>(r.step() + 1));
+    if (r.step() % 100 == 0) (*r.mutable_layer_stats())["l0"].set_grad_norm(1.5);
+  }
+  return recs;
+}
+
+// Version 6 stored each chunk as a serialized StepBatch. Version 7 keeps
+// those chunks as they are, reads them back bit for bit beside the columnar
+// ones it writes, and an older server is told the file is newer.
+TEST(StoreFileTest, AVersion6DatabaseKeepsItsChunksAndReadsThemBack) {
+  const std::string path = ::testing::TempDir() + "/store_v6.db";
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::remove((path + suffix).c_str());
+  }
+  auto write = [&](uint64_t from, uint64_t to) {
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+    ASSERT_TRUE(store.ok()) << store.status();
+    std::promise<WriteResult> started, wrote;
+    (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0},
+                      .start = Start("r1"),
+                      .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
+    ASSERT_TRUE(started.get_future().get().status.ok());
+    (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                      .records = OddRecords(from, to),
+                      .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
+    EXPECT_EQ(wrote.get_future().get().stored, to - from);
+  };
+  ASSERT_NO_FATAL_FAILURE(write(0, 2500));
+  ASSERT_NO_FATAL_FAILURE(RewriteChunksInTheOldFormat(path));
+  ASSERT_EQ(Sql(path, "PRAGMA user_version = 6; PRAGMA user_version"), "6");
+  ASSERT_EQ(Sql(path, "SELECT hex(substr(records, 1, 1)) FROM step_chunks"), "12")
+      << "a StepBatch starts with the tag of its records";
+
+  ASSERT_NO_FATAL_FAILURE(write(2500, 4000));  // migrates, then adds a chunk
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "7");
+  EXPECT_EQ(Sql(path, "SELECT group_concat(f, ',') FROM (SELECT "
+                      "hex(substr(records, 1, 1)) AS f FROM step_chunks ORDER BY first_step)"),
+            "12,07");
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  const StepRecords want = OddRecords(0, 4000);
+  int next = 0;
+  ASSERT_TRUE((*store)->ReadSteps("r1", 0, 0, std::nullopt, 1000,
+                                  [&](v1::StepRecords& chunk) {
+                                    for (const auto& item : chunk.items()) {
+                                      const v1::StepRecord& got = item.record();
+                                      const v1::StepRecord& w = want[next++];
+                                      EXPECT_EQ(got.step(), w.step());
+                                      EXPECT_EQ(std::bit_cast<uint64_t>(got.loss()),
+                                                std::bit_cast<uint64_t>(w.loss()));
+                                      EXPECT_EQ(std::bit_cast<uint64_t>(got.lr()),
+                                                std::bit_cast<uint64_t>(w.lr()));
+                                      EXPECT_EQ(got.batch_ids(0), w.batch_ids(0));
+                                      EXPECT_EQ(got.layer_stats_size(), w.layer_stats_size());
+                                    }
+                                    return true;
+                                  }).ok());
+  EXPECT_EQ(next, 4000);
+}
+
+// A chunk that does not decode is reported with its run and stream.
+TEST(StoreFileTest, ACorruptChunkIsDataLossNamingItsStream) {
+  const std::string path = ::testing::TempDir() + "/store_corrupt.db";
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::remove((path + suffix).c_str());
+  }
+  ASSERT_NO_FATAL_FAILURE(WriteSteps({.path = path}, 0, 100));
+  ASSERT_EQ(Sql(path, "UPDATE step_chunks SET records = substr(records, 1, 10); "
+                      "SELECT count(*) FROM step_chunks"), "1");
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::Status s = (*store)->ReadSteps("r1", 0, 0, std::nullopt, 10,
+                                       [](v1::StepRecords&) { return true; });
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("run r1 (rank 0, attempt 0): step chunk:"), std::string::npos) << s;
 }
 
 }  // namespace
