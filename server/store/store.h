@@ -98,7 +98,8 @@ struct StoreOptions {
   std::function<void(double seconds, size_t records, size_t queue_depth)>
       on_commit;
   // Called on the writer thread when a transaction fails with an error that
-  // is not transient and its ops fail (for logs/metrics).
+  // is not transient and its ops fail, or when a compaction of small chunks
+  // fails (no op waits for one; it is rolled back) (for logs/metrics).
   std::function<void(const absl::Status&)> on_error;
   // Called on the writer thread at each failed attempt of a transaction that
   // failed with a transient error (kStarted, kRetrying, kGaveUp) and when the

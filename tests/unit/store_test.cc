@@ -5,8 +5,11 @@
 
 #include <bit>
 #include <cstdio>
+#include <chrono>
 #include <future>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "store/step_codec.h"
@@ -462,6 +465,69 @@ TEST(StoreFileTest, AVersion6DatabaseKeepsItsChunksAndReadsThemBack) {
                                     return true;
                                   }).ok());
   EXPECT_EQ(next, 4000);
+}
+
+// Small batches make small chunks; when idle the writer merges runs of
+// them (with a large chunk among them too) into chunks of up to 2,048
+// records, and the records, their order and exactly-once stay as they were.
+TEST(StoreFileTest, SmallChunksAreMergedWhenTheWriterIsIdle) {
+  const std::string path = ::testing::TempDir() + "/store_compact.db";
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::remove((path + suffix).c_str());
+  }
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto write = [&](WriteOp op) {
+    std::promise<WriteResult> p;
+    op.done = [&p](WriteResult r) { p.set_value(std::move(r)); };
+    (*store)->Submit(std::move(op));
+    return p.get_future().get();
+  };
+  ASSERT_TRUE(write({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0}, .start = Start("r1")})
+                  .status.ok());
+  uint64_t step = 0;
+  for (uint64_t size : std::vector<uint64_t>(5, 100)) {
+    ASSERT_EQ(write({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                     .records = OddRecords(step, step + size)}).stored, size);
+    step += size;
+  }
+  ASSERT_EQ(write({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                   .records = OddRecords(step, step + 1000)}).stored, 1000u);
+  step += 1000;
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_EQ(write({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                     .records = OddRecords(step, step + 100)}).stored, 100u);
+    step += 100;
+  }
+  // 5 x 100, 1,000 and 5 x 100 make the first merged chunk (the next would
+  // pass 2,048); the last 15 chunks wait for more.
+  std::string chunks;
+  for (int i = 0; i < 500 && chunks != "16"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    chunks = Sql(path, "SELECT count(*) FROM step_chunks");
+  }
+  ASSERT_EQ(chunks, "16");
+  EXPECT_EQ(Sql(path, "SELECT n || ' ' || first_step || '-' || last_step FROM step_chunks "
+                      "ORDER BY first_step LIMIT 1"),
+            "2000 0-1999");
+
+  const StepRecords want = OddRecords(0, step);
+  uint64_t next = 0;
+  ASSERT_TRUE((*store)->ReadSteps("r1", 0, 0, std::nullopt, 1000,
+                                  [&](v1::StepRecords& chunk) {
+                                    for (const auto& item : chunk.items()) {
+                                      const v1::StepRecord& w = want[static_cast<int>(next++)];
+                                      EXPECT_EQ(item.record().step(), w.step());
+                                      EXPECT_EQ(std::bit_cast<uint64_t>(item.record().loss()),
+                                                std::bit_cast<uint64_t>(w.loss()));
+                                    }
+                                    return true;
+                                  }).ok());
+  EXPECT_EQ(next, step);
+  EXPECT_EQ(write({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                   .records = OddRecords(0, step + 1)}).stored, 1u)
+      << "a resend stores only the step not stored before";
+  EXPECT_EQ((*store)->GetRun("r1")->steps(), step + 1);
 }
 
 // A chunk that does not decode is reported with its run and stream.
