@@ -236,8 +236,8 @@ uint64_t Ordered(uint64_t bits) {
 // A series of 64-bit values: the first as its bit width (7 bits) and bits,
 // then, for two or more, the predictor (3 bits) and a bit set when every
 // residual is zero; otherwise a bit for zero flags (see BestGolomb), the
-// residuals' common trailing zeros (6 bits), the Golomb k (6 bits) and one
-// code per residual.
+// residuals' common trailing zeros (6 bits), the Golomb k (6 bits), for
+// kCentered the center (64 bits), and one code per residual.
 
 enum Predictor : int {
   kRaw = 0,           // zigzag(v)
@@ -246,8 +246,9 @@ enum Predictor : int {
   kXor = 3,           // v[i] ^ v[i-1], on a double's raw bits
   kDelta3 = 4,        // the change of the change of the delta: smooth schedules
   kPredicted = 5,     // zigzag(v[i] - p[i]) for a prediction p the reader rebuilds
+  kCentered = 6,      // zigzag(v[i] - c), c the series' mean (64 bits after k)
 };
-constexpr int kPredictors = 6;
+constexpr int kPredictors = 7;
 
 // Values of a double column are mapped by Ordered() for the arithmetic
 // predictors; integer columns use them as they are.
@@ -257,7 +258,7 @@ enum class SeriesKind { kInteger, kDouble };
 // predictions, one per value, as raw bits).
 template <typename F>
 void ForEachResidual(Predictor p, const uint64_t* v, const uint64_t* pred,
-                     size_t m, SeriesKind kind, F&& f) {
+                     uint64_t center, size_t m, SeriesKind kind, F&& f) {
   const bool ordered = kind == SeriesKind::kDouble && p != kXor;
   auto map = [&](uint64_t x) { return ordered ? Ordered(x) : x; };
   uint64_t prev = map(v[0]), d1 = 0, d2 = 0;
@@ -282,6 +283,9 @@ void ForEachResidual(Predictor p, const uint64_t* v, const uint64_t* pred,
       case kPredicted:
         r = ZigZag(cur - map(pred[i]));
         break;
+      case kCentered:
+        r = ZigZag(cur - center);
+        break;
       case kXor:
       default:
         r = cur ^ prev;
@@ -293,51 +297,87 @@ void ForEachResidual(Predictor p, const uint64_t* v, const uint64_t* pred,
   }
 }
 
-void PutSeries(BitWriter& w, const uint64_t* v, size_t m, SeriesKind kind,
-               std::initializer_list<Predictor> candidates,
-               bool zero_shortcut = true, const uint64_t* pred = nullptr) {
+// How PutSeries writes a series, and its cost in bits.
+struct SeriesPlan {
+  Predictor predictor = kRaw;
+  GolombChoice code{.cost = ~uint64_t{0}};
+  int shift = 0;
+  bool zero = false;
+  uint64_t center = 0;
+  uint64_t cost = ~uint64_t{0};
+};
+
+SeriesPlan PlanSeries(const uint64_t* v, size_t m, SeriesKind kind,
+                      std::initializer_list<Predictor> candidates,
+                      bool zero_shortcut, const uint64_t* pred) {
+  SeriesPlan best;
+  if (m < 2) {
+    best.cost = m == 0 ? 0 : 7 + std::bit_width(v[0]);
+    return best;
+  }
+  uint64_t best_cost = ~uint64_t{0};
+  for (Predictor p : candidates) {
+    uint64_t center = 0;
+    if (p == kCentered) {
+      __int128 sum = 0;
+      for (size_t i = 1; i < m; ++i) {
+        const uint64_t x = kind == SeriesKind::kDouble ? Ordered(v[i]) : v[i];
+        sum += static_cast<int64_t>(x);
+      }
+      center = static_cast<uint64_t>(static_cast<int64_t>(sum / static_cast<__int128>(m - 1)));
+    }
+    WidthHistogram hist{};
+    uint64_t all_or = 0;
+    ForEachResidual(p, v, pred, center, m, kind, [&](uint64_t r) {
+      ++hist[std::bit_width(r)];
+      all_or |= r;
+    });
+    // A constant series is kDelta's (kCentered's center is not written then).
+    if (p == kCentered && all_or == 0) continue;
+    const bool zero = all_or == 0 && zero_shortcut;
+    const int shift = all_or == 0 ? 0 : std::countr_zero(all_or);
+    const GolombChoice code = zero ? GolombChoice{} : BestGolomb(hist, shift);
+    const uint64_t cost = code.cost + (p == kCentered ? 64 : 0);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = SeriesPlan{.predictor = p, .code = code, .shift = shift, .zero = zero,
+                        .center = center};
+    }
+  }
+  best.cost = 7 + std::bit_width(v[0]) + 4 + (best.zero ? 0 : 13) + best_cost;
+  return best;
+}
+
+void WriteSeries(BitWriter& w, const uint64_t* v, size_t m, SeriesKind kind,
+                 const SeriesPlan& plan, const uint64_t* pred) {
   if (m == 0) return;
   const int first_width = std::bit_width(v[0]);
   w.Put(first_width, 7);
   w.Put(v[0], first_width);
   if (m == 1) return;
-  Predictor best = *candidates.begin();
-  GolombChoice best_code{.cost = ~uint64_t{0}};
-  int best_shift = 0;
-  bool best_zero = false;
-  for (Predictor p : candidates) {
-    WidthHistogram hist{};
-    uint64_t all_or = 0;
-    ForEachResidual(p, v, pred, m, kind, [&](uint64_t r) {
-      ++hist[std::bit_width(r)];
-      all_or |= r;
-    });
-    const bool zero = all_or == 0 && zero_shortcut;
-    const int shift = all_or == 0 ? 0 : std::countr_zero(all_or);
-    const GolombChoice code = zero ? GolombChoice{} : BestGolomb(hist, shift);
-    if (code.cost < best_code.cost) {
-      best = p;
-      best_code = code;
-      best_shift = shift;
-      best_zero = zero;
-    }
-  }
-  w.Put(best, 3);
-  w.Put(best_zero ? 1 : 0, 1);
-  if (best_zero) return;
-  w.Put(best_code.zero_flags ? 1 : 0, 1);
-  w.Put(best_shift, 6);
-  w.Put(best_code.k, 6);
-  const int k = best_code.k;
-  if (best_code.zero_flags) {
-    ForEachResidual(best, v, pred, m, kind, [&](uint64_t r) {
+  w.Put(plan.predictor, 3);
+  w.Put(plan.zero ? 1 : 0, 1);
+  if (plan.zero) return;
+  w.Put(plan.code.zero_flags ? 1 : 0, 1);
+  w.Put(plan.shift, 6);
+  w.Put(plan.code.k, 6);
+  if (plan.predictor == kCentered) w.Put(plan.center, 64);
+  const int k = plan.code.k, shift = plan.shift;
+  if (plan.code.zero_flags) {
+    ForEachResidual(plan.predictor, v, pred, plan.center, m, kind, [&](uint64_t r) {
       w.Put(r != 0, 1);
-      if (r != 0) PutGolomb(w, r >> best_shift, k);
+      if (r != 0) PutGolomb(w, r >> shift, k);
     });
   } else {
-    ForEachResidual(best, v, pred, m, kind,
-                    [&](uint64_t r) { PutGolomb(w, r >> best_shift, k); });
+    ForEachResidual(plan.predictor, v, pred, plan.center, m, kind,
+                    [&](uint64_t r) { PutGolomb(w, r >> shift, k); });
   }
+}
+
+void PutSeries(BitWriter& w, const uint64_t* v, size_t m, SeriesKind kind,
+               std::initializer_list<Predictor> candidates,
+               bool zero_shortcut = true, const uint64_t* pred = nullptr) {
+  WriteSeries(w, v, m, kind, PlanSeries(v, m, kind, candidates, zero_shortcut, pred), pred);
 }
 
 // Reads m values into out (pred: as PutSeries was given). False when the
@@ -356,10 +396,12 @@ bool GetSeries(BitReader& r, size_t m, SeriesKind kind,
   const bool zero = r.Get(1) != 0;
   bool zero_flags = false;
   int shift = 0, k = 0;
+  uint64_t center = 0;
   if (!zero) {
     zero_flags = r.Get(1) != 0;
     shift = static_cast<int>(r.Get(6));
     k = static_cast<int>(r.Get(6));
+    if (p == kCentered) center = r.Get(64);
   }
   const bool ordered = kind == SeriesKind::kDouble && p != kXor;
   auto map = [&](uint64_t x) { return ordered ? Ordered(x) : x; };
@@ -386,6 +428,9 @@ bool GetSeries(BitReader& r, size_t m, SeriesKind kind,
       case kPredicted:
         cur = map(pred[i]) + UnZigZag(res);
         break;
+      case kCentered:
+        cur = center + UnZigZag(res);
+        break;
       case kXor:
       default:
         cur = prev ^ res;
@@ -396,6 +441,88 @@ bool GetSeries(BitReader& r, size_t m, SeriesKind kind,
     out[i] = map(cur);
   }
   return !r.failed();
+}
+
+// ---------------------------------------------------------------------------
+// A column of doubles: a bit, then either the doubles' bits as a series or,
+// when every value is a decimal of few digits (q / 10^e exactly, as values
+// read from a text log are) and that is cheaper, e (5 bits) and the q as an
+// integer series.
+
+constexpr int kMaxDecimalExponent = 17;
+
+double Pow10(int e) {
+  static constexpr std::array<double, kMaxDecimalExponent + 1> kPow10 = {
+      1e0, 1e1, 1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,
+      1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17};
+  return kPow10[e];
+}
+
+// q with bits(q / 10^e) == bits, if there is one below 2^53.
+std::optional<int64_t> DecimalOf(uint64_t bits, int e) {
+  const double v = std::bit_cast<double>(bits);
+  const double scaled = v * Pow10(e);
+  if (!(std::fabs(scaled) < 9.0e15)) return std::nullopt;  // NaN and Inf too
+  const int64_t q = std::llround(scaled);
+  if (std::bit_cast<uint64_t>(static_cast<double>(q) / Pow10(e)) != bits) return std::nullopt;
+  return q;
+}
+
+// An e that makes every value a decimal q / 10^e, and the q, or nullopt;
+// cheap when the first value is none. The e is the largest any value needs,
+// which the others are checked at (a value of fewer digits usually is one at
+// a larger e too, not always: 10^e times a double can round to another q).
+std::optional<int> DecimalExponent(const uint64_t* v, size_t m,
+                                   std::vector<uint64_t>& q) {
+  int e = 0;
+  for (size_t i = 0; i < m; ++i) {
+    while (!DecimalOf(v[i], e).has_value()) {
+      if (++e > kMaxDecimalExponent) return std::nullopt;
+    }
+  }
+  q.resize(m);
+  for (size_t i = 0; i < m; ++i) {
+    std::optional<int64_t> d = DecimalOf(v[i], e);
+    if (!d.has_value()) return std::nullopt;
+    q[i] = static_cast<uint64_t>(*d);
+  }
+  return e;
+}
+
+void PutDoubles(BitWriter& w, const uint64_t* v, size_t m,
+                std::initializer_list<Predictor> candidates,
+                const uint64_t* pred = nullptr) {
+  if (m == 0) return;
+  const SeriesPlan plain = PlanSeries(v, m, SeriesKind::kDouble, candidates, true, pred);
+  std::vector<uint64_t> q;
+  if (std::optional<int> e = DecimalExponent(v, m, q)) {
+    const SeriesPlan decimal =
+        PlanSeries(q.data(), m, SeriesKind::kInteger,
+                   {kDelta, kDeltaOfDelta, kDelta3, kCentered}, true, nullptr);
+    if (decimal.cost + 5 < plain.cost) {
+      w.Put(1, 1);
+      w.Put(*e, 5);
+      WriteSeries(w, q.data(), m, SeriesKind::kInteger, decimal, nullptr);
+      return;
+    }
+  }
+  w.Put(0, 1);
+  WriteSeries(w, v, m, SeriesKind::kDouble, plain, pred);
+}
+
+bool GetDoubles(BitReader& r, size_t m, std::vector<uint64_t>& out,
+                const uint64_t* pred = nullptr) {
+  if (m == 0) {
+    out.clear();
+    return true;
+  }
+  if (r.Get(1) == 0) return GetSeries(r, m, SeriesKind::kDouble, out, pred);
+  const int e = static_cast<int>(r.Get(5));
+  if (e > kMaxDecimalExponent || !GetSeries(r, m, SeriesKind::kInteger, out)) return false;
+  for (uint64_t& x : out) {
+    x = std::bit_cast<uint64_t>(static_cast<double>(static_cast<int64_t>(x)) / Pow10(e));
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------------------
@@ -626,7 +753,6 @@ std::string Encode(size_t n, Get&& at) {
   col.reserve(n);
   std::vector<uint8_t> flags(n);
   constexpr auto kInt = SeriesKind::kInteger;
-  constexpr auto kDouble = SeriesKind::kDouble;
 
   // Steps: one code per record, even when every one is zero, so a blob of B
   // bytes holds at most 8B + 1 records (the decoder's bound on a count).
@@ -639,7 +765,7 @@ std::string Encode(size_t n, Get&& at) {
   PutSeries(w, times.data(), n, kInt, {kDelta, kDeltaOfDelta});
   norms.reserve(n);
   for (size_t i = 0; i < n; ++i) norms.push_back(Bits(at(i).grad_norm()));
-  PutSeries(w, norms.data(), n, kDouble, {kXor, kDelta, kDeltaOfDelta});
+  PutDoubles(w, norms.data(), n, {kXor, kDelta, kDeltaOfDelta, kCentered});
   // Each optional double: presence, then (clip_coef) a bit and the implied
   // max_norm, then the values present.
   for (const OptionalDouble& f : kOptionalDoubles) {
@@ -658,13 +784,12 @@ std::string Encode(size_t n, Get&& at) {
     }
     if (f.derived == Derived::kNone ||
         (f.derived == Derived::kClipCoef && !max_norm.has_value())) {
-      PutSeries(w, col.data(), col.size(), kDouble,
-                {kXor, kDelta, kDeltaOfDelta, kDelta3});
+      PutDoubles(w, col.data(), col.size(), {kXor, kDelta, kDeltaOfDelta, kDelta3, kCentered});
     } else {
       const std::vector<uint64_t> pred =
           Predictions(f.derived, max_norm.value_or(0), flags, norms, times);
-      PutSeries(w, col.data(), col.size(), kDouble,
-                {kXor, kDelta, kDeltaOfDelta, kDelta3, kPredicted}, true, pred.data());
+      PutDoubles(w, col.data(), col.size(),
+                 {kXor, kDelta, kDeltaOfDelta, kDelta3, kCentered, kPredicted}, pred.data());
     }
   }
   // clipped: presence, then the values present.
@@ -743,7 +868,6 @@ absl::Status DecodeColumnar(std::string_view blob, RepeatedPtrField<StepRecord>*
   }
   BitReader r(data + pos, bytes);
   constexpr auto kInt = SeriesKind::kInteger;
-  constexpr auto kDouble = SeriesKind::kDouble;
 
   std::vector<uint64_t> steps, times, norms, counts, first_ids, inner, lengths;
   std::array<std::vector<uint8_t>, kOptionalDoubles.size()> present;
@@ -751,7 +875,7 @@ absl::Status DecodeColumnar(std::string_view blob, RepeatedPtrField<StepRecord>*
   std::vector<uint8_t> clipped_present, clipped, skipped, has_residue;
   if (!GetSeries(r, n, kInt, steps)) return Corrupt("the steps", r);
   if (!GetSeries(r, n, kInt, times)) return Corrupt("time_unix_nanos", r);
-  if (!GetSeries(r, n, kDouble, norms)) return Corrupt("grad_norm", r);
+  if (!GetDoubles(r, n, norms)) return Corrupt("grad_norm", r);
   for (size_t f = 0; f < kOptionalDoubles.size(); ++f) {
     const OptionalDouble& field = kOptionalDoubles[f];
     if (!GetBitmap(r, n, present[f])) {
@@ -766,7 +890,7 @@ absl::Status DecodeColumnar(std::string_view blob, RepeatedPtrField<StepRecord>*
     }
     std::vector<uint64_t> pred;
     if (predicted) pred = Predictions(field.derived, max_norm, present[f], norms, times);
-    if (!GetSeries(r, m, kDouble, values[f], predicted ? pred.data() : nullptr)) {
+    if (!GetDoubles(r, m, values[f], predicted ? pred.data() : nullptr)) {
       return Corrupt(field.name, r);
     }
   }

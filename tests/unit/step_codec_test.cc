@@ -274,6 +274,38 @@ TEST(StepCodec, SmallerThanProtobufOnATypicalRun) {
   ExpectRoundTrip(in);
 }
 
+// Values of few decimal digits (read from a text log) are stored as the
+// integers they are; one that is not (here -0.0) keeps its column as doubles.
+TEST(StepCodec, DecimalValuesRoundTripAsIntegers) {
+  std::mt19937_64 rng(9);
+  Records in;
+  for (int i = 0; i < 1000; ++i) {
+    v1::StepRecord& r = *in.Add();
+    r.set_step(i);
+    r.set_loss(std::round((2.5 + std::normal_distribution<>(0, 0.05)(rng)) * 1e4) / 1e4);
+    r.set_lr(-std::round(std::normal_distribution<>(0, 1)(rng) * 1e6) / 1e6);
+    r.set_grad_norm(std::round(std::exp(std::normal_distribution<>(0, 1)(rng)) * 1e3) / 1e3);
+    r.set_loss_scale(65536.0);
+  }
+  const size_t decimal = EncodeStepChunk(in).size();
+  ExpectRoundTrip(in);
+  // float32 values widened are decimals of 16 or 17 digits, of which a few
+  // are not at the exponent another value needs.
+  Records floats = RandomRecords(21, 0);
+  for (int i = 0; i < 2000; ++i) {
+    v1::StepRecord& r = *floats.Add();
+    r.set_step(i);
+    r.set_shard_sq_sum(static_cast<float>(std::exp(std::normal_distribution<>(-1, 1)(rng))));
+    r.set_grad_norm(std::ldexp(1.0, i % 7 - 10) * (i % 3 + 1));
+  }
+  ExpectRoundTrip(floats);
+  in[500].set_lr(-0.0);
+  ExpectRoundTrip(in);
+  for (v1::StepRecord& r : in) r.set_loss(r.loss() + 1e-12);  // no longer few digits
+  EXPECT_LT(decimal + 1000 * 3, EncodeStepChunk(in).size());
+  ExpectRoundTrip(in);
+}
+
 TEST(StepCodec, CorruptOrCutShortBlobsAreErrorsNotCrashes) {
   const std::string blob = EncodeStepChunk(RandomRecords(5, 200));
   Records out;
