@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -26,51 +27,47 @@ using v1::StepRecord;
 
 class BitWriter {
  public:
-  explicit BitWriter(std::string* out) : out_(out) {}
+  // Appends to *out, which it sizes ahead and trims in Finish().
+  explicit BitWriter(std::string* out) : out_(out), len_(out->size()) {}
 
   // The low `bits` (0..64) bits of v.
   void Put(uint64_t v, int bits) {
-    if (bits > 32) {
-      Put32(v >> 32, bits - 32);
-      bits = 32;
+    if (bits == 0) return;
+    if (bits < 64) v &= (uint64_t{1} << bits) - 1;
+    const int free = 64 - n_;  // 1..64
+    if (bits < free) {
+      acc_ = (acc_ << bits) | v;
+      n_ += bits;
+      return;
     }
-    Put32(v, bits);
+    const int rest = bits - free;  // bits of v left over, 0..63
+    const uint64_t full = (free == 64 ? 0 : acc_ << free) | (v >> rest);
+    Store64(full);
+    acc_ = v;  // its low `rest` bits are the pending ones
+    n_ = rest;
   }
-  // n zero bits then a one (n may exceed 32).
-  void PutUnary(int n) {
-    for (; n >= 32; n -= 32) Put32(0, 32);
-    Put32(1, n + 1);
-  }
-  // Pads the last byte with zeros.
+  // Writes the pending bits, the last byte padded with zeros.
   void Finish() {
-    while (n_ >= 8) Emit8();
-    if (n_ > 0) {
-      out_->push_back(static_cast<char>(acc_ << (8 - n_)));
-      n_ = 0;
-    }
+    const uint64_t top = n_ == 0 ? 0 : acc_ << (64 - n_);
+    const int bytes = (n_ + 7) / 8;
+    Store64(top);
+    len_ -= 8 - bytes;
+    out_->resize(len_);
+    n_ = 0;
   }
 
  private:
-  void Put32(uint64_t v, int bits) {  // bits <= 32
-    if (bits == 0) return;
-    acc_ = (acc_ << bits) | (v & (~uint64_t{0} >> (64 - bits)));
-    n_ += bits;
-    if (n_ >= 32) {
-      n_ -= 32;
-      const uint32_t w = static_cast<uint32_t>(acc_ >> n_);
-      const char b[4] = {static_cast<char>(w >> 24), static_cast<char>(w >> 16),
-                         static_cast<char>(w >> 8), static_cast<char>(w)};
-      out_->append(b, 4);
-    }
-  }
-  void Emit8() {
-    n_ -= 8;
-    out_->push_back(static_cast<char>(acc_ >> n_));
+  void Store64(uint64_t w) {
+    if (out_->size() < len_ + 8) out_->resize(std::max(2 * out_->size(), len_ + 64));
+    w = __builtin_bswap64(w);
+    std::memcpy(out_->data() + len_, &w, 8);
+    len_ += 8;
   }
 
   std::string* out_;
+  size_t len_;        // bytes of *out_ written
   uint64_t acc_ = 0;  // the low n_ bits are pending
-  int n_ = 0;
+  int n_ = 0;         // 0..63
 };
 
 // Reads past the end give zeros and set failed(); callers check it once per
@@ -152,12 +149,18 @@ class BitReader {
 // bits below its leading one, then the k low bits of x. Costs k + 1 bits for
 // x < 2^k and two more per doubling above it, so one outlier costs little.
 
+// The same bits as one write: n zeros, then x in n + k bits (its top bit is
+// v's leading one), or for n = 0 a one and the k bits.
 void PutGolomb(BitWriter& w, uint64_t x, int k) {
-  const uint64_t v = x >> k;
-  const int n = std::bit_width(v);
-  w.PutUnary(n);
-  if (n > 1) w.Put(v, n - 1);
-  w.Put(x, k);
+  const int n = std::bit_width(x >> k);
+  if (n == 0) {
+    w.Put((uint64_t{1} << k) | x, k + 1);
+  } else if (2 * n + k <= 64) {
+    w.Put(x, 2 * n + k);
+  } else {
+    w.Put(0, n);
+    w.Put(x, n + k);
+  }
 }
 
 uint64_t GetGolomb(BitReader& r, int k) {
@@ -254,46 +257,69 @@ constexpr int kPredictors = 7;
 // predictors; integer columns use them as they are.
 enum class SeriesKind { kInteger, kDouble };
 
-// Calls f(residual) for v[1..m) under predictor p (pred: kPredicted's
+// Calls f(residual) for v[1..m) under predictor P (pred: kPredicted's
 // predictions, one per value, as raw bits).
-template <typename F>
-void ForEachResidual(Predictor p, const uint64_t* v, const uint64_t* pred,
-                     uint64_t center, size_t m, SeriesKind kind, F&& f) {
-  const bool ordered = kind == SeriesKind::kDouble && p != kXor;
-  auto map = [&](uint64_t x) { return ordered ? Ordered(x) : x; };
+template <Predictor P, bool kOrdered, typename F>
+void ResidualLoop(const uint64_t* v, const uint64_t* pred, uint64_t center,
+                  size_t m, F& f) {
+  auto map = [](uint64_t x) { return kOrdered ? Ordered(x) : x; };
   uint64_t prev = map(v[0]), d1 = 0, d2 = 0;
   for (size_t i = 1; i < m; ++i) {
     const uint64_t cur = map(v[i]);
     const uint64_t d = cur - prev;
     uint64_t r;
-    switch (p) {
-      case kRaw:
-        r = ZigZag(cur);
-        break;
-      case kDelta:
-        r = ZigZag(d);
-        break;
-      case kDeltaOfDelta:
-        r = ZigZag(d - d1);
-        break;
-      case kDelta3:
-        r = ZigZag(d - d1 - d2);
-        d2 = d - d1;
-        break;
-      case kPredicted:
-        r = ZigZag(cur - map(pred[i]));
-        break;
-      case kCentered:
-        r = ZigZag(cur - center);
-        break;
-      case kXor:
-      default:
-        r = cur ^ prev;
-        break;
+    if constexpr (P == kRaw) {
+      r = ZigZag(cur);
+    } else if constexpr (P == kDelta) {
+      r = ZigZag(d);
+    } else if constexpr (P == kDeltaOfDelta) {
+      r = ZigZag(d - d1);
+    } else if constexpr (P == kDelta3) {
+      r = ZigZag(d - d1 - d2);
+      d2 = d - d1;
+    } else if constexpr (P == kPredicted) {
+      r = ZigZag(cur - map(pred[i]));
+    } else if constexpr (P == kCentered) {
+      r = ZigZag(cur - center);
+    } else {
+      r = cur ^ prev;
     }
     d1 = d;
     prev = cur;
     f(r);
+  }
+}
+
+template <Predictor P, typename F>
+void ResidualLoopOf(SeriesKind kind, const uint64_t* v, const uint64_t* pred,
+                    uint64_t center, size_t m, F& f) {
+  // XOR works on a double's raw bits, the others on Ordered() ones.
+  if (kind == SeriesKind::kDouble && P != kXor) {
+    ResidualLoop<P, true>(v, pred, center, m, f);
+  } else {
+    ResidualLoop<P, false>(v, pred, center, m, f);
+  }
+}
+
+template <typename F>
+void ForEachResidual(Predictor p, const uint64_t* v, const uint64_t* pred,
+                     uint64_t center, size_t m, SeriesKind kind, F&& f) {
+  switch (p) {
+    case kRaw:
+      return ResidualLoopOf<kRaw>(kind, v, pred, center, m, f);
+    case kDelta:
+      return ResidualLoopOf<kDelta>(kind, v, pred, center, m, f);
+    case kDeltaOfDelta:
+      return ResidualLoopOf<kDeltaOfDelta>(kind, v, pred, center, m, f);
+    case kDelta3:
+      return ResidualLoopOf<kDelta3>(kind, v, pred, center, m, f);
+    case kPredicted:
+      return ResidualLoopOf<kPredicted>(kind, v, pred, center, m, f);
+    case kCentered:
+      return ResidualLoopOf<kCentered>(kind, v, pred, center, m, f);
+    case kXor:
+    default:
+      return ResidualLoopOf<kXor>(kind, v, pred, center, m, f);
   }
 }
 
@@ -307,6 +333,50 @@ struct SeriesPlan {
   uint64_t cost = ~uint64_t{0};
 };
 
+// The mean of v[1..m), mapped as the series' predictors see it.
+uint64_t Center(const uint64_t* v, size_t m, SeriesKind kind) {
+  __int128 sum = 0;
+  for (size_t i = 1; i < m; ++i) {
+    sum += static_cast<int64_t>(kind == SeriesKind::kDouble ? Ordered(v[i]) : v[i]);
+  }
+  return static_cast<uint64_t>(static_cast<int64_t>(sum / static_cast<__int128>(m - 1)));
+}
+
+// The candidate whose residuals look cheapest on a sample of a long series:
+// kSampleRuns runs of kSampleRun consecutive values spread over it, the
+// first residuals of each run (which see no history) not counted. Pricing
+// every candidate on every value was most of the encoder's time.
+constexpr size_t kSampleRun = 32, kSampleRuns = 8, kWarmUp = 3;
+
+Predictor SampledBest(const uint64_t* v, size_t m, SeriesKind kind,
+                      std::initializer_list<Predictor> candidates, const uint64_t* pred) {
+  Predictor best = *candidates.begin();
+  uint64_t best_cost = ~uint64_t{0};
+  const size_t stride = (m - kSampleRun) / (kSampleRuns - 1);
+  for (Predictor p : candidates) {
+    WidthHistogram hist{};
+    uint64_t all_or = 0;
+    for (size_t run = 0; run < kSampleRuns; ++run) {
+      const size_t start = run * stride;
+      const uint64_t center = p == kCentered ? Center(v + start, kSampleRun, kind) : 0;
+      size_t seen = 0;
+      ForEachResidual(p, v + start, pred == nullptr ? nullptr : pred + start, center,
+                      kSampleRun, kind, [&](uint64_t r) {
+                        if (++seen <= kWarmUp) return;
+                        ++hist[std::bit_width(r)];
+                        all_or |= r;
+                      });
+    }
+    const uint64_t cost =
+        all_or == 0 ? 0 : BestGolomb(hist, std::countr_zero(all_or)).cost;
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = p;
+    }
+  }
+  return best;
+}
+
 SeriesPlan PlanSeries(const uint64_t* v, size_t m, SeriesKind kind,
                       std::initializer_list<Predictor> candidates,
                       bool zero_shortcut, const uint64_t* pred) {
@@ -315,17 +385,13 @@ SeriesPlan PlanSeries(const uint64_t* v, size_t m, SeriesKind kind,
     best.cost = m == 0 ? 0 : 7 + std::bit_width(v[0]);
     return best;
   }
+  Predictor sampled = kRaw;
+  const bool sample = m >= 2 * kSampleRun * kSampleRuns && candidates.size() > 1;
+  if (sample) sampled = SampledBest(v, m, kind, candidates, pred);
   uint64_t best_cost = ~uint64_t{0};
   for (Predictor p : candidates) {
-    uint64_t center = 0;
-    if (p == kCentered) {
-      __int128 sum = 0;
-      for (size_t i = 1; i < m; ++i) {
-        const uint64_t x = kind == SeriesKind::kDouble ? Ordered(v[i]) : v[i];
-        sum += static_cast<int64_t>(x);
-      }
-      center = static_cast<uint64_t>(static_cast<int64_t>(sum / static_cast<__int128>(m - 1)));
-    }
+    if (sample && p != sampled) continue;
+    const uint64_t center = p == kCentered ? Center(v, m, kind) : 0;
     WidthHistogram hist{};
     uint64_t all_or = 0;
     ForEachResidual(p, v, pred, center, m, kind, [&](uint64_t r) {
@@ -495,7 +561,10 @@ void PutDoubles(BitWriter& w, const uint64_t* v, size_t m,
   if (m == 0) return;
   const SeriesPlan plain = PlanSeries(v, m, SeriesKind::kDouble, candidates, true, pred);
   std::vector<uint64_t> q;
-  if (std::optional<int> e = DecimalExponent(v, m, q)) {
+  // Under two bits a value (a constant, a rare change) there is little to win.
+  std::optional<int> e;
+  if (plain.cost > 2 * m + 64) e = DecimalExponent(v, m, q);
+  if (e.has_value()) {
     const SeriesPlan decimal =
         PlanSeries(q.data(), m, SeriesKind::kInteger,
                    {kDelta, kDeltaOfDelta, kDelta3, kCentered}, true, nullptr);
@@ -711,7 +780,8 @@ const std::vector<const google::protobuf::FieldDescriptor*>& OtherFields() {
 
 bool HasResidue(const StepRecord& r) {
   if (r.layer_stats_size() > 0) return true;
-  const google::protobuf::Reflection* refl = r.GetReflection();
+  // Once: GetReflection() per record checks the descriptors are built.
+  static const google::protobuf::Reflection* const refl = StepRecord::GetReflection();
   if (!refl->GetUnknownFields(r).empty()) return true;
   const std::vector<const google::protobuf::FieldDescriptor*>& others =
       OtherFields();
@@ -741,6 +811,61 @@ void PutVarint(std::string& out, uint64_t v) {
   out.push_back(static_cast<char>(v));
 }
 
+// A chunk's columns, gathered from its records in one pass.
+struct Columns {
+  explicit Columns(size_t n) {
+    for (auto* v : {&steps, &times, &norms, &counts}) v->reserve(n);
+    for (auto& p : present) p.resize(n);
+    for (auto& v : values) v.reserve(n);
+    for (auto* f : {&clipped_present, &skipped, &has_residue}) f->resize(n);
+  }
+  std::vector<uint64_t> steps, times, norms, counts, first_ids, inner;
+  std::array<std::vector<uint8_t>, kOptionalDoubles.size()> present;
+  std::array<std::vector<uint64_t>, kOptionalDoubles.size()> values;
+  std::vector<uint8_t> clipped_present, clipped, skipped, has_residue;
+  std::vector<std::string> residues;
+};
+
+// Written out rather than through kOptionalDoubles' function pointers: the
+// indirect calls were a tenth of the encoder's time.
+#define TW_GATHER(index, field)                                                 \
+  static_assert(std::string_view(kOptionalDoubles[index].name) == #field);     \
+  c.present[index][i] = r.has_##field();                                       \
+  if (r.has_##field()) c.values[index].push_back(Bits(r.field()));
+
+template <typename Get>
+void Gather(size_t n, Get& at, Columns& c) {
+  for (size_t i = 0; i < n; ++i) {
+    const StepRecord& r = at(i);
+    c.steps.push_back(r.step());
+    c.times.push_back(static_cast<uint64_t>(r.time_unix_nanos()));
+    c.norms.push_back(Bits(r.grad_norm()));
+    TW_GATHER(0, clip_coef);
+    TW_GATHER(1, loss_scale);
+    TW_GATHER(2, max_attn_logit);
+    TW_GATHER(3, log_z);
+    TW_GATHER(4, loss);
+    TW_GATHER(5, lr);
+    TW_GATHER(6, shard_sq_sum);
+    TW_GATHER(7, step_time_s);
+    TW_GATHER(8, data_wait_s);
+    c.clipped_present[i] = r.has_clipped();
+    if (r.has_clipped()) c.clipped.push_back(r.clipped());
+    c.skipped[i] = r.skipped();
+    const auto& ids = r.batch_ids();
+    c.counts.push_back(static_cast<uint64_t>(ids.size()));
+    if (!ids.empty()) {
+      c.first_ids.push_back(static_cast<uint64_t>(ids[0]));
+      for (int j = 1; j < ids.size(); ++j) {
+        c.inner.push_back(static_cast<uint64_t>(ids[j]) - static_cast<uint64_t>(ids[j - 1]));
+      }
+    }
+    c.has_residue[i] = HasResidue(r);
+    if (c.has_residue[i]) c.residues.push_back(Residue(r));
+  }
+}
+#undef TW_GATHER
+
 template <typename Get>
 std::string Encode(size_t n, Get&& at) {
   std::string out;
@@ -748,94 +873,58 @@ std::string Encode(size_t n, Get&& at) {
   out.push_back(static_cast<char>(kStepChunkColumnarV1));
   PutVarint(out, n);
   if (n == 0) return out;
+  Columns c(n);
+  Gather(n, at, c);
   BitWriter w(&out);
-  std::vector<uint64_t> col;
-  col.reserve(n);
-  std::vector<uint8_t> flags(n);
   constexpr auto kInt = SeriesKind::kInteger;
 
   // Steps: one code per record, even when every one is zero, so a blob of B
   // bytes holds at most 8B + 1 records (the decoder's bound on a count).
-  col.clear();
-  for (size_t i = 0; i < n; ++i) col.push_back(at(i).step());
-  PutSeries(w, col.data(), n, kInt, {kDelta, kDeltaOfDelta}, false);
-  std::vector<uint64_t> times, norms;
-  times.reserve(n);
-  for (size_t i = 0; i < n; ++i) times.push_back(static_cast<uint64_t>(at(i).time_unix_nanos()));
-  PutSeries(w, times.data(), n, kInt, {kDelta, kDeltaOfDelta});
-  norms.reserve(n);
-  for (size_t i = 0; i < n; ++i) norms.push_back(Bits(at(i).grad_norm()));
-  PutDoubles(w, norms.data(), n, {kXor, kDelta, kDeltaOfDelta, kCentered});
+  PutSeries(w, c.steps.data(), n, kInt, {kDelta, kDeltaOfDelta}, false);
+  PutSeries(w, c.times.data(), n, kInt, {kDelta, kDeltaOfDelta});
+  PutDoubles(w, c.norms.data(), n, {kXor, kDelta, kDeltaOfDelta, kCentered});
   // Each optional double: presence, then (clip_coef) a bit and the implied
   // max_norm, then the values present.
-  for (const OptionalDouble& f : kOptionalDoubles) {
-    col.clear();
-    for (size_t i = 0; i < n; ++i) {
-      const StepRecord& r = at(i);
-      flags[i] = f.has(r);
-      if (flags[i]) col.push_back(Bits(f.get(r)));
-    }
-    PutBitmap(w, flags);
+  for (size_t f = 0; f < kOptionalDoubles.size(); ++f) {
+    const Derived derived = kOptionalDoubles[f].derived;
+    const std::vector<uint64_t>& col = c.values[f];
+    PutBitmap(w, c.present[f]);
     std::optional<double> max_norm;
-    if (f.derived == Derived::kClipCoef) {
-      max_norm = ImpliedMaxNorm(norms, flags, col);
+    if (derived == Derived::kClipCoef) {
+      max_norm = ImpliedMaxNorm(c.norms, c.present[f], col);
       w.Put(max_norm.has_value(), 1);
       if (max_norm.has_value()) w.Put(Bits(*max_norm), 64);
     }
-    if (f.derived == Derived::kNone ||
-        (f.derived == Derived::kClipCoef && !max_norm.has_value())) {
+    if (derived == Derived::kNone || (derived == Derived::kClipCoef && !max_norm.has_value())) {
       PutDoubles(w, col.data(), col.size(), {kXor, kDelta, kDeltaOfDelta, kDelta3, kCentered});
     } else {
       const std::vector<uint64_t> pred =
-          Predictions(f.derived, max_norm.value_or(0), flags, norms, times);
+          Predictions(derived, max_norm.value_or(0), c.present[f], c.norms, c.times);
       PutDoubles(w, col.data(), col.size(),
                  {kXor, kDelta, kDeltaOfDelta, kDelta3, kCentered, kPredicted}, pred.data());
     }
   }
   // clipped: presence, then the values present.
-  std::vector<uint8_t> values;
-  for (size_t i = 0; i < n; ++i) {
-    flags[i] = at(i).has_clipped();
-    if (flags[i]) values.push_back(at(i).clipped());
-  }
-  PutBitmap(w, flags);
-  PutBitmap(w, values);
-  for (size_t i = 0; i < n; ++i) flags[i] = at(i).skipped();
-  PutBitmap(w, flags);
+  PutBitmap(w, c.clipped_present);
+  PutBitmap(w, c.clipped);
+  PutBitmap(w, c.skipped);
 
   // Batch ids: the count of each record, the first id of each record that
   // has one (by delta against the previous record's), and each further id
   // as its difference from the id before it in the record.
-  col.clear();
-  for (size_t i = 0; i < n; ++i) col.push_back(at(i).batch_ids_size());
-  PutSeries(w, col.data(), n, kInt, {kRaw, kDelta});
-  std::vector<uint64_t> inner;
-  col.clear();
-  for (size_t i = 0; i < n; ++i) {
-    const auto& ids = at(i).batch_ids();
-    if (ids.empty()) continue;
-    col.push_back(static_cast<uint64_t>(ids[0]));
-    for (int j = 1; j < ids.size(); ++j) {
-      inner.push_back(static_cast<uint64_t>(ids[j]) - static_cast<uint64_t>(ids[j - 1]));
-    }
-  }
-  PutSeries(w, col.data(), col.size(), kInt, {kRaw, kDelta, kDeltaOfDelta});
+  PutSeries(w, c.counts.data(), n, kInt, {kRaw, kDelta});
+  PutSeries(w, c.first_ids.data(), c.first_ids.size(), kInt, {kRaw, kDelta, kDeltaOfDelta});
   // One code per id, as for the steps: the decoder's bound on the ids.
-  PutSeries(w, inner.data(), inner.size(), kInt, {kRaw, kDelta}, false);
+  PutSeries(w, c.inner.data(), c.inner.size(), kInt, {kRaw, kDelta}, false);
 
   // Residues: which records have one, their lengths, then (after the bits,
   // byte-aligned) their bytes.
-  std::vector<std::string> residues;
-  for (size_t i = 0; i < n; ++i) {
-    flags[i] = HasResidue(at(i));
-    if (flags[i]) residues.push_back(Residue(at(i)));
-  }
-  PutBitmap(w, flags);
-  col.clear();
-  for (const std::string& s : residues) col.push_back(s.size());
-  PutSeries(w, col.data(), col.size(), kInt, {kRaw, kDelta});
+  PutBitmap(w, c.has_residue);
+  std::vector<uint64_t> lengths;
+  for (const std::string& r : c.residues) lengths.push_back(r.size());
+  PutSeries(w, lengths.data(), lengths.size(), kInt, {kRaw, kDelta});
   w.Finish();
-  for (const std::string& s : residues) out.append(s);
+  for (const std::string& r : c.residues) out.append(r);
   return out;
 }
 
