@@ -110,6 +110,23 @@ class BitReader {
     Fail();
     return 0;
   }
+  // An Exp-Golomb code of order k (PutGolomb), from one 64-bit window when
+  // it fits in one.
+  uint64_t GetGolomb(int k) {
+    const int off = static_cast<int>(pos_ & 7);
+    const uint64_t w = Load64(pos_ >> 3) << off;
+    const int n = w == 0 ? 64 : std::countl_zero(w);
+    const int len = n == 0 ? k + 1 : 2 * n + k;
+    if (len <= 64 - off && pos_ + len <= size_bits_) {
+      pos_ += len;
+      if (n == 0) return k == 0 ? 0 : (w << 1) >> (64 - k);
+      return (w << n) >> (64 - (n + k));
+    }
+    const int zeros = GetUnary(64);
+    uint64_t v = 0;
+    if (zeros > 0) v = (uint64_t{1} << (zeros - 1)) | Get(zeros - 1);
+    return (v << k) | Get(k);
+  }
   bool failed() const { return failed_; }
   size_t bit_pos() const { return pos_; }
   size_t size_bits() const { return size_bits_; }
@@ -163,12 +180,7 @@ void PutGolomb(BitWriter& w, uint64_t x, int k) {
   }
 }
 
-uint64_t GetGolomb(BitReader& r, int k) {
-  const int n = r.GetUnary(64);
-  uint64_t v = 0;
-  if (n > 0) v = (uint64_t{1} << (n - 1)) | r.Get(n - 1);
-  return (v << k) | r.Get(k);
-}
+uint64_t GetGolomb(BitReader& r, int k) { return r.GetGolomb(k); }
 
 // Counts of values by bit width (0..64), to price every k at once.
 using WidthHistogram = std::array<uint32_t, 65>;
@@ -446,6 +458,47 @@ void PutSeries(BitWriter& w, const uint64_t* v, size_t m, SeriesKind kind,
   WriteSeries(w, v, m, kind, PlanSeries(v, m, kind, candidates, zero_shortcut, pred), pred);
 }
 
+// Turns residuals v[1..) (v[0]: the first value) into the values, the
+// inverse of ResidualLoop.
+template <Predictor P, bool kOrdered>
+void ReconstructLoop(std::vector<uint64_t>& v, const uint64_t* pred, uint64_t center) {
+  auto map = [](uint64_t x) { return kOrdered ? Ordered(x) : x; };
+  uint64_t prev = map(v[0]), d1 = 0, d2 = 0;
+  for (size_t i = 1; i < v.size(); ++i) {
+    const uint64_t res = v[i];
+    uint64_t cur;
+    if constexpr (P == kRaw) {
+      cur = UnZigZag(res);
+    } else if constexpr (P == kDelta) {
+      cur = prev + UnZigZag(res);
+    } else if constexpr (P == kDeltaOfDelta) {
+      cur = prev + d1 + UnZigZag(res);
+    } else if constexpr (P == kDelta3) {
+      d2 += UnZigZag(res);
+      cur = prev + d1 + d2;
+    } else if constexpr (P == kPredicted) {
+      cur = map(pred[i]) + UnZigZag(res);
+    } else if constexpr (P == kCentered) {
+      cur = center + UnZigZag(res);
+    } else {
+      cur = prev ^ res;
+    }
+    d1 = cur - prev;
+    prev = cur;
+    v[i] = map(cur);
+  }
+}
+
+template <Predictor P>
+void Reconstruct(SeriesKind kind, std::vector<uint64_t>& v, const uint64_t* pred,
+                 uint64_t center) {
+  if (kind == SeriesKind::kDouble && P != kXor) {
+    ReconstructLoop<P, true>(v, pred, center);
+  } else {
+    ReconstructLoop<P, false>(v, pred, center);
+  }
+}
+
 // Reads m values into out (pred: as PutSeries was given). False when the
 // reader failed.
 bool GetSeries(BitReader& r, size_t m, SeriesKind kind,
@@ -469,42 +522,39 @@ bool GetSeries(BitReader& r, size_t m, SeriesKind kind,
     k = static_cast<int>(r.Get(6));
     if (p == kCentered) center = r.Get(64);
   }
-  const bool ordered = kind == SeriesKind::kDouble && p != kXor;
-  auto map = [&](uint64_t x) { return ordered ? Ordered(x) : x; };
-  uint64_t prev = map(out[0]), d1 = 0, d2 = 0;
-  for (size_t i = 1; i < m; ++i) {
-    uint64_t res = 0;
-    if (!zero && (!zero_flags || r.Get(1) != 0)) res = GetGolomb(r, k) << shift;
-    if (r.failed()) return false;
-    uint64_t cur;
-    switch (p) {
-      case kRaw:
-        cur = UnZigZag(res);
-        break;
-      case kDelta:
-        cur = prev + UnZigZag(res);
-        break;
-      case kDeltaOfDelta:
-        cur = prev + d1 + UnZigZag(res);
-        break;
-      case kDelta3:
-        d2 += UnZigZag(res);
-        cur = prev + d1 + d2;
-        break;
-      case kPredicted:
-        cur = map(pred[i]) + UnZigZag(res);
-        break;
-      case kCentered:
-        cur = center + UnZigZag(res);
-        break;
-      case kXor:
-      default:
-        cur = prev ^ res;
-        break;
-    }
-    d1 = cur - prev;
-    prev = cur;
-    out[i] = map(cur);
+  // The residuals first (a read past the end gives zeros and fails the
+  // reader, checked once), then the values from them.
+  if (zero) {
+    std::fill(out.begin() + 1, out.end(), 0);
+  } else if (zero_flags) {
+    for (size_t i = 1; i < m; ++i) out[i] = r.Get(1) != 0 ? r.GetGolomb(k) << shift : 0;
+  } else {
+    for (size_t i = 1; i < m; ++i) out[i] = r.GetGolomb(k) << shift;
+  }
+  if (r.failed()) return false;
+  switch (p) {
+    case kRaw:
+      Reconstruct<kRaw>(kind, out, pred, center);
+      break;
+    case kDelta:
+      Reconstruct<kDelta>(kind, out, pred, center);
+      break;
+    case kDeltaOfDelta:
+      Reconstruct<kDeltaOfDelta>(kind, out, pred, center);
+      break;
+    case kDelta3:
+      Reconstruct<kDelta3>(kind, out, pred, center);
+      break;
+    case kPredicted:
+      Reconstruct<kPredicted>(kind, out, pred, center);
+      break;
+    case kCentered:
+      Reconstruct<kCentered>(kind, out, pred, center);
+      break;
+    case kXor:
+    default:
+      Reconstruct<kXor>(kind, out, pred, center);
+      break;
   }
   return !r.failed();
 }
