@@ -431,9 +431,13 @@ absl::Status StoreWriter::CompactOne() {
     return insert_chunk_.Run();
   };
   // Greedy groups of consecutive chunks of at most kCompactRecords records;
-  // a group is merged once the next chunk does not fit in it (the last one,
-  // which may still grow, waits) and if it holds a small chunk.
-  size_t begin = 0;
+  // a group is merged once the next chunk does not fit in it and if it holds
+  // a small chunk. The last one may still grow and waits, unless the scan
+  // stopped at its LIMIT: then it is merged too, so that every call makes
+  // progress (a stream of one-record batches has many small chunks).
+  const bool limited = chunks.size() == kCompactScanRows;
+  size_t begin = 0, scanned = 0;
+  for (const Chunk& c : chunks) scanned += c.n;
   while (status.ok() && begin < chunks.size()) {
     size_t end = begin, records = 0;
     bool small = false;
@@ -442,7 +446,7 @@ absl::Status StoreWriter::CompactOne() {
       small = small || chunks[end].n < kSmallChunk;
       ++end;
     }
-    if (end == chunks.size()) break;  // open
+    if (end == chunks.size() && !limited) break;  // open
     if (end == begin) {
       ++begin;  // a chunk larger than a merged one
       continue;
@@ -458,16 +462,21 @@ absl::Status StoreWriter::CompactOne() {
     small_.erase(it);
     return status;
   }
-  // What is left starts at the open group. Past the scan's LIMIT there may
-  // be more: then it is due again at once.
-  if (begin == chunks.size()) {
-    small_.erase(it);
-    return absl::OkStatus();
+  // What is left: past the LIMIT, what ApplyBatch counted beyond the scan
+  // (due again once it is more than a merged chunk); else the open group.
+  if (limited) {
+    tail.from_step = chunks.back().last + 1;
+    tail.records = tail.records > scanned ? tail.records - scanned : 0;
+  } else if (begin < chunks.size()) {
+    tail.from_step = chunks[begin].first;
+    tail.records = 0;
+    for (size_t i = begin; i < chunks.size(); ++i) tail.records += chunks[i].n;
+  } else {
+    tail.records = 0;
   }
-  tail.from_step = chunks[begin].first;
-  tail.records = 0;
-  for (size_t i = begin; i < chunks.size(); ++i) tail.records += chunks[i].n;
-  if (chunks.size() == kCompactScanRows) {
+  if (tail.records == 0) {
+    small_.erase(it);
+  } else if (tail.records > kCompactRecords) {
     tail.queued = true;
     ready_.push_back(key);
   }

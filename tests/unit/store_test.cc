@@ -530,6 +530,50 @@ TEST(StoreFileTest, SmallChunksAreMergedWhenTheWriterIsIdle) {
   EXPECT_EQ((*store)->GetRun("r1")->steps(), step + 1);
 }
 
+// A stream of one-record batches: each idle merge takes the 256 chunks a
+// scan reads, so it progresses (and stops) rather than waiting for 2,048
+// records that one scan never sees.
+TEST(StoreFileTest, OneRecordBatchesAreMergedAScanAtATime) {
+  const std::string path = ::testing::TempDir() + "/store_compact_ones.db";
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::remove((path + suffix).c_str());
+  }
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::promise<WriteResult> started;
+  (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0}, .start = Start("r1"),
+                    .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
+  ASSERT_TRUE(started.get_future().get().status.ok());
+  constexpr uint64_t kSteps = 2100;
+  std::promise<void> last;
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    WriteOp op{.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+               .records = OddRecords(step, step + 1)};
+    if (step + 1 == kSteps) op.done = [&](WriteResult) { last.set_value(); };
+    (*store)->Submit(std::move(op));
+  }
+  last.get_future().wait();
+  // Past 2,048 records: the first 256 chunks become one; the 1,844 records
+  // after them wait for more.
+  std::string chunks;
+  for (int i = 0; i < 500 && chunks != "1845"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    chunks = Sql(path, "SELECT count(*) FROM step_chunks");
+  }
+  EXPECT_EQ(chunks, "1845");
+  EXPECT_EQ(Sql(path, "SELECT n FROM step_chunks ORDER BY first_step LIMIT 1"), "256");
+  EXPECT_EQ((*store)->GetRun("r1")->steps(), kSteps);
+  uint64_t next = 0;
+  ASSERT_TRUE((*store)->ReadSteps("r1", 0, 0, std::nullopt, 1000,
+                                  [&](v1::StepRecords& chunk) {
+                                    for (const auto& item : chunk.items()) {
+                                      EXPECT_EQ(item.record().step(), next++);
+                                    }
+                                    return true;
+                                  }).ok());
+  EXPECT_EQ(next, kSteps);
+}
+
 // A chunk that does not decode is reported with its run and stream.
 TEST(StoreFileTest, ACorruptChunkIsDataLossNamingItsStream) {
   const std::string path = ::testing::TempDir() + "/store_corrupt.db";
