@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -313,26 +314,33 @@ void ResidualLoopOf(SeriesKind kind, const uint64_t* v, const uint64_t* pred,
   }
 }
 
+// Calls f with p as a compile-time constant (std::integral_constant), so
+// that the loops over values are compiled once per predictor.
+template <typename F>
+void WithPredictor(Predictor p, F&& f) {
+  switch (p) {
+    case kRaw:
+      return f(std::integral_constant<Predictor, kRaw>{});
+    case kDelta:
+      return f(std::integral_constant<Predictor, kDelta>{});
+    case kDeltaOfDelta:
+      return f(std::integral_constant<Predictor, kDeltaOfDelta>{});
+    case kDelta3:
+      return f(std::integral_constant<Predictor, kDelta3>{});
+    case kPredicted:
+      return f(std::integral_constant<Predictor, kPredicted>{});
+    case kCentered:
+      return f(std::integral_constant<Predictor, kCentered>{});
+    case kXor:
+    default:
+      return f(std::integral_constant<Predictor, kXor>{});
+  }
+}
+
 template <typename F>
 void ForEachResidual(Predictor p, const uint64_t* v, const uint64_t* pred,
                      uint64_t center, size_t m, SeriesKind kind, F&& f) {
-  switch (p) {
-    case kRaw:
-      return ResidualLoopOf<kRaw>(kind, v, pred, center, m, f);
-    case kDelta:
-      return ResidualLoopOf<kDelta>(kind, v, pred, center, m, f);
-    case kDeltaOfDelta:
-      return ResidualLoopOf<kDeltaOfDelta>(kind, v, pred, center, m, f);
-    case kDelta3:
-      return ResidualLoopOf<kDelta3>(kind, v, pred, center, m, f);
-    case kPredicted:
-      return ResidualLoopOf<kPredicted>(kind, v, pred, center, m, f);
-    case kCentered:
-      return ResidualLoopOf<kCentered>(kind, v, pred, center, m, f);
-    case kXor:
-    default:
-      return ResidualLoopOf<kXor>(kind, v, pred, center, m, f);
-  }
+  WithPredictor(p, [&](auto P) { ResidualLoopOf<P.value>(kind, v, pred, center, m, f); });
 }
 
 // How PutSeries writes a series, and its cost in bits.
@@ -532,30 +540,7 @@ bool GetSeries(BitReader& r, size_t m, SeriesKind kind,
     for (size_t i = 1; i < m; ++i) out[i] = r.GetGolomb(k) << shift;
   }
   if (r.failed()) return false;
-  switch (p) {
-    case kRaw:
-      Reconstruct<kRaw>(kind, out, pred, center);
-      break;
-    case kDelta:
-      Reconstruct<kDelta>(kind, out, pred, center);
-      break;
-    case kDeltaOfDelta:
-      Reconstruct<kDeltaOfDelta>(kind, out, pred, center);
-      break;
-    case kDelta3:
-      Reconstruct<kDelta3>(kind, out, pred, center);
-      break;
-    case kPredicted:
-      Reconstruct<kPredicted>(kind, out, pred, center);
-      break;
-    case kCentered:
-      Reconstruct<kCentered>(kind, out, pred, center);
-      break;
-    case kXor:
-    default:
-      Reconstruct<kXor>(kind, out, pred, center);
-      break;
-  }
+  WithPredictor(p, [&](auto P) { Reconstruct<P.value>(kind, out, pred, center); });
   return !r.failed();
 }
 

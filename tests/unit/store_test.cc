@@ -275,8 +275,15 @@ int PageSize(const std::string& path) {
   return size;
 }
 
-// Opens a store on `options`, starts run r1 and stores steps [from, to).
-void WriteSteps(const StoreOptions& options, uint64_t from, uint64_t to) {
+// A path in the test's temporary directory, with no database there.
+std::string FreshDb(const std::string& name) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  for (const char* suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+  return path;
+}
+
+// Opens a store on `options`, starts run r1 and stores `records`.
+void WriteRecords(const StoreOptions& options, StepRecords records) {
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
   ASSERT_TRUE(store.ok()) << store.status();
   std::promise<WriteResult> started, wrote;
@@ -284,10 +291,16 @@ void WriteSteps(const StoreOptions& options, uint64_t from, uint64_t to) {
                     .start = Start("r1"),
                     .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
   ASSERT_TRUE(started.get_future().get().status.ok());
+  const size_t n = static_cast<size_t>(records.size());
   (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
-                    .records = Steps(from, to),
+                    .records = std::move(records),
                     .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
-  EXPECT_EQ(wrote.get_future().get().stored, to - from);
+  EXPECT_EQ(wrote.get_future().get().stored, n);
+}
+
+// Stores steps [from, to) of run r1.
+void WriteSteps(const StoreOptions& options, uint64_t from, uint64_t to) {
+  WriteRecords(options, Steps(from, to));
 }
 
 TEST(StoreFileTest, ANewDatabaseGetsThePageSizeAnExistingOneKeepsItsOwn) {
@@ -332,10 +345,7 @@ std::string Sql(const std::string& path, const std::string& sql) {
 // A database of schema version 5 kept step_chunks WITHOUT ROWID; version 6
 // makes it a rowid table and keeps every chunk.
 TEST(StoreFileTest, AVersion5DatabaseIsMigratedWithItsRecords) {
-  const std::string path = ::testing::TempDir() + "/store_v5.db";
-  for (const char* suffix : {"", "-wal", "-shm"}) {
-    std::remove((path + suffix).c_str());
-  }
+  const std::string path = FreshDb("store_v5.db");
   ASSERT_NO_FATAL_FAILURE(WriteSteps({.path = path}, 0, 3000));
   // Back to version 5's layout, as a server of that version left it.
   ASSERT_EQ(Sql(path, R"sql(
@@ -417,30 +427,15 @@ StepRecords OddRecords(uint64_t from, uint64_t to) {
 // those chunks as they are, reads them back bit for bit beside the columnar
 // ones it writes, and an older server is told the file is newer.
 TEST(StoreFileTest, AVersion6DatabaseKeepsItsChunksAndReadsThemBack) {
-  const std::string path = ::testing::TempDir() + "/store_v6.db";
-  for (const char* suffix : {"", "-wal", "-shm"}) {
-    std::remove((path + suffix).c_str());
-  }
-  auto write = [&](uint64_t from, uint64_t to) {
-    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
-    ASSERT_TRUE(store.ok()) << store.status();
-    std::promise<WriteResult> started, wrote;
-    (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0},
-                      .start = Start("r1"),
-                      .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
-    ASSERT_TRUE(started.get_future().get().status.ok());
-    (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
-                      .records = OddRecords(from, to),
-                      .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
-    EXPECT_EQ(wrote.get_future().get().stored, to - from);
-  };
-  ASSERT_NO_FATAL_FAILURE(write(0, 2500));
+  const std::string path = FreshDb("store_v6.db");
+  ASSERT_NO_FATAL_FAILURE(WriteRecords({.path = path}, OddRecords(0, 2500)));
   ASSERT_NO_FATAL_FAILURE(RewriteChunksInTheOldFormat(path));
   ASSERT_EQ(Sql(path, "PRAGMA user_version = 6; PRAGMA user_version"), "6");
   ASSERT_EQ(Sql(path, "SELECT hex(substr(records, 1, 1)) FROM step_chunks"), "12")
       << "a StepBatch starts with the tag of its records";
 
-  ASSERT_NO_FATAL_FAILURE(write(2500, 4000));  // migrates, then adds a chunk
+  // Migrates, then adds a chunk.
+  ASSERT_NO_FATAL_FAILURE(WriteRecords({.path = path}, OddRecords(2500, 4000)));
   EXPECT_EQ(Sql(path, "PRAGMA user_version"), "7");
   EXPECT_EQ(Sql(path, "SELECT group_concat(f, ',') FROM (SELECT "
                       "hex(substr(records, 1, 1)) AS f FROM step_chunks ORDER BY first_step)"),
@@ -471,10 +466,7 @@ TEST(StoreFileTest, AVersion6DatabaseKeepsItsChunksAndReadsThemBack) {
 // them (with a large chunk among them too) into chunks of up to 2,048
 // records, and the records, their order and exactly-once stay as they were.
 TEST(StoreFileTest, SmallChunksAreMergedWhenTheWriterIsIdle) {
-  const std::string path = ::testing::TempDir() + "/store_compact.db";
-  for (const char* suffix : {"", "-wal", "-shm"}) {
-    std::remove((path + suffix).c_str());
-  }
+  const std::string path = FreshDb("store_compact.db");
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
   ASSERT_TRUE(store.ok()) << store.status();
   auto write = [&](WriteOp op) {
@@ -534,10 +526,7 @@ TEST(StoreFileTest, SmallChunksAreMergedWhenTheWriterIsIdle) {
 // scan reads, so it progresses (and stops) rather than waiting for 2,048
 // records that one scan never sees.
 TEST(StoreFileTest, OneRecordBatchesAreMergedAScanAtATime) {
-  const std::string path = ::testing::TempDir() + "/store_compact_ones.db";
-  for (const char* suffix : {"", "-wal", "-shm"}) {
-    std::remove((path + suffix).c_str());
-  }
+  const std::string path = FreshDb("store_compact_ones.db");
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
   ASSERT_TRUE(store.ok()) << store.status();
   std::promise<WriteResult> started;
@@ -576,10 +565,7 @@ TEST(StoreFileTest, OneRecordBatchesAreMergedAScanAtATime) {
 
 // A chunk that does not decode is reported with its run and stream.
 TEST(StoreFileTest, ACorruptChunkIsDataLossNamingItsStream) {
-  const std::string path = ::testing::TempDir() + "/store_corrupt.db";
-  for (const char* suffix : {"", "-wal", "-shm"}) {
-    std::remove((path + suffix).c_str());
-  }
+  const std::string path = FreshDb("store_corrupt.db");
   ASSERT_NO_FATAL_FAILURE(WriteSteps({.path = path}, 0, 100));
   ASSERT_EQ(Sql(path, "UPDATE step_chunks SET records = substr(records, 1, 10); "
                       "SELECT count(*) FROM step_chunks"), "1");
