@@ -134,6 +134,14 @@ DROP TABLE step_chunks;
 ALTER TABLE step_chunks_v6 RENAME TO step_chunks;
 )sql";
 
+// Version 7: step_chunks.records may hold the columnar encoding of
+// store/step_codec.h (its first byte, 0x07, never starts a serialized
+// StepBatch); chunks written before keep their StepBatch and read as they are,
+// so nothing is rewritten: a migration that re-encoded every chunk would hold
+// the write lock and need the file's size again in the WAL for as long as it
+// takes, for a one-time saving on old runs. The version tells a server of
+// version 6, which cannot read the new chunks, to refuse the file.
+
 absl::StatusOr<int> UserVersion(sqlite3* db) {
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
   if (!s.ok()) return s.status();

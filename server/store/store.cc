@@ -129,16 +129,35 @@ size_t Store::QueueDepth() const {
   return queue_.size();
 }
 
+// How long the writer waits for an op before it merges small chunks.
+constexpr absl::Duration kCompactAfterIdle = absl::Milliseconds(2);
+
 void Store::WriterLoop() {
   pthread_setname_np(pthread_self(), "tw-store");
   std::vector<WriteOp> ops;
   std::vector<WriteResult> results;
   while (true) {
     size_t records = 0;
+    bool compact = false;
     {
       absl::MutexLock lock(&mu_);
-      while (!closing_ && queue_.empty()) cv_.Wait(&mu_);
-      if (queue_.empty()) return;  // closing and drained
+      while (!closing_ && queue_.empty() && !writer_->WantsCompaction()) {
+        cv_.Wait(&mu_);
+      }
+      if (queue_.empty() && closing_) return;  // closing and drained
+      // Idle: merge small chunks (StoreWriter::CompactOne), one stream at a
+      // time, so an op that arrives meanwhile waits for one merge at most;
+      // and only after kCompactAfterIdle without an op, so that a load of
+      // small batches is not slowed by merges between them (its chunks are
+      // merged at its next lull).
+      if (queue_.empty()) {
+        const absl::Time deadline = absl::Now() + kCompactAfterIdle;
+        while (!closing_ && queue_.empty()) {
+          if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+        }
+        if (queue_.empty() && closing_) return;
+      }
+      compact = queue_.empty();
       size_t weight = 0;
       while (!queue_.empty() && weight < options_.max_records_per_txn) {
         size_t n = queue_.front().records.size();
@@ -148,6 +167,12 @@ void Store::WriterLoop() {
         queue_.pop_front();
       }
       queued_records_ -= records;
+    }
+    if (compact) {
+      if (absl::Status s = writer_->CompactOne(); !s.ok() && options_.on_error) {
+        options_.on_error(s);
+      }
+      continue;
     }
     bool done = Commit(ops, records, results);
     // Gave up while closing: what is still queued fails the same way.

@@ -2,8 +2,8 @@
 // and events, in one SQLite file (WAL).
 //
 // Layout. Step records are stored in chunks: one row per accepted batch of a
-// stream (run, rank, attempt), holding the serialized records and the step
-// range they cover. A row per step tops out near 240k rows/s on a 2-core
+// stream (run, rank, attempt), holding the records (columnar, see
+// store/step_codec.h) and the step range they cover. A row per step tops out near 240k rows/s on a 2-core
 // machine; a chunk row carries up to thousands of records for about the cost
 // of one row, and QuerySteps reads a range with one index seek.
 //
@@ -98,7 +98,8 @@ struct StoreOptions {
   std::function<void(double seconds, size_t records, size_t queue_depth)>
       on_commit;
   // Called on the writer thread when a transaction fails with an error that
-  // is not transient and its ops fail (for logs/metrics).
+  // is not transient and its ops fail, or when a compaction of small chunks
+  // fails (no op waits for one; it is rolled back) (for logs/metrics).
   std::function<void(const absl::Status&)> on_error;
   // Called on the writer thread at each failed attempt of a transaction that
   // failed with a transient error (kStarted, kRetrying, kGaveUp) and when the
@@ -238,7 +239,7 @@ class Store {
   absl::StatusOr<std::vector<v1::RunEvent>> ListEvents(
       const std::string& run_id) const;
 
-  static constexpr int kSchemaVersion = 6;
+  static constexpr int kSchemaVersion = 7;
 
  private:
   // A statement on a read-only connection of its own (store_reads.cc);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "store/step_codec.h"
 #include "store/store.h"
 #include "trainwatch/v1/alert_names.h"
 
@@ -123,21 +124,21 @@ absl::Status Store::ReadSteps(
   s.Bind(1, run_id).Bind(2, rank.has_value() ? int64_t{*rank} : int64_t{-1})
       .Bind(3, from).Bind(4, to);
   v1::StepRecords out;
-  v1::StepBatch chunk;
+  google::protobuf::RepeatedPtrField<v1::StepRecord> chunk;
   size_t rows = 0;
   while (true) {
     absl::StatusOr<bool> row = s.Step();
     if (!row.ok()) return row.status();
     if (!*row) break;
     ++rows;
-    std::string_view blob = s.Blob(2);
-    if (!chunk.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
-      return absl::DataLossError(absl::StrCat(
-          "a stored chunk of run ", run_id, " does not parse"));
-    }
     uint32_t r = static_cast<uint32_t>(s.Int(0));
     uint32_t attempt = static_cast<uint32_t>(s.Int(1));
-    for (v1::StepRecord& rec : *chunk.mutable_records()) {
+    if (absl::Status d = DecodeStepChunk(s.Blob(2), &chunk); !d.ok()) {
+      return absl::DataLossError(absl::StrCat("a stored chunk of run ", run_id,
+                                              " (rank ", r, ", attempt ",
+                                              attempt, "): ", d.message()));
+    }
+    for (v1::StepRecord& rec : chunk) {
       if (rec.step() < from_step || (to_step != 0 && rec.step() > to_step)) {
         continue;
       }

@@ -1,19 +1,14 @@
 #include "store/writer.h"
 
-#include "trainwatch/v1/alert_names.h"
-
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-
 #include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "store/step_codec.h"
+#include "trainwatch/v1/alert_names.h"
 
 namespace trainwatch {
 namespace {
-
-constexpr uint32_t kRecordsTag = (2 << 3) | 2;  // StepBatch.records, length-delimited
 
 // Steps live in SQLite's signed 64-bit integers; larger ones are clamped on
 // the way in (no real run gets near 2^63 steps).
@@ -26,25 +21,6 @@ int64_t ToDb(uint64_t step) {
 std::string PackIds(const google::protobuf::RepeatedField<int64_t>& ids) {
   std::string out(ids.size() * sizeof(int64_t), '\0');
   if (!ids.empty()) std::memcpy(out.data(), ids.data(), out.size());
-  return out;
-}
-
-// Encodes records[i] for each i of `picked` as a serialized StepBatch (field
-// `records` only) without copying them into a StepBatch first.
-std::string EncodeRecords(
-    const google::protobuf::RepeatedPtrField<v1::StepRecord>& records,
-    const std::vector<size_t>& picked) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    for (size_t i : picked) {
-      const v1::StepRecord& r = records[i];
-      coded.WriteTag(kRecordsTag);
-      coded.WriteVarint32(static_cast<uint32_t>(r.ByteSizeLong()));
-      r.SerializeWithCachedSizes(&coded);
-    }
-  }
   return out;
 }
 
@@ -109,6 +85,11 @@ absl::Status StoreWriter::Prepare() {
       {&insert_host_incident_,
        "INSERT OR IGNORE INTO host_incidents (host, time_ns, run_id, alertname) "
        "VALUES (?1, ?2, ?3, ?4)"},
+      {&select_chunks_from_,
+       "SELECT rowid, first_step, last_step, n, records FROM step_chunks "
+       "WHERE run_key = ?1 AND rank = ?2 AND attempt = ?3 AND first_step >= ?4 "
+       "ORDER BY first_step LIMIT 256"},  // kCompactScanRows
+      {&delete_chunk_, "DELETE FROM step_chunks WHERE rowid = ?1"},
       {&insert_event_,
        "INSERT OR IGNORE INTO events (run_key, rank, attempt, step, kind, "
        "detail, time_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
@@ -265,9 +246,25 @@ absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
       .Bind(3, int64_t{op.key.attempt}).Bind(4, first)
       .Bind(5, *st.last_step)
       .Bind(6, static_cast<int64_t>(picked_.size()))
-      .BindBlob(7, EncodeRecords(op.records, picked_));
+      .BindBlob(7, EncodeStepChunk(op.records, picked_));
   if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
   result.stored = picked_.size();
+  // Compaction's bookkeeping: from a stream's first small chunk on, the
+  // records of its chunks.
+  const bool small_chunk = picked_.size() < kSmallChunk;
+  auto tail = small_.find(op.key);
+  if (tail == small_.end() && small_chunk) {
+    tail = small_.emplace(op.key, SmallChunks{.run_key = st.run_key, .from_step = first})
+               .first;
+  }
+  if (tail != small_.end()) {
+    // Past kCompactRecords at least one group of them is complete.
+    tail->second.records += picked_.size();
+    if (!tail->second.queued && tail->second.records > kCompactRecords) {
+      tail->second.queued = true;
+      ready_.push_back(op.key);
+    }
+  }
   RunProgress& p = progress_[st.run_key];
   p.max_step = std::max(p.max_step, *st.last_step);
   p.added += static_cast<int64_t>(picked_.size());
@@ -387,8 +384,103 @@ absl::Status StoreWriter::Apply(const std::vector<WriteOp>& ops,
     // from what is committed.
     run_keys_.clear();
     streams_.clear();
+    small_.clear();
+    ready_.clear();
     for (WriteResult& r : results) r = WriteResult{.status = status};
     return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StoreWriter::CompactOne() {
+  if (ready_.empty()) return absl::OkStatus();
+  const StreamKey key = std::move(ready_.front());
+  ready_.pop_front();
+  auto it = small_.find(key);
+  if (it == small_.end()) return absl::OkStatus();
+  SmallChunks& tail = it->second;
+  tail.queued = false;
+  struct Chunk {
+    int64_t rowid, first, last;
+    size_t n;
+    std::string blob;
+  };
+  absl::Status status = sqlite::Exec(db_.get(), "BEGIN IMMEDIATE");
+  std::vector<Chunk> chunks;
+  if (status.ok()) {
+    select_chunks_from_.Bind(1, tail.run_key).Bind(2, int64_t{key.rank})
+        .Bind(3, int64_t{key.attempt}).Bind(4, tail.from_step);
+    status = select_chunks_from_.ForEachRow([&](const sqlite::Stmt& row) {
+      chunks.push_back(Chunk{.rowid = row.Int(0), .first = row.Int(1), .last = row.Int(2),
+                             .n = static_cast<size_t>(row.Int(3)),
+                             .blob = std::string(row.Blob(4))});
+    });
+    select_chunks_from_.Reset();
+  }
+  google::protobuf::RepeatedPtrField<v1::StepRecord> merged, part;
+  auto merge = [&](size_t begin, size_t end) -> absl::Status {
+    merged.Clear();
+    for (size_t i = begin; i < end; ++i) {
+      if (absl::Status s = DecodeStepChunk(chunks[i].blob, &part); !s.ok()) return s;
+      for (v1::StepRecord& r : part) merged.Add()->Swap(&r);
+      delete_chunk_.Bind(1, chunks[i].rowid);
+      if (absl::Status s = delete_chunk_.Run(); !s.ok()) return s;
+    }
+    insert_chunk_.Bind(1, tail.run_key).Bind(2, int64_t{key.rank})
+        .Bind(3, int64_t{key.attempt}).Bind(4, chunks[begin].first)
+        .Bind(5, chunks[end - 1].last).Bind(6, static_cast<int64_t>(merged.size()))
+        .BindBlob(7, EncodeStepChunk(merged));
+    return insert_chunk_.Run();
+  };
+  // Greedy groups of consecutive chunks of at most kCompactRecords records;
+  // a group is merged once the next chunk does not fit in it and if it holds
+  // a small chunk. The last one may still grow and waits, unless the scan
+  // stopped at its LIMIT: then it is merged too, so that every call makes
+  // progress (a stream of one-record batches has many small chunks).
+  const bool limited = chunks.size() == kCompactScanRows;
+  size_t begin = 0, scanned = 0;
+  for (const Chunk& c : chunks) scanned += c.n;
+  while (status.ok() && begin < chunks.size()) {
+    size_t end = begin, records = 0;
+    bool small = false;
+    while (end < chunks.size() && records + chunks[end].n <= kCompactRecords) {
+      records += chunks[end].n;
+      small = small || chunks[end].n < kSmallChunk;
+      ++end;
+    }
+    if (end == chunks.size() && !limited) break;  // open
+    if (end == begin) {
+      ++begin;  // a chunk larger than a merged one
+      continue;
+    }
+    if (small && end - begin >= 2) status = merge(begin, end);
+    begin = end;
+  }
+  if (status.ok()) status = sqlite::Exec(db_.get(), "COMMIT");
+  if (!status.ok()) {
+    if (!sqlite3_get_autocommit(db_.get())) {
+      sqlite::Exec(db_.get(), "ROLLBACK").IgnoreError();
+    }
+    small_.erase(it);
+    return status;
+  }
+  // What is left: past the LIMIT, what ApplyBatch counted beyond the scan
+  // (due again once it is more than a merged chunk); else the open group.
+  if (limited) {
+    tail.from_step = chunks.back().last + 1;
+    tail.records = tail.records > scanned ? tail.records - scanned : 0;
+  } else if (begin < chunks.size()) {
+    tail.from_step = chunks[begin].first;
+    tail.records = 0;
+    for (size_t i = begin; i < chunks.size(); ++i) tail.records += chunks[i].n;
+  } else {
+    tail.records = 0;
+  }
+  if (tail.records == 0) {
+    small_.erase(it);
+  } else if (tail.records > kCompactRecords) {
+    tail.queued = true;
+    ready_.push_back(key);
   }
   return absl::OkStatus();
 }

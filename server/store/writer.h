@@ -4,6 +4,7 @@
 #ifndef TRAINWATCH_SERVER_STORE_WRITER_H_
 #define TRAINWATCH_SERVER_STORE_WRITER_H_
 
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,11 +30,36 @@ class StoreWriter {
   absl::Status Apply(const std::vector<WriteOp>& ops,
                      std::vector<WriteResult>& results);
 
+  // Compaction. A batch of few records makes a chunk of few records, and
+  // each chunk costs its own column headers (~140 bytes) and SQLite cell
+  // (~0.4 KB of a page): a trainer at one step a second sends a record a
+  // batch, a replay batches of a few hundred. So, when the writer has
+  // nothing queued, it merges runs of a stream's consecutive chunks that
+  // hold a small one into chunks of up to kCompactRecords records, in a
+  // transaction of its own (readers see the chunks before or after).
+  // A record is merged about once. A stream's last chunks wait for more;
+  // those of streams written before a restart stay as they are.
+  static constexpr size_t kSmallChunk = 512;       // records; fewer is small
+  static constexpr size_t kCompactRecords = 2048;  // records in a merged chunk
+  static constexpr size_t kCompactScanRows = 256;  // chunks read at a time
+  bool WantsCompaction() const { return !ready_.empty(); }
+  // Merges chunks of one stream that has enough. Its error is the
+  // transaction's (rolled back; that stream is not tried again).
+  absl::Status CompactOne();
+
  private:
   struct StreamState {
     int64_t run_key = 0;
     std::optional<int64_t> last_step;
     bool dirty = false;
+  };
+  // The records of a stream's chunks from from_step on, its first small
+  // chunk not yet merged.
+  struct SmallChunks {
+    int64_t run_key = 0;
+    int64_t from_step = 0;
+    size_t records = 0;
+    bool queued = false;  // in ready_
   };
   struct RunProgress {
     int64_t max_step = -1;
@@ -67,7 +93,8 @@ class StoreWriter {
   sqlite::Stmt select_run_, insert_run_, update_run_start_, set_run_state_,
       update_run_progress_, select_stream_, insert_stream_, update_stream_,
       insert_chunk_, insert_event_, upsert_alert_, insert_spike_,
-      update_spike_outcome_, insert_host_incident_;
+      update_spike_outcome_, insert_host_incident_, select_chunks_from_,
+      delete_chunk_;
   // Caches of what is committed; cleared when a transaction fails.
   absl::flat_hash_map<std::string, int64_t> run_keys_;
   // node_hash_map: StreamState pointers stay valid while the map grows.
@@ -78,6 +105,9 @@ class StoreWriter {
   absl::flat_hash_map<int64_t, RunProgress> progress_;
   // ApplyBatch's scratch: the indices of the op's records that are new.
   std::vector<size_t> picked_;
+  // Compaction: streams with small chunks, and those with enough to merge.
+  absl::flat_hash_map<StreamKey, SmallChunks> small_;
+  std::deque<StreamKey> ready_;
 };
 
 }  // namespace trainwatch

@@ -7,6 +7,8 @@
 //  - BM_StoreCommitPipelined/B: 64 batches of B submitted, then all waited
 //    for (the writer groups them into transactions, as under load).
 //  Both at the store's page size and at SQLite's default 4 KiB (page:P).
+//  - BM_ChunkEncode, BM_ChunkDecode: a chunk of 1,024 records, columnar
+//    (format:1) against a serialized StepBatch (format:0).
 //  - BM_RawSqliteRowPerStep: 1,024 rows a transaction, 14 columns, text run
 //    id, WAL, synchronous=NORMAL, a prepared INSERT, a unique index on
 //    (run, rank, attempt, step).
@@ -27,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "store/step_codec.h"
 #include "store/store.h"
 
 namespace {
@@ -158,6 +161,52 @@ BENCHMARK(BM_StoreCommit)->Apply(PageSizes);
 
 void BM_StoreCommitPipelined(benchmark::State& state) { StoreBench(state, 64); }
 BENCHMARK(BM_StoreCommitPipelined)->Apply(PageSizes);
+
+// A chunk of 1,024 records encoded and decoded, as the columnar format of
+// store/step_codec.h (format:1) and as the serialized StepBatch before it
+// (format:0), side by side; bytes_per_record is the blob's size.
+google::protobuf::RepeatedPtrField<v1::StepRecord> ChunkRecords() {
+  const std::vector<v1::StepRecord> templ = Records(1024);
+  google::protobuf::RepeatedPtrField<v1::StepRecord> recs(templ.begin(), templ.end());
+  uint64_t step = 1;
+  for (v1::StepRecord& r : recs) r.set_step(step++);
+  return recs;
+}
+
+std::string EncodeAs(int format, const google::protobuf::RepeatedPtrField<v1::StepRecord>& recs) {
+  if (format == 1) return EncodeStepChunk(recs);
+  v1::StepBatch batch;
+  *batch.mutable_records() = recs;
+  return batch.SerializeAsString();
+}
+
+void BM_ChunkEncode(benchmark::State& state) {
+  const auto recs = ChunkRecords();
+  const int format = static_cast<int>(state.range(0));
+  v1::StepBatch batch;
+  *batch.mutable_records() = recs;
+  size_t bytes = 0;
+  for (auto _ : state) {
+    std::string blob = format == 1 ? EncodeStepChunk(recs) : batch.SerializeAsString();
+    bytes = blob.size();
+    benchmark::DoNotOptimize(blob);
+  }
+  state.SetItemsProcessed(state.iterations() * recs.size());
+  state.counters["bytes_per_record"] = static_cast<double>(bytes) / recs.size();
+}
+BENCHMARK(BM_ChunkEncode)->Arg(0)->Arg(1)->ArgName("format");
+
+void BM_ChunkDecode(benchmark::State& state) {
+  const auto recs = ChunkRecords();
+  const std::string blob = EncodeAs(static_cast<int>(state.range(0)), recs);
+  google::protobuf::RepeatedPtrField<v1::StepRecord> out;
+  for (auto _ : state) {
+    if (!DecodeStepChunk(blob, &out).ok()) state.SkipWithError("does not decode");
+    benchmark::DoNotOptimize(out);
+  }
+  state.SetItemsProcessed(state.iterations() * recs.size());
+}
+BENCHMARK(BM_ChunkDecode)->Arg(0)->Arg(1)->ArgName("format");
 
 bool Exec(sqlite3* db, const char* sql) {
   return sqlite3_exec(db, sql, nullptr, nullptr, nullptr) == SQLITE_OK;

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "gtest/gtest.h"
+#include "store/step_codec.h"
 
 namespace trainwatch::testing {
 namespace {
@@ -41,16 +42,19 @@ std::map<RunRank, std::vector<v1::StepRecord>> ReadStoredRecords(
         "SELECT r.run_id, c.rank, c.n, c.records FROM step_chunks c JOIN runs r "
         "USING (run_key) ORDER BY r.run_id, c.rank, c.attempt, c.first_step",
         [&](sqlite3_stmt* stmt) {
-          // A chunk is a serialized StepBatch holding only its records.
-          v1::StepBatch chunk;
-          const bool parsed = chunk.ParseFromArray(sqlite3_column_blob(stmt, 3),
-                                                   sqlite3_column_bytes(stmt, 3));
-          EXPECT_TRUE(parsed) << "undecodable chunk of run " << Text(stmt, 0);
-          EXPECT_EQ(chunk.records_size(), sqlite3_column_int64(stmt, 2))
+          // A chunk as store/step_codec.h encodes it (or a StepBatch, before).
+          google::protobuf::RepeatedPtrField<v1::StepRecord> chunk;
+          const absl::Status decoded = DecodeStepChunk(
+              std::string_view(static_cast<const char*>(sqlite3_column_blob(stmt, 3)),
+                               static_cast<size_t>(sqlite3_column_bytes(stmt, 3))),
+              &chunk);
+          EXPECT_TRUE(decoded.ok()) << "undecodable chunk of run " << Text(stmt, 0)
+                                    << ": " << decoded;
+          EXPECT_EQ(chunk.size(), sqlite3_column_int64(stmt, 2))
               << "chunk count column disagrees with its records";
           auto& records = out[{Text(stmt, 0),
                                static_cast<uint32_t>(sqlite3_column_int64(stmt, 1))}];
-          for (v1::StepRecord& r : *chunk.mutable_records()) {
+          for (v1::StepRecord& r : chunk) {
             records.push_back(std::move(r));
           }
         });

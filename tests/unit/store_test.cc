@@ -3,11 +3,16 @@
 
 #include <sqlite3.h>
 
+#include <bit>
 #include <cstdio>
+#include <chrono>
 #include <future>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "store/step_codec.h"
 #include "test_records.h"
 
 namespace trainwatch {
@@ -270,8 +275,15 @@ int PageSize(const std::string& path) {
   return size;
 }
 
-// Opens a store on `options`, starts run r1 and stores steps [from, to).
-void WriteSteps(const StoreOptions& options, uint64_t from, uint64_t to) {
+// A path in the test's temporary directory, with no database there.
+std::string FreshDb(const std::string& name) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  for (const char* suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+  return path;
+}
+
+// Opens a store on `options`, starts run r1 and stores `records`.
+void WriteRecords(const StoreOptions& options, StepRecords records) {
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
   ASSERT_TRUE(store.ok()) << store.status();
   std::promise<WriteResult> started, wrote;
@@ -279,10 +291,16 @@ void WriteSteps(const StoreOptions& options, uint64_t from, uint64_t to) {
                     .start = Start("r1"),
                     .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
   ASSERT_TRUE(started.get_future().get().status.ok());
+  const size_t n = static_cast<size_t>(records.size());
   (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
-                    .records = Steps(from, to),
+                    .records = std::move(records),
                     .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
-  EXPECT_EQ(wrote.get_future().get().stored, to - from);
+  EXPECT_EQ(wrote.get_future().get().stored, n);
+}
+
+// Stores steps [from, to) of run r1.
+void WriteSteps(const StoreOptions& options, uint64_t from, uint64_t to) {
+  WriteRecords(options, Steps(from, to));
 }
 
 TEST(StoreFileTest, ANewDatabaseGetsThePageSizeAnExistingOneKeepsItsOwn) {
@@ -327,10 +345,7 @@ std::string Sql(const std::string& path, const std::string& sql) {
 // A database of schema version 5 kept step_chunks WITHOUT ROWID; version 6
 // makes it a rowid table and keeps every chunk.
 TEST(StoreFileTest, AVersion5DatabaseIsMigratedWithItsRecords) {
-  const std::string path = ::testing::TempDir() + "/store_v5.db";
-  for (const char* suffix : {"", "-wal", "-shm"}) {
-    std::remove((path + suffix).c_str());
-  }
+  const std::string path = FreshDb("store_v5.db");
   ASSERT_NO_FATAL_FAILURE(WriteSteps({.path = path}, 0, 3000));
   // Back to version 5's layout, as a server of that version left it.
   ASSERT_EQ(Sql(path, R"sql(
@@ -363,8 +378,203 @@ TEST(StoreFileTest, AVersion5DatabaseIsMigratedWithItsRecords) {
                                   }).ok());
   EXPECT_EQ(read, 3000u);
   store->reset();
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "6");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "7");
   EXPECT_EQ(Sql(path, "SELECT count(rowid) FROM step_chunks"), "1");
+}
+
+// Rewrites every chunk of the file as the store wrote it before the columnar
+// format: a serialized StepBatch of the records (what writer.cc encoded).
+void RewriteChunksInTheOldFormat(const std::string& path) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* select = nullptr;
+  sqlite3_stmt* update = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT rowid, records FROM step_chunks", -1,
+                               &select, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_prepare_v2(db, "UPDATE step_chunks SET records = ?2 WHERE rowid = ?1",
+                               -1, &update, nullptr), SQLITE_OK);
+  std::vector<std::pair<int64_t, std::string>> old;
+  while (sqlite3_step(select) == SQLITE_ROW) {
+    std::string_view blob(static_cast<const char*>(sqlite3_column_blob(select, 1)),
+                          static_cast<size_t>(sqlite3_column_bytes(select, 1)));
+    v1::StepBatch batch;
+    ASSERT_TRUE(DecodeStepChunk(blob, batch.mutable_records()).ok());
+    old.emplace_back(sqlite3_column_int64(select, 0), batch.SerializeAsString());
+  }
+  for (const auto& [rowid, blob] : old) {
+    sqlite3_bind_int64(update, 1, rowid);
+    sqlite3_bind_blob(update, 2, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+    ASSERT_EQ(sqlite3_step(update), SQLITE_DONE);
+    sqlite3_reset(update);
+  }
+  sqlite3_finalize(select);
+  sqlite3_finalize(update);
+  sqlite3_close(db);
+}
+
+// Records whose doubles include what a lossy path would lose.
+StepRecords OddRecords(uint64_t from, uint64_t to) {
+  StepRecords recs = Steps(from, to);
+  for (v1::StepRecord& r : recs) {
+    r.set_loss(std::bit_cast<double>(uint64_t{0x7ff8000000000000} | r.step()));
+    r.set_lr(r.step() % 2 ? -0.0 : 3e-4 / static_cast<double>(r.step() + 1));
+    if (r.step() % 100 == 0) (*r.mutable_layer_stats())["l0"].set_grad_norm(1.5);
+  }
+  return recs;
+}
+
+// Version 6 stored each chunk as a serialized StepBatch. Version 7 keeps
+// those chunks as they are, reads them back bit for bit beside the columnar
+// ones it writes, and an older server is told the file is newer.
+TEST(StoreFileTest, AVersion6DatabaseKeepsItsChunksAndReadsThemBack) {
+  const std::string path = FreshDb("store_v6.db");
+  ASSERT_NO_FATAL_FAILURE(WriteRecords({.path = path}, OddRecords(0, 2500)));
+  ASSERT_NO_FATAL_FAILURE(RewriteChunksInTheOldFormat(path));
+  ASSERT_EQ(Sql(path, "PRAGMA user_version = 6; PRAGMA user_version"), "6");
+  ASSERT_EQ(Sql(path, "SELECT hex(substr(records, 1, 1)) FROM step_chunks"), "12")
+      << "a StepBatch starts with the tag of its records";
+
+  // Migrates, then adds a chunk.
+  ASSERT_NO_FATAL_FAILURE(WriteRecords({.path = path}, OddRecords(2500, 4000)));
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "7");
+  EXPECT_EQ(Sql(path, "SELECT group_concat(f, ',') FROM (SELECT "
+                      "hex(substr(records, 1, 1)) AS f FROM step_chunks ORDER BY first_step)"),
+            "12,07");
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  const StepRecords want = OddRecords(0, 4000);
+  int next = 0;
+  ASSERT_TRUE((*store)->ReadSteps("r1", 0, 0, std::nullopt, 1000,
+                                  [&](v1::StepRecords& chunk) {
+                                    for (const auto& item : chunk.items()) {
+                                      const v1::StepRecord& got = item.record();
+                                      const v1::StepRecord& w = want[next++];
+                                      EXPECT_EQ(got.step(), w.step());
+                                      EXPECT_EQ(std::bit_cast<uint64_t>(got.loss()),
+                                                std::bit_cast<uint64_t>(w.loss()));
+                                      EXPECT_EQ(std::bit_cast<uint64_t>(got.lr()),
+                                                std::bit_cast<uint64_t>(w.lr()));
+                                      EXPECT_EQ(got.batch_ids(0), w.batch_ids(0));
+                                      EXPECT_EQ(got.layer_stats_size(), w.layer_stats_size());
+                                    }
+                                    return true;
+                                  }).ok());
+  EXPECT_EQ(next, 4000);
+}
+
+// Small batches make small chunks; when idle the writer merges runs of
+// them (with a large chunk among them too) into chunks of up to 2,048
+// records, and the records, their order and exactly-once stay as they were.
+TEST(StoreFileTest, SmallChunksAreMergedWhenTheWriterIsIdle) {
+  const std::string path = FreshDb("store_compact.db");
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto write = [&](WriteOp op) {
+    std::promise<WriteResult> p;
+    op.done = [&p](WriteResult r) { p.set_value(std::move(r)); };
+    (*store)->Submit(std::move(op));
+    return p.get_future().get();
+  };
+  ASSERT_TRUE(write({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0}, .start = Start("r1")})
+                  .status.ok());
+  uint64_t step = 0;
+  for (uint64_t size : std::vector<uint64_t>(5, 100)) {
+    ASSERT_EQ(write({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                     .records = OddRecords(step, step + size)}).stored, size);
+    step += size;
+  }
+  ASSERT_EQ(write({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                   .records = OddRecords(step, step + 1000)}).stored, 1000u);
+  step += 1000;
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_EQ(write({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                     .records = OddRecords(step, step + 100)}).stored, 100u);
+    step += 100;
+  }
+  // 5 x 100, 1,000 and 5 x 100 make the first merged chunk (the next would
+  // pass 2,048); the last 15 chunks wait for more.
+  std::string chunks;
+  for (int i = 0; i < 500 && chunks != "16"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    chunks = Sql(path, "SELECT count(*) FROM step_chunks");
+  }
+  ASSERT_EQ(chunks, "16");
+  EXPECT_EQ(Sql(path, "SELECT n || ' ' || first_step || '-' || last_step FROM step_chunks "
+                      "ORDER BY first_step LIMIT 1"),
+            "2000 0-1999");
+
+  const StepRecords want = OddRecords(0, step);
+  uint64_t next = 0;
+  ASSERT_TRUE((*store)->ReadSteps("r1", 0, 0, std::nullopt, 1000,
+                                  [&](v1::StepRecords& chunk) {
+                                    for (const auto& item : chunk.items()) {
+                                      const v1::StepRecord& w = want[static_cast<int>(next++)];
+                                      EXPECT_EQ(item.record().step(), w.step());
+                                      EXPECT_EQ(std::bit_cast<uint64_t>(item.record().loss()),
+                                                std::bit_cast<uint64_t>(w.loss()));
+                                    }
+                                    return true;
+                                  }).ok());
+  EXPECT_EQ(next, step);
+  EXPECT_EQ(write({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+                   .records = OddRecords(0, step + 1)}).stored, 1u)
+      << "a resend stores only the step not stored before";
+  EXPECT_EQ((*store)->GetRun("r1")->steps(), step + 1);
+}
+
+// A stream of one-record batches: each idle merge takes the 256 chunks a
+// scan reads, so it progresses (and stops) rather than waiting for 2,048
+// records that one scan never sees.
+TEST(StoreFileTest, OneRecordBatchesAreMergedAScanAtATime) {
+  const std::string path = FreshDb("store_compact_ones.db");
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::promise<WriteResult> started;
+  (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0}, .start = Start("r1"),
+                    .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
+  ASSERT_TRUE(started.get_future().get().status.ok());
+  constexpr uint64_t kSteps = 2100;
+  std::promise<void> last;
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    WriteOp op{.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
+               .records = OddRecords(step, step + 1)};
+    if (step + 1 == kSteps) op.done = [&](WriteResult) { last.set_value(); };
+    (*store)->Submit(std::move(op));
+  }
+  last.get_future().wait();
+  // Past 2,048 records: the first 256 chunks become one; the 1,844 records
+  // after them wait for more.
+  std::string chunks;
+  for (int i = 0; i < 500 && chunks != "1845"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    chunks = Sql(path, "SELECT count(*) FROM step_chunks");
+  }
+  EXPECT_EQ(chunks, "1845");
+  EXPECT_EQ(Sql(path, "SELECT n FROM step_chunks ORDER BY first_step LIMIT 1"), "256");
+  EXPECT_EQ((*store)->GetRun("r1")->steps(), kSteps);
+  uint64_t next = 0;
+  ASSERT_TRUE((*store)->ReadSteps("r1", 0, 0, std::nullopt, 1000,
+                                  [&](v1::StepRecords& chunk) {
+                                    for (const auto& item : chunk.items()) {
+                                      EXPECT_EQ(item.record().step(), next++);
+                                    }
+                                    return true;
+                                  }).ok());
+  EXPECT_EQ(next, kSteps);
+}
+
+// A chunk that does not decode is reported with its run and stream.
+TEST(StoreFileTest, ACorruptChunkIsDataLossNamingItsStream) {
+  const std::string path = FreshDb("store_corrupt.db");
+  ASSERT_NO_FATAL_FAILURE(WriteSteps({.path = path}, 0, 100));
+  ASSERT_EQ(Sql(path, "UPDATE step_chunks SET records = substr(records, 1, 10); "
+                      "SELECT count(*) FROM step_chunks"), "1");
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::Status s = (*store)->ReadSteps("r1", 0, 0, std::nullopt, 10,
+                                       [](v1::StepRecords&) { return true; });
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("run r1 (rank 0, attempt 0): step chunk:"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -4,12 +4,14 @@
 # latency, the server's CPU per record and peak RSS, the raw SQLite reference
 # measured right after (the ratio server/reference), memory per active run at
 # 100 / 1,000 / 10,000 runs, /metrics with 1,000 runs, and how long the
-# server takes to exit on SIGTERM with 10,000 active runs.
+# server takes to exit on SIGTERM with 10,000 active runs, and the bytes on
+# disk per step record against Prometheus's TSDB on the same values
+# (tools/perf/storage_bytes.sh: a 200,000-step fp16 run, both in this run).
 #
 #   tools/perf/perf_table.sh [BUILD_DIR] [SECONDS]     (defaults: build, 10)
 #
-# Needs a built tree (trainwatch-server, trainwatch-loadgen, bench_store) and
-# curl. Prints a Markdown table, then one JSON object as the last line.
+# Needs a built tree (trainwatch-server, trainwatch-loadgen, trainwatchctl,
+# bench_store), curl and promtool (without it the bytes row says so). Prints a Markdown table, then one JSON object as the last line.
 set -euo pipefail
 BUILD=${1:-build}
 SECONDS_PER_LOAD=${2:-10}
@@ -97,6 +99,15 @@ t0=$(date +%s.%N)
 stop_server  # SIGTERM with 10,000 active runs, waits for the exit
 SIGTERM_S=$($PY -c "print(round($(date +%s.%N) - $t0, 2))")
 
+if command -v promtool >/dev/null; then
+  BYTES=$("$(dirname "$0")/storage_bytes.sh" "$BUILD" 200000 | tail -1)
+  TW_BYTES=$(json_field trainwatch_bytes_per_step <<<"$BYTES")
+  PROM_BYTES=$(json_field prometheus_bytes_per_step <<<"$BYTES")
+  BYTES_RATIO=$(json_field ratio <<<"$BYTES")
+else
+  TW_BYTES=null PROM_BYTES=null BYTES_RATIO=null
+fi
+
 cat <<TABLE
 
 | what | figure |
@@ -111,10 +122,12 @@ cat <<TABLE
 | RSS per active run at 100 / 1,000 / 10,000 runs (1,200 records each) | ${PER_RUN[100]} / ${PER_RUN[1000]} / ${PER_RUN[10000]} KiB |
 | /metrics with 1,000 runs: median of 11 scrapes, size, samples | ${METRICS_MS} ms, ${METRICS_KB} KiB, ${SERIES} |
 | SIGTERM to exit with 10,000 active runs (everything acked committed) | ${SIGTERM_S} s |
+| bytes on disk a step record, 200,000-step fp16 run: trainwatch / Prometheus TSDB, same values, every value read back (<= 0.8x) | ${TW_BYTES} / ${PROM_BYTES} (${BYTES_RATIO}x) |
 TABLE
 echo "{\"records_per_s\": {\"1\": ${RATE[1]}, \"16\": ${RATE[16]}, \"64\": ${RATE[64]}}," \
      "\"alert_latency_p99_ms\": {\"1\": ${ALERT[1]}, \"16\": ${ALERT[16]}, \"64\": ${ALERT[64]}}," \
      "\"cpu_us_per_record\": {\"1\": ${US[1]}, \"16\": ${US[16]}, \"64\": ${US[64]}}," \
      "\"reference_rows_per_s\": $REF, \"ratio_16\": $RATIO, \"peak_rss_mib\": $PEAK_RSS_MIB," \
      "\"kib_per_run\": {\"100\": ${PER_RUN[100]}, \"1000\": ${PER_RUN[1000]}, \"10000\": ${PER_RUN[10000]}}," \
-     "\"metrics_ms_1000_runs\": $METRICS_MS, \"sigterm_s_10000_runs\": $SIGTERM_S}"
+     "\"metrics_ms_1000_runs\": $METRICS_MS, \"sigterm_s_10000_runs\": $SIGTERM_S," \
+     "\"bytes_per_step\": {\"trainwatch\": $TW_BYTES, \"prometheus\": $PROM_BYTES, \"ratio\": $BYTES_RATIO}}"

@@ -1,0 +1,56 @@
+// The encoding of a chunk of step records (one `step_chunks.records` blob).
+//
+// Columnar within a chunk, each column coded by what it usually looks like:
+// steps and times as delta or delta-of-delta, each double field as a presence
+// bitmap plus the residual of the best of three predictors (XOR with the
+// previous value, as Gorilla and Prometheus do, or the difference / second
+// difference of the values as ordered integers), flags as bitmaps or runs,
+// batch ids as deltas. Residuals are written with an Exp-Golomb code whose
+// parameter is chosen per column and chunk, after dropping the trailing zero
+// bits every residual shares (a float32 value widened to double leaves 29).
+// Every value reads back bit for bit: NaN payloads, -0.0 and infinities.
+//
+// What the columns do not cover (layer_stats, unknown fields, and any field
+// added to StepRecord later) is kept per record as a serialized StepRecord of
+// those fields alone: a new proto field is stored without a codec change.
+//
+// The blob starts with a format byte whose low three bits are 7, which no
+// protobuf tag has (wire type 7 does not exist), so a chunk written before
+// this encoding (a serialized StepBatch) is told apart by its first byte;
+// DecodeStepChunk reads both. The byte layout is in docs/architecture.md.
+//
+// Thread-safe: pure functions.
+#ifndef TRAINWATCH_SERVER_STORE_STEP_CODEC_H_
+#define TRAINWATCH_SERVER_STORE_STEP_CODEC_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "trainwatch/v1/trainwatch.pb.h"
+
+namespace trainwatch {
+
+// The first byte of a columnar chunk (format version 1).
+inline constexpr unsigned char kStepChunkColumnarV1 = 0x07;
+
+// Encodes `records` in order (the writer passes only the ones it stores).
+std::string EncodeStepChunk(
+    const google::protobuf::RepeatedPtrField<v1::StepRecord>& records);
+// The records at `indices` of `records`, in that order.
+std::string EncodeStepChunk(
+    const google::protobuf::RepeatedPtrField<v1::StepRecord>& records,
+    absl::Span<const size_t> indices);
+
+// Decodes a chunk of either format into `out` (cleared first). DATA_LOSS
+// with what was being read and where, for a blob that is corrupt or cut
+// short; never reads out of bounds.
+absl::Status DecodeStepChunk(
+    std::string_view blob,
+    google::protobuf::RepeatedPtrField<v1::StepRecord>* out);
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_STORE_STEP_CODEC_H_

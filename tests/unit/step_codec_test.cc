@@ -1,0 +1,348 @@
+// The step chunk codec: every value back bit for bit, fields the columns do
+// not know kept, chunks of the format before it read, and a bad blob an
+// error, never a crash.
+#include "store/step_codec.h"
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/unknown_field_set.h"
+#include "gtest/gtest.h"
+
+namespace trainwatch {
+namespace {
+
+using Records = google::protobuf::RepeatedPtrField<v1::StepRecord>;
+
+// Bit patterns the random records draw from besides plain values.
+const uint64_t kSpecialBits[] = {
+    0x7ff8000000000000,  // the quiet NaN
+    0x7ff8000000000001,  // NaNs with payloads
+    0xfff4000000000abc,  // signalling, negative
+    0x7ff0000000000001,
+    0x8000000000000000,  // -0.0
+    0x0000000000000000,  // +0.0
+    0x7ff0000000000000,  // +Inf
+    0xfff0000000000000,  // -Inf
+    0x0000000000000001,  // the smallest subnormal
+    0x7fefffffffffffff,  // the largest double
+};
+
+double Special(std::mt19937_64& rng) {
+  return std::bit_cast<double>(kSpecialBits[rng() % std::size(kSpecialBits)]);
+}
+
+// A double from one of a few shapes real fields have: noisy, float32 values
+// widened, constant, a power of two, or a special pattern.
+double Value(std::mt19937_64& rng, int field, uint64_t i) {
+  switch (rng() % 6) {
+    case 0:
+      return Special(rng);
+    case 1:
+      return static_cast<float>(std::exp(std::normal_distribution<>(0, 1)(rng)));
+    case 2:
+      return 1.0;
+    case 3:
+      return std::ldexp(1.0, static_cast<int>(rng() % 40) - 8);
+    case 4:
+      return std::bit_cast<double>(rng());  // any bits at all
+    default:
+      return field * 1e-3 * static_cast<double>(i) + std::normal_distribution<>(0, 0.01)(rng);
+  }
+}
+
+Records RandomRecords(uint64_t seed, int n) {
+  std::mt19937_64 rng(seed);
+  Records out;
+  uint64_t step = rng() % 2 ? 0 : std::numeric_limits<uint64_t>::max() - 3 * n;
+  int64_t time = static_cast<int64_t>(rng());
+  for (int i = 0; i < n; ++i) {
+    v1::StepRecord& r = *out.Add();
+    // Steps: mostly +1, sometimes huge gaps, near 2^63-1 and past it.
+    switch (rng() % 8) {
+      case 0:
+        step += rng() % (uint64_t{1} << 40);
+        break;
+      case 1:
+        step = std::numeric_limits<int64_t>::max() - rng() % 4;
+        break;
+      default:
+        step += 1;
+    }
+    r.set_step(step);
+    time += rng() % 3 == 0 ? static_cast<int64_t>(rng()) : 1'000'000'000 + rng() % 1000;
+    r.set_time_unix_nanos(time);
+    r.set_grad_norm(Value(rng, 1, i));
+    if (rng() % 2) r.set_clip_coef(Value(rng, 2, i));
+    if (rng() % 2) r.set_loss_scale(Value(rng, 3, i));
+    if (rng() % 3) r.set_max_attn_logit(Value(rng, 4, i));
+    if (rng() % 3) r.set_log_z(Value(rng, 5, i));
+    if (rng() % 4) r.set_loss(Value(rng, 6, i));
+    if (rng() % 4) r.set_lr(Value(rng, 7, i));
+    if (rng() % 2) r.set_shard_sq_sum(Value(rng, 8, i));
+    if (rng() % 2) r.set_step_time_s(Value(rng, 9, i));
+    if (rng() % 2) r.set_data_wait_s(Value(rng, 10, i));
+    if (rng() % 3) r.set_clipped(rng() % 2);
+    r.set_skipped(rng() % 5 == 0);
+    const int ids = static_cast<int>(rng() % 4);
+    for (int j = 0; j < ids; ++j) {
+      switch (rng() % 4) {
+        case 0:
+          r.add_batch_ids(static_cast<int64_t>(rng()));  // negative, huge
+          break;
+        case 1:
+          r.add_batch_ids(0);
+          break;
+        default:
+          r.add_batch_ids(static_cast<int64_t>(2 * i + j));
+      }
+    }
+    if (rng() % 10 == 0) {
+      v1::LayerStats& l = (*r.mutable_layer_stats())["layers.3.attn"];
+      l.set_grad_norm(Value(rng, 11, i));
+    }
+  }
+  return out;
+}
+
+uint64_t Bits(double d) { return std::bit_cast<uint64_t>(d); }
+
+// Equal field by field, doubles by bit pattern, presence included; the rest
+// (layer_stats, unknown fields) by its deterministic serialization.
+void ExpectSame(const v1::StepRecord& a, const v1::StepRecord& b, int i) {
+  SCOPED_TRACE(::testing::Message() << "record " << i);
+  EXPECT_EQ(a.step(), b.step());
+  EXPECT_EQ(a.time_unix_nanos(), b.time_unix_nanos());
+  EXPECT_EQ(Bits(a.grad_norm()), Bits(b.grad_norm()));
+#define TW_EXPECT_OPTIONAL(f)                                   \
+  EXPECT_EQ(a.has_##f(), b.has_##f()) << #f;                    \
+  if (a.has_##f() && b.has_##f()) {                             \
+    EXPECT_EQ(Bits(a.f()), Bits(b.f())) << #f;                  \
+  }
+  TW_EXPECT_OPTIONAL(clip_coef);
+  TW_EXPECT_OPTIONAL(loss_scale);
+  TW_EXPECT_OPTIONAL(max_attn_logit);
+  TW_EXPECT_OPTIONAL(log_z);
+  TW_EXPECT_OPTIONAL(loss);
+  TW_EXPECT_OPTIONAL(lr);
+  TW_EXPECT_OPTIONAL(shard_sq_sum);
+  TW_EXPECT_OPTIONAL(step_time_s);
+  TW_EXPECT_OPTIONAL(data_wait_s);
+#undef TW_EXPECT_OPTIONAL
+  EXPECT_EQ(a.has_clipped(), b.has_clipped());
+  EXPECT_EQ(a.clipped(), b.clipped());
+  EXPECT_EQ(a.skipped(), b.skipped());
+  ASSERT_EQ(a.batch_ids_size(), b.batch_ids_size());
+  for (int j = 0; j < a.batch_ids_size(); ++j) EXPECT_EQ(a.batch_ids(j), b.batch_ids(j));
+  auto serialized = [](const v1::StepRecord& r) {
+    std::string out;
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    r.SerializeToCodedStream(&coded);
+    return out;
+  };
+  EXPECT_EQ(serialized(a), serialized(b));
+}
+
+Records RoundTrip(const Records& in) {
+  std::string blob = EncodeStepChunk(in);
+  Records out;
+  absl::Status s = DecodeStepChunk(blob, &out);
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+void ExpectRoundTrip(const Records& in) {
+  Records out = RoundTrip(in);
+  ASSERT_EQ(out.size(), in.size());
+  for (int i = 0; i < in.size(); ++i) ExpectSame(in[i], out[i], i);
+}
+
+TEST(StepCodec, RandomRecordsRoundTripBitForBit) {
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    ExpectRoundTrip(RandomRecords(seed, static_cast<int>(seed % 7 == 0 ? 1 : seed * 7 % 1500)));
+  }
+}
+
+TEST(StepCodec, EmptyChunkAndOneRecord) {
+  ExpectRoundTrip(Records());
+  Records one;
+  one.Add();  // every field at its default
+  ExpectRoundTrip(one);
+  one[0].set_step(std::numeric_limits<uint64_t>::max());
+  one[0].set_grad_norm(-0.0);
+  one[0].set_loss(std::bit_cast<double>(uint64_t{0x7ff00000000f00ba}));
+  one[0].add_batch_ids(std::numeric_limits<int64_t>::min());
+  ExpectRoundTrip(one);
+}
+
+TEST(StepCodec, DistinctNanPayloadsAndSignedZerosSurvive) {
+  Records in;
+  for (uint64_t bits : kSpecialBits) {
+    v1::StepRecord& r = *in.Add();
+    r.set_step(static_cast<uint64_t>(in.size()));
+    r.set_grad_norm(std::bit_cast<double>(bits));
+    r.set_loss(std::bit_cast<double>(bits ^ 1));
+    r.set_lr(std::bit_cast<double>(bits));
+  }
+  ExpectRoundTrip(in);
+}
+
+TEST(StepCodec, BatchIdsOfAnyKindRoundTrip) {
+  Records in;
+  const int64_t kMin = std::numeric_limits<int64_t>::min();
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  const std::vector<std::vector<int64_t>> ids = {
+      {}, {0}, {-1, 1}, {kMax, kMin, 0}, {5, 5, 5, 5}, {}, {kMin}, {-7}, {}};
+  for (size_t i = 0; i < ids.size(); ++i) {
+    v1::StepRecord& r = *in.Add();
+    r.set_step(i);
+    for (int64_t id : ids[i]) r.add_batch_ids(id);
+  }
+  ExpectRoundTrip(in);
+}
+
+// A field the columns do not know (one added to the proto after the codec,
+// as the fp8 map field 17 will be) is kept in the record's residue.
+TEST(StepCodec, FieldsTheColumnsDoNotKnowAreKept) {
+  Records in = RandomRecords(7, 40);
+  (*in[3].mutable_layer_stats())["layers.0.mlp"].set_grad_norm(3.5);
+  auto unknown = [](v1::StepRecord& r) { return r.GetReflection()->MutableUnknownFields(&r); };
+  unknown(in[3])->AddLengthDelimited(17, "fp8: amax history");
+  unknown(in[9])->AddVarint(99, 12345);
+  unknown(in[39])->AddFixed64(18, 0xdeadbeef);
+  Records out = RoundTrip(in);
+  ASSERT_EQ(out.size(), in.size());
+  for (int i = 0; i < in.size(); ++i) ExpectSame(in[i], out[i], i);
+  EXPECT_EQ(out[3].layer_stats().at("layers.0.mlp").grad_norm(), 3.5);
+  const google::protobuf::UnknownFieldSet& kept = *unknown(out[3]);
+  ASSERT_EQ(kept.field_count(), 1);
+  EXPECT_EQ(kept.field(0).number(), 17);
+  EXPECT_EQ(kept.field(0).length_delimited(), "fp8: amax history");
+  EXPECT_EQ(unknown(out[9])->field(0).varint(), 12345u);
+}
+
+TEST(StepCodec, EncodesTheIndicesGivenInTheirOrder) {
+  Records in = RandomRecords(3, 20);
+  const std::vector<size_t> picked = {2, 5, 6, 19};
+  Records out;
+  ASSERT_TRUE(DecodeStepChunk(EncodeStepChunk(in, picked), &out).ok());
+  ASSERT_EQ(out.size(), 4);
+  for (int i = 0; i < 4; ++i) ExpectSame(in[static_cast<int>(picked[i])], out[i], i);
+}
+
+// A chunk written before the columnar format, a serialized StepBatch, reads
+// back; the format byte can never start one.
+TEST(StepCodec, ChunksOfTheFormatBeforeReadBack) {
+  v1::StepBatch old;
+  *old.mutable_records() = RandomRecords(11, 300);
+  const std::string blob = old.SerializeAsString();
+  ASSERT_NE(static_cast<unsigned char>(blob[0]), kStepChunkColumnarV1);
+  Records out;
+  ASSERT_TRUE(DecodeStepChunk(blob, &out).ok());
+  ASSERT_EQ(out.size(), old.records_size());
+  for (int i = 0; i < out.size(); ++i) ExpectSame(old.records(i), out[i], i);
+  EXPECT_EQ(EncodeStepChunk(old.records())[0], static_cast<char>(kStepChunkColumnarV1));
+}
+
+TEST(StepCodec, SmallerThanProtobufOnATypicalRun) {
+  Records in;
+  for (int i = 0; i < 1024; ++i) {
+    v1::StepRecord& r = *in.Add();
+    r.set_step(1000 + i);
+    r.set_time_unix_nanos(1'700'000'000'000'000'000 + i * 1'000'000'000LL + (i * 7919) % 1'000'000);
+    r.set_grad_norm(static_cast<float>(0.5 + 0.001 * (i % 13)));
+    r.set_loss_scale(65536.0);
+    r.set_clip_coef(1.0);
+    r.set_lr(3e-4);
+    r.set_clipped(false);
+    r.add_batch_ids(2 * i);
+    r.add_batch_ids(2 * i + 1);
+  }
+  v1::StepBatch old;
+  *old.mutable_records() = in;
+  const size_t columnar = EncodeStepChunk(in).size();
+  EXPECT_LT(columnar * 8, old.ByteSizeLong()) << columnar << " vs " << old.ByteSizeLong();
+  ExpectRoundTrip(in);
+}
+
+// Values of few decimal digits (read from a text log) are stored as the
+// integers they are; one that is not (here -0.0) keeps its column as doubles.
+TEST(StepCodec, DecimalValuesRoundTripAsIntegers) {
+  std::mt19937_64 rng(9);
+  Records in;
+  for (int i = 0; i < 1000; ++i) {
+    v1::StepRecord& r = *in.Add();
+    r.set_step(i);
+    r.set_loss(std::round((2.5 + std::normal_distribution<>(0, 0.05)(rng)) * 1e4) / 1e4);
+    r.set_lr(-std::round(std::normal_distribution<>(0, 1)(rng) * 1e6) / 1e6);
+    r.set_grad_norm(std::round(std::exp(std::normal_distribution<>(0, 1)(rng)) * 1e3) / 1e3);
+    r.set_loss_scale(65536.0);
+  }
+  const size_t decimal = EncodeStepChunk(in).size();
+  ExpectRoundTrip(in);
+  // float32 values widened are decimals of 16 or 17 digits, of which a few
+  // are not at the exponent another value needs.
+  Records floats = RandomRecords(21, 0);
+  for (int i = 0; i < 2000; ++i) {
+    v1::StepRecord& r = *floats.Add();
+    r.set_step(i);
+    r.set_shard_sq_sum(static_cast<float>(std::exp(std::normal_distribution<>(-1, 1)(rng))));
+    r.set_grad_norm(std::ldexp(1.0, i % 7 - 10) * (i % 3 + 1));
+  }
+  ExpectRoundTrip(floats);
+  in[500].set_lr(-0.0);
+  ExpectRoundTrip(in);
+  for (v1::StepRecord& r : in) r.set_loss(r.loss() + 1e-12);  // no longer few digits
+  EXPECT_LT(decimal + 1000 * 3, EncodeStepChunk(in).size());
+  ExpectRoundTrip(in);
+}
+
+TEST(StepCodec, CorruptOrCutShortBlobsAreErrorsNotCrashes) {
+  const std::string blob = EncodeStepChunk(RandomRecords(5, 200));
+  Records out;
+  // Every cut: an error (the trailing bytes and bits are all accounted for).
+  for (size_t len = 0; len < blob.size(); ++len) {
+    absl::Status s = DecodeStepChunk(std::string_view(blob.data(), len), &out);
+    if (len == 0) continue;  // an empty blob is an empty chunk of the old format
+    EXPECT_FALSE(s.ok()) << "cut at " << len;
+    EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  }
+  // Flipped bits: an error or other records, never a crash or a hang.
+  std::mt19937_64 rng(42);
+  int errors = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string bad = blob;
+    for (int flips = 1 + static_cast<int>(rng() % 3); flips > 0; --flips) {
+      bad[1 + rng() % (bad.size() - 1)] ^= static_cast<char>(1 << (rng() % 8));
+    }
+    absl::Status s = DecodeStepChunk(bad, &out);
+    if (!s.ok()) {
+      ++errors;
+      EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+      EXPECT_NE(s.message().find("step chunk"), std::string::npos) << s;
+    }
+  }
+  EXPECT_GT(errors, 0);
+  // A count far beyond what the bytes can hold is refused before any work.
+  std::string huge = {static_cast<char>(kStepChunkColumnarV1), '\xff', '\xff', '\xff',
+                      '\xff', '\x0f', '\0'};
+  absl::Status s = DecodeStepChunk(huge, &out);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("cannot fit"), std::string::npos) << s;
+  // A format byte of a later version is named.
+  s = DecodeStepChunk(std::string("\x0f\x01", 2), &out);
+  EXPECT_TRUE(absl::IsDataLoss(s));
+  EXPECT_NE(s.message().find("0x0f"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace trainwatch
