@@ -30,9 +30,8 @@ void AlertRouter::Route(v1::Alert alert) {
     *labelled.mutable_run_labels() = labels_;
     notifier_->Notify(std::move(labelled));
   }
-  store_->Submit(WriteOp{.kind = WriteOp::Kind::kAlert,
-                         .key = {alert.run(), 0, 0},
-                         .alert = std::move(alert)});
+  store_->Submit(WriteOp{.key = {alert.run(), 0, 0},
+                         .body = WriteOp::Alert{std::move(alert)}});
 }
 
 void AlertRouter::Restore(const v1::Alert& firing) {
@@ -67,9 +66,8 @@ void AlertRouter::OnSpikeOutcome(const SpikeOutcome& o) {
   spike.set_step(o.spike_step);
   spike.set_outcome(o.outcome());
   spike.set_batches_skipped(o.batches_skipped);
-  store_->Submit(WriteOp{.kind = WriteOp::Kind::kSpikeOutcome,
-                         .key = {run_id_, 0, 0},
-                         .spike = std::move(spike)});
+  store_->Submit(WriteOp{.key = {run_id_, 0, 0},
+                         .body = WriteOp::SpikeOutcome{std::move(spike)}});
 }
 
 void AlertRouter::OnSpike(const SpikeInfo& s) {
@@ -79,9 +77,8 @@ void AlertRouter::OnSpike(const SpikeInfo& s) {
   spike.set_ratio_to_ema(s.ratio_to_ema);
   spike.set_sigmas(s.sigmas);
   spike.mutable_batch_ids()->Add(s.batch_ids.begin(), s.batch_ids.end());
-  store_->Submit(WriteOp{.kind = WriteOp::Kind::kSpike,
-                         .key = {run_id_, 0, 0},
-                         .spike = std::move(spike)});
+  store_->Submit(WriteOp{.key = {run_id_, 0, 0},
+                         .body = WriteOp::Spike{std::move(spike)}});
 }
 
 void AlertRouter::OnLeadChanged(const v1::RunStart& start) {

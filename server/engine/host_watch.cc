@@ -60,11 +60,10 @@ std::optional<v1::Alert> HostWatch::OnAlertFired(AlertKind kind,
   metrics_->host_incidents_total
       .Add({{"host", fired.host()}, {"alertname", fired.alertname()}})
       .Increment();
-  store_->Submit(WriteOp{.kind = WriteOp::Kind::kHostIncident,
-                         .incident = {.host = fired.host(),
+  store_->Submit(WriteOp{.body = WriteOp::HostIncident{{.host = fired.host(),
                                       .alertname = fired.alertname(),
                                       .run_id = fired.run(),
-                                      .unix_nanos = fired.started_unix_nanos()}});
+                                      .unix_nanos = fired.started_unix_nanos()}}});
   FiredSink sink(fired.run(), fired.started_unix_nanos());
   {
     absl::MutexLock lock(&mu_);

@@ -97,7 +97,7 @@ void Store::Submit(WriteOp op) {
   {
     absl::MutexLock lock(&mu_);
     if (!closing_) {
-      queued_records_ += op.records.size();
+      queued_records_ += op.records();
       queue_.push_back(std::move(op));
       cv_.Signal();
       return;
@@ -160,7 +160,7 @@ void Store::WriterLoop() {
       compact = queue_.empty();
       size_t weight = 0;
       while (!queue_.empty() && weight < options_.max_records_per_txn) {
-        size_t n = queue_.front().records.size();
+        size_t n = queue_.front().records();
         weight += n + 1;
         records += n;
         ops.push_back(std::move(queue_.front()));

@@ -40,6 +40,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -157,31 +158,48 @@ struct HostIncidentRow {
   int64_t unix_nanos = 0;
 };
 
-// One unit of work for the writer.
+// One unit of work for the writer: what it writes (one struct per kind),
+// for which stream, and what to call once its transaction ended.
 struct WriteOp {
-  enum class Kind {
-    kStart,
-    kBatch,
-    kEvent,
-    kAlert,
-    kSpike,
-    kSpikeOutcome,  // sets a stored spike's outcome and batches_skipped
-    kHostIncident,  // server-wide; key.run_id is empty
+  struct Start {
+    v1::RunStart start;
   };
-  Kind kind = Kind::kBatch;
+  struct Batch {
+    // In arrival order: the parsed request's own records, moved, not copied.
+    google::protobuf::RepeatedPtrField<v1::StepRecord> records;
+  };
+  struct Event {
+    v1::RunEvent event;
+  };
+  struct Alert {
+    v1::Alert alert;  // upserted by (run, alertname, started_step)
+  };
+  struct Spike {
+    v1::Spike spike;  // by (run, step)
+  };
+  // Sets a stored spike's outcome and batches_skipped.
+  struct SpikeOutcome {
+    v1::Spike spike;
+  };
+  // Server-wide: key.run_id is empty.
+  struct HostIncident {
+    HostIncidentRow incident;
+  };
+  using Body =
+      std::variant<Start, Batch, Event, Alert, Spike, SpikeOutcome, HostIncident>;
+
   StreamKey key;
-  v1::RunStart start;                   // kStart
-  // kBatch, in arrival order: the parsed request's own records, moved, not
-  // copied.
-  google::protobuf::RepeatedPtrField<v1::StepRecord> records;
-  v1::RunEvent event;                   // kEvent
-  v1::Alert alert;                      // kAlert: upserted by (run, alertname, started_step)
-  v1::Spike spike;                      // kSpike, kSpikeOutcome (by run, step)
-  HostIncidentRow incident;             // kHostIncident
+  Body body;
   int64_t received_unix_nanos = 0;
   // Runs on the writer thread once the op's transaction ended (after Close(),
   // at once on the thread that submits it); must not block.
   std::function<void(WriteResult)> done;
+
+  // The records of a batch; 0 for the other kinds.
+  size_t records() const {
+    const Batch* b = std::get_if<Batch>(&body);
+    return b == nullptr ? 0 : static_cast<size_t>(b->records.size());
+  }
 };
 
 class Store {

@@ -2,6 +2,8 @@
 
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "store/step_codec.h"
@@ -103,7 +105,7 @@ absl::Status StoreWriter::Prepare() {
 }
 
 absl::StatusOr<int64_t> StoreWriter::EnsureRun(const WriteOp& op) {
-  const v1::RunStart& start = op.start;
+  const v1::RunStart& start = std::get<WriteOp::Start>(op.body).start;
   std::string blob = start.SerializeAsString();
   absl::StatusOr<std::optional<int64_t>> found = LookupRun(op.key.run_id);
   if (!found.ok()) return found.status();
@@ -188,23 +190,18 @@ absl::StatusOr<int64_t> StoreWriter::StartedRun(const std::string& run_id) {
 }
 
 absl::Status StoreWriter::ApplyOne(const WriteOp& op, WriteResult& result) {
-  switch (op.kind) {
-    case WriteOp::Kind::kStart:
-      return ApplyStart(op, result);
-    case WriteOp::Kind::kBatch:
-      return ApplyBatch(op, result);
-    case WriteOp::Kind::kEvent:
-      return ApplyEvent(op);
-    case WriteOp::Kind::kAlert:
-      return ApplyAlert(op);
-    case WriteOp::Kind::kSpike:
-      return ApplySpike(op);
-    case WriteOp::Kind::kSpikeOutcome:
-      return ApplySpikeOutcome(op);
-    case WriteOp::Kind::kHostIncident:
-      return ApplyHostIncident(op);
-  }
-  return absl::InternalError("unknown write op");
+  return std::visit(
+      [&](const auto& body) -> absl::Status {
+        using T = std::decay_t<decltype(body)>;
+        if constexpr (std::is_same_v<T, WriteOp::Start>) return ApplyStart(op, result);
+        if constexpr (std::is_same_v<T, WriteOp::Batch>) return ApplyBatch(op, result);
+        if constexpr (std::is_same_v<T, WriteOp::Event>) return ApplyEvent(op);
+        if constexpr (std::is_same_v<T, WriteOp::Alert>) return ApplyAlert(op);
+        if constexpr (std::is_same_v<T, WriteOp::Spike>) return ApplySpike(op);
+        if constexpr (std::is_same_v<T, WriteOp::SpikeOutcome>) return ApplySpikeOutcome(op);
+        if constexpr (std::is_same_v<T, WriteOp::HostIncident>) return ApplyHostIncident(op);
+      },
+      op.body);
 }
 
 absl::Status StoreWriter::ApplyStart(const WriteOp& op, WriteResult& result) {
@@ -215,7 +212,7 @@ absl::Status StoreWriter::ApplyStart(const WriteOp& op, WriteResult& result) {
   if (*stream == nullptr) {
     insert_stream_.Bind(1, *run_key).Bind(2, int64_t{op.key.rank})
         .Bind(3, int64_t{op.key.attempt})
-        .BindBlob(4, op.start.SerializeAsString())
+        .BindBlob(4, std::get<WriteOp::Start>(op.body).start.SerializeAsString())
         .Bind(5, op.received_unix_nanos);
     if (absl::Status s = insert_stream_.Run(); !s.ok()) return s;
     streams_.emplace(op.key, StreamState{.run_key = *run_key});
@@ -226,12 +223,14 @@ absl::Status StoreWriter::ApplyStart(const WriteOp& op, WriteResult& result) {
 }
 
 absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
+  const google::protobuf::RepeatedPtrField<v1::StepRecord>& records =
+      std::get<WriteOp::Batch>(op.body).records;
   absl::StatusOr<StreamState*> stream = StartedStream(op.key);
   if (!stream.ok()) return stream.status();
   StreamState& st = **stream;
   picked_.clear();
-  for (int i = 0; i < op.records.size(); ++i) {
-    int64_t step = ToDb(op.records[i].step());
+  for (int i = 0; i < records.size(); ++i) {
+    int64_t step = ToDb(records[i].step());
     if (st.last_step.has_value() && step <= *st.last_step) continue;
     st.last_step = step;
     if (!st.dirty) {
@@ -241,12 +240,12 @@ absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
     picked_.push_back(i);
   }
   if (picked_.empty()) return absl::OkStatus();
-  int64_t first = ToDb(op.records[picked_.front()].step());
+  int64_t first = ToDb(records[picked_.front()].step());
   insert_chunk_.Bind(1, st.run_key).Bind(2, int64_t{op.key.rank})
       .Bind(3, int64_t{op.key.attempt}).Bind(4, first)
       .Bind(5, *st.last_step)
       .Bind(6, static_cast<int64_t>(picked_.size()))
-      .BindBlob(7, EncodeStepChunk(op.records, picked_));
+      .BindBlob(7, EncodeStepChunk(records, picked_));
   if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
   result.stored = picked_.size();
   // Compaction's bookkeeping: from a stream's first small chunk on, the
@@ -276,7 +275,7 @@ absl::Status StoreWriter::ApplyEvent(const WriteOp& op) {
   absl::StatusOr<StreamState*> stream = StartedStream(op.key);
   if (!stream.ok()) return stream.status();
   const int64_t run_key = (*stream)->run_key;
-  const v1::RunEvent& e = op.event;
+  const v1::RunEvent& e = std::get<WriteOp::Event>(op.body).event;
   insert_event_.Bind(1, run_key).Bind(2, int64_t{op.key.rank})
       .Bind(3, int64_t{op.key.attempt}).Bind(4, ToDb(e.step()))
       .Bind(5, int64_t{e.kind()}).Bind(6, e.detail())
@@ -294,7 +293,7 @@ absl::Status StoreWriter::ApplyEvent(const WriteOp& op) {
 absl::Status StoreWriter::ApplyAlert(const WriteOp& op) {
   absl::StatusOr<int64_t> run_key = StartedRun(op.key.run_id);
   if (!run_key.ok()) return run_key.status();
-  const v1::Alert& a = op.alert;
+  const v1::Alert& a = std::get<WriteOp::Alert>(op.body).alert;
   upsert_alert_.Bind(1, *run_key).Bind(2, a.alertname())
       .Bind(3, ToDb(a.started_step()))
       .Bind(4, v1::SeverityName(a.severity()))
@@ -314,7 +313,7 @@ absl::Status StoreWriter::ApplyAlert(const WriteOp& op) {
 absl::Status StoreWriter::ApplySpike(const WriteOp& op) {
   absl::StatusOr<int64_t> run_key = StartedRun(op.key.run_id);
   if (!run_key.ok()) return run_key.status();
-  const v1::Spike& sp = op.spike;
+  const v1::Spike& sp = std::get<WriteOp::Spike>(op.body).spike;
   insert_spike_.Bind(1, *run_key).Bind(2, ToDb(sp.step()))
       .Bind(3, sp.grad_norm()).Bind(4, sp.ratio_to_ema())
       .Bind(5, sp.sigmas()).BindBlob(6, PackIds(sp.batch_ids()));
@@ -324,7 +323,7 @@ absl::Status StoreWriter::ApplySpike(const WriteOp& op) {
 absl::Status StoreWriter::ApplySpikeOutcome(const WriteOp& op) {
   absl::StatusOr<int64_t> run_key = StartedRun(op.key.run_id);
   if (!run_key.ok()) return run_key.status();
-  const v1::Spike& sp = op.spike;
+  const v1::Spike& sp = std::get<WriteOp::SpikeOutcome>(op.body).spike;
   update_spike_outcome_.Bind(1, *run_key).Bind(2, ToDb(sp.step()))
       .Bind(3, sp.outcome())
       .Bind(4, int64_t{sp.batches_skipped() ? 1 : 0});
@@ -332,7 +331,7 @@ absl::Status StoreWriter::ApplySpikeOutcome(const WriteOp& op) {
 }
 
 absl::Status StoreWriter::ApplyHostIncident(const WriteOp& op) {
-  const HostIncidentRow& i = op.incident;
+  const HostIncidentRow& i = std::get<WriteOp::HostIncident>(op.body).incident;
   insert_host_incident_.Bind(1, i.host).Bind(2, i.unix_nanos)
       .Bind(3, i.run_id).Bind(4, i.alertname);
   return insert_host_incident_.Run();

@@ -119,8 +119,10 @@ void StoreBench(benchmark::State& state, size_t inflight) {
   start.set_max_norm(1.0);
   Done done;
   uint64_t ops = 0;
-  (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = key, .start = start,
-                    .received_unix_nanos = 1, .done = done.Callback()});
+  (*store)->Submit({.key = key,
+                    .body = WriteOp::Start{start},
+                    .received_unix_nanos = 1,
+                    .done = done.Callback()});
   done.Wait(++ops);
   const std::vector<v1::StepRecord> templ = Records(b);
   uint64_t step = 1;
@@ -129,8 +131,9 @@ void StoreBench(benchmark::State& state, size_t inflight) {
       google::protobuf::RepeatedPtrField<v1::StepRecord> recs(templ.begin(),
                                                               templ.end());
       for (v1::StepRecord& r : recs) r.set_step(step++);
-      (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = key,
-                        .records = std::move(recs), .received_unix_nanos = 2,
+      (*store)->Submit({.key = key,
+                        .body = WriteOp::Batch{std::move(recs)},
+                        .received_unix_nanos = 2,
                         .done = done.Callback()});
     }
     ops += inflight;

@@ -170,15 +170,13 @@ void FaultVfs::Register() {
 // ---- Helpers ---------------------------------------------------------------
 
 WriteOp StartOp(const v1::RunStart& s) {
-  return {.kind = WriteOp::Kind::kStart,
-          .key = {s.run_id(), s.rank(), s.attempt()},
-          .start = s,
+  return {.key = {s.run_id(), s.rank(), s.attempt()},
+          .body = WriteOp::Start{s},
           .received_unix_nanos = 1000};
 }
 WriteOp BatchOp(const StreamKey& key, uint64_t from, uint64_t to) {
-  return {.kind = WriteOp::Kind::kBatch,
-          .key = key,
-          .records = Steps(from, to),
+  return {.key = key,
+          .body = WriteOp::Batch{Steps(from, to)},
           .received_unix_nanos = 2000};
 }
 

@@ -38,15 +38,13 @@ class StoreTest : public ::testing::Test {
     return p.get_future().get();
   }
   WriteResult StartStream(const v1::RunStart& s) {
-    return Write({.kind = WriteOp::Kind::kStart,
-                  .key = {s.run_id(), s.rank(), s.attempt()},
-                  .start = s,
+    return Write({.key = {s.run_id(), s.rank(), s.attempt()},
+                  .body = WriteOp::Start{s},
                   .received_unix_nanos = 1000});
   }
   WriteResult Batch(const StreamKey& key, StepRecords recs) {
-    return Write({.kind = WriteOp::Kind::kBatch,
-                  .key = key,
-                  .records = std::move(recs),
+    return Write({.key = key,
+                  .body = WriteOp::Batch{std::move(recs)},
                   .received_unix_nanos = 2000});
   }
   std::vector<v1::StepRecords::Item> Read(const std::string& run,
@@ -154,13 +152,15 @@ TEST_F(StoreTest, EventsAreStoredOnceAndFinishTheRun) {
   e.set_kind(v1::CHECKPOINT_SAVED);
   e.set_detail("ckpt-100");
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(Write({.kind = WriteOp::Kind::kEvent, .key = {"r1", 0, 0},
-                       .event = e, .received_unix_nanos = 5})
+    ASSERT_TRUE(Write({.key = {"r1", 0, 0},
+                       .body = WriteOp::Event{e},
+                       .received_unix_nanos = 5})
                     .status.ok());
   }
   e.set_kind(v1::RUN_FINISHED);
-  ASSERT_TRUE(Write({.kind = WriteOp::Kind::kEvent, .key = {"r1", 0, 0},
-                     .event = e, .received_unix_nanos = 6})
+  ASSERT_TRUE(Write({.key = {"r1", 0, 0},
+                     .body = WriteOp::Event{e},
+                     .received_unix_nanos = 6})
                   .status.ok());
   absl::StatusOr<std::vector<v1::RunEvent>> events = store_->ListEvents("r1");
   ASSERT_TRUE(events.ok());
@@ -175,13 +175,13 @@ TEST_F(StoreTest, SpikeOutcomeAlertHostAndHostIncidentsAreKept) {
   spike.set_step(150);
   spike.set_grad_norm(40);
   spike.add_batch_ids(1200);
-  ASSERT_TRUE(Write({.kind = WriteOp::Kind::kSpike, .key = {"r1", 0, 0},
-                     .spike = spike})
+  ASSERT_TRUE(Write({.key = {"r1", 0, 0},
+                     .body = WriteOp::Spike{spike}})
                   .status.ok());
   spike.set_outcome("recovered");
   spike.set_batches_skipped(true);
-  ASSERT_TRUE(Write({.kind = WriteOp::Kind::kSpikeOutcome, .key = {"r1", 0, 0},
-                     .spike = spike})
+  ASSERT_TRUE(Write({.key = {"r1", 0, 0},
+                     .body = WriteOp::SpikeOutcome{spike}})
                   .status.ok());
   absl::StatusOr<std::vector<v1::Spike>> spikes = store_->ListSpikes("r1");
   ASSERT_TRUE(spikes.ok()) << spikes.status();
@@ -198,8 +198,8 @@ TEST_F(StoreTest, SpikeOutcomeAlertHostAndHostIncidentsAreKept) {
   alert.set_started_step(10);
   alert.set_rank(5);
   alert.set_host("node-3");
-  ASSERT_TRUE(Write({.kind = WriteOp::Kind::kAlert, .key = {"r1", 0, 0},
-                     .alert = alert})
+  ASSERT_TRUE(Write({.key = {"r1", 0, 0},
+                     .body = WriteOp::Alert{alert}})
                   .status.ok());
   absl::StatusOr<std::vector<v1::Alert>> alerts = store_->ListAlerts("r1", false);
   ASSERT_TRUE(alerts.ok()) << alerts.status();
@@ -207,11 +207,10 @@ TEST_F(StoreTest, SpikeOutcomeAlertHostAndHostIncidentsAreKept) {
   EXPECT_EQ((*alerts)[0].host(), "node-3");
 
   for (int64_t t : {100, 200, 200}) {  // the repeat is stored once
-    ASSERT_TRUE(Write({.kind = WriteOp::Kind::kHostIncident,
-                       .incident = {.host = "node-3",
+    ASSERT_TRUE(Write({.body = WriteOp::HostIncident{{.host = "node-3",
                                     .alertname = "RankStraggler",
                                     .run_id = "r1",
-                                    .unix_nanos = t}})
+                                    .unix_nanos = t}}})
                     .status.ok());
   }
   absl::StatusOr<std::vector<HostIncidentRow>> rows = store_->ListHostIncidents(150);
@@ -244,13 +243,13 @@ TEST(StoreFileTest, ReopenKeepsExactlyOnceState) {
     ASSERT_TRUE(store.ok()) << store.status();
     std::promise<WriteResult> started, wrote;
     v1::RunStart s = Start("r1");
-    (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0},
-                      .start = s,
+    (*store)->Submit({.key = {"r1", 0, 0},
+                      .body = WriteOp::Start{s},
                       .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
     ASSERT_TRUE(started.get_future().get().status.ok());
     // The second round resends steps 0..99 after a "restart": only 100..149 are new.
-    (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
-                      .records = Steps(0, round == 0 ? 100 : 150),
+    (*store)->Submit({.key = {"r1", 0, 0},
+                      .body = WriteOp::Batch{Steps(0, round == 0 ? 100 : 150)},
                       .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
     EXPECT_EQ(wrote.get_future().get().stored, round == 0 ? 100u : 50u);
   }
@@ -287,13 +286,13 @@ void WriteRecords(const StoreOptions& options, StepRecords records) {
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
   ASSERT_TRUE(store.ok()) << store.status();
   std::promise<WriteResult> started, wrote;
-  (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0},
-                    .start = Start("r1"),
+  (*store)->Submit({.key = {"r1", 0, 0},
+                    .body = WriteOp::Start{Start("r1")},
                     .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
   ASSERT_TRUE(started.get_future().get().status.ok());
   const size_t n = static_cast<size_t>(records.size());
-  (*store)->Submit({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
-                    .records = std::move(records),
+  (*store)->Submit({.key = {"r1", 0, 0},
+                    .body = WriteOp::Batch{std::move(records)},
                     .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
   EXPECT_EQ(wrote.get_future().get().stored, n);
 }
@@ -475,20 +474,20 @@ TEST(StoreFileTest, SmallChunksAreMergedWhenTheWriterIsIdle) {
     (*store)->Submit(std::move(op));
     return p.get_future().get();
   };
-  ASSERT_TRUE(write({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0}, .start = Start("r1")})
+  ASSERT_TRUE(write({.key = {"r1", 0, 0}, .body = WriteOp::Start{Start("r1")}})
                   .status.ok());
   uint64_t step = 0;
   for (uint64_t size : std::vector<uint64_t>(5, 100)) {
-    ASSERT_EQ(write({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
-                     .records = OddRecords(step, step + size)}).stored, size);
+    ASSERT_EQ(write({.key = {"r1", 0, 0},
+                     .body = WriteOp::Batch{OddRecords(step, step + size)}}).stored, size);
     step += size;
   }
-  ASSERT_EQ(write({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
-                   .records = OddRecords(step, step + 1000)}).stored, 1000u);
+  ASSERT_EQ(write({.key = {"r1", 0, 0},
+                   .body = WriteOp::Batch{OddRecords(step, step + 1000)}}).stored, 1000u);
   step += 1000;
   for (int i = 0; i < 20; ++i) {
-    ASSERT_EQ(write({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
-                     .records = OddRecords(step, step + 100)}).stored, 100u);
+    ASSERT_EQ(write({.key = {"r1", 0, 0},
+                     .body = WriteOp::Batch{OddRecords(step, step + 100)}}).stored, 100u);
     step += 100;
   }
   // 5 x 100, 1,000 and 5 x 100 make the first merged chunk (the next would
@@ -516,8 +515,8 @@ TEST(StoreFileTest, SmallChunksAreMergedWhenTheWriterIsIdle) {
                                     return true;
                                   }).ok());
   EXPECT_EQ(next, step);
-  EXPECT_EQ(write({.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
-                   .records = OddRecords(0, step + 1)}).stored, 1u)
+  EXPECT_EQ(write({.key = {"r1", 0, 0},
+                   .body = WriteOp::Batch{OddRecords(0, step + 1)}}).stored, 1u)
       << "a resend stores only the step not stored before";
   EXPECT_EQ((*store)->GetRun("r1")->steps(), step + 1);
 }
@@ -530,14 +529,15 @@ TEST(StoreFileTest, OneRecordBatchesAreMergedAScanAtATime) {
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
   ASSERT_TRUE(store.ok()) << store.status();
   std::promise<WriteResult> started;
-  (*store)->Submit({.kind = WriteOp::Kind::kStart, .key = {"r1", 0, 0}, .start = Start("r1"),
+  (*store)->Submit({.key = {"r1", 0, 0},
+                    .body = WriteOp::Start{Start("r1")},
                     .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
   ASSERT_TRUE(started.get_future().get().status.ok());
   constexpr uint64_t kSteps = 2100;
   std::promise<void> last;
   for (uint64_t step = 0; step < kSteps; ++step) {
-    WriteOp op{.kind = WriteOp::Kind::kBatch, .key = {"r1", 0, 0},
-               .records = OddRecords(step, step + 1)};
+    WriteOp op{.key = {"r1", 0, 0},
+               .body = WriteOp::Batch{OddRecords(step, step + 1)}};
     if (step + 1 == kSteps) op.done = [&](WriteResult) { last.set_value(); };
     (*store)->Submit(std::move(op));
   }
