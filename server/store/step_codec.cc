@@ -201,7 +201,13 @@ GolombChoice BestGolomb(const WidthHistogram& hist, int shift,
                         bool allow_zero_flags = true) {
   // Widths after the shift (a nonzero value loses exactly `shift` bits).
   std::array<uint64_t, 65> h{};
-  for (int b = 0; b <= 64; ++b) h[b == 0 ? 0 : b - shift] += hist[b];
+  // Only the widths present: those below the shift are empty (a value of
+  // the column has at least `shift` trailing zeros), and indexing them would
+  // leave the array (found by step_codec_fuzzer).
+  for (int b = 0; b <= 64; ++b) {
+    if (hist[b] == 0) continue;
+    h[b == 0 ? 0 : std::max(0, b - shift)] += hist[b];
+  }
   // Plain: cost(k) = count*k + #(width <= k) + 2 * sum over width > k of
   // (width - k). Zero-flagged: a bit per value, then the nonzero ones plainly.
   auto best_k = [&](uint64_t zeros) {
