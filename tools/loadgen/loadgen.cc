@@ -7,6 +7,8 @@
 //                      [--alert-probes P] [--rate R] [--run-header] [--json]
 //   trainwatch-loadgen --server HOST:PORT --populate-runs M [--records-per-run R]
 //                      [--streams N] [--batch B]
+//   trainwatch-loadgen --server HOST:PORT --ranks N [--steps S] [--slow-rank K
+//                      --slow-factor F] [--step-seconds T] [--server-pid PID]
 //
 // Stream i reports run i % M as rank i / M (world_size = ceil(N / M)); each
 // sends pre-built StepBatches of B records with increasing steps and seq,
@@ -28,6 +30,10 @@
 // --run-header sends x-trainwatch-run: RUN on every stream, as trainwatch's
 // clients do, so that the load can go through a fleet's proxy (docs/fleet.md).
 // With --json the last line of stdout is one JSON object.
+//
+// --ranks N instead streams one run of N ranks, a stream a rank, every rank's
+// record every --step-seconds, and checks that RankStraggler names the rank
+// slowed by --slow-factor (ranks.cc).
 //
 // --populate-runs M instead makes M runs active (for memory per run and
 // /metrics size): N workers each open one stream per run in turn, send R
@@ -56,6 +62,7 @@
 #include <thread>
 #include <vector>
 
+#include "ranks.h"
 #include "trainwatch/v1/trainwatch.grpc.pb.h"
 
 namespace {
@@ -77,6 +84,7 @@ struct Options {
   int populate_runs = 0;
   int records_per_run = 1200;
   bool run_header = false;  // x-trainwatch-run on every stream
+  trainwatch::loadgen::RanksOptions ranks;  // --ranks N: ranks.cc
 };
 
 // The routing metadata of a fleet's proxy, when --run-header asks for it.
@@ -90,7 +98,11 @@ const char kUsage[] =
     "         [--batch B] [--seconds S] [--inflight K] [--metrics URL]\n"
     "         [--alert-probes P] [--rate R] [--run-header] [--json]\n"
     "       trainwatch-loadgen --server HOST:PORT --populate-runs M\n"
-    "         [--records-per-run R] [--streams N] [--batch B]\n";
+    "         [--records-per-run R] [--streams N] [--batch B]\n"
+    "       trainwatch-loadgen --server HOST:PORT --ranks N [--steps S]\n"
+    "         [--slow-rank K --slow-factor F [--slow-from STEP]]\n"
+    "         [--step-seconds T] [--ranks-per-host H] [--channels C]\n"
+    "         [--server-pid PID] [--json]\n";
 
 bool ParseArgs(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
@@ -115,6 +127,15 @@ bool ParseArgs(int argc, char** argv, Options* o) {
     else if (a == "--rate") o->rate = atof(value());
     else if (a == "--populate-runs") o->populate_runs = atoi(value());
     else if (a == "--records-per-run") o->records_per_run = atoi(value());
+    else if (a == "--ranks") o->ranks.ranks = static_cast<uint32_t>(atol(value()));
+    else if (a == "--steps") o->ranks.steps = strtoull(value(), nullptr, 10);
+    else if (a == "--slow-rank") o->ranks.slow_rank = static_cast<uint32_t>(atol(value()));
+    else if (a == "--slow-factor") o->ranks.slow_factor = atof(value());
+    else if (a == "--slow-from") o->ranks.slow_from = strtoull(value(), nullptr, 10);
+    else if (a == "--step-seconds") o->ranks.step_seconds = atof(value());
+    else if (a == "--ranks-per-host") o->ranks.ranks_per_host = static_cast<uint32_t>(atol(value()));
+    else if (a == "--channels") o->ranks.channels = atoi(value());
+    else if (a == "--server-pid") o->ranks.server_pid = atoi(value());
     else if (a == "--help" || a == "-h") { fputs(kUsage, stdout); exit(0); }
     else { fprintf(stderr, "unknown flag %s\n%s", a.c_str(), kUsage); return false; }
   }
@@ -125,6 +146,14 @@ bool ParseArgs(int argc, char** argv, Options* o) {
     return false;
   }
   o->runs = std::min(o->runs, o->streams);
+  o->ranks.server = o->server;
+  o->ranks.json = o->json;
+  if (o->ranks.ranks > 0 &&
+      (o->ranks.steps < 1 || o->ranks.step_seconds < 0 || o->ranks.channels < 1 ||
+       o->ranks.ranks_per_host < 1)) {
+    fputs(kUsage, stderr);
+    return false;
+  }
   return true;
 }
 
@@ -477,6 +506,7 @@ int main(int argc, char** argv) {
   const std::string prefix = "lg" + std::to_string(getpid()) + "-" +
                              std::to_string(NowUnixNanos() % 1'000'000'000);
   if (o.populate_runs > 0) return Populate(o, prefix);
+  if (o.ranks.ranks > 0) return trainwatch::loadgen::RunRanks(o.ranks);
   const uint32_t world = static_cast<uint32_t>((o.streams + o.runs - 1) / o.runs);
 
   std::atomic<uint64_t> acked_records{0};

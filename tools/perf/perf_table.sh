@@ -99,6 +99,21 @@ t0=$(date +%s.%N)
 stop_server  # SIGTERM with 10,000 active runs, waits for the exit
 SIGTERM_S=$($PY -c "print(round($(date +%s.%N) - $t0, 2))")
 
+# Ranks in one run: RANKS ranks (RANKS_MAX, 16,384 by default), a record a
+# rank a second for 45 s, one rank 1.5x slow from step 20 on.
+declare -A RANK_RSS RANK_US RANK_DELAY
+for n in 1024 ${RANKS_MAX:-16384}; do
+  start_server "ranks$n"
+  R=$("$BIN/trainwatch-loadgen" --server "$GRPC" --ranks "$n" --steps 45 \
+        --slow-rank $((n * 3 / 4 + 1)) --slow-factor 1.5 --slow-from 20 \
+        --server-pid "$SERVER_PID" --json | tail -1)
+  stop_server
+  RANK_RSS[$n]=$(json_field server_peak_rss_mib <<<"$R")
+  RANK_US[$n]=$(json_field server_cpu_us_per_record <<<"$R")
+  RANK_DELAY[$n]=$(json_field delay_steps <<<"$R")
+done
+RMAX=${RANKS_MAX:-16384}
+
 if command -v promtool >/dev/null; then
   BYTES=$("$(dirname "$0")/storage_bytes.sh" "$BUILD" 200000 | tail -1)
   TW_BYTES=$(json_field trainwatch_bytes_per_step <<<"$BYTES")
@@ -123,6 +138,7 @@ cat <<TABLE
 | /metrics with 1,000 runs: median of 11 scrapes, size, samples | ${METRICS_MS} ms, ${METRICS_KB} KiB, ${SERIES} |
 | SIGTERM to exit with 10,000 active runs (everything acked committed) | ${SIGTERM_S} s |
 | bytes on disk a step record, 200,000-step fp16 run: trainwatch / Prometheus TSDB, same values, every value read back (<= 0.8x) | ${TW_BYTES} / ${PROM_BYTES} (${BYTES_RATIO}x) |
+| one run of 1,024 / ${RMAX} ranks at a step a second: server peak RSS (MiB), CPU per rank-record (us), a 1.5x slow rank named after (steps) | ${RANK_RSS[1024]} / ${RANK_RSS[$RMAX]}, ${RANK_US[1024]} / ${RANK_US[$RMAX]}, ${RANK_DELAY[1024]} / ${RANK_DELAY[$RMAX]} |
 TABLE
 echo "{\"records_per_s\": {\"1\": ${RATE[1]}, \"16\": ${RATE[16]}, \"64\": ${RATE[64]}}," \
      "\"alert_latency_p99_ms\": {\"1\": ${ALERT[1]}, \"16\": ${ALERT[16]}, \"64\": ${ALERT[64]}}," \
@@ -130,4 +146,6 @@ echo "{\"records_per_s\": {\"1\": ${RATE[1]}, \"16\": ${RATE[16]}, \"64\": ${RAT
      "\"reference_rows_per_s\": $REF, \"ratio_16\": $RATIO, \"peak_rss_mib\": $PEAK_RSS_MIB," \
      "\"kib_per_run\": {\"100\": ${PER_RUN[100]}, \"1000\": ${PER_RUN[1000]}, \"10000\": ${PER_RUN[10000]}}," \
      "\"metrics_ms_1000_runs\": $METRICS_MS, \"sigterm_s_10000_runs\": $SIGTERM_S," \
-     "\"bytes_per_step\": {\"trainwatch\": $TW_BYTES, \"prometheus\": $PROM_BYTES, \"ratio\": $BYTES_RATIO}}"
+     "\"bytes_per_step\": {\"trainwatch\": $TW_BYTES, \"prometheus\": $PROM_BYTES, \"ratio\": $BYTES_RATIO}," \
+     "\"ranks\": {\"1024\": {\"rss_mib\": ${RANK_RSS[1024]}, \"cpu_us\": ${RANK_US[1024]}, \"delay_steps\": ${RANK_DELAY[1024]}}," \
+     "\"$RMAX\": {\"rss_mib\": ${RANK_RSS[$RMAX]}, \"cpu_us\": ${RANK_US[$RMAX]}, \"delay_steps\": ${RANK_DELAY[$RMAX]}}}}"

@@ -1,0 +1,32 @@
+// trainwatch-loadgen --ranks N (ranks.cc): one run of N ranks at a step a
+// second, one rank slowed; reports whether RankStraggler named it.
+#ifndef TRAINWATCH_TOOLS_LOADGEN_RANKS_H_
+#define TRAINWATCH_TOOLS_LOADGEN_RANKS_H_
+
+#include <cstdint>
+#include <string>
+
+namespace trainwatch::loadgen {
+
+struct RanksOptions {
+  std::string server;
+  std::string run;              // "" = ranks-N
+  uint32_t ranks = 0;
+  uint64_t steps = 120;
+  double step_seconds = 1.0;    // one step a second, as a large run
+  uint32_t slow_rank = 0;       // >= ranks: none
+  double slow_factor = 1.0;     // its step time x this from slow_from on
+  uint64_t slow_from = 30;
+  uint32_t ranks_per_host = 8;  // host = node-(rank / ranks_per_host)
+  int channels = 16;            // HTTP/2 connections the streams share
+  int server_pid = 0;           // > 0: report the server's peak RSS
+  bool json = false;
+};
+
+// Exit status: 0 when every record was acknowledged and, with a slowed
+// rank, RankStraggler named it and its host.
+int RunRanks(const RanksOptions& options);
+
+}  // namespace trainwatch::loadgen
+
+#endif  // TRAINWATCH_TOOLS_LOADGEN_RANKS_H_
