@@ -68,9 +68,10 @@ class AlertTracker final : public AlertSink {
              const std::function<AlertText()>& text) override;
   void Spike(const SpikeInfo& spike) override;
 
-  // Fires or resolves `kind` directly (RunSilent, which is about time).
-  void Fire(AlertKind kind, uint64_t step, double value, AlertText text);
-  void Resolve(AlertKind kind, uint64_t step);
+  // Fires or resolves `kind` directly (RunSilent, which is about time; the
+  // pipeline's restart-loop verdicts and lifecycle).
+  void Fire(AlertKind kind, uint64_t step, double value, AlertText text) override;
+  void Resolve(AlertKind kind, uint64_t step) override;
 
   // Rewrites a firing alert's text (and raises its severity when `severity`
   // is not empty) and tells the listener, as an update: what a spike's

@@ -264,7 +264,9 @@ TEST_F(EngineTest, ATokensRunsQuotaIsItsOwnAndIdleRunsLeaveTheActiveSet) {
     std::promise<absl::Status> done;
     auto h = engine_->OpenStream(Start(run), [&](absl::Status s) { done.set_value(s); },
                                  quota);
-    if (h.ok()) EXPECT_TRUE(done.get_future().get().ok());
+    if (h.ok()) {
+      EXPECT_TRUE(done.get_future().get().ok());
+    }
     return h;
   };
   ASSERT_TRUE(open("a1", team_a).ok());
