@@ -1,5 +1,5 @@
 // FP16 loss-scaling detectors (docs/detectors.md): LossScaleCollapse, SkipRateHigh,
-// ScalerStuck, NonFiniteUpdate, ClipBeforeUnscale, Fp16WithoutScaler. They
+// ScalerStuck, ClipBeforeUnscale, Fp16WithoutScaler. They
 // read the lead stream only (OnStep).
 #include <algorithm>
 #include <cmath>
@@ -203,32 +203,6 @@ class ScalerStuck final : public Detector {
   uint32_t run_length_ = 0;  // skipped steps in a row with run_scale_
 };
 
-// Catches a NaN/Inf gradient or loss that reached the weights: the step was
-// applied, not skipped. One event per such step; skipped inf steps are normal
-// fp16 behaviour and stay silent.
-class NonFiniteUpdate final : public Detector {
- public:
-  void OnStep(const StepContext& ctx, AlertSink& sink) override {
-    const v1::StepRecord& r = ctx.record;
-    const bool bad_norm = !std::isfinite(r.grad_norm());
-    const bool bad_loss = r.has_loss() && !std::isfinite(r.loss());
-    if (r.skipped() || (!bad_norm && !bad_loss)) return;
-    const std::vector<int64_t> batch_ids(r.batch_ids().begin(),
-                                         r.batch_ids().end());
-    sink.Event(AlertKind::kNonFiniteUpdate, r.step(), 1.0, batch_ids, [&] {
-      std::string loss = r.has_loss() ? absl::StrFormat("%g", r.loss()) : "-";
-      return AlertText{
-          .summary = "Non-finite update applied",
-          .description =
-          absl::StrFormat("step %d was applied (not skipped) with grad_norm "
-                          "%g and loss %s",
-                          r.step(), r.grad_norm(), loss),
-          // What the lead rank computed: its machine (HostSuspect).
-          .host = ctx.run.host};
-    });
-  }
-};
-
 // Catches clip_grad_norm_ running on scaled fp16 gradients (no
 // scaler.unscale_ first): nearly every step is clipped and the norm tracks
 // the loss scale. Holds when, over the last clip_before_unscale.steps applied
@@ -336,7 +310,9 @@ void AddFp16Detectors(const HealthConfig& config, Detectors* out) {
   out->push_back(std::make_unique<LossScaleCollapse>());
   out->push_back(std::make_unique<SkipRateHigh>(config));
   out->push_back(std::make_unique<ScalerStuck>());
-  out->push_back(std::make_unique<NonFiniteUpdate>());
+  // Every precision's, not only fp16's (detectors_nonfinite.cc); here so
+  // that a step's transitions keep their order.
+  out->push_back(MakeNonFiniteUpdate(config));
   out->push_back(std::make_unique<ClipBeforeUnscale>(config));
   out->push_back(std::make_unique<Fp16WithoutScaler>());
 }

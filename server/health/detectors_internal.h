@@ -31,8 +31,12 @@ std::unique_ptr<Detector> MakeLogZDrift(const HealthConfig& config);
 std::unique_ptr<Detector> MakeLossSpike(const HealthConfig& config);
 
 // detectors_fp16.cc: LossScaleCollapse, SkipRateHigh, ScalerStuck,
-// NonFiniteUpdate, ClipBeforeUnscale, Fp16WithoutScaler.
+// ClipBeforeUnscale, Fp16WithoutScaler; it also places NonFiniteUpdate (any
+// precision) where it always ran among them, so that a step's transitions
+// keep their order.
 void AddFp16Detectors(const HealthConfig& config, Detectors* out);
+// detectors_nonfinite.cc: NonFiniteUpdate.
+std::unique_ptr<Detector> MakeNonFiniteUpdate(const HealthConfig& config);
 
 // detectors_ranks.cc: RankNormMismatch, ShardNormMismatch.
 // detectors_layers.cc: AdamStaleSecondMoment, LayerUpdateStall.
