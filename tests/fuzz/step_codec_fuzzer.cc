@@ -11,22 +11,14 @@
 #include <string>
 #include <string_view>
 
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "proto_bytes.h"
 #include "store/step_codec.h"
 
 namespace {
 
 using Records = google::protobuf::RepeatedPtrField<trainwatch::v1::StepRecord>;
 
-std::string Deterministic(const trainwatch::v1::StepRecord& r) {
-  std::string out;
-  google::protobuf::io::StringOutputStream stream(&out);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.SetSerializationDeterministic(true);
-  r.SerializeToCodedStream(&coded);
-  return out;
-}
+using trainwatch::testing::DeterministicBytes;
 
 }  // namespace
 
@@ -39,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!trainwatch::DecodeStepChunk(again, &back).ok()) std::abort();
   if (back.size() != records.size()) std::abort();
   for (int i = 0; i < records.size(); ++i) {
-    if (Deterministic(records[i]) != Deterministic(back[i])) std::abort();
+    if (DeterministicBytes(records[i]) != DeterministicBytes(back[i])) std::abort();
   }
   return 0;
 }

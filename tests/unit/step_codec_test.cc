@@ -10,10 +10,9 @@
 #include <random>
 #include <string>
 
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
+#include "proto_bytes.h"
 
 namespace trainwatch {
 namespace {
@@ -140,15 +139,8 @@ void ExpectSame(const v1::StepRecord& a, const v1::StepRecord& b, int i) {
   EXPECT_EQ(a.skipped(), b.skipped());
   ASSERT_EQ(a.batch_ids_size(), b.batch_ids_size());
   for (int j = 0; j < a.batch_ids_size(); ++j) EXPECT_EQ(a.batch_ids(j), b.batch_ids(j));
-  auto serialized = [](const v1::StepRecord& r) {
-    std::string out;
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    r.SerializeToCodedStream(&coded);
-    return out;
-  };
-  EXPECT_EQ(serialized(a), serialized(b));
+  EXPECT_EQ(::trainwatch::testing::DeterministicBytes(a),
+            ::trainwatch::testing::DeterministicBytes(b));
 }
 
 Records RoundTrip(const Records& in) {
