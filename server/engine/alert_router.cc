@@ -23,13 +23,15 @@ void AlertRouter::SetLabels(const v1::RunStart& lead) {
   labels_ = lead.labels();
 }
 
+v1::Alert AlertRouter::Labelled(const v1::Alert& alert) const {
+  v1::Alert out = alert;
+  *out.mutable_run_labels() = labels_;
+  return out;
+}
+
 void AlertRouter::Route(v1::Alert alert) {
   // Only enqueues: the notifier's threads do the network.
-  if (notifier_ != nullptr) {
-    v1::Alert labelled = alert;
-    *labelled.mutable_run_labels() = labels_;
-    notifier_->Notify(std::move(labelled));
-  }
+  if (notifier_ != nullptr) notifier_->Notify(Labelled(alert));
   store_->Submit(WriteOp{.key = {alert.run(), 0, 0},
                          .body = WriteOp::Alert{std::move(alert)}});
 }
@@ -39,11 +41,7 @@ void AlertRouter::Restore(const v1::Alert& firing) {
       kind.has_value() && run_metrics_ != nullptr) {
     run_metrics_->alert_active[static_cast<size_t>(*kind)].Set(1);
   }
-  if (notifier_ != nullptr) {
-    v1::Alert labelled = firing;
-    *labelled.mutable_run_labels() = labels_;
-    notifier_->Restore(std::move(labelled));
-  }
+  if (notifier_ != nullptr) notifier_->Restore(Labelled(firing));
 }
 
 void AlertRouter::OnAlert(AlertKind kind, const v1::Alert& alert, bool update) {

@@ -10,11 +10,9 @@
 #ifndef TRAINWATCH_SERVER_ENGINE_ALERT_ROUTER_H_
 #define TRAINWATCH_SERVER_ENGINE_ALERT_ROUTER_H_
 
-#include <map>
-#include <string>
-
 #include <array>
 #include <optional>
+#include <string>
 
 #include "alerting/notifier.h"
 #include "engine/host_watch.h"
@@ -56,6 +54,9 @@ class AlertRouter final : public RunObserver {
   void OnSpikeOutcome(const SpikeOutcome& outcome) override;
 
  private:
+  // `alert` with the run's labels, as the notifier sends it.
+  v1::Alert Labelled(const v1::Alert& alert) const;
+
   const std::string run_id_;
   Store* const store_;
   Metrics* const metrics_;

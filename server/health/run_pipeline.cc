@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "health/alert_catalog.h"
 #include "health/convert.h"
@@ -140,7 +139,6 @@ void RunPipeline::FeedLead(uint32_t attempt, const v1::StepRecord& r,
   }
   h.OnLeadRecord(r, now_unix_nanos);
 }
-
 
 void RunPipeline::OnBatch(
     const v1::RunStart& start,
