@@ -117,6 +117,7 @@ std::vector<Field> Fields(HealthConfig& c) {
       {"log_z", "nats", kPositive, &c.log_z.nats},
       {"log_z", "horizon_steps", kCount, &c.log_z.horizon_steps},
       {"loss_spike", "sigmas", kPositive, &c.loss_spike.sigmas},
+      {"loss_spike", "log_sigmas", kPositive, &c.loss_spike.log_sigmas},
       {"loss_spike", "min_ratio", kAboveOne, &c.loss_spike.min_ratio},
       {"loss_spike", "stay_steps", kCount, &c.loss_spike.stay_steps},
       {"loss_spike", "recent_steps", kWindow, &c.loss_spike.recent_steps},

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,21 @@ namespace {
 
 // Layers named in a description, at most.
 constexpr size_t kLayersNamed = 5;
+
+}  // namespace
+
+bool IsEmbeddingLayer(const std::string& layer) {
+  const size_t dot = layer.rfind('.');
+  const std::string_view last =
+      dot == std::string::npos ? std::string_view(layer) : std::string_view(layer).substr(dot + 1);
+  for (std::string_view e : {"tok", "pos", "embed", "wte", "wpe", "embeddings", "embed_tokens",
+                             "tok_embeddings", "word_embeddings", "embedding", "emb"}) {
+    if (last == e) return true;
+  }
+  return false;
+}
+
+namespace {
 
 // "name value, name value, ..." for the first kLayersNamed layers, then
 // "and N more".
@@ -43,7 +59,13 @@ std::string NameLayers(
 // least adam.min_reports of them). In warmup v is still filling up from 0,
 // and for a while after it Adam is still adapting to the new LR (values of
 // 5 and more that fall back by themselves); a layer whose g/sqrt(v) is
-// always high (rare tokens in an embedding) has not gone stale either.
+// always high has not gone stale either. Embeddings are left out: a rare
+// token's row, whose v decayed for hundreds of steps, meets a gradient
+// on every healthy run (the lab: 25-4,100 on the token embedding, nothing
+// after). With reports on consecutive steps (layer_stats every step) the
+// layer must be stale on two in a row: one hard batch refreshes v at once
+// (v takes (1 - beta2) g^2 of it), while the out-of-date v of an
+// instability stays behind a gradient that stays large.
 class AdamStaleSecondMoment final : public Detector {
  public:
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
@@ -52,26 +74,27 @@ class AdamStaleSecondMoment final : public Detector {
     const auto& cfg = ctx.config.adam;
     std::vector<std::pair<std::string, double>> stale;
     for (const auto& [layer, stats] : r.layer_stats()) {
+      if (IsEmbeddingLayer(layer)) continue;
       const double value = stats.g_over_sqrt_v_rms();
       // NaN: no evidence either way. +Inf: v is zero under a non-zero
       // gradient, out of date whatever the layer's history; it stays out of
       // the history, whose median it would break.
       if (std::isnan(value) || value == -INFINITY) continue;
-      if (std::isinf(value)) {
-        stale.emplace_back(layer, value);
-        continue;
-      }
       auto it = history_.find(layer);
       if (it == history_.end()) {
         if (history_.size() >= kMaxLayers) continue;
         it = history_.emplace(layer, History{}).first;
       }
       History& h = it->second;
-      if (value >= cfg.g_over_sqrt_v && h.size >= cfg.min_reports &&
-          value >= cfg.jump_ratio * h.Median()) {
-        stale.emplace_back(layer, value);
-      }
-      h.Push(value);
+      const bool consecutive = h.any && r.step() == h.last_step + 1;
+      const bool candidate =
+          std::isinf(value) || (value >= cfg.g_over_sqrt_v && h.size >= cfg.min_reports &&
+                                value >= cfg.jump_ratio * h.Median());
+      if (candidate && (!consecutive || h.last_candidate)) stale.emplace_back(layer, value);
+      h.last_candidate = candidate;
+      h.last_step = r.step();
+      h.any = true;
+      if (!std::isinf(value)) h.Push(value);
     }
     std::sort(stale.begin(), stale.end(), [](const auto& a, const auto& b) {
       return a.second != b.second ? a.second > b.second : a.first < b.first;
@@ -101,6 +124,9 @@ class AdamStaleSecondMoment final : public Detector {
     std::array<float, kSize> values{};
     size_t size = 0;
     size_t next = 0;
+    uint64_t last_step = 0;  // the last report's step
+    bool any = false;
+    bool last_candidate = false;  // the last report was stale
 
     void Push(double v) {
       values[next] = static_cast<float>(v);
@@ -125,9 +151,18 @@ class LayerUpdateStall final : public Detector {
     if (!ctx.run.adam_eps.has_value() || r.layer_stats().empty()) return;
     const auto& cfg = ctx.config.adam;
     const double limit = cfg.eps_multiple * *ctx.run.adam_eps;
+    const double eps = *ctx.run.adam_eps;
     for (const auto& [layer, stats] : r.layer_stats()) {
       const double rms = stats.grad_rms();
-      if (!(rms > 0 && rms <= limit)) {
+      // eps, not v, must set the update: then g / (sqrt(v) + eps) is about
+      // min(1, g / eps). A layer whose gradient collapsed while v still
+      // holds its old values has g/(sqrt(v)+eps) far below that (the lab:
+      // 3e-4 - 4e-3 where grad_rms / eps is 1.4 - 11): v sets that update,
+      // and a smaller eps would not help.
+      const double ratio = stats.g_over_sqrt_v_rms();
+      const bool eps_dominates = !std::isfinite(ratio) || !(ratio > 0) ||
+                                 ratio >= kEpsShare * std::min(1.0, rms / eps);
+      if (!(rms > 0 && rms <= limit) || !eps_dominates) {
         stalls_.erase(layer);
         continue;
       }
@@ -165,6 +200,9 @@ class LayerUpdateStall final : public Detector {
  private:
   // Layers tracked at once, at most (bounds memory on huge models).
   static constexpr size_t kMaxLayers = 4096;
+  // g/(sqrt(v)+eps) at least this share of min(1, grad_rms / eps): eps,
+  // not an out-of-date v, sets the layer's update.
+  static constexpr double kEpsShare = 0.25;
 
   struct Stall {
     uint32_t reports = 0;  // in a row at or below the limit

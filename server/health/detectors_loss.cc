@@ -29,12 +29,16 @@ class LossSpike final : public Detector {
             .recent_steps = config.loss_spike.recent_steps,
             .min_steps = std::min<uint32_t>(50, config.loss_spike.recent_steps),
             .sigmas = config.loss_spike.sigmas,
+            .log_sigmas = config.loss_spike.log_sigmas,
             .min_ratio = config.loss_spike.min_ratio,
             .stay_steps = config.loss_spike.stay_steps}) {}
 
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     const v1::StepRecord& r = ctx.record;
-    if (!ctx.post_warmup || !r.has_loss()) return;
+    // Warmup included: a run that diverges during its warmup (the lab's,
+    // at steps 90-208 of 300) is the one that most needs a person, and a
+    // falling loss never rises above the median of its recent values.
+    if (!r.has_loss()) return;
     std::optional<LossSpikeRule::Result> s = rule_.Add(r.step(), r.loss());
     if (!s.has_value() || !s->high) {
       high_batch_ids_.clear();
@@ -63,9 +67,9 @@ class LossSpike final : public Detector {
               ? absl::StrFormat(
                     "loss %.4g at step %d is %.2fx its recent level %.4g "
                     "(median of the last %d losses) and has stayed >= %gx and "
-                    "%g robust sd above it since step %d",
+                    "%g robust sd of the log losses above it since step %d",
                     r.loss(), r.step(), s->ratio, s->level, c.recent_steps,
-                    c.min_ratio, c.sigmas, s->onset_step)
+                    c.min_ratio, c.log_sigmas, s->onset_step)
               : absl::StrFormat(
                     "loss %.4g at step %d is %.4g above its recent level %.4g "
                     "(median of the last %d losses; robust sd %.2g, resolution "

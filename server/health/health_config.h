@@ -100,7 +100,8 @@ struct HealthConfig {
   } log_z;
 
   struct {
-    double sigmas = 6.0;        // log loss >= recent level + sigmas * sd ...
+    double sigmas = 6.0;        // loss >= recent level + sigmas * sd (linear) ...
+    double log_sigmas = 4.0;    // log loss >= its level + log_sigmas * sd of the logs ...
     double min_ratio = 1.25;    // ... and loss >= min_ratio * recent level
     uint32_t stay_steps = 3;    // on this many steps in a row
     uint32_t recent_steps = 100;  // the recent level: median of these
@@ -151,12 +152,14 @@ struct HealthConfig {
   // median of the last `window` reports, ln(x / median) - alpha ln(B) with
   // B = sqrt(1/(1-beta2)), >= theta in >= min_layers layers.
   struct {
-    uint32_t enabled = 0;           // off by default: see docs/detectors.md
-    uint32_t use_update_ratio = 0;  // 1: update_rms_ratio, 0: g/sqrt(v) RMS
+    // The rule calibrated on the lab's tuning seeds; on its held-out seeds:
+    // precision 0.92, recall 0.43, median lead 2 steps (docs/detectors.md).
+    uint32_t enabled = 1;
+    uint32_t use_update_ratio = 1;  // 1: update_rms_ratio, 0: g/sqrt(v) RMS
     uint32_t window = 50;
     double alpha = 0.0;
-    double theta = 1.5;
-    uint32_t min_layers = 1;
+    double theta = 1.25;            // ln 3.5
+    uint32_t min_layers = 4;
     uint32_t cooldown_steps = 20;
   } hazard;
 

@@ -44,6 +44,10 @@ class LossSpikeRule {
     uint32_t recent_steps = 100;  // history of losses for the level
     uint32_t min_steps = 50;      // history before a spike can be named
     double sigmas = 6.0;          // above the level by this many robust sd,
+    // In log space (every loss > 0: language-model, DPO, reward losses) the
+    // log rule decides, by this many robust sd of the log losses (their
+    // MAD's), and the linear rule only guards the printed resolution.
+    double log_sigmas = 4.0;
     double min_quanta = 10.0;     // by this many resolution steps,
     double min_ratio = 1.25;      // and, in log space, by this factor
     uint32_t stay_steps = 3;      // high steps in a row

@@ -223,7 +223,7 @@ TEST(AdamStaleSecondMoment, AdaptingAfterWarmupIsSilentAJumpAtASpikeIsItsConsequ
       double v = s <= 150 ? 10.5 - 0.03 * s : 1.5;
       if (corrupt) v = 400.0;
       stats.set_g_over_sqrt_v_rms(v);
-      (*r.mutable_layer_stats())["emb"] = stats;
+      (*r.mutable_layer_stats())["blocks.0.attn"] = stats;
     }
     h.Lead(r);
   }
