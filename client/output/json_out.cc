@@ -196,6 +196,35 @@ void WriteStep(JsonWriter& w, const v1::StepRecord& r, uint32_t rank,
       w.Double(stats.grad_rms());
       w.Key("g_over_sqrt_v_rms");
       w.Double(stats.g_over_sqrt_v_rms());
+      OptionalDouble(w, "update_rms_ratio", stats.has_update_rms_ratio(),
+                     stats.update_rms_ratio());
+      w.EndObject();
+    }
+    w.EndObject();
+  }
+  if (!r.fp8().empty()) {
+    std::map<std::string, v1::Fp8TensorStats> sorted(r.fp8().begin(), r.fp8().end());
+    w.Key("fp8");
+    w.BeginObject();
+    for (const auto& [name, f] : sorted) {
+      w.Key(name);
+      w.BeginObject();
+      w.Key("format");
+      w.String(v1::Fp8Format_Name(f.format()));
+      w.Key("amax");
+      w.Double(f.amax());
+      w.Key("scale");
+      w.Double(f.scale());
+      w.Key("amax_history_len");
+      w.Uint(f.amax_history_len());
+      w.Key("margin");
+      w.Double(f.margin());
+      OptionalDouble(w, "overflow_fraction", f.has_overflow_fraction(),
+                     f.overflow_fraction());
+      OptionalDouble(w, "underflow_fraction", f.has_underflow_fraction(),
+                     f.underflow_fraction());
+      w.Key("amax_group");
+      w.String(f.amax_group());
       w.EndObject();
     }
     w.EndObject();

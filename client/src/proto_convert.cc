@@ -89,6 +89,18 @@ void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out) {
     proto.set_grad_norm(stat.grad_norm);
     proto.set_grad_rms(stat.grad_rms);
     proto.set_g_over_sqrt_v_rms(stat.g_over_sqrt_v_rms);
+    if (stat.update_rms_ratio) proto.set_update_rms_ratio(*stat.update_rms_ratio);
+  }
+  for (const auto& [tensor, stat] : step.fp8) {
+    v1::Fp8TensorStats& proto = (*out->mutable_fp8())[tensor];
+    proto.set_format(static_cast<v1::Fp8Format>(stat.format));
+    proto.set_amax(stat.amax);
+    proto.set_scale(stat.scale);
+    proto.set_amax_history_len(stat.amax_history_len);
+    proto.set_margin(stat.margin);
+    if (stat.overflow_fraction) proto.set_overflow_fraction(*stat.overflow_fraction);
+    if (stat.underflow_fraction) proto.set_underflow_fraction(*stat.underflow_fraction);
+    proto.set_amax_group(stat.amax_group);
   }
 }
 

@@ -155,6 +155,20 @@ Step ToClientStep(const v1::StepRecord& record) {
         LayerStat{.grad_norm = stats.grad_norm(),
                   .grad_rms = stats.grad_rms(),
                   .g_over_sqrt_v_rms = stats.g_over_sqrt_v_rms()};
+    if (stats.has_update_rms_ratio()) {
+      step.layer_stats[name].update_rms_ratio = stats.update_rms_ratio();
+    }
+  }
+  for (const auto& [name, stats] : record.fp8()) {
+    Fp8Stat& stat = step.fp8[name];
+    stat.format = static_cast<Fp8Format>(stats.format());
+    stat.amax = stats.amax();
+    stat.scale = stats.scale();
+    stat.amax_history_len = stats.amax_history_len();
+    stat.margin = stats.margin();
+    if (stats.has_overflow_fraction()) stat.overflow_fraction = stats.overflow_fraction();
+    if (stats.has_underflow_fraction()) stat.underflow_fraction = stats.underflow_fraction();
+    stat.amax_group = stats.amax_group();
   }
   return step;
 }

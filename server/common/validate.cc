@@ -119,6 +119,48 @@ absl::Status ValidateStep(uint64_t step, absl::string_view what) {
       "64-bit integers"));
 }
 
+// A share of elements: NaN and Inf are data, a finite value outside [0, 1]
+// is a bug in whatever computed it.
+bool BadFraction(bool has, double v) {
+  return has && std::isfinite(v) && (v < 0 || v > 1);
+}
+
+absl::Status ValidateFp8(const v1::StepRecord& r, const ValidationLimits& limits) {
+  if (static_cast<size_t>(r.fp8_size()) > limits.max_fp8_tensors) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", r.step(), ": fp8 has ", r.fp8_size(), " tensors; at most ",
+        limits.max_fp8_tensors));
+  }
+  for (const auto& [name, f] : r.fp8()) {
+    if (name.empty() || name.size() > limits.max_layer_name_chars) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", r.step(), ": fp8 tensor name \"", name.substr(0, 32), "\" has ",
+          name.size(), " characters; 1 to ", limits.max_layer_name_chars));
+    }
+    if (f.format() == v1::FP8_FORMAT_UNSPECIFIED || !v1::Fp8Format_IsValid(f.format())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", r.step(), ": fp8[\"", name, "\"].format is ",
+          f.format() == v1::FP8_FORMAT_UNSPECIFIED ? "missing" : "unknown",
+          " (", static_cast<int>(f.format()),
+          "); one of E4M3, E5M2, E4M3_FNUZ, E5M2_FNUZ"));
+    }
+    if (BadFraction(f.has_overflow_fraction(), f.overflow_fraction()) ||
+        BadFraction(f.has_underflow_fraction(), f.underflow_fraction())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", r.step(), ": fp8[\"", name,
+          "\"] overflow_fraction and underflow_fraction must be in [0, 1], got ",
+          f.overflow_fraction(), " and ", f.underflow_fraction()));
+    }
+    if (f.amax_group().size() > limits.max_label_value_chars) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", r.step(), ": fp8[\"", name, "\"].amax_group has ",
+          f.amax_group().size(), " characters; at most ",
+          limits.max_label_value_chars));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateStepBatch(const v1::StepBatch& batch,
@@ -148,6 +190,7 @@ absl::Status ValidateStepBatch(const v1::StepBatch& batch,
             limits.max_layer_name_chars));
       }
     }
+    if (absl::Status s = ValidateFp8(r, limits); !s.ok()) return s;
     // NaN and Inf are data (docs/contracts.md); a finite value outside [0, 1] is a
     // bug in whatever computed it.
     if (r.has_clip_coef() && std::isfinite(r.clip_coef()) &&

@@ -23,6 +23,8 @@ struct ValidationLimits {
   // are quoted in alert descriptions).
   size_t max_layers = 4096;
   size_t max_layer_name_chars = 256;
+  // fp8 entries in one record (tensor names share max_layer_name_chars).
+  size_t max_fp8_tensors = 4096;
   // batch_ids in one record.
   size_t max_batch_ids = 65536;
   // detail of a RunEvent.

@@ -49,6 +49,8 @@ constexpr Range kWindow = {10, false, 1'000'000, false,
 // Cross-rank digests: 12 bytes a step of lag, per run.
 constexpr Range kLag = {1, false, 10'000'000, false,
                         "an integer in [1, 10000000]"};
+// A tensor's last reports are kept as bits of one word.
+constexpr Range kReports = {1, false, 64, false, "an integer in [1, 64]"};
 constexpr Range kSeconds = {1, false, 365.0 * 24 * 3600, false,
                             "an integer in [1, 31536000]"};
 
@@ -131,6 +133,13 @@ std::vector<Field> Fields(HealthConfig& c) {
       {"adam", "min_reports", kCount, &c.adam.min_reports},
       {"adam", "eps_multiple", kPositive, &c.adam.eps_multiple},
       {"adam", "stall_reports", kCount, &c.adam.stall_reports},
+      {"fp8", "overflow_fraction", kOpenFraction, &c.fp8.overflow_fraction},
+      {"fp8", "underflow_fraction", kOpenFraction, &c.fp8.underflow_fraction},
+      {"fp8", "reports", kReports, &c.fp8.reports},
+      {"fp8", "scale_ratio", kAboveOne, &c.fp8.scale_ratio},
+      {"fp8", "amax_spread", kOpenFraction, &c.fp8.amax_spread},
+      {"fp8", "growth_factor", kAboveOne, &c.fp8.growth_factor},
+      {"fp8", "horizon_steps", kCount, &c.fp8.horizon_steps},
       {"silent", "seconds", kSeconds, &c.silent.seconds},
       {"finished_runs", "retention_seconds", kSeconds,
        &c.finished_runs.retention_seconds},

@@ -6,6 +6,7 @@
 
 #include "health/convert.h"
 #include "trainwatch/v1/alert_names.h"
+#include "trainwatch/v1/fp8_format.h"
 
 namespace trainwatch {
 
@@ -100,6 +101,25 @@ void AlertRouter::OnLeadRecord(const v1::StepRecord& r) {
   if (r.has_log_z()) m.log_z.Set(r.log_z());
   if (r.has_loss()) m.loss.Set(r.loss());
   if (r.has_lr()) m.learning_rate.Set(r.lr());
+  if (!r.fp8().empty()) SetFp8Worst(r, m);
+}
+
+void AlertRouter::SetFp8Worst(const v1::StepRecord& r, RunMetrics& m) {
+  // The worst tensor of the report; a share no tensor reported stays unset.
+  std::optional<double> over, under, scaled;
+  const auto take = [](std::optional<double>& worst, double v) {
+    if (std::isnan(v)) return;
+    if (!worst.has_value() || v > *worst) worst = v;
+  };
+  for (const auto& [name, f] : r.fp8()) {
+    if (f.has_overflow_fraction()) take(over, f.overflow_fraction());
+    if (f.has_underflow_fraction()) take(under, f.underflow_fraction());
+    const double max = v1::Fp8FormatMax(f.format());
+    if (max > 0) take(scaled, f.amax() * f.scale() / max);
+  }
+  if (over) m.fp8_overflow_fraction.Set(*over);
+  if (under) m.fp8_underflow_fraction.Set(*under);
+  if (scaled) m.fp8_scaled_amax_ratio.Set(*scaled);
 }
 
 void AlertRouter::OnRecordsAccepted(size_t fresh, uint64_t client_dropped) {

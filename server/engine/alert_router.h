@@ -54,6 +54,8 @@ class AlertRouter final : public RunObserver {
   void OnSpikeOutcome(const SpikeOutcome& outcome) override;
 
  private:
+  // trainwatch_fp8_*: the worst tensor of a record's fp8 report.
+  static void SetFp8Worst(const v1::StepRecord& r, RunMetrics& m);
   // `alert` with the run's labels, as the notifier sends it.
   v1::Alert Labelled(const v1::Alert& alert) const;
 

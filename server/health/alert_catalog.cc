@@ -117,6 +117,43 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Drain the host from the scheduler, run the vendor diagnostics (DCGM "
      "level 3, memory tests), and restart the affected runs elsewhere from "
      "their last checkpoints."},
+    {K::kFp8Overflow, "Fp8Overflow", v1::SEVERITY_WARNING,
+     "FP8 values saturate at the format's max: the tensor's scale lags its "
+     "amax (a delayed-scaling history too long for how fast the amax grows, "
+     "or a margin too small), so its largest values are clipped in the cast.",
+     "Raise the margin (each +1 halves the scale: 2x headroom) or shorten "
+     "amax_history_len when the amax moves fast; keep the tensor in bf16 if "
+     "it keeps saturating."},
+    {K::kFp8Underflow, "Fp8Underflow", v1::SEVERITY_WARNING,
+     "Most of an FP8 tensor's values flush to zero in the cast: its scale is "
+     "too small for its bulk (a margin too large, an old outlier held in "
+     "the amax history, or outliers that outgrew the bulk).",
+     "Lower the margin or shorten the amax history; if one outlier feature "
+     "dominates the amax (Fp8AmaxGrowth), fix the outliers (Smooth-SwiGLU, a "
+     "lower LR) or use finer-grained (block) scaling."},
+    {K::kFp8ScaleMismatch, "Fp8ScaleMismatch", v1::SEVERITY_CRITICAL,
+     "FP8 scales disagree with what the recipe implies from the amax "
+     "(fmt_max / max(amax history) / 2^margin): the wrong format maximum, "
+     "e.g. E4M3's 448 used for E4M3_FNUZ (240) on ROCm or the reverse, or a "
+     "scale computed by other code than the recipe says.",
+     "Use the format maximum of the FP8 type the casts really use (E4M3 448, "
+     "E4M3_FNUZ 240, E5M2 and E5M2_FNUZ 57344); check the Transformer "
+     "Engine build matches the hardware."},
+    {K::kFp8AmaxDesync, "Fp8AmaxDesync", v1::SEVERITY_CRITICAL,
+     "Ranks of one amax reduction group report different amax or scale for "
+     "one FP8 tensor at one step: the amax is reduced over the wrong process "
+     "group (or not at all), so tensor-parallel shards cast with different "
+     "scales. Runs like this diverge.",
+     "Reduce the amax over the tensor-parallel group (Transformer Engine: "
+     "fp8_group / amax_reduction_group, Megatron's tp group), then restart "
+     "from a checkpoint before the desync."},
+    {K::kFp8AmaxGrowth, "Fp8AmaxGrowth", v1::SEVERITY_WARNING,
+     "An FP8 tensor's amax grows steadily and is forecast to reach 100x its "
+     "early level: outliers outgrowing the tensor's bulk (as with SwiGLU "
+     "weight alignment late in long runs). Per-tensor scaling follows the "
+     "outliers, and the bulk will underflow.",
+     "Smooth-SwiGLU or another outlier fix, a lower learning rate or more "
+     "weight decay; or keep the tensor in bf16, or use block scaling."},
 }};
 
 }  // namespace

@@ -35,8 +35,14 @@ enum class AlertKind {
   // Server-wide (HostSuspectDetector, over every run's alerts); raised on the
   // run whose alert made its host suspect.
   kHostSuspect,
+  // FP8 per-tensor scaling (detectors_fp8.cc).
+  kFp8Overflow,
+  kFp8Underflow,
+  kFp8ScaleMismatch,
+  kFp8AmaxDesync,
+  kFp8AmaxGrowth,
 };
-inline constexpr size_t kAlertKindCount = 21;
+inline constexpr size_t kAlertKindCount = 26;
 
 struct AlertSpec {
   AlertKind kind;

@@ -23,7 +23,7 @@ bool AlertTracker::Enabled(AlertKind kind) const {
 bool AlertTracker::AcrossRanks(AlertKind kind) {
   return kind == AlertKind::kRankNormMismatch ||
          kind == AlertKind::kShardNormMismatch ||
-         kind == AlertKind::kRankStraggler;
+         kind == AlertKind::kRankStraggler || kind == AlertKind::kFp8AmaxDesync;
 }
 
 void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
@@ -68,6 +68,12 @@ std::vector<AlertKind> CausesOf(AlertKind kind) {
               AlertKind::kNonFiniteUpdate};
     case AlertKind::kAdamStaleSecondMoment:
       return {AlertKind::kLossSpike, AlertKind::kGradNormSpike};
+    // A wrong format max or unsynchronised scales saturate the casts; a
+    // tensor whose outliers outgrew it flushes its bulk to zero.
+    case AlertKind::kFp8Overflow:
+      return {AlertKind::kFp8ScaleMismatch, AlertKind::kFp8AmaxDesync};
+    case AlertKind::kFp8Underflow:
+      return {AlertKind::kFp8AmaxGrowth, AlertKind::kFp8ScaleMismatch};
     default:
       return {};
   }

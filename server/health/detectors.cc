@@ -19,6 +19,7 @@ std::vector<std::unique_ptr<Detector>> MakeDetectors(const HealthConfig& config)
   out.push_back(MakeLossSpike(config));
   AddFp16Detectors(config, &out);
   AddLayerDetectors(config, &out);
+  AddFp8Detectors(config, &out);
   out.push_back(MakeInputPipelineStall(config));
   return out;
 }
@@ -27,6 +28,7 @@ std::vector<std::unique_ptr<Detector>> MakeRankDetectors(
     const HealthConfig& config) {
   Detectors out;
   AddRankDetectors(config, &out);
+  out.push_back(MakeFp8AmaxDesync(config));
   // Last: the step-time levels move after the norm checks judged the steps.
   out.push_back(MakeRankStraggler(config));
   return out;

@@ -43,6 +43,11 @@ std::unique_ptr<Detector> MakeNonFiniteUpdate(const HealthConfig& config);
 void AddRankDetectors(const HealthConfig& config, Detectors* out);
 void AddLayerDetectors(const HealthConfig& config, Detectors* out);
 
+// detectors_fp8.cc: Fp8ScaleMismatch, Fp8AmaxGrowth, Fp8Overflow,
+// Fp8Underflow (lead), Fp8AmaxDesync (across ranks).
+void AddFp8Detectors(const HealthConfig& config, Detectors* out);
+std::unique_ptr<Detector> MakeFp8AmaxDesync(const HealthConfig& config);
+
 // detectors_timing.cc: RankStraggler (across ranks), InputPipelineStall
 // (lead), RunSilent (clock).
 std::unique_ptr<Detector> MakeRankStraggler(const HealthConfig& config);

@@ -147,6 +147,18 @@ struct HealthConfig {
     uint32_t stall_reports = 3;  // ... on this many reports in a row
   } adam;
 
+  // FP8 per-tensor scaling (docs/detectors.md Fp8*), judged on the fp8
+  // reports (every N steps) of each tensor.
+  struct {
+    double overflow_fraction = 1e-4;   // saturated share of a report ...
+    double underflow_fraction = 0.1;   // ... flushed share of a report ...
+    uint32_t reports = 10;             // ... on most of a tensor's last reports
+    double scale_ratio = 1.5;          // scale vs the recipe's, either way
+    double amax_spread = 1e-3;         // across the ranks of one amax_group
+    double growth_factor = 100.0;      // amax forecast to reach this x baseline
+    uint32_t horizon_steps = 2000;     // within this many steps
+  } fp8;
+
   struct {
     int64_t seconds = 300;  // no step for this long from an unfinished run
   } silent;

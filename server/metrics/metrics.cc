@@ -76,6 +76,9 @@ RunMetrics::RunMetrics(
       goodput_ratio(&m.goodput_ratio, run_id_),
       lost_steps_skipped(&m.lost_steps_total, run_id_, "cause", "skipped"),
       lost_steps_rewound(&m.lost_steps_total, run_id_, "cause", "rewound"),
+      fp8_overflow_fraction(&m.fp8_overflow_fraction, run_id_),
+      fp8_underflow_fraction(&m.fp8_underflow_fraction, run_id_),
+      fp8_scaled_amax_ratio(&m.fp8_scaled_amax_ratio, run_id_),
       metrics_(m) {
   alerts_fired.reserve(alerts_.size());
   alert_active.reserve(alerts_.size());
@@ -106,7 +109,8 @@ RunMetrics::~RunMetrics() {
         &max_attention_logit, &log_z, &loss, &learning_rate, &grad_norm_p50,
         &grad_norm_p90, &grad_norm_p99, &clip_fraction, &skip_fraction,
         &recommended_clip_threshold, &step_seconds_median, &step_seconds_max,
-        &straggler_lost_fraction, &data_wait_fraction, &goodput_ratio}) {
+        &straggler_lost_fraction, &data_wait_fraction, &goodput_ratio,
+        &fp8_overflow_fraction, &fp8_underflow_fraction, &fp8_scaled_amax_ratio}) {
     g->Remove();
   }
   lost_steps_skipped.Remove();
@@ -223,6 +227,18 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
       lost_steps_total("trainwatch_lost_steps_total",
                        "Steps lost, by cause: skipped (no update) or rewound "
                        "(redone after a restart)."),
+      fp8_overflow_fraction("trainwatch_fp8_overflow_fraction",
+                            "FP8: the largest overflow_fraction (share "
+                            "saturated in the cast) over the tensors of the "
+                            "last fp8 report."),
+      fp8_underflow_fraction("trainwatch_fp8_underflow_fraction",
+                             "FP8: the largest underflow_fraction (share "
+                             "flushed to zero) over the tensors of the last "
+                             "fp8 report."),
+      fp8_scaled_amax_ratio("trainwatch_fp8_scaled_amax_ratio",
+                            "FP8: the largest amax x scale / format max over "
+                            "the tensors of the last fp8 report (above 1: "
+                            "values saturate)."),
       alert_active("trainwatch_alert_active",
                    "1 while the alert is firing for the run."),
       alerts_fired_total("trainwatch_alerts_fired_total",
@@ -286,6 +302,7 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
         &log_z, &loss, &learning_rate, &grad_norm_window, &clip_fraction,
         &skip_fraction, &recommended_clip_threshold, &step_seconds,
         &straggler_lost_fraction, &data_wait_fraction, &goodput_ratio,
+        &fp8_overflow_fraction, &fp8_underflow_fraction, &fp8_scaled_amax_ratio,
         &alert_active}) {
     f->Collect(&all);
   }

@@ -100,6 +100,10 @@ class RunMetrics {
   LazyGauge step_seconds_median, step_seconds_max, straggler_lost_fraction,
       data_wait_fraction, goodput_ratio;
   LazyCounter lost_steps_skipped, lost_steps_rewound;
+  // FP8: the worst tensor of the lead's last fp8 report (no per-tensor
+  // series: a model has thousands of FP8 tensors).
+  LazyGauge fp8_overflow_fraction, fp8_underflow_fraction,
+      fp8_scaled_amax_ratio;
   // Per alertname, indexed like AllAlertSpecs(): 1 while firing.
   std::vector<LazyGauge> alert_active;
   std::vector<LazyCounter> alerts_fired;
@@ -182,6 +186,9 @@ class Metrics {
   RunFamily<RunGauge> data_wait_fraction;
   RunFamily<RunGauge> goodput_ratio;
   RunFamily<RunCounter> lost_steps_total;  // {cause}
+  RunFamily<RunGauge> fp8_overflow_fraction;
+  RunFamily<RunGauge> fp8_underflow_fraction;
+  RunFamily<RunGauge> fp8_scaled_amax_ratio;
   RunFamily<RunGauge> alert_active;          // {alertname,severity}
   RunFamily<RunCounter> alerts_fired_total;  // {alertname}
 

@@ -104,6 +104,25 @@ struct LayerStat {
   double grad_norm = 0.0;
   double grad_rms = 0.0;
   double g_over_sqrt_v_rms = 0.0;
+  // RMS of this step's weight update over RMS of the weights; absent when
+  // not measured (docs/contracts.md layer_stats).
+  std::optional<double> update_rms_ratio;
+};
+
+// FP8 formats of Fp8Stat (the proto's Fp8Format values).
+enum class Fp8Format { kUnspecified = 0, kE4M3 = 1, kE5M2 = 2, kE4M3Fnuz = 3, kE5M2Fnuz = 4 };
+
+// One FP8 tensor's per-tensor scaling state (docs/contracts.md fp8):
+// fp8 = cast(x * scale), scale from the amax history.
+struct Fp8Stat {
+  Fp8Format format = Fp8Format::kUnspecified;
+  double amax = 0.0;
+  double scale = 0.0;
+  uint32_t amax_history_len = 0;
+  double margin = 0.0;
+  std::optional<double> overflow_fraction;
+  std::optional<double> underflow_fraction;
+  std::string amax_group;
 };
 
 // One optimizer step (StepRecord of docs/contracts.md). Floats may be NaN or Inf.
@@ -122,6 +141,8 @@ struct Step {
   std::vector<int64_t> batch_ids;
   std::optional<double> shard_sq_sum;
   std::map<std::string, LayerStat> layer_stats;
+  // FP8 tensor name -> its scaling state (every N steps, FP8 runs only).
+  std::map<std::string, Fp8Stat> fp8;
   // Wall seconds since this rank's previous optimizer step (measured by the
   // client when absent, see ClientOptions::measure_locally), and the part of
   // it spent waiting for the input pipeline.

@@ -106,8 +106,22 @@ bool BatchIds(PyObject* o, std::vector<int64_t>* out) {
   return true;
 }
 
-// dict: layer name -> (grad_norm, grad_rms, g_over_sqrt_v_rms) as a tuple or
-// list of three plain numbers.
+// A dict key as a std::string; false (no error set) for anything else.
+bool KeyString(PyObject* key, std::string* out) {
+  if (!PyUnicode_Check(key)) return false;
+  Py_ssize_t size;
+  const char* name = PyUnicode_AsUTF8AndSize(key, &size);
+  if (name == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  out->assign(name, static_cast<size_t>(size));
+  return true;
+}
+
+// dict: layer name -> (grad_norm, grad_rms, g_over_sqrt_v_rms[,
+// update_rms_ratio]) as a tuple or list of three or four plain numbers (the
+// fourth may be None: not measured).
 bool LayerStats(PyObject* o, std::map<std::string, LayerStat>* out) {
   if (o == Py_None) return true;
   if (!PyDict_Check(o)) return false;
@@ -115,23 +129,56 @@ bool LayerStats(PyObject* o, std::map<std::string, LayerStat>* out) {
   PyObject* value;
   Py_ssize_t pos = 0;
   while (PyDict_Next(o, &pos, &key, &value)) {
-    if (!PyUnicode_Check(key)) return false;
     if (!PyList_Check(value) && !PyTuple_Check(value)) return false;
-    if (PySequence_Fast_GET_SIZE(value) != 3) return false;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+    if (n != 3 && n != 4) return false;
     PyObject** items = PySequence_Fast_ITEMS(value);
     LayerStat stat;
     if (!PlainDouble(items[0], &stat.grad_norm) ||
         !PlainDouble(items[1], &stat.grad_rms) ||
-        !PlainDouble(items[2], &stat.g_over_sqrt_v_rms)) {
+        !PlainDouble(items[2], &stat.g_over_sqrt_v_rms) ||
+        (n == 4 && !OptionalDouble(items[3], &stat.update_rms_ratio))) {
       return false;
     }
-    Py_ssize_t size;
-    const char* name = PyUnicode_AsUTF8AndSize(key, &size);
-    if (name == nullptr) {
-      PyErr_Clear();
+    std::string name;
+    if (!KeyString(key, &name)) return false;
+    (*out)[std::move(name)] = stat;
+  }
+  return true;
+}
+
+// dict: tensor name -> (format, amax, scale, amax_history_len, margin,
+// overflow_fraction, underflow_fraction, amax_group), the tuple the Python
+// layer builds from the user's dict (format an int 1..4, the fractions
+// numbers or None, amax_group a str).
+bool Fp8Stats(PyObject* o, std::map<std::string, Fp8Stat>* out) {
+  if (o == Py_None) return true;
+  if (!PyDict_Check(o)) return false;
+  PyObject* key;
+  PyObject* value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(o, &pos, &key, &value)) {
+    if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 8) return false;
+    PyObject** items = PySequence_Fast_ITEMS(value);
+    Fp8Stat stat;
+    double format = 0;
+    double history = 0;
+    if (!PlainDouble(items[0], &format) || !PlainDouble(items[1], &stat.amax) ||
+        !PlainDouble(items[2], &stat.scale) || !PlainDouble(items[3], &history) ||
+        !PlainDouble(items[4], &stat.margin) ||
+        !OptionalDouble(items[5], &stat.overflow_fraction) ||
+        !OptionalDouble(items[6], &stat.underflow_fraction) ||
+        !KeyString(items[7], &stat.amax_group)) {
       return false;
     }
-    (*out)[std::string(name, static_cast<size_t>(size))] = stat;
+    if (!(format >= 1 && format <= 4) || !(history >= 0 && history <= 4294967295.0)) {
+      return false;
+    }
+    stat.format = static_cast<Fp8Format>(static_cast<int>(format));
+    stat.amax_history_len = static_cast<uint32_t>(history);
+    std::string name;
+    if (!KeyString(key, &name)) return false;
+    (*out)[std::move(name)] = std::move(stat);
   }
   return true;
 }
@@ -184,7 +231,7 @@ class PyClient {
              py::handle clip_coef, py::handle max_attn_logit, py::handle log_z,
              py::handle lr, py::handle step_time_s, py::handle data_wait_s,
              py::handle batch_ids, py::handle shard_sq_sum,
-             py::handle layer_stats, int64_t time_unix_nanos) {
+             py::handle layer_stats, py::handle fp8, int64_t time_unix_nanos) {
     Step s;
     PyObject* step_obj = step.ptr();
     if (!PyLong_Check(step_obj)) return kDeferred;
@@ -212,7 +259,8 @@ class PyClient {
       s.clipped = b;
     }
     if (!BatchIds(batch_ids.ptr(), &s.batch_ids) ||
-        !LayerStats(layer_stats.ptr(), &s.layer_stats)) {
+        !LayerStats(layer_stats.ptr(), &s.layer_stats) ||
+        !Fp8Stats(fp8.ptr(), &s.fp8)) {
       return kDeferred;
     }
     s.time_unix_nanos = time_unix_nanos;
@@ -271,7 +319,7 @@ class PyClient {
 // pybind11's dispatcher (argument vectors, overload loop, casts) cost more
 // than the rest of record() together. The capsule's context holds a
 // reference to the pybind11 object, so the function keeps its client alive.
-constexpr int kRecordArgs = 16;
+constexpr int kRecordArgs = 17;
 
 PyObject* FastRecord(PyObject* capsule, PyObject* const* args,
                      Py_ssize_t nargs) {
@@ -287,7 +335,7 @@ PyObject* FastRecord(PyObject* capsule, PyObject* const* args,
   const int r = client->Record(args[0], args[1], args[2], args[3], args[4],
                                args[5], args[6], args[7], args[8], args[9],
                                args[10], args[11], args[12], args[13], args[14],
-                               stamp);
+                               args[15], stamp);
   return PyLong_FromLong(r);  // a cached small int
 }
 

@@ -47,7 +47,7 @@ EVENT_KINDS = {"checkpoint_saved": 1, "run_finished": 2, "run_failed": 3}
 # StepRecord fields record() takes after step, in the binding's order.
 _FIELDS = ("grad_norm", "loss", "loss_scale", "skipped", "clipped", "clip_coef",
            "max_attn_logit", "log_z", "lr", "step_time_s", "data_wait_s",
-           "batch_ids", "shard_sq_sum", "layer_stats")
+           "batch_ids", "shard_sq_sum", "layer_stats", "fp8")
 # The step record's optional floats, from the C++ field table
 # (step_fields.h): a field added there and not here is caught at import.
 _missing = set(_trainwatch.STEP_OPTIONAL_DOUBLES) - set(_FIELDS)
@@ -188,15 +188,20 @@ class Client:
     def record(self, step, grad_norm, loss=None, loss_scale=None, skipped=False,
                clipped=None, clip_coef=None, max_attn_logit=None, log_z=None,
                lr=None, batch_ids=None, shard_sq_sum=None, layer_stats=None,
-               step_time_s=None, data_wait_s=None):
+               step_time_s=None, data_wait_s=None, fp8=None):
         """Records one optimizer step; never blocks.
 
         Every value may be a float/int/bool, a numpy scalar or a torch tensor
         (CPU or CUDA; one element, batch_ids any shape). grad_norm is the
         pre-clip global norm (what clip_grad_norm_ returns). batch_ids: ints
         (list, tuple, numpy array or tensor). layer_stats: dict of layer name
-        to (grad_norm, grad_rms, g_over_sqrt_v_rms), each entry a tuple, a
-        dict with those keys, or a 3-element tensor. step_time_s: seconds
+        to (grad_norm, grad_rms, g_over_sqrt_v_rms[, update_rms_ratio]), each
+        entry a tuple, a dict with those keys, or a 3- or 4-element tensor.
+        fp8: dict of FP8 tensor name to a dict {format ("E4M3", "E5M2",
+        "E4M3_FNUZ", "E5M2_FNUZ"), amax, scale, amax_history_len, margin,
+        overflow_fraction, underflow_fraction (optional), amax_group}
+        (trainwatch.fp8 computes them; tensors in it are read with .item(),
+        which syncs a GPU: send fp8 every N steps). step_time_s: seconds
         since the previous optimizer step (default: measured, the time since
         the previous record()); data_wait_s: the part of it spent waiting for
         the input pipeline (trainwatch.torch.StepHook measures it).
@@ -207,7 +212,7 @@ class Client:
         if not self._pending:
             r = self._record(step, grad_norm, loss, loss_scale, skipped, clipped,
                              clip_coef, max_attn_logit, log_z, lr, step_time_s,
-                             data_wait_s, batch_ids, shard_sq_sum, layer_stats, 0)
+                             data_wait_s, batch_ids, shard_sq_sum, layer_stats, fp8, 0)
             if r != _DEFERRED:
                 if r == _RECORDED:
                     self._last_step = step
@@ -215,7 +220,7 @@ class Client:
         return self._record_slow(step, (grad_norm, loss, loss_scale, skipped,
                                         clipped, clip_coef, max_attn_logit,
                                         log_z, lr, step_time_s, data_wait_s,
-                                        batch_ids, shard_sq_sum, layer_stats))
+                                        batch_ids, shard_sq_sum, layer_stats, fp8))
 
     # -- events, flush, close -------------------------------------------------
 
@@ -460,19 +465,22 @@ def _host_value(name, value, torch, devices, pos, key=None):
         for layer, stat in value.items():
             if isinstance(stat, dict):
                 stat = (stat.get("grad_norm", 0.0), stat.get("grad_rms", 0.0),
-                        stat.get("g_over_sqrt_v_rms", float("nan")))
+                        stat.get("g_over_sqrt_v_rms", float("nan")),
+                        stat.get("update_rms_ratio"))
             if torch is not None and isinstance(stat, torch.Tensor):
-                if stat.numel() != 3:
-                    raise ValueError(f"record(): layer_stats[{layer!r}] must have 3 elements")
+                if stat.numel() not in (3, 4):
+                    raise ValueError(f"record(): layer_stats[{layer!r}] must have 3 or 4 elements")
                 out[str(layer)] = _host_value(name, stat, torch, devices, pos, str(layer))
                 continue
-            if len(stat) != 3:
-                raise ValueError(f"record(): layer_stats[{layer!r}] must be "
-                                 "(grad_norm, grad_rms, g_over_sqrt_v_rms)")
+            if len(stat) not in (3, 4):
+                raise ValueError(f"record(): layer_stats[{layer!r}] must be (grad_norm, "
+                                 "grad_rms, g_over_sqrt_v_rms[, update_rms_ratio])")
             out[str(layer)] = tuple(
                 _host_value("layer_stat", s, torch, devices, pos, (str(layer), j))
                 for j, s in enumerate(stat))
         return out
+    if name == "fp8":
+        return _fp8_entries(value)
     if name in _BOOL_FIELDS:
         try:
             return bool(value)  # numpy.bool_
@@ -482,6 +490,44 @@ def _host_value(name, value, torch, devices, pos, key=None):
         return float(value)  # numpy scalars, Decimal, ...
     except (TypeError, ValueError):
         raise TypeError(f"record(): {name} must be a number, got {type(value).__name__}") from None
+
+
+# Fp8Format values (docs/contracts.md fp8), by the names a user passes.
+FP8_FORMATS = {"E4M3": 1, "E5M2": 2, "E4M3_FNUZ": 3, "E5M2_FNUZ": 4}
+_FP8_KEYS = ("format", "amax", "scale", "amax_history_len", "margin",
+             "overflow_fraction", "underflow_fraction", "amax_group")
+
+
+def _fp8_entries(value):
+    """record(fp8=...) as the binding's tuples (see Fp8Stats in binding.cc)."""
+    if not isinstance(value, dict):
+        raise TypeError("record(): fp8 must be a dict of tensor name -> stats dict")
+    out = {}
+    for tensor, stat in value.items():
+        if not isinstance(stat, dict):
+            raise TypeError(f"record(): fp8[{tensor!r}] must be a dict with keys {_FP8_KEYS}")
+        unknown = set(stat) - set(_FP8_KEYS)
+        if unknown:
+            raise ValueError(f"record(): fp8[{tensor!r}] has unknown keys {sorted(unknown)}")
+        fmt = stat.get("format")
+        code = FP8_FORMATS.get(fmt.upper()) if isinstance(fmt, str) else fmt
+        if code not in (1, 2, 3, 4):
+            raise ValueError(f"record(): fp8[{tensor!r}].format must be one of "
+                             f"{sorted(FP8_FORMATS)}, got {fmt!r}")
+        try:
+            nums = [float(stat.get(k, 0.0)) for k in ("amax", "scale", "margin")]
+            hist = int(stat.get("amax_history_len", 0))
+            fracs = [None if stat.get(k) is None else float(stat[k])
+                     for k in ("overflow_fraction", "underflow_fraction")]
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"record(): fp8[{tensor!r}]: {e}") from None
+        if hist < 0:
+            raise ValueError(f"record(): fp8[{tensor!r}].amax_history_len must be >= 0")
+        group = stat.get("amax_group", "")
+        if not isinstance(group, str):
+            raise TypeError(f"record(): fp8[{tensor!r}].amax_group must be a str")
+        out[str(tensor)] = (code, nums[0], nums[1], hist, nums[2], fracs[0], fracs[1], group)
+    return out
 
 
 def _fill_from_host(values, buffers):
