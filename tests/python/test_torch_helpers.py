@@ -21,6 +21,15 @@ def test_clip_fields_match_clip_grad_norm():
     assert clip_fields(0.5, 1.0) == (False, 1.0)
 
 
+def test_clip_fields_with_clipping_off_never_clip():
+    # max_norm 0 is "no clipping" in the RunStart; min(1, 0 / norm) would
+    # report every step clipped with coefficient 0 (ClipFractionHigh at 100%).
+    for off in (0.0, math.inf):
+        assert clip_fields(3.0, off) == (False, 1.0)
+        clipped, coef = clip_fields(torch.tensor(3.0), off)
+        assert not bool(clipped) and float(coef) == 1.0
+
+
 def test_log_z_is_mean_logsumexp_detached():
     logits = torch.randn(2, 5, 7, requires_grad=True)
     z = log_z(logits)

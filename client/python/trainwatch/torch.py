@@ -36,10 +36,18 @@ _CLIP_EPS = 1e-6  # clip_grad_norm_'s: coef = max_norm / (norm + 1e-6)
 
 def clip_fields(grad_norm, max_norm):
     """(clipped, clip_coef) for a pre-clip norm, as clip_grad_norm_ computes
-    them. Tensors in, tensors out (no sync); floats in, floats out."""
+    them. Tensors in, tensors out (no sync); floats in, floats out.
+    max_norm <= 0 (or inf) is clipping off (the RunStart's "0 = none"):
+    never clipped, coefficient 1, not min(1, 0 / norm) = 0 on every step."""
+    off = not (0.0 < float(max_norm) < math.inf)
     if isinstance(grad_norm, torch.Tensor):
+        if off:
+            return (torch.zeros((), dtype=torch.bool, device=grad_norm.device),
+                    torch.ones((), device=grad_norm.device))
         coef = torch.clamp(max_norm / (grad_norm.detach().float() + _CLIP_EPS), max=1.0)
         return coef < 1.0, coef
+    if off:
+        return False, 1.0
     coef = min(1.0, max_norm / (float(grad_norm) + _CLIP_EPS))
     return coef < 1.0, coef
 
