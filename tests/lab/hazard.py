@@ -31,6 +31,10 @@ import pathlib
 import re
 import statistics
 import sys
+import warnings
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -59,28 +63,31 @@ def load(runs_dir):
 
 
 def jumps(run, stat, alpha):
-    """Per step: sorted (descending) layer jumps, or [] where unknown."""
+    """Per step: the layers' jumps, sorted descending (numpy rows; NaN where
+    a layer has no value or too short a history)."""
     steps = run["steps"]
     beta2 = run["start"].get("adam_beta2")
     bound = math.log(math.sqrt(1.0 / (1.0 - float(beta2)))) if beta2 else 0.0
     if stat == "max_attn_logit":
-        series = {"attn": [labeller._float(s.get("max_attn_logit")) for s in steps]}
+        cols = [[labeller._float(s.get("max_attn_logit")) for s in steps]]
     else:
         names = sorted({k for s in steps for k in s.get("layer_stats", {})
                         if not labeller._is_embedding(k)})
-        series = {k: [labeller._float(s.get("layer_stats", {}).get(k, {}).get(stat))
-                      for s in steps] for k in names}
-    out = []
-    for i in range(len(steps)):
-        js = []
-        for vals in series.values():
-            x = vals[i]
-            prev = [v for v in vals[max(0, i - WINDOW): i] if math.isfinite(v) and v > 0]
-            if len(prev) < WINDOW // 2 or not math.isfinite(x) or x <= 0:
-                continue
-            js.append(math.log(x / statistics.median(prev)) - alpha * bound)
-        out.append(sorted(js, reverse=True))
-    return out
+        cols = [[labeller._float(s.get("layer_stats", {}).get(k, {}).get(stat)) for s in steps]
+                for k in names]
+    x = np.array(cols, dtype=float).T  # [steps, layers]
+    x[~(x > 0) | ~np.isfinite(x)] = np.nan
+    n = x.shape[0]
+    pad = np.full((WINDOW, x.shape[1]), np.nan)
+    windows = sliding_window_view(np.vstack([pad, x[:-1]]), WINDOW, axis=0)  # [n, layers, W]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(windows, axis=2)
+    enough = np.sum(np.isfinite(windows), axis=2) >= WINDOW // 2
+    j = np.log(x / med) - alpha * bound
+    j[~enough] = np.nan
+    j = -np.sort(-np.nan_to_num(j, nan=-np.inf), axis=1)  # descending, NaN last
+    return j[:n]
 
 
 def fire_steps(run, js, theta, k):
@@ -90,7 +97,7 @@ def fire_steps(run, js, theta, k):
         t = s["step"]
         if t < warmup or t <= quiet_until or len(j) < k:
             continue
-        if j[k - 1] >= theta:
+        if j[k - 1] >= theta:  # the k-th largest jump
             fired.append(t)
             quiet_until = t + COOLDOWN
     return fired
