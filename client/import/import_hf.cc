@@ -126,8 +126,7 @@ absl::Status ParseHfTrainerState(absl::string_view text, absl::string_view name,
         return absl::InvalidArgumentError(absl::StrCat(
             where, ": \"", key, "\" must be a number, got ", value.dump()));
       }
-      run->Set(static_cast<uint64_t>(*step), target->field,
-                *v * target->scale);
+      run->Set(static_cast<uint64_t>(*step), *target, *v);
     }
   }
   if (run->source == LogSource::kUnknown) run->source = LogSource::kHuggingFace;

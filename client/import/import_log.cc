@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -274,10 +275,28 @@ absl::Status AddTagMapping(absl::string_view spec, TagMap* map) {
   return absl::OkStatus();
 }
 
+// The stats an fp8/<tensor>/<stat> column may hold.
+constexpr absl::string_view kFp8Stats[] = {
+    "format", "amax", "scale", "amax_history_len", "margin",
+    "overflow_fraction", "underflow_fraction"};
+
 std::optional<TagTarget> LookUpTag(absl::string_view tag, const TagMap& user) {
   const std::string key = Lower(tag);
   if (auto it = user.find(key); it != user.end()) {
     return TagTarget{.field = it->second};
+  }
+  // fp8/<tensor>/<stat>: the tensor name keeps its case and may hold '/'.
+  if (absl::StartsWith(key, "fp8/")) {
+    const absl::string_view trimmed = absl::StripAsciiWhitespace(tag);
+    const size_t cut = trimmed.rfind('/');
+    const std::string stat = Lower(trimmed.substr(cut + 1));
+    const absl::string_view tensor = trimmed.substr(4, cut > 4 ? cut - 4 : 0);
+    if (cut > 4 && !tensor.empty() &&
+        std::find(std::begin(kFp8Stats), std::end(kFp8Stats), stat) != std::end(kFp8Stats)) {
+      return TagTarget{.field = LogField::kGradNorm,
+                       .fp8 = TagTarget::Fp8Column{std::string(tensor), stat}};
+    }
+    return std::nullopt;
   }
   // Megatron writes each series again against consumed samples (and
   // tokens): the step of those copies is not an iteration.
@@ -296,6 +315,32 @@ LogSource SourceOfTag(absl::string_view tag) {
     if (e.tag == key) return e.source;
   }
   return LogSource::kUnknown;
+}
+
+void LoggedRun::Set(uint64_t step, const TagTarget& target, double value) {
+  if (!target.fp8.has_value()) return Set(step, target.field, value * target.scale);
+  v1::Fp8TensorStats& f = steps[step].fp8[target.fp8->tensor];
+  const std::string& stat = target.fp8->stat;
+  if (stat == "format") {
+    const int code = std::isfinite(value) ? static_cast<int>(value) : 0;
+    f.set_format(code == value && v1::Fp8Format_IsValid(code)
+                     ? static_cast<v1::Fp8Format>(code)
+                     : v1::FP8_FORMAT_UNSPECIFIED);
+  } else if (stat == "amax") {
+    f.set_amax(value);
+  } else if (stat == "scale") {
+    f.set_scale(value);
+  } else if (stat == "amax_history_len") {
+    f.set_amax_history_len(std::isfinite(value) && value > 0
+                               ? static_cast<uint32_t>(std::min(value, 4294967295.0))
+                               : 0);
+  } else if (stat == "margin") {
+    f.set_margin(value);
+  } else if (stat == "overflow_fraction") {
+    f.set_overflow_fraction(value);
+  } else if (stat == "underflow_fraction") {
+    f.set_underflow_fraction(value);
+  }
 }
 
 void LoggedRun::Set(uint64_t step, LogField field, double value) {
@@ -435,7 +480,7 @@ absl::StatusOr<ImportPlan> PlanImport(const LoggedRun& run,
     }
   }
 
-  uint64_t reported_skips = 0, no_norm = 0;
+  uint64_t reported_skips = 0, no_norm = 0, fp8_unformatted = 0, fp8_bad_shares = 0;
   std::vector<uint64_t> gaps;
   std::optional<uint64_t> previous;
   for (const auto& [step, s] : run.steps) {
@@ -477,6 +522,28 @@ absl::StatusOr<ImportPlan> PlanImport(const LoggedRun& run,
     if (s.step_time_s.has_value()) r.set_step_time_s(*s.step_time_s);
     if (s.max_attn_logit.has_value()) r.set_max_attn_logit(*s.max_attn_logit);
     if (s.log_z.has_value()) r.set_log_z(*s.log_z);
+    for (const auto& [tensor, logged] : s.fp8) {
+      v1::Fp8TensorStats f = logged;
+      if (f.format() == v1::FP8_FORMAT_UNSPECIFIED) {
+        // Transformer Engine's HYBRID recipe: E4M3 forward, E5M2 gradients.
+        f.set_format(absl::StrContains(Lower(tensor), "grad") ? v1::E5M2 : v1::E4M3);
+        ++fp8_unformatted;
+      }
+      for (auto [has, get, clear] :
+           {std::tuple{&v1::Fp8TensorStats::has_overflow_fraction,
+                       &v1::Fp8TensorStats::overflow_fraction,
+                       &v1::Fp8TensorStats::clear_overflow_fraction},
+            std::tuple{&v1::Fp8TensorStats::has_underflow_fraction,
+                       &v1::Fp8TensorStats::underflow_fraction,
+                       &v1::Fp8TensorStats::clear_underflow_fraction}}) {
+        const double v = (f.*get)();
+        if ((f.*has)() && std::isfinite(v) && (v < 0 || v > 1)) {
+          (f.*clear)();  // not a share: the server would refuse the batch
+          ++fp8_bad_shares;
+        }
+      }
+      (*r.mutable_fp8())[tensor] = std::move(f);
+    }
     if (previous.has_value()) gaps.push_back(step - *previous);
     previous = step;
     plan.records.push_back(std::move(r));
@@ -484,6 +551,15 @@ absl::StatusOr<ImportPlan> PlanImport(const LoggedRun& run,
   if (reported_skips > 0) {
     plan.notes.push_back(absl::StrCat("skipped steps: ", reported_skips,
                                       " steps the log reports as skipped"));
+  }
+  if (fp8_unformatted > 0) {
+    plan.notes.push_back(absl::StrCat(
+        "fp8: ", fp8_unformatted, " tensor reports without a fp8/<tensor>/format "
+        "column read as E4M3 (E5M2 for names with \"grad\": the HYBRID recipe)"));
+  }
+  if (fp8_bad_shares > 0) {
+    plan.notes.push_back(absl::StrCat(
+        "fp8: ", fp8_bad_shares, " overflow/underflow values outside [0, 1] left out"));
   }
   if (no_norm > 0) {
     plan.notes.push_back(absl::StrCat(

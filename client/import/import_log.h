@@ -48,6 +48,14 @@ absl::string_view LogSourceName(LogSource source);
 struct TagTarget {
   LogField field;
   double scale = 1.0;
+  // A column of one FP8 tensor's stats ("fp8/<tensor>/<stat>", stat one of
+  // format (1..4, the Fp8Format values), amax, scale, amax_history_len,
+  // margin, overflow_fraction, underflow_fraction); `field` is then unused.
+  struct Fp8Column {
+    std::string tensor;
+    std::string stat;
+  };
+  std::optional<Fp8Column> fp8;
 };
 
 // Names a user maps with --map TAG=field, checked before the table.
@@ -78,6 +86,9 @@ struct LoggedStep {
   // DeepSpeed's overflow lines).
   uint32_t skipped = 0;
   bool nan_iteration = false;  // Megatron "number of nan iterations" > 0
+  // FP8 tensor stats from fp8/<tensor>/<stat> columns (format 0 until a
+  // format column says).
+  std::map<std::string, v1::Fp8TensorStats> fp8;
 };
 
 // Everything read from one run's files. Thread-compatible.
@@ -94,6 +105,8 @@ struct LoggedRun {
 
   // Sets a field of `step`; a later value for the same step wins.
   void Set(uint64_t step, LogField field, double value);
+  // Sets what `target` names (a field, scaled, or an FP8 tensor's stat).
+  void Set(uint64_t step, const TagTarget& target, double value);
 };
 
 // What the user said on the command line; unset: inferred.

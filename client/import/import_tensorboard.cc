@@ -344,8 +344,7 @@ absl::Status ImportTensorBoard(const std::string& path, const TagMap& map,
           return;
         }
         ++sources[SourceOfTag(p.tag)];
-        run->Set(static_cast<uint64_t>(p.step), target->field,
-                  p.value * target->scale);
+        run->Set(static_cast<uint64_t>(p.step), *target, p.value);
       },
       &truncated_at);
   if (!status.ok()) return status;

@@ -127,7 +127,7 @@ absl::Status ParseTrainingStdout(absl::string_view text,
           return absl::InvalidArgumentError(
               absl::StrCat(where, ": \"", kv, "\" is not a number"));
         }
-        run->Set(step, target->field, *v * target->scale);
+        run->Set(step, *target, *v);
         any = true;
       }
       if (any) ++iteration_lines;
@@ -177,7 +177,7 @@ absl::Status ParseTrainingStdout(absl::string_view text,
             where, ": \"", segment, "\": the value is not a number"));
       }
       if (target->field == LogField::kSkipped) skip_count_given = true;
-      run->Set(step, target->field, *v * target->scale);
+      run->Set(step, *target, *v);
     }
     LoggedStep& s = run->steps[step];
     if (!skip_count_given && pending_overflows > 0) {
@@ -266,7 +266,7 @@ absl::Status ParseCsvLog(absl::string_view text, absl::string_view name,
             where, ": column \"", header[i], "\": \"", cells[i],
             "\" is not a number"));
       }
-      run->Set(*step, targets[i]->field, *v * targets[i]->scale);
+      run->Set(*step, *targets[i], *v);
     }
   }
   if (header.empty()) {

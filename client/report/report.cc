@@ -14,6 +14,7 @@
 #include "output/json_out.h"
 #include "output/text_out.h"
 #include "trainwatch/v1/alert_names.h"
+#include "trainwatch/v1/fp8_format.h"
 #include "trainwatch/v1/quantile.h"
 
 namespace trainwatch::cli {
@@ -131,6 +132,11 @@ const std::map<std::string, std::vector<std::string>>& AlertCharts() {
       {"Fp16WithoutScaler", {"loss_scale"}},
       {"AttentionLogitGrowth", {"max_attn_logit"}},
       {"LogZDrift", {"log_z"}},
+      {"Fp8Overflow", {"fp8_scaled", "fp8_shares"}},
+      {"Fp8Underflow", {"fp8_scaled", "fp8_shares"}},
+      {"Fp8ScaleMismatch", {"fp8_scaled"}},
+      {"Fp8AmaxDesync", {"fp8_scaled"}},
+      {"Fp8AmaxGrowth", {"fp8_scaled"}},
       {"LossSpike", {"grad_norm", "loss"}},
       {"NonFiniteUpdate", {"grad_norm", "loss"}},
   };
@@ -261,6 +267,62 @@ Chart FieldChart(std::string id, std::string title, bool log,
   return c;
 }
 
+// Tensors drawn on the FP8 chart: the ones that came closest to (or past)
+// their format's max.
+constexpr size_t kFp8Tensors = 4;
+
+// FP8: the worst tensors' amax x scale / format max (1: the format max),
+// and the worst tensor's overflow and underflow shares, per report.
+std::vector<Chart> Fp8Charts(const std::vector<v1::StepRecord>& records,
+                             const Downsampler& ds) {
+  std::map<std::string, std::vector<Point>> scaled;
+  std::vector<Point> over, under;
+  for (const v1::StepRecord& r : records) {
+    if (r.fp8().empty()) continue;
+    std::optional<double> o, u;
+    for (const auto& [name, f] : r.fp8()) {
+      const double max = v1::Fp8FormatMax(f.format());
+      if (max > 0) scaled[name].push_back({r.step(), f.amax() * f.scale() / max});
+      if (f.has_overflow_fraction()) o = std::max(o.value_or(0.0), f.overflow_fraction());
+      if (f.has_underflow_fraction()) u = std::max(u.value_or(0.0), f.underflow_fraction());
+    }
+    if (o) over.push_back({r.step(), *o});
+    if (u) under.push_back({r.step(), *u});
+  }
+  std::vector<std::pair<double, std::string>> worst;
+  for (const auto& [name, points] : scaled) {
+    double peak = 0.0;
+    for (const Point& p : points) {
+      if (std::isfinite(p.value)) peak = std::max(peak, p.value);
+    }
+    worst.emplace_back(peak, name);
+  }
+  std::sort(worst.begin(), worst.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  Chart sc{.id = "fp8_scaled", .title = "FP8: amax x scale / format max (worst tensors)",
+           .log = true};
+  for (size_t i = 0; i < worst.size() && i < kFp8Tensors; ++i) {
+    const Columns c = ds.MinMax(scaled[worst[i].second]);
+    sc.lines.push_back(Line{worst[i].second, c.x, c.hi});
+    sc.points += c.points;
+  }
+  sc.hlines.push_back({"format max (above: saturates)", 1.0});
+  if (sc.points == 0) sc.note = "no fp8 stats recorded for this run";
+  Chart sh{.id = "fp8_shares", .title = "FP8: overflow and underflow shares (worst tensor)",
+           .log = true};
+  for (auto [name, points] : {std::pair{"overflow_fraction", &over},
+                              std::pair{"underflow_fraction", &under}}) {
+    const Columns c = ds.MinMax(*points);
+    sh.lines.push_back(Line{name, c.x, c.hi});
+    sh.points += c.points;
+  }
+  sh.hlines.push_back({"1e-4 (Fp8Overflow)", 1e-4});
+  sh.hlines.push_back({"0.1 (Fp8Underflow)", 0.1});
+  if (sh.points == 0) sh.note = "no fp8 overflow or underflow shares recorded for this run";
+  return {std::move(sc), std::move(sh)};
+}
+
 std::vector<Chart> BuildCharts(const ReportInput& in,
                                const std::vector<v1::StepRecord>& records) {
   const v1::RunSummary& run = in.health.run();
@@ -376,6 +438,11 @@ std::vector<Chart> BuildCharts(const ReportInput& in,
                               logz, ds));
   charts.push_back(FieldChart("loss", "Loss", false, loss, ds));
   charts.push_back(FieldChart("lr", "Learning rate", false, lr, ds));
+  // FP8 runs only: a run without fp8 stats gets no empty FP8 charts.
+  if (std::any_of(records.begin(), records.end(),
+                  [](const v1::StepRecord& r) { return !r.fp8().empty(); })) {
+    for (Chart& c : Fp8Charts(records, ds)) charts.push_back(std::move(c));
+  }
 
   for (Chart& c : charts) {
     for (const v1::Alert& a : in.alerts) {

@@ -49,6 +49,9 @@ constexpr Range kWindow = {10, false, 1'000'000, false,
 // Cross-rank digests: 12 bytes a step of lag, per run.
 constexpr Range kLag = {1, false, 10'000'000, false,
                         "an integer in [1, 10000000]"};
+constexpr Range kFlag = {0, false, 1, false, "0 or 1"};
+constexpr Range kNonNegative = {0, false, kInf, true, ">= 0"};
+constexpr Range kAny = {-kInf, true, kInf, true, "a finite number"};
 // A tensor's last reports are kept as bits of one word.
 constexpr Range kReports = {1, false, 64, false, "an integer in [1, 64]"};
 constexpr Range kSeconds = {1, false, 365.0 * 24 * 3600, false,
@@ -133,6 +136,13 @@ std::vector<Field> Fields(HealthConfig& c) {
       {"adam", "min_reports", kCount, &c.adam.min_reports},
       {"adam", "eps_multiple", kPositive, &c.adam.eps_multiple},
       {"adam", "stall_reports", kCount, &c.adam.stall_reports},
+      {"hazard", "enabled", kFlag, &c.hazard.enabled},
+      {"hazard", "use_update_ratio", kFlag, &c.hazard.use_update_ratio},
+      {"hazard", "window", kWindow, &c.hazard.window},
+      {"hazard", "alpha", kNonNegative, &c.hazard.alpha},
+      {"hazard", "theta", kAny, &c.hazard.theta},
+      {"hazard", "min_layers", kCount, &c.hazard.min_layers},
+      {"hazard", "cooldown_steps", kCount, &c.hazard.cooldown_steps},
       {"fp8", "overflow_fraction", kOpenFraction, &c.fp8.overflow_fraction},
       {"fp8", "underflow_fraction", kOpenFraction, &c.fp8.underflow_fraction},
       {"fp8", "reports", kReports, &c.fp8.reports},

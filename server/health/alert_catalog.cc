@@ -154,6 +154,15 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "outliers, and the bulk will underflow.",
      "Smooth-SwiGLU or another outlier fix, a lower learning rate or more "
      "weight decay; or keep the tensor in bf16, or use block scaling."},
+    {K::kSpikeHazard, "SpikeHazard", v1::SEVERITY_WARNING,
+     "A loss spike is likely within the next few steps: a layer's Adam second "
+     "moment is out of date for its gradient (RMS of g^2/v) or its update "
+     "jumped far above its own level, the precursor of loss spikes in "
+     "small-scale proxies and large runs.",
+     "Watch the next steps' loss; if it spikes, restart from the last "
+     "checkpoint and skip the batches (trainwatchctl spikes). If hazards "
+     "recur: lower beta2 (0.95), add warmup or lower the LR, add "
+     "qk-layernorm, or clip updates."},
 }};
 
 }  // namespace

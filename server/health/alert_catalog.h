@@ -41,8 +41,10 @@ enum class AlertKind {
   kFp8ScaleMismatch,
   kFp8AmaxDesync,
   kFp8AmaxGrowth,
+  // The loss-spike early warning (detectors_hazard.cc).
+  kSpikeHazard,
 };
-inline constexpr size_t kAlertKindCount = 26;
+inline constexpr size_t kAlertKindCount = 27;
 
 struct AlertSpec {
   AlertKind kind;

@@ -19,6 +19,7 @@ std::vector<std::unique_ptr<Detector>> MakeDetectors(const HealthConfig& config)
   out.push_back(MakeLossSpike(config));
   AddFp16Detectors(config, &out);
   AddLayerDetectors(config, &out);
+  out.push_back(MakeSpikeHazard(config));
   AddFp8Detectors(config, &out);
   out.push_back(MakeInputPipelineStall(config));
   return out;

@@ -18,6 +18,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -45,6 +46,9 @@ constexpr size_t kNamed = 4;
 // to this many report intervals: a run that stops sending fp8 stops being
 // judged.
 constexpr uint64_t kHoldIntervals = 2;
+// Before the second report the interval is unknown: the verdict holds until
+// the next report, for at most this many steps.
+constexpr uint64_t kHoldUnknownSteps = 100000;
 
 // The steps between a tensor's reports, as first seen (0 until two).
 struct Cadence {
@@ -69,22 +73,24 @@ class HeldVerdict {
     step_ = step;
     holds_ = holds;
     value_ = value;
-    interval_ = std::max<uint64_t>(interval, 1);
+    interval_ = interval;
     text_ = holds ? text() : AlertText{};
   }
   // Reports `kind` as holding at `step` if the last report's verdict still
   // covers it.
   void Assert(AlertKind kind, uint64_t step, AlertSink& sink) const {
-    if (!holds_ || step <= step_ || step - step_ > kHoldIntervals * interval_) return;
+    const uint64_t hold = interval_ > 0 ? kHoldIntervals * interval_ : kHoldUnknownSteps;
+    if (!holds_ || step <= step_ || step - step_ > hold) return;
     sink.Condition(kind, step, true, value_, [this] { return text_; });
   }
   void Clear() { holds_ = false; }
+  bool holds() const { return holds_; }
 
  private:
   uint64_t step_ = 0;
   bool holds_ = false;
   double value_ = 0.0;
-  uint64_t interval_ = 1;
+  uint64_t interval_ = 0;  // 0: unknown
   AlertText text_;
 };
 
@@ -211,8 +217,10 @@ class Fp8ShareAlert final : public Detector {
 //  - too small: the scale is at least target / max(history), which the
 //    server knows once it has the reports of every step of the history
 //    (fp8 sent every step).
-// It holds when most of the judged tensors of one format are off: a wrong
-// format max moves every tensor of that format, an unusual tensor does not.
+// It holds when most of the tensors of one format break an exact bound, or,
+// judged by this step's amax (which sits below the history's max, so the
+// ratio reads low), more than a quarter of them: a wrong format max moves
+// every tensor of that format, one unusual tensor does not.
 class Fp8ScaleMismatch final : public Detector {
  public:
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
@@ -222,9 +230,9 @@ class Fp8ScaleMismatch final : public Detector {
       return;
     }
     const double limit = ctx.config.fp8.scale_ratio;
+    // Per format, the ratios of each kind of evidence (Judge()).
     struct Tally {
-      uint32_t judged = 0;
-      std::vector<std::pair<std::string, double>> off;  // ratio to the recipe
+      std::vector<std::pair<std::string, double>> hi_exact, hi_estimate, lo;
     };
     std::map<v1::Fp8Format, Tally> by_format;
     uint64_t interval = 0;
@@ -235,44 +243,80 @@ class Fp8ScaleMismatch final : public Detector {
         it = tensors_.emplace(name, Tensor{}).first;
       }
       Tensor& t = it->second;
-      const std::optional<double> ratio = Judge(t, r.step(), f, limit);
+      const Evidence e = Judge(t, r.step(), f);
       interval = std::max(interval, t.cadence.interval);
       t.Take(r.step(), f);
-      if (!ratio.has_value()) continue;
       Tally& tally = by_format[f.format()];
-      ++tally.judged;
-      if (*ratio > limit || *ratio < 1.0 / limit) tally.off.emplace_back(name, *ratio);
+      if (e.hi.has_value()) {
+        (e.hi_exact ? tally.hi_exact : tally.hi_estimate).emplace_back(name, *e.hi);
+      }
+      if (e.lo.has_value()) tally.lo.emplace_back(name, *e.lo);
     }
-    const Tally* worst = nullptr;
+    // A format holds when most of its tensors with an exact bound break it
+    // by `limit`. With only this step's amax to go by (it sits below the
+    // history's max, so the ratio reads low), when more than a quarter of
+    // them do and most cast past the format's max (ratio > 1). Once firing,
+    // the median past 1 + (limit - 1) x resolve_ratio keeps it (hysteresis;
+    // for an estimate, most casts past the format's max).
+    const bool firing = held_.holds();
+    const double relaxed = 1 + (limit - 1) * ctx.config.change.resolve_ratio;
+    const auto off = [&](const std::vector<std::pair<std::string, double>>& v,
+                         bool high, bool estimate) {
+      std::vector<std::pair<std::string, double>> out;
+      if (v.empty()) return out;
+      std::vector<double> x;
+      for (const auto& p : v) {
+        x.push_back(p.second);
+        if (high ? p.second > limit : p.second < 1.0 / limit) out.push_back(p);
+      }
+      const double median = MedianOf(x.data(), x.size());
+      // An estimate reads low: most casts past the format's max keep it.
+      const double keep = estimate ? 1.0 : relaxed;
+      const bool over = high ? median > keep : median < 1.0 / keep;
+      bool holds;
+      if (firing) {
+        holds = over;
+      } else if (estimate) {
+        holds = 4 * out.size() > v.size() && median > 1.0;
+      } else {
+        holds = 2 * out.size() > v.size();
+      }
+      if (!holds) out.clear();
+      if (holds && out.empty()) out = v;  // held by the median: name them all
+      return out;
+    };
+    std::vector<std::pair<std::string, double>> offending;
+    size_t judged = 0;
     v1::Fp8Format format = v1::FP8_FORMAT_UNSPECIFIED;
     for (auto& [fmt, tally] : by_format) {
-      if (2 * tally.off.size() <= tally.judged) continue;
-      if (worst == nullptr || tally.off.size() > worst->off.size()) {
-        worst = &tally;
-        format = fmt;
+      for (auto [group, high, estimate] :
+           {std::tuple{&tally.hi_exact, true, false}, std::tuple{&tally.lo, false, false},
+            std::tuple{&tally.hi_estimate, true, true}}) {
+        std::vector<std::pair<std::string, double>> o = off(*group, high, estimate);
+        if (o.size() > offending.size()) {
+          offending = std::move(o);
+          judged = group->size();
+          format = fmt;
+        }
       }
     }
-    const bool holds = worst != nullptr;
-    std::vector<std::pair<std::string, double>> off;
+    const bool holds = !offending.empty();
     double peak = 0.0;
-    if (holds) {
-      off = worst->off;
-      for (const auto& [name, ratio] : off) peak = std::max({peak, ratio, 1.0 / ratio});
-      SortWorstFirst(off);
-    }
+    for (const auto& [name, ratio] : offending) peak = std::max({peak, ratio, 1.0 / ratio});
+    SortWorstFirst(offending);
     const auto text = [&] {
-      const double median = MedianOfPairs(off);
+      const double median = MedianOfPairs(offending);
       return AlertText{
           .summary = "FP8 scales do not match the recipe",
           .description = absl::StrFormat(
               "step %d: %d of %d %s tensors have a scale %.3gx (median) what "
               "fmt_max %g / amax / 2^margin allows: %s. %s",
-              r.step(), off.size(), worst->judged, v1::Fp8Format_Name(format),
-              median, Fp8FormatMax(format), Name(off, "x"),
-              median > 1 ? (std::abs(median - 448.0 / 240.0) < 0.15
+              r.step(), offending.size(), judged, v1::Fp8Format_Name(format),
+              median, Fp8FormatMax(format), Name(offending, "x"),
+              median > 1 ? (format == v1::E4M3_FNUZ && median > 1.3
                                 ? "448/240 = 1.87: the E4M3 max used for E4M3_FNUZ?"
                                 : "The casts saturate.")
-                         : (std::abs(median - 240.0 / 448.0) < 0.05
+                         : (format == v1::E4M3 && median < 0.7
                                 ? "240/448 = 0.54: the E4M3_FNUZ max used for E4M3?"
                                 : "The casts waste range (underflow).")),
           .onset_step = r.step()};
@@ -339,41 +383,45 @@ class Fp8ScaleMismatch final : public Detector {
     }
   };
 
-  // The ratio of the reported scale to what the recipe allows (> 1: too
-  // large, < 1: too small), or nullopt without evidence either way.
-  static std::optional<double> Judge(const Tensor& t, uint64_t step,
-                                     const v1::Fp8TensorStats& f, double limit) {
+  // What one report says of its scale against the recipe.
+  struct Evidence {
+    // scale x amax / target, where amax is the previous step's (exact: the
+    // recipe keeps it <= 1) or, without its report, this step's (an
+    // estimate); target = fmt_max / 2^margin.
+    std::optional<double> hi;
+    bool hi_exact = false;
+    // scale x max(history) / target (the recipe keeps it >= 1), once every
+    // step of the history was reported.
+    std::optional<double> lo;
+  };
+
+  static Evidence Judge(const Tensor& t, uint64_t step, const v1::Fp8TensorStats& f) {
+    Evidence e;
     const double fmt_max = Fp8FormatMax(f.format());
     const double scale = f.scale();
     if (!(fmt_max > 0) || !std::isfinite(scale) || !(scale > 0) ||
         !std::isfinite(f.margin())) {
-      return std::nullopt;
+      return e;
     }
     const double target = fmt_max / std::exp2(f.margin());
     const bool have_prev = t.any && t.last_step + 1 == step &&
                            std::isfinite(t.last_amax) && t.last_amax > 0;
-    // Too large: scale x amax(t-1) <= target.
     if (have_prev) {
-      const double hi = scale * t.last_amax / target;
-      if (hi > limit) return hi;
+      e.hi = scale * t.last_amax / target;
+      e.hi_exact = true;
     } else if (!t.any && scale == 1.0) {
-      return std::nullopt;  // the recipe's initial scale, before any amax
+      return e;  // the recipe's initial scale, before any amax
     } else if (std::isfinite(f.amax()) && f.amax() > 0) {
-      const double hi = scale * f.amax() / target;
-      if (hi > limit) return hi;
+      e.hi = scale * f.amax() / target;
     }
-    // Too small: scale x max(history) >= target, once the history is known.
     const uint64_t len = f.amax_history_len();
     const bool from_start = t.any && t.since == t.first_step && t.first_step <= 1;
-    const bool whole = t.any && t.last_step + 1 == step && !t.truncated &&
-                       len > 0 && (from_start || t.since + len <= step);
+    const bool whole = have_prev && !t.truncated && len > 0 &&
+                       (from_start || t.since + len <= step);
     if (whole && !t.queue.empty() && t.queue.front().second > 0) {
-      return scale * t.queue.front().second / target;
+      e.lo = scale * t.queue.front().second / target;
     }
-    // Within the bounds: consistent as far as the reports show.
-    return have_prev || (std::isfinite(f.amax()) && f.amax() > 0)
-               ? std::optional<double>(1.0)
-               : std::nullopt;
+    return e;
   }
 
   absl::flat_hash_map<std::string, Tensor> tensors_;
@@ -617,7 +665,7 @@ class Fp8AmaxDesync final : public Detector {
   HeldVerdict held_;
   bool judged_any_ = false;
   uint64_t last_judged_ = 0;
-  uint64_t interval_ = 1;
+  uint64_t interval_ = 0;
 };
 
 }  // namespace

@@ -46,6 +46,8 @@ void AddLayerDetectors(const HealthConfig& config, Detectors* out);
 // detectors_fp8.cc: Fp8ScaleMismatch, Fp8AmaxGrowth, Fp8Overflow,
 // Fp8Underflow (lead), Fp8AmaxDesync (across ranks).
 void AddFp8Detectors(const HealthConfig& config, Detectors* out);
+// detectors_hazard.cc: SpikeHazard.
+std::unique_ptr<Detector> MakeSpikeHazard(const HealthConfig& config);
 std::unique_ptr<Detector> MakeFp8AmaxDesync(const HealthConfig& config);
 
 // detectors_timing.cc: RankStraggler (across ranks), InputPipelineStall

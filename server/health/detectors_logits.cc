@@ -101,11 +101,13 @@ class AttentionLogitGrowth final : public Detector {
   Hysteresis hysteresis_;
 };
 
-// Catches output logits growing or shrinking without bound, by two rules
-// with one hysteresis: log Z's level log_z.nats or more from its baseline,
-// either way, named by a two-sided CUSUM (LevelShiftDetector, in nats); and
-// a robust trend forecast to get that far within log_z.horizon_steps. Only
-// movement counts: a healthy run without z-loss sits near log V.
+// Catches output logits growing without bound, by two rules with one
+// hysteresis: log Z's level log_z.nats or more from its baseline and away
+// from 0 (its distance from 0 grew by that much), named by a two-sided CUSUM
+// (LevelShiftDetector, in nats); and a robust trend forecast to get that far
+// out within log_z.horizon_steps. Only movement counts: a healthy run without
+// z-loss sits near log V. A move toward 0 is what z-loss does on purpose (it
+// pulls log Z from ~log V to 0), not a drift.
 class LogZDrift final : public Detector {
  public:
   explicit LogZDrift(const HealthConfig& config)
@@ -123,18 +125,25 @@ class LogZDrift final : public Detector {
     std::optional<LevelShiftDetector::Result> level = shift_.Add(step, r.log_z());
     if (!level.has_value()) return;  // the baseline is being taken
     const double base = shift_.baseline()->median;
-    // The trend's crossing of base +- nats, whichever way it moves.
+    // Away from 0: up from a positive baseline, down from a negative one.
+    const auto outward = [&](double level) { return base >= 0 ? level > base : level < base; };
+    // The trend's crossing of base +- nats on the side away from 0.
     const TrendForecaster& trend = ctx.trends.log_z;
     // Only a trend already a third of the way out and still moving out: a
     // trend fitted across a drop back to the baseline points nowhere.
     std::optional<uint64_t> until;
     if (trend.trend().has_value()) {
       const double away = trend.trend()->level - base;
-      if (std::abs(away) >= cfg.nats / 3 &&
+      if (std::abs(away) >= cfg.nats / 3 && outward(trend.trend()->level) &&
           (away > 0) == (trend.trend()->slope > 0)) {
         const double target = base + (away > 0 ? cfg.nats : -cfg.nats);
         until = StepsUntil(trend.StepReaching(target), step);
       }
+    }
+    // A level shift toward 0 (z-loss at work) does not count.
+    if (!outward(level->level)) {
+      level->fired_now = false;
+      level->holds = false;
     }
     const bool forecast_fires = until.has_value() && *until <= cfg.horizon_steps;
     const bool forecast_holds =
@@ -149,8 +158,8 @@ class LogZDrift final : public Detector {
                             std::abs(drift), level->onset_step),
             absl::StrFormat(
                 "log Z's level since step %d (the change point) is %.3g, "
-                "%.2f nats %s its baseline median %.3g (>= %g nats either "
-                "way; sequential test, ARL0 %g steps)",
+                "%.2f nats %s its baseline median %.3g (>= %g nats away "
+                "from 0; sequential test, ARL0 %g steps)",
                 level->onset_step, level->level, std::abs(drift),
                 drift > 0 ? "above" : "below", base, cfg.nats,
                 ctx.config.change.arl0),

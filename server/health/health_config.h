@@ -147,6 +147,19 @@ struct HealthConfig {
     uint32_t stall_reports = 3;  // ... on this many reports in a row
   } adam;
 
+  // SpikeHazard (detectors_hazard.cc): a layer statistic's jump over its
+  // median of the last `window` reports, ln(x / median) - alpha ln(B) with
+  // B = sqrt(1/(1-beta2)), >= theta in >= min_layers layers.
+  struct {
+    uint32_t enabled = 0;           // off by default: see docs/detectors.md
+    uint32_t use_update_ratio = 0;  // 1: update_rms_ratio, 0: g/sqrt(v) RMS
+    uint32_t window = 50;
+    double alpha = 0.0;
+    double theta = 1.5;
+    uint32_t min_layers = 1;
+    uint32_t cooldown_steps = 20;
+  } hazard;
+
   // FP8 per-tensor scaling (docs/detectors.md Fp8*), judged on the fp8
   // reports (every N steps) of each tensor.
   struct {

@@ -63,9 +63,14 @@ def replay(path):
 
 def step_line(rng, step, clipped):
     norm = 1.6 if clipped else 0.5 * math.exp(rng.gauss(0, 0.1))
-    return json.dumps({"step": step, "grad_norm": norm, "loss_scale": 32768.0, "max_attn_logit": 15 + rng.gauss(0, 0.2),
-                       "log_z": 10.8 + rng.gauss(0, 0.02), "loss": 10.0 - step * 0.01, "lr": 3e-4 * min(1, step / 10),
-                       "batch_ids": [2 * step, 2 * step + 1]})
+    rec = {"step": step, "grad_norm": norm, "loss_scale": 32768.0, "max_attn_logit": 15 + rng.gauss(0, 0.2),
+           "log_z": 10.8 + rng.gauss(0, 0.02), "loss": 10.0 - step * 0.01, "lr": 3e-4 * min(1, step / 10),
+           "batch_ids": [2 * step, 2 * step + 1]}
+    if step % 10 == 0:  # healthy FP8 stats, for the FP8 panels
+        rec["fp8"] = {"l0.fc1:input": {"format": "E4M3", "amax": 3.0 * math.exp(rng.gauss(0, 0.05)),
+                                       "scale": 448 / 3.3, "amax_history_len": 16, "margin": 0,
+                                       "overflow_fraction": 0, "underflow_fraction": 0.001}}
+    return json.dumps(rec)
 
 def main():
     global grpc_addr

@@ -4,7 +4,7 @@
 // The input becomes a health config and a sequence of ReportRequests, either
 // parsed from raw protobuf bytes (mode 0) or built field by field from
 // extreme values (mode 1: NaN, +-Inf, denormals, huge, steps backwards or
-// repeated, ranks and attempts changing, layer_stats, batch_ids), plus, in
+// repeated, ranks and attempts changing, layer_stats, fp8, batch_ids), plus, in
 // mode 1, what the engine does besides ingest: RunSilent checks and server
 // restarts (a new pipeline recovers the lead and the firing alerts, then
 // replays the stored history muted). Requests go through the server's
@@ -724,6 +724,22 @@ v1::StepRecord ConsumeRecord(FuzzedDataProvider& in, uint64_t step) {
       l.set_grad_norm(ConsumeDouble(in));
       l.set_grad_rms(ConsumeDouble(in));
       l.set_g_over_sqrt_v_rms(ConsumeDouble(in));
+      if (in.ConsumeBool()) l.set_update_rms_ratio(ConsumeDouble(in));
+    }
+  }
+  if (has & 4096) {
+    // FP8 stats: a few tensor names shared across ranks (one amax_group),
+    // so the cross-rank desync check sees agreeing and disagreeing copies.
+    const int n = in.ConsumeIntegralInRange<int>(0, 4);
+    for (int i = 0; i < n; ++i) {
+      v1::Fp8TensorStats& f = (*r.mutable_fp8())[ConsumeName(in, 3)];
+      f.set_format(static_cast<v1::Fp8Format>(in.ConsumeIntegralInRange<int>(0, 5)));
+      f.set_amax(in.ConsumeBool() ? 4.0 : ConsumeDouble(in));
+      f.set_scale(in.ConsumeBool() ? 100.0 : ConsumeDouble(in));
+      f.set_amax_history_len(in.ConsumeIntegralInRange<uint32_t>(0, 2048));
+      if (in.ConsumeBool()) f.set_overflow_fraction(ConsumeDouble(in));
+      if (in.ConsumeBool()) f.set_underflow_fraction(ConsumeDouble(in));
+      if (in.ConsumeBool()) f.set_amax_group("tp0");
     }
   }
   return r;

@@ -130,3 +130,70 @@ def test_report_draws_every_chart_in_chromium(server, tmp_path):
     assert shot.returncode == 0, shot.stderr
     assert png.exists() and png.stat().st_size > 20_000
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+FP8_STEPS = 1500
+
+
+def fp8_scenario(path):
+    """An FP8 run as a step log: four tensors under delayed scaling
+    (trainwatch.fp8.DelayedScaling, every step), reported every 10 steps;
+    from step 300 an outlier feature of fc1's input grows 1% a step, so its
+    amax runs away and, hundreds of steps later, its bulk underflows."""
+    import numpy as np
+    from trainwatch import fp8
+    rng = np.random.default_rng(5)
+    recipes = {n: fp8.DelayedScaling("E4M3", amax_history_len=16)
+               for n in ("fc1:input", "fc1:weight", "fc2:input", "fc2:weight")}
+    lines = [json.dumps({"run_start": {"run_id": "report-fp8", "precision": "BF16",
+                                       "max_norm": 1.0}})]
+    for s in range(FP8_STEPS):
+        stats = {}
+        for name, recipe in recipes.items():
+            x = rng.standard_normal(2048).astype(np.float32) * (0.05 if "weight" in name else 1.0)
+            if name == "fc1:input" and s >= 300:
+                x[:32] = 4.0 * 1.01 ** (s - 300)
+            _, stats[name] = recipe.quantize(x)
+        rec = {"step": s, "grad_norm": 0.5 + 0.05 * rng.standard_normal(), "loss": 2.0}
+        if s % 10 == 0:
+            rec["fp8"] = stats
+        lines.append(json.dumps(rec))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_fp8_report_draws_the_scaling_charts_in_chromium(server, tmp_path):
+    log = tmp_path / "fp8.jsonl"
+    fp8_scenario(log)
+    server.ctl("replay", str(log))
+    alerts = {a["alertname"]: a for a in server.ctl_json("alerts", "--run", "report-fp8")}
+    assert {"Fp8AmaxGrowth", "Fp8Underflow"} <= set(alerts), alerts
+    assert alerts["Fp8Underflow"]["started_step"] >= alerts["Fp8AmaxGrowth"]["started_step"] + 500
+
+    page = tmp_path / "report-fp8.html"
+    server.ctl("report", "--run", "report-fp8", "--out", str(page))
+    browser = chromium()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--no-first-run", "--virtual-time-budget=10000"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr
+    parser = ChartParser()
+    parser.feed(dom.stdout)
+    reports = FP8_STEPS // 10
+    for chart, points in (("fp8_scaled", 4 * reports), ("fp8_shares", 2 * reports)):
+        attrs = parser.charts[chart]
+        assert attrs.get("data-drawn") == "1", chart
+        assert int(attrs.get("data-points")) == points, (chart, attrs)
+    assert "Fp8AmaxGrowth" in parser.spans and "Fp8Underflow" in parser.spans
+    assert "fc1:input" in dom.stdout
+
+    artifacts = BUILD_DIR / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    png = artifacts / "report-fp8.png"
+    if png.exists():
+        png.unlink()
+    shot = subprocess.run([browser, *flags, "--hide-scrollbars", "--window-size=1200,2450",
+                           f"--screenshot={png}", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert shot.returncode == 0, shot.stderr
+    assert png.exists() and png.stat().st_size > 20_000

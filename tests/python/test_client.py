@@ -62,6 +62,39 @@ def test_record_accepts_floats_numpy_and_cpu_tensors_and_flush_delivers(server):
     assert layers["blocks.0.attn"]["g_over_sqrt_v_rms"] == pytest.approx(1.2)
     assert layers["head"]["grad_norm"] == 2.0
     assert layers["emb"]["grad_rms"] == pytest.approx(0.3)
+    assert "update_rms_ratio" not in layers["head"]
+
+
+def test_record_takes_update_rms_ratio_and_fp8_stats(server):
+    run = "py/fp8"
+    fp8 = {"l0.fc1:input": {"format": "E4M3_FNUZ", "amax": np.float32(3.5), "scale": 64.0,
+                            "amax_history_len": 16, "margin": 0, "overflow_fraction": 0.0,
+                            "underflow_fraction": torch.tensor(0.25), "amax_group": "tp0"},
+           "l0.fc1:grad_output": {"format": 2, "amax": 1e-3, "scale": 5.7e7}}
+    with trainwatch.Client(server.address, run=run) as tw:
+        assert tw.record(0, 0.5, layer_stats={"a": (1.0, 0.1, 1.2, 2e-3),
+                                              "b": torch.tensor([1.0, 0.1, 1.1, 3e-3]),
+                                              "c": {"grad_norm": 1.0, "update_rms_ratio": 4e-3}},
+                         fp8=fp8)
+        assert tw.record(1, 0.5, fp8=None)
+        with pytest.raises(ValueError, match=r"fp8\['x'\].format must be one of"):
+            tw.record(2, 0.5, fp8={"x": {"format": "E3M4", "amax": 1.0, "scale": 1.0}})
+        with pytest.raises(ValueError, match="unknown keys"):
+            tw.record(2, 0.5, fp8={"x": {"format": "E4M3", "amx": 1.0}})
+        with pytest.raises(ValueError, match="3 or 4 elements"):
+            tw.record(2, 0.5, layer_stats={"a": torch.tensor([1.0, 2.0])})
+        tw.flush(timeout=10)
+    got = {r["step"]: r for r in steps_of(server, run)}
+    layers = got[0]["layer_stats"]
+    assert layers["a"]["update_rms_ratio"] == pytest.approx(2e-3)
+    assert layers["b"]["update_rms_ratio"] == pytest.approx(3e-3)
+    assert layers["c"]["update_rms_ratio"] == pytest.approx(4e-3)
+    f = got[0]["fp8"]["l0.fc1:input"]
+    assert f["format"] == "E4M3_FNUZ" and f["amax"] == 3.5 and f["amax_history_len"] == 16
+    assert f["underflow_fraction"] == 0.25 and f["amax_group"] == "tp0"
+    g = got[0]["fp8"]["l0.fc1:grad_output"]
+    assert g["format"] == "E5M2" and "overflow_fraction" not in g and g["amax_group"] == ""
+    assert "fp8" not in got[1]
 
 
 def test_non_finite_values_are_data(server):
@@ -108,14 +141,14 @@ def test_fast_record_keeps_its_client_alive_and_checks_its_arguments():
     # holds a reference, so it works after the Python Client is gone.
     tw = trainwatch.Client(NOWHERE, run="r", capacity=10)
     fast = tw._record
-    with pytest.raises(TypeError, match="record takes 16 arguments"):
+    with pytest.raises(TypeError, match="record takes 17 arguments"):
         fast(0, 1.0)
     c = tw._c
     del tw
     import gc
     gc.collect()
-    # step, grad_norm, loss, loss_scale, skipped, then 10 optional fields, time
-    rest = [None, None, False] + [None] * 10 + [0]
+    # step, grad_norm, loss, loss_scale, skipped, then 11 optional fields, time
+    rest = [None, None, False] + [None] * 11 + [0]
     assert fast(0, 1.0, *rest) == trainwatch._trainwatch.RECORDED
     assert fast(1, "x", *rest) == trainwatch._trainwatch.DEFERRED
     assert c.stats()[0] == 1  # recorded

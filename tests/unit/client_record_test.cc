@@ -72,7 +72,12 @@ TEST(FillStepRecord, SetsOnlyPresentOptionalFields) {
             .time_unix_nanos = 123,
             .batch_ids = {4, 5},
             .shard_sq_sum = 1.5,
-            .layer_stats = {{"attn.0", {0.1, 0.01, 1.2}}}};
+            .layer_stats = {{"attn.0", {0.1, 0.01, 1.2}},
+                            {"mlp.0", {0.2, 0.02, 0.9, 1e-3}}},
+            .fp8 = {{"attn.0.qkv:input",
+                     {.format = Fp8Format::kE4M3Fnuz, .amax = 3.5, .scale = 64.0,
+                      .amax_history_len = 1024, .margin = 1.0,
+                      .underflow_fraction = 0.01, .amax_group = "tp3"}}}};
   const v1::StepRecord record = Convert(full, 0.0);
   EXPECT_EQ(record.step(), 8u);
   EXPECT_EQ(record.loss_scale(), 65536.0);
@@ -87,6 +92,18 @@ TEST(FillStepRecord, SetsOnlyPresentOptionalFields) {
   EXPECT_EQ(record.shard_sq_sum(), 1.5);
   ASSERT_EQ(record.layer_stats().count("attn.0"), 1u);
   EXPECT_EQ(record.layer_stats().at("attn.0").g_over_sqrt_v_rms(), 1.2);
+  EXPECT_FALSE(record.layer_stats().at("attn.0").has_update_rms_ratio());
+  EXPECT_EQ(record.layer_stats().at("mlp.0").update_rms_ratio(), 1e-3);
+  ASSERT_EQ(record.fp8().count("attn.0.qkv:input"), 1u);
+  const v1::Fp8TensorStats& f = record.fp8().at("attn.0.qkv:input");
+  EXPECT_EQ(f.format(), v1::E4M3_FNUZ);
+  EXPECT_EQ(f.amax(), 3.5);
+  EXPECT_EQ(f.scale(), 64.0);
+  EXPECT_EQ(f.amax_history_len(), 1024u);
+  EXPECT_EQ(f.margin(), 1.0);
+  EXPECT_FALSE(f.has_overflow_fraction());
+  EXPECT_EQ(f.underflow_fraction(), 0.01);
+  EXPECT_EQ(f.amax_group(), "tp3");
 }
 
 TEST(MakeRunStart, CopiesOptions) {

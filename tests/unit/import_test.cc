@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -386,6 +387,36 @@ TEST(CsvLog, HeaderMappingAndErrors) {
   ASSERT_TRUE(
       ParseCsvLog("Wall time,Step,Value\n1,7,2.5\n", "tb.csv", map, &mapped).ok());
   EXPECT_DOUBLE_EQ(*mapped.steps[7].grad_norm, 2.5);
+}
+
+TEST(CsvLog, Fp8ColumnsBecomeTheFp8Map) {
+  LoggedRun run;
+  ASSERT_TRUE(ParseCsvLog(
+                  "step,grad_norm,fp8/Layers.0/fc1:input/amax,fp8/Layers.0/fc1:input/scale,"
+                  "fp8/Layers.0/fc1:input/format,fp8/Layers.0/fc1:input/underflow_fraction,"
+                  "fp8/fc2:grad_output/amax,fp8/fc2:grad_output/scale,fp8/x/bogus\n"
+                  "10,0.5,3.5,128,3,0.25,0.01,5e6,1\n"
+                  "20,0.6,3.6,124,3,1.5,0.02,2.8e6,1\n",
+                  "fp8.csv", {}, &run)
+                  .ok());
+  ImportSettings settings;
+  absl::StatusOr<ImportPlan> plan = PlanImport(run, settings);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->records.size(), 2u);
+  const v1::StepRecord& r = plan->records[0];
+  ASSERT_EQ(r.fp8_size(), 2);
+  // The tensor name keeps its case and its '/'.
+  const v1::Fp8TensorStats& in = r.fp8().at("Layers.0/fc1:input");
+  EXPECT_EQ(in.format(), v1::E4M3_FNUZ);
+  EXPECT_DOUBLE_EQ(in.amax(), 3.5);
+  EXPECT_DOUBLE_EQ(in.scale(), 128);
+  EXPECT_DOUBLE_EQ(in.underflow_fraction(), 0.25);
+  // No format column: gradients read as E5M2, said in the notes.
+  EXPECT_EQ(r.fp8().at("fc2:grad_output").format(), v1::E5M2);
+  EXPECT_THAT(absl::StrJoin(plan->notes, "\n"), HasSubstr("without a fp8/<tensor>/format"));
+  // A share outside [0, 1] is left out (the server would refuse the batch).
+  EXPECT_FALSE(plan->records[1].fp8().at("Layers.0/fc1:input").has_underflow_fraction());
+  EXPECT_THAT(absl::StrJoin(plan->notes, "\n"), HasSubstr("outside [0, 1] left out"));
 }
 
 TEST(DetectFormat, ByContent) {

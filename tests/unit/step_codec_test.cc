@@ -202,23 +202,34 @@ TEST(StepCodec, BatchIdsOfAnyKindRoundTrip) {
   ExpectRoundTrip(in);
 }
 
-// A field the columns do not know (one added to the proto after the codec,
-// as the fp8 map field 17 will be) is kept in the record's residue.
+// Fields the columns do not know (added to the proto after the codec, as
+// the fp8 map (17) and update_rms_ratio were, or unknown to this build) are
+// kept in the record's residue.
 TEST(StepCodec, FieldsTheColumnsDoNotKnowAreKept) {
   Records in = RandomRecords(7, 40);
   (*in[3].mutable_layer_stats())["layers.0.mlp"].set_grad_norm(3.5);
+  (*in[3].mutable_layer_stats())["layers.0.mlp"].set_update_rms_ratio(2e-3);
+  v1::Fp8TensorStats& f = (*in[5].mutable_fp8())["layers.0.fc1:input"];
+  f.set_format(v1::E4M3);
+  f.set_amax(3.25);
+  f.set_scale(137.0);
+  f.set_underflow_fraction(0.004);
+  f.set_amax_group("tp0");
   auto unknown = [](v1::StepRecord& r) { return r.GetReflection()->MutableUnknownFields(&r); };
-  unknown(in[3])->AddLengthDelimited(17, "fp8: amax history");
+  unknown(in[3])->AddLengthDelimited(40, "a field of a later proto");
   unknown(in[9])->AddVarint(99, 12345);
-  unknown(in[39])->AddFixed64(18, 0xdeadbeef);
+  unknown(in[39])->AddFixed64(41, 0xdeadbeef);
   Records out = RoundTrip(in);
   ASSERT_EQ(out.size(), in.size());
   for (int i = 0; i < in.size(); ++i) ExpectSame(in[i], out[i], i);
   EXPECT_EQ(out[3].layer_stats().at("layers.0.mlp").grad_norm(), 3.5);
+  EXPECT_EQ(out[3].layer_stats().at("layers.0.mlp").update_rms_ratio(), 2e-3);
+  EXPECT_EQ(out[5].fp8().at("layers.0.fc1:input").scale(), 137.0);
+  EXPECT_EQ(out[5].fp8().at("layers.0.fc1:input").amax_group(), "tp0");
   const google::protobuf::UnknownFieldSet& kept = *unknown(out[3]);
   ASSERT_EQ(kept.field_count(), 1);
-  EXPECT_EQ(kept.field(0).number(), 17);
-  EXPECT_EQ(kept.field(0).length_delimited(), "fp8: amax history");
+  EXPECT_EQ(kept.field(0).number(), 40);
+  EXPECT_EQ(kept.field(0).length_delimited(), "a field of a later proto");
   EXPECT_EQ(unknown(out[9])->field(0).varint(), 12345u);
 }
 

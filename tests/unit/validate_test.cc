@@ -1,7 +1,9 @@
 #include "common/validate.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -154,6 +156,45 @@ TEST(ValidateStepBatch, NamesTheStepOfABadField) {
   r->set_clip_coef(1.5);
   EXPECT_THAT(ValidateStepBatch(b, {}).message(),
               HasSubstr("step 2: clip_coef must be in [0, 1]"));
+}
+
+TEST(ValidateStepBatch, Fp8StatsNeedAKnownFormatAndSharesInRange) {
+  const auto batch = [](const std::function<void(v1::Fp8TensorStats&)>& edit,
+                        const std::string& name = "l0.fc1:input") {
+    v1::StepBatch b;
+    v1::StepRecord* r = b.add_records();
+    r->set_step(40);
+    v1::Fp8TensorStats& f = (*r->mutable_fp8())[name];
+    f.set_format(v1::E4M3);
+    f.set_amax(3.0);
+    f.set_scale(140.0);
+    f.set_overflow_fraction(0.0);
+    edit(f);
+    return b;
+  };
+  EXPECT_TRUE(ValidateStepBatch(batch([](auto&) {}), {}).ok());
+  // NaN and Inf are data, here too.
+  EXPECT_TRUE(ValidateStepBatch(batch([](auto& f) {
+                                  f.set_amax(std::nan(""));
+                                  f.set_underflow_fraction(INFINITY);
+                                }),
+                                {})
+                  .ok());
+  absl::Status s = ValidateStepBatch(batch([](auto& f) { f.clear_format(); }), {});
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_THAT(s.message(), HasSubstr("step 40: fp8[\"l0.fc1:input\"].format is missing"));
+  s = ValidateStepBatch(batch([](auto& f) { f.set_format(static_cast<v1::Fp8Format>(9)); }), {});
+  EXPECT_THAT(s.message(), HasSubstr("format is unknown (9)"));
+  s = ValidateStepBatch(batch([](auto& f) { f.set_underflow_fraction(1.5); }), {});
+  EXPECT_THAT(s.message(), HasSubstr("must be in [0, 1]"));
+  s = ValidateStepBatch(batch([](auto&) {}, ""), {});
+  EXPECT_THAT(s.message(), HasSubstr("fp8 tensor name"));
+  ValidationLimits limits;
+  limits.max_fp8_tensors = 1;
+  v1::StepBatch two = batch([](auto&) {});
+  (*two.mutable_records(0)->mutable_fp8())["second"].set_format(v1::E5M2);
+  EXPECT_THAT(ValidateStepBatch(two, limits).message(),
+              HasSubstr("step 40: fp8 has 2 tensors; at most 1"));
 }
 
 TEST(ValidateRunEvent, NeedsAKind) {
