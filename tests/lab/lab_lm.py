@@ -17,8 +17,9 @@ steps of its hard and corrupted batches (the labeller does not read them).
 
 Configurations (--config; CONFIGS below): healthy, spike (lr 1e-2, no
 warmup, beta2 0.999, no qk-layernorm, clipping off), spike-hot (lr 2e-2),
-spike-b2-099 (beta2 0.99), diverge (lr 0.3), logit-growth, logz-drift,
-stall (eps 1e-2), corrupt.
+spike-b2-099 (beta2 0.99), diverge (lr 0.3 after a 300-step warmup),
+logit-growth (lr 5e-2), logz-drift (lr 0.3, no z-loss), stall (eps 1e-2),
+corrupt.
 
     PYTHONPATH=build/python /usr/bin/python3 tests/lab/lab_lm.py \\
         --config spike --seed 1 --out /tmp/spike-1.jsonl [--server 127.0.0.1:50051]
@@ -66,8 +67,10 @@ CONFIGS = {
     # A high LR without qk-layernorm: the attention logits grow with the
     # q/k weights (clipping keeps the loss itself in hand).
     "logit-growth": dict(lr=5e-2, warmup=100, qk_norm=False, weight_decay=0.0, decay=False),
-    # Without z-loss (and weight decay) at a high LR, log Z walks away.
-    "logz-drift": dict(z_loss=0.0, weight_decay=0.0, lr=3e-2, decay=False),
+    # Without z-loss (and weight decay) at a very high LR (qk-layernorm and
+    # clipping keep the rest trainable), the output logits drift: log Z
+    # walks away from its level (Wortsman et al. 2023's output divergence).
+    "logz-drift": dict(z_loss=0.0, weight_decay=0.0, lr=0.3, decay=False),
     # eps 1e-2 is larger than sqrt(v) of every layer: the updates vanish.
     "stall": dict(eps=1e-2),
     # One batch of random tokens with a 1000x loss at step 700; clipped.
