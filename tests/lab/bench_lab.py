@@ -74,13 +74,14 @@ PURPOSE = {
 class Server:
     """A trainwatch-server on free loopback ports with a temporary database."""
 
-    def __init__(self, bin_dir, workdir):
+    def __init__(self, bin_dir, workdir, config=None):
         self.bin_dir = pathlib.Path(bin_dir)
         self.log_path = pathlib.Path(workdir) / "server.log"
         self._log = open(self.log_path, "w+")
         self.proc = subprocess.Popen(
             [str(self.bin_dir / "trainwatch-server"), "--listen", "127.0.0.1:0",
-             "--metrics-listen", "127.0.0.1:0", "--db", str(pathlib.Path(workdir) / "tw.db")],
+             "--metrics-listen", "127.0.0.1:0", "--db", str(pathlib.Path(workdir) / "tw.db"),
+             *(("--config", str(config)) if config else ())],
             stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:
@@ -302,6 +303,8 @@ def main(argv=None):
                     help="replay the saved JSONL instead of training")
     ap.add_argument("--train-only", action="store_true",
                     help="train and save the runs without a server (judge later with --replay)")
+    ap.add_argument("--server-config", default=None,
+                    help="YAML for trainwatch-server --config (default: its built-in defaults)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     runs_dir = pathlib.Path(args.runs or pathlib.Path(args.build) / "lab")
@@ -317,7 +320,7 @@ def main(argv=None):
         train_all(None, jobs_list, runs_dir, args.jobs, skip_done=True)
         return 0
     with tempfile.TemporaryDirectory(prefix="tw-lab-") as tmp:
-        server = Server(pathlib.Path(args.build) / "bin", tmp)
+        server = Server(pathlib.Path(args.build) / "bin", tmp, args.server_config)
         try:
             started = time.monotonic()
             if args.replay:
