@@ -21,6 +21,15 @@ def test_clip_fields_match_clip_grad_norm():
     assert clip_fields(0.5, 1.0) == (False, 1.0)
 
 
+def test_clip_fields_with_clipping_off_never_clip():
+    # max_norm 0 is "no clipping" in the RunStart; min(1, 0 / norm) would
+    # report every step clipped with coefficient 0 (ClipFractionHigh at 100%).
+    for off in (0.0, math.inf):
+        assert clip_fields(3.0, off) == (False, 1.0)
+        clipped, coef = clip_fields(torch.tensor(3.0), off)
+        assert not bool(clipped) and float(coef) == 1.0
+
+
 def test_log_z_is_mean_logsumexp_detached():
     logits = torch.randn(2, 5, 7, requires_grad=True)
     z = log_z(logits)
@@ -145,3 +154,54 @@ def test_step_hook_records_through_a_real_client():
                           batch_ids=[1, 2])
     assert tw.stats.recorded == 1
     tw.close(timeout=0.1)
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda p: torch.optim.AdamW(p, lr=3e-2, betas=(0.9, 0.99), weight_decay=0.1),
+    lambda p: torch.optim.Adam(p, lr=3e-2, betas=(0.9, 0.99), weight_decay=0.1),
+    lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9),
+], ids=["adamw-from-state", "adam-from-state", "sgd-snapshot"])
+def test_layer_stats_update_rms_ratio_is_the_applied_update_over_the_weights(make_opt):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    opt = make_opt(model.parameters())
+    stats = LayerStats(model, opt, every=1)
+    for step in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).pow(2).sum().backward()
+        before = [p.detach().clone() for p in model[1].parameters()]
+        stats.collect(step)
+        opt.step()
+        got = stats.update_ratios()
+        after = list(model[1].parameters())
+        du = sum(((a - b) ** 2).sum() for a, b in zip(after, before))
+        w = sum((b ** 2).sum() for b in before)
+        assert float(got["1"]) == pytest.approx(float(torch.sqrt(du / w)), rel=1e-4)
+    assert stats.update_ratios() is None  # only right after a collect()
+
+
+def test_step_hook_sends_four_layer_stats_every_step_or_three_to_an_older_binding():
+    class ThreeOnly(FakeClient):
+        def record(self, step, **fields):
+            if any(len(v) != 3 for v in fields.get("layer_stats", {}).values()):
+                raise ValueError("layer_stats must have 3 elements")
+            return super().record(step, **fields)
+
+    for tw, width in ((FakeClient(), 4), (ThreeOnly(), 3)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 3))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        hook = StepHook(tw, max_norm=1.0, optimizer=opt, model=model, layer_stats_every=1)
+        for step in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            hook.pre_step(step)
+            opt.step()
+            assert hook.post_step(step, norm)
+        assert len(tw.records) == 3
+        sent = [f["layer_stats"]["0"] for _, f in tw.records]
+        assert all(len(s) == width for s in sent)
+        assert hook.last_layer_stats["0"].numel() == 4
+        ratio = float(hook.last_layer_stats["0"][3])
+        assert 0 < ratio < 1  # one AdamW step of lr 1e-2 moves a Linear by ~1e-2 of its RMS

@@ -36,10 +36,18 @@ _CLIP_EPS = 1e-6  # clip_grad_norm_'s: coef = max_norm / (norm + 1e-6)
 
 def clip_fields(grad_norm, max_norm):
     """(clipped, clip_coef) for a pre-clip norm, as clip_grad_norm_ computes
-    them. Tensors in, tensors out (no sync); floats in, floats out."""
+    them. Tensors in, tensors out (no sync); floats in, floats out.
+    max_norm <= 0 (or inf) is clipping off (the RunStart's "0 = none"):
+    never clipped, coefficient 1, not min(1, 0 / norm) = 0 on every step."""
+    off = not (0.0 < float(max_norm) < math.inf)
     if isinstance(grad_norm, torch.Tensor):
+        if off:
+            return (torch.zeros((), dtype=torch.bool, device=grad_norm.device),
+                    torch.ones((), device=grad_norm.device))
         coef = torch.clamp(max_norm / (grad_norm.detach().float() + _CLIP_EPS), max=1.0)
         return coef < 1.0, coef
+    if off:
+        return False, 1.0
     coef = min(1.0, max_norm / (float(grad_norm) + _CLIP_EPS))
     return coef < 1.0, coef
 
@@ -134,26 +142,38 @@ def _mha_max_logit(m, query, key):
 
 
 class LayerStats:
-    """Per-layer gradient statistics every `every` steps (docs/contracts.md
-    layer_stats): for each module that owns parameters, by its qualified
-    name, the gradient L2 norm, the gradient RMS, and for Adam-family
-    optimizers the RMS of g / (sqrt(v_hat) + eps), where v_hat is the
-    bias-corrected second moment exp_avg_sq BEFORE this step's update
-    (v_{t-1}): about 1 in steady state, far above it when v is out of date.
-    NaN where there is no second moment (other optimizers, the first step).
+    """Per-layer gradient and update statistics every `every` steps
+    (docs/contracts.md layer_stats): for each module that owns parameters,
+    by its qualified name, the gradient L2 norm, the gradient RMS, for
+    Adam-family optimizers the RMS of g / (sqrt(v_hat) + eps), where v_hat is
+    the bias-corrected second moment exp_avg_sq BEFORE this step's update
+    (v_{t-1}): about 1 in steady state, far above it when v is out of date
+    (NaN where there is no second moment: other optimizers, the first step),
+    and update_rms_ratio: the RMS of this step's weight update over the RMS
+    of the weights it was applied to (the "update norm" whose spikes precede
+    loss spikes).
 
     Call collect(step) after clip_grad_norm_ (and after scaler.unscale_)
     and BEFORE optimizer.step(): the stats are of the gradients the optimizer
-    is about to apply. Steps in between cost one modulo; on a collected step
+    is about to apply. Call update_ratios() right AFTER optimizer.step() on
+    the same step. Steps in between cost one modulo; on a collected step
     the values stay on the device (no sync), except the step count of a
     capturable Adam, which lives on the GPU and is read there as a tensor.
+
+    The update is read back from the optimizer's own state for
+    torch.optim.Adam and AdamW (no copy of the weights: the step applied
+    lr * m_hat / (sqrt(v_hat) + eps), plus AdamW's decoupled decay
+    lr * wd * w); for any other optimizer collect() snapshots the layer's
+    weights (one copy, on collected steps only) and the update is the
+    difference.
     """
 
-    def __init__(self, model, optimizer=None, every=100):
+    def __init__(self, model, optimizer=None, every=100, update_ratio=True):
         if every < 1:
             raise ValueError("every must be >= 1")
         self.every = every
         self.optimizer = optimizer
+        self.update_ratio = update_ratio
         layers = {}
         for name, p in model.named_parameters():
             if p.requires_grad:
@@ -164,6 +184,10 @@ class LayerStats:
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     self._group_of[p] = group
+        self._from_state = (isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW))
+                            and not any(g.get("amsgrad", False)
+                                        for g in optimizer.param_groups))
+        self._armed = None  # set by collect(): what update_ratios() needs
 
     def due(self, step):
         return step % self.every == 0
@@ -195,7 +219,80 @@ class LayerStats:
                 gv = (torch.sqrt(ratio_sq / n) if have_v and ratio_sq is not None
                       else torch.full((), float("nan"), device=sq.device))
                 out[layer] = torch.stack([torch.sqrt(sq), torch.sqrt(sq / n), gv])
+            if self.update_ratio:
+                self._arm(out)
         return out
+
+    def update_ratios(self):
+        """{layer: 0-d tensor update_rms_ratio} for the layers of the last
+        collect(), after optimizer.step(); None when collect() did not
+        collect. NaN for a layer whose weights are all zero."""
+        armed, self._armed = self._armed, None
+        if armed is None:
+            return None
+        out = {}
+        with torch.no_grad():
+            for layer, entries in armed.items():
+                u2 = w2 = None
+                for p, before, lr in entries:
+                    if before is None:
+                        u, w = self._update_from_state(p, lr)
+                        if u is None:
+                            u2 = None
+                            break
+                    else:
+                        w = before
+                        u = p.detach().float() - before
+                    su, sw = u.pow(2).sum(), w.pow(2).sum()
+                    u2 = su if u2 is None else u2 + su
+                    w2 = sw if w2 is None else w2 + sw
+                if u2 is None:
+                    continue
+                out[layer] = torch.where(w2 > 0, torch.sqrt(u2 / w2),
+                                         torch.full_like(w2, float("nan")))
+        return out
+
+    def _arm(self, layers):
+        """Keeps what update_ratios() needs: each parameter's lr as this
+        step applies it and, without usable Adam state, a copy of it."""
+        armed = {}
+        for layer in layers:
+            entries = []
+            for p in self._layers[layer]:
+                if p.grad is None:
+                    continue
+                group = self._group_of.get(p)
+                lr = group["lr"] if group is not None else None
+                before = None
+                if not self._from_state or group is None:
+                    before = p.detach().float().clone()
+                entries.append((p, before, lr))
+            armed[layer] = entries
+        self._armed = armed
+
+    def _update_from_state(self, p, lr):
+        """(update, weights before it) of Adam/AdamW's last step on p, from
+        its state after the step; (None, None) without state."""
+        state = self.optimizer.state.get(p)
+        group = self._group_of[p]
+        if not state or "exp_avg_sq" not in state or lr is None:
+            return None, None
+        beta1, beta2 = group["betas"]
+        t = state["step"]
+        m = state["exp_avg"].detach().float()
+        v = state["exp_avg_sq"].detach().float()
+        if isinstance(t, torch.Tensor):
+            t = t.to(v.device, torch.float32)
+        adam = (m / (1.0 - beta1 ** t)) / (torch.sqrt(v / (1.0 - beta2 ** t)) + group["eps"])
+        if group.get("maximize", False):
+            adam = -adam
+        w_after = p.detach().float()
+        wd = group.get("weight_decay", 0.0)
+        if isinstance(self.optimizer, torch.optim.AdamW) and wd:
+            # w_after = w * (1 - lr wd) - lr adam
+            w = (w_after + lr * adam) / (1.0 - lr * wd)
+            return w_after - w, w
+        return lr * adam, w_after + lr * adam
 
     def _ratio_sq(self, p, g):
         """sum((g / (sqrt(v_hat) + eps))^2) for p, or None without Adam state."""
@@ -226,7 +323,10 @@ class StepHook:
     state. scaler: a torch.cuda.amp.GradScaler, or any object with
     get_scale() (and optionally a `found_inf` attribute) for a custom
     dynamic loss scaler. model + layer_stats_every: per-layer stats every N
-    steps (see LayerStats).
+    steps (see LayerStats; 1 sends them every step, which a SpikeHazard
+    forecast needs), each (grad_norm, grad_rms, g_over_sqrt_v_rms,
+    update_rms_ratio). last_layer_stats holds the latest stats sent (a dict
+    of 4-element tensors), for a loop that also logs them itself.
 
     pre_step(step) goes right before optimizer.step()/scaler.step() (it
     snapshots the loss scale and collects layer stats); post_step(step,
@@ -256,6 +356,10 @@ class StepHook:
                             if model is not None else None)
         self._scale_before = None
         self._pending_layers = None
+        self.last_layer_stats = None
+        # False once the client has refused a 4-element layer stat (a
+        # binding from before update_rms_ratio): then 3 are sent.
+        self._send_update_ratio = True
         self._data_wait = None      # seconds waited for this step's input
         self._last_post = None      # perf_counter() at the previous post_step
 
@@ -302,16 +406,46 @@ class StepHook:
                 fields.setdefault("loss_scale", scale)
                 fields.setdefault("skipped", self._skipped(scale))
         if self._pending_layers:
-            fields.setdefault("layer_stats", self._pending_layers)
+            layers = self._with_update_ratios(self._pending_layers, fields.get("skipped"))
+            self.last_layer_stats = layers
+            fields.setdefault("layer_stats", layers)
         self._pending_layers = None
         self._scale_before = None
         if self._data_wait is not None:
             fields.setdefault("data_wait_s", self._data_wait)
         self._data_wait = None
-        ok = self.client.record(step, grad_norm=_detach(grad_norm), loss=loss, lr=lr,
-                                clipped=clipped, clip_coef=clip_coef, **fields)
+        record = dict(grad_norm=_detach(grad_norm), loss=loss, lr=lr,
+                      clipped=clipped, clip_coef=clip_coef, **fields)
+        layers = record.get("layer_stats")
+        if self._send_update_ratio or not isinstance(layers, dict):
+            try:
+                ok = self.client.record(step, **record)
+            except (ValueError, TypeError):
+                if not isinstance(layers, dict) or not self._send_update_ratio:
+                    raise
+                # A binding that takes (grad_norm, grad_rms,
+                # g_over_sqrt_v_rms) only: drop the fourth from now on.
+                self._send_update_ratio = False
+                ok = self.client.record(step, **_three_layer_stats(record))
+        else:
+            ok = self.client.record(step, **_three_layer_stats(record))
         self._last_post = time.perf_counter()
         return ok
+
+    def _with_update_ratios(self, layers, skipped):
+        """The pre-step stats with this step's update_rms_ratio appended (0
+        on a skipped step: nothing was applied; NaN where unknown)."""
+        ratios = self.layer_stats.update_ratios() or {}
+        out = {}
+        for layer, stats in layers.items():
+            r = ratios.get(layer)
+            if r is None:
+                r = torch.full((), float("nan"), device=stats.device)
+            elif skipped is not None:
+                r = torch.where(torch.as_tensor(skipped, device=r.device),
+                                torch.zeros_like(r), r)
+            out[layer] = torch.cat([stats, r.reshape(1).to(stats.dtype)])
+        return out
 
     def _scale(self):
         s = self.scaler
@@ -340,3 +474,9 @@ class StepHook:
 
 def _detach(x):
     return x.detach() if isinstance(x, torch.Tensor) else x
+
+
+def _three_layer_stats(record):
+    """record with each layer stat cut to its first three values."""
+    layers = record["layer_stats"]
+    return dict(record, layer_stats={k: v[:3] for k, v in layers.items()})

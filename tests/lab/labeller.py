@@ -1,0 +1,382 @@
+#!/usr/bin/python3
+"""Offline labeller: what happened in a lab run, and when, from its own records.
+
+Reads a JSONL step log (docs/contracts.md; the layer stats may carry
+update_rms_ratio) and marks, by the rules below, the events a monitor should
+name. It uses the full record, past and future (it is ground truth, not a
+detector), knows nothing of trainwatch's server, and was written before any
+alert of the lab was looked at. The numbers are the rules; change them only
+with docs/detectors.md ("The lab's labels").
+
+Notation: l_t = ln(loss_t) (NaN when the loss is not finite or <= 0);
+b = max(warmup_steps, 100), the first step with a settled baseline.
+
+spike (and divergence), from the loss
+  Reference at step t: ref_t = median and sd_t = 1.4826 x MAD of l over the
+  last 100 calm steps before t (steps outside every episode labelled so far;
+  at least 20 of them, else no label at t); an episode therefore freezes
+  its own reference. A step is high when l_t >= ref_t + max(ln 1.5, 3 sd_t)
+  (>= 1.5x the reference and beyond its noise), and low when
+  l_t < ref_t + max(ln 1.2, 2 sd_t).
+  Onset: the first step t >= 50 that is high and whose next step is high
+  too (>= 2 steps: a lone hard batch, high for its own step only, is not a
+  spike). Recovery: the first step of 5 consecutive low steps after the
+  onset; the episode is [onset, recovery). Its peak is the largest
+  loss / exp(ref) in it.
+  An episode that never recovers is a divergence when its loss is ever
+  non-finite, or the median of its last 50 losses is >= 3x the reference;
+  otherwise it is a spike without a recovery (it ends with the run). A
+  non-finite loss outside every episode starts a divergence at that step.
+  Nothing after a divergence's onset is labelled.
+logit_growth, from max_attn_logit
+  Baseline A0 = median over steps [b, b + 100). Condition at step
+  t >= b + 100: the trailing median over 25 steps is >= 2 x A0, or >= 100
+  (the cap MuonClip uses). Onset: the first step of the first stretch of
+  >= 100 consecutive steps where the condition holds (an excursion during
+  a loss spike is the spike's, not a growth). One event per run, to the
+  last step where the condition holds.
+logz_drift, from log_z
+  Baseline Z0 = median over [b, b + 100). Condition: the trailing 25-step
+  median m is >= 5 nats farther from 0 than Z0, on the same side
+  (|m| - |Z0| >= 5 and (m - Z0) x sign(Z0) >= 5): a move toward 0 (what
+  z-loss does) is not a drift. Onset and persistence as for logit_growth.
+stall, from the layer stats and adam_eps
+  a = g_over_sqrt_v_rms, the RMS of g / (sqrt(v_hat) + eps): Adam's
+  normalised step, about 1 when eps is negligible, g/eps when eps dominates.
+  Layers: every layer but the embeddings (names ending in "tok", "pos",
+  "embed", "wte", "wpe": their rows of rare tokens see no gradient most of
+  the time, so their RMS says little). A layer is stalled at t when, over
+  the trailing 50 steps, the median of a is < 0.1 (its step is < 10% of
+  Adam's nominal) and the median grad_rms is < adam_eps (eps, not a stale
+  v inflated by a spike, is what shrinks it). Onset: the first t >= b with
+  at least half of the layers stalled. Needs adam_eps in the RunStart.
+norm_spike, from grad_norm
+  A step t >= b with grad_norm >= 10x the median of the previous 100 finite
+  norms (a corrupted or hard batch), whether or not the loss moves; steps
+  within 20 of the previous such step belong to its event.
+
+Usage: labeller.py RUN.jsonl [...] prints one JSON line per run:
+{"file", "run", "steps", "warmup", "events": [{"kind", "onset", "end",
+ "peak", ...}], "healthy_steps": [[lo, hi), ...]}. Healthy steps: the steps
+>= warmup outside [onset - 10, end + 100) of every event (and before any
+divergence): where a page is a false page.
+"""
+
+import json
+import math
+import statistics
+import sys
+
+EMBEDDING_SUFFIXES = ("tok", "pos", "embed", "wte", "wpe", "embeddings", "embed_tokens")
+
+SPIKE_MIN_REF = 20          # calm steps needed for a reference
+SPIKE_REF_STEPS = 100       # calm steps in the reference
+SPIKE_HIGH_RATIO = math.log(1.5)
+SPIKE_HIGH_SD = 3.0
+SPIKE_LOW_RATIO = math.log(1.2)
+SPIKE_LOW_SD = 2.0
+SPIKE_RECOVER_STEPS = 5
+SPIKE_FIRST_STEP = 50
+DIVERGE_RATIO = math.log(3.0)
+DIVERGE_TAIL = 50
+LEVEL_SETTLE = 100          # b = max(warmup, 100)
+LEVEL_BASELINE_STEPS = 100
+LEVEL_SMOOTH = 25
+LOGIT_GROWTH = 2.0
+LOGIT_CAP = 100.0
+LOGZ_NATS = 5.0
+STALL_SMOOTH = 50
+STALL_STEP = 0.1
+NORM_SPIKE_RATIO = 10.0
+NORM_REF_STEPS = 100
+HEALTHY_BEFORE = 10
+HEALTHY_AFTER = 100
+
+
+def _float(x):
+    if x is None:
+        return math.nan
+    if isinstance(x, str):
+        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[x]
+    return float(x)
+
+
+def read(path):
+    """(run_start dict, [step dicts]) of a JSONL step log."""
+    start, steps = {}, []
+    with open(path) as f:
+        for line in f:
+            obj = json.loads(line)
+            if "run_start" in obj:
+                start = obj["run_start"]
+            elif "step" in obj:
+                steps.append(obj)
+    return start, steps
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else math.nan
+
+
+def _mad_sd(xs, med):
+    return 1.4826 * statistics.median([abs(x - med) for x in xs]) if xs else math.nan
+
+
+def _trailing_median(values, t, n):
+    w = [v for v in values[max(0, t - n + 1): t + 1] if math.isfinite(v)]
+    return _median(w)
+
+
+def loss_events(steps):
+    """Spike and divergence episodes from the loss (rules in the module doc)."""
+    n = len(steps)
+    loss = [_float(s.get("loss")) for s in steps]
+    ll = [math.log(x) if math.isfinite(x) and x > 0 else math.nan for x in loss]
+    calm = []            # indices of calm steps so far (finite l)
+    events = []
+    t = 0
+    while t < n:
+        if not math.isfinite(ll[t]):
+            if not math.isfinite(loss[t]):
+                events.append({"kind": "divergence", "onset": steps[t]["step"],
+                               "end": steps[-1]["step"] + 1, "peak": math.inf,
+                               "why": f"loss {loss[t]} at step {steps[t]['step']}"})
+                return events
+            t += 1
+            continue
+        ref_vals = [ll[i] for i in calm[-SPIKE_REF_STEPS:]]
+        if t >= SPIKE_FIRST_STEP and len(ref_vals) >= SPIKE_MIN_REF and t + 1 < n:
+            ref = _median(ref_vals)
+            sd = _mad_sd(ref_vals, ref)
+            hi = ref + max(SPIKE_HIGH_RATIO, SPIKE_HIGH_SD * sd)
+            lo = ref + max(SPIKE_LOW_RATIO, SPIKE_LOW_SD * sd)
+
+            def high(i):
+                return not math.isfinite(ll[i]) or ll[i] >= hi
+
+            if high(t) and high(t + 1):
+                # An episode: find its recovery.
+                run_low, rec, peak, nonfinite = 0, None, 0.0, False
+                i = t
+                while i < n:
+                    if not math.isfinite(loss[i]):
+                        nonfinite = True
+                        break
+                    peak = max(peak, ll[i] - ref)
+                    if ll[i] < lo:
+                        run_low += 1
+                        if run_low == SPIKE_RECOVER_STEPS:
+                            rec = i - SPIKE_RECOVER_STEPS + 1
+                            break
+                    else:
+                        run_low = 0
+                    i += 1
+                onset = steps[t]["step"]
+                if rec is None:
+                    tail = [x for x in ll[t:] if math.isfinite(x)][-DIVERGE_TAIL:]
+                    if nonfinite or (tail and _median(tail) - ref >= DIVERGE_RATIO):
+                        why = ("the loss became non-finite" if nonfinite else
+                               f"the last {len(tail)} losses stay at "
+                               f"{math.exp(_median(tail) - ref):.1f}x the reference")
+                        events.append({"kind": "divergence", "onset": onset,
+                                       "end": steps[-1]["step"] + 1,
+                                       "peak": math.inf if nonfinite else round(math.exp(peak), 2),
+                                       "reference_loss": round(math.exp(ref), 4),
+                                       "why": why})
+                        return events
+                    events.append({"kind": "spike", "onset": onset,
+                                   "end": steps[-1]["step"] + 1, "recovered": None,
+                                   "peak": round(math.exp(peak), 2),
+                                   "reference_loss": round(math.exp(ref), 4)})
+                    return events
+                events.append({"kind": "spike", "onset": onset, "end": steps[rec]["step"],
+                               "recovered": steps[rec]["step"],
+                               "peak": round(math.exp(peak), 2),
+                               "reference_loss": round(math.exp(ref), 4)})
+                t = rec
+                continue
+        calm.append(t)
+        t += 1
+    return events
+
+
+def _level_baseline(steps, values, b):
+    base = [v for s, v in zip(steps, values) if b <= s["step"] < b + LEVEL_BASELINE_STEPS
+            and math.isfinite(v)]
+    return _median(base)
+
+
+LEVEL_PERSIST = 100
+NORM_MERGE = 20
+
+
+def _persistent(steps, cond):
+    """(onset, last) of a condition that holds on >= LEVEL_PERSIST
+    consecutive steps (onset: the first such stretch's start; last: the
+    last step it holds), or None."""
+    onset = last = None
+    start, length = None, 0
+    for s, c in zip(steps, cond):
+        if c:
+            start = s["step"] if length == 0 else start
+            length += 1
+            if length >= LEVEL_PERSIST and onset is None:
+                onset = start
+            last = s["step"]
+        else:
+            length = 0
+    return None if onset is None else (onset, last)
+
+
+def logit_events(steps, b):
+    vals = [_float(s.get("max_attn_logit")) for s in steps]
+    if not any(math.isfinite(v) for v in vals):
+        return []
+    a0 = _level_baseline(steps, vals, b)
+    if not math.isfinite(a0):
+        return []
+    cond = []
+    for i, s in enumerate(steps):
+        m = _trailing_median(vals, i, LEVEL_SMOOTH)
+        cond.append(s["step"] >= b + LEVEL_BASELINE_STEPS and math.isfinite(m)
+                    and (m >= LOGIT_GROWTH * a0 or m >= LOGIT_CAP))
+    found = _persistent(steps, cond)
+    if found is None:
+        return []
+    onset, last = found
+    return [{"kind": "logit_growth", "onset": onset, "end": last + 1,
+             "baseline": round(a0, 2), "max": round(max(v for v in vals if math.isfinite(v)), 2)}]
+
+
+def logz_events(steps, b):
+    vals = [_float(s.get("log_z")) for s in steps]
+    if not any(math.isfinite(v) for v in vals):
+        return []
+    z0 = _level_baseline(steps, vals, b)
+    if not math.isfinite(z0):
+        return []
+    sign = 1.0 if z0 >= 0 else -1.0
+    cond = []
+    for i, s in enumerate(steps):
+        m = _trailing_median(vals, i, LEVEL_SMOOTH)
+        cond.append(s["step"] >= b + LEVEL_BASELINE_STEPS and math.isfinite(m)
+                    and (m - z0) * sign >= LOGZ_NATS and abs(m) - abs(z0) >= LOGZ_NATS)
+    found = _persistent(steps, cond)
+    if found is None:
+        return []
+    onset, last = found
+    fin = [v for v in vals if math.isfinite(v)]
+    return [{"kind": "logz_drift", "onset": onset, "end": last + 1, "baseline": round(z0, 2),
+             "range": [round(min(fin), 2), round(max(fin), 2)]}]
+
+
+def _is_embedding(name):
+    return name.rsplit(".", 1)[-1] in EMBEDDING_SUFFIXES
+
+
+def stall_events(steps, b, eps):
+    layers = sorted({k for s in steps for k in s.get("layer_stats", {}) if not _is_embedding(k)})
+    if not layers or eps is None:
+        return []
+
+    def series(k, field):
+        return [_float(s.get("layer_stats", {}).get(k, {}).get(field)) for s in steps]
+
+    a = {k: series(k, "g_over_sqrt_v_rms") for k in layers}
+    rms = {k: series(k, "grad_rms") for k in layers}
+    for i, s in enumerate(steps):
+        if s["step"] < b:
+            continue
+        low = 0
+        for k in layers:
+            m = _trailing_median(a[k], i, STALL_SMOOTH)
+            g = _trailing_median(rms[k], i, STALL_SMOOTH)
+            if math.isfinite(m) and m < STALL_STEP and math.isfinite(g) and g < eps:
+                low += 1
+        if 2 * low >= len(layers):
+            ratios = [_float(x.get("update_rms_ratio")) for x in s["layer_stats"].values()]
+            lr = _float(s.get("lr"))
+            fin = [r for r in ratios if math.isfinite(r)]
+            return [{"kind": "stall", "onset": s["step"], "end": steps[-1]["step"] + 1,
+                     "layers_low": low, "layers": len(layers),
+                     "median_update_rms_ratio_over_lr":
+                         round(_median(fin) / lr, 4) if fin and lr > 0 else None}]
+    return []
+
+
+def norm_spike_events(steps, b):
+    norms = [_float(s.get("grad_norm")) for s in steps]
+    out = []
+    for i, s in enumerate(steps):
+        if s["step"] < b or not math.isfinite(norms[i]):
+            continue
+        prev = [x for x in norms[max(0, i - NORM_REF_STEPS): i] if math.isfinite(x)]
+        if len(prev) >= 20:
+            med = _median(prev)
+            if med > 0 and norms[i] >= NORM_SPIKE_RATIO * med:
+                ratio = round(norms[i] / med, 1)
+                if out and s["step"] - (out[-1]["end"] - 1) <= NORM_MERGE:
+                    out[-1]["end"] = s["step"] + 1
+                    out[-1]["peak"] = max(out[-1]["peak"], ratio)
+                else:
+                    out.append({"kind": "norm_spike", "onset": s["step"], "end": s["step"] + 1,
+                                "peak": ratio})
+    return out
+
+
+def label(steps, start):
+    """Events of one run (lists of dicts, by onset)."""
+    warmup = int(start.get("warmup_steps", 0) or 0)
+    b = max(warmup, LEVEL_SETTLE)
+    events = loss_events(steps)
+    diverged = [e["onset"] for e in events if e["kind"] == "divergence"]
+    cut = diverged[0] if diverged else None
+    kept = steps if cut is None else [s for s in steps if s["step"] < cut]
+    eps = start.get("adam_eps")
+    for more in (logit_events(kept, b), logz_events(kept, b),
+                 stall_events(kept, b, None if eps is None else float(eps)),
+                 norm_spike_events(kept, b)):
+        events.extend(more)
+    events.sort(key=lambda e: (e["onset"], e["kind"]))
+    return events
+
+
+def healthy_ranges(steps, start, events):
+    """[lo, hi) step ranges where nothing is labelled: where a page is false."""
+    warmup = int(start.get("warmup_steps", 0) or 0)
+    if not steps:
+        return []
+    lo, hi = max(warmup, steps[0]["step"]), steps[-1]["step"] + 1
+    blocked = []
+    for e in events:
+        if e["kind"] == "divergence":
+            blocked.append((e["onset"] - HEALTHY_BEFORE, hi))
+        else:
+            blocked.append((e["onset"] - HEALTHY_BEFORE, e["end"] + HEALTHY_AFTER))
+    blocked.sort()
+    out, cur = [], lo
+    for a, z in blocked:
+        if a > cur:
+            out.append([cur, min(a, hi)])
+        cur = max(cur, z)
+    if cur < hi:
+        out.append([cur, hi])
+    return [r for r in out if r[1] > r[0]]
+
+
+def label_file(path):
+    start, steps = read(path)
+    events = label(steps, start)
+    return {"file": str(path), "run": start.get("run_id"), "steps": len(steps),
+            "warmup": int(start.get("warmup_steps", 0) or 0), "events": events,
+            "healthy_steps": healthy_ranges(steps, start, events)}
+
+
+def main(argv):
+    for path in argv[1:]:
+        print(json.dumps(label_file(path)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
