@@ -27,8 +27,10 @@ bool IsEmbeddingLayer(const std::string& layer) {
   const size_t dot = layer.rfind('.');
   const std::string_view last =
       dot == std::string::npos ? std::string_view(layer) : std::string_view(layer).substr(dot + 1);
+  // The output projection over the vocabulary has a row per token too.
   for (std::string_view e : {"tok", "pos", "embed", "wte", "wpe", "embeddings", "embed_tokens",
-                             "tok_embeddings", "word_embeddings", "embedding", "emb"}) {
+                             "tok_embeddings", "word_embeddings", "embedding", "emb", "head",
+                             "lm_head", "output_layer"}) {
     if (last == e) return true;
   }
   return false;
@@ -152,6 +154,14 @@ class LayerUpdateStall final : public Detector {
     const auto& cfg = ctx.config.adam;
     const double limit = cfg.eps_multiple * *ctx.run.adam_eps;
     const double eps = *ctx.run.adam_eps;
+    // The report's typical layer: a gradient a thousand times below it has
+    // collapsed (dead units; the lab: 1e-14 against 1e-7), which no eps
+    // fixes. Under a too-large eps every layer sits near it.
+    std::vector<double> rms_all;
+    for (const auto& [layer, stats] : r.layer_stats()) {
+      if (std::isfinite(stats.grad_rms()) && stats.grad_rms() > 0) rms_all.push_back(stats.grad_rms());
+    }
+    const double typical = rms_all.empty() ? 0.0 : MedianOf(rms_all.data(), rms_all.size());
     for (const auto& [layer, stats] : r.layer_stats()) {
       const double rms = stats.grad_rms();
       // eps, not v, must set the update: then g / (sqrt(v) + eps) is about
@@ -162,7 +172,8 @@ class LayerUpdateStall final : public Detector {
       const double ratio = stats.g_over_sqrt_v_rms();
       const bool eps_dominates = !std::isfinite(ratio) || !(ratio > 0) ||
                                  ratio >= kEpsShare * std::min(1.0, rms / eps);
-      if (!(rms > 0 && rms <= limit) || !eps_dominates) {
+      const bool collapsed = rms < kCollapsedShare * typical;
+      if (!(rms > 0 && rms <= limit) || !eps_dominates || collapsed) {
         stalls_.erase(layer);
         continue;
       }
@@ -203,6 +214,8 @@ class LayerUpdateStall final : public Detector {
   // g/(sqrt(v)+eps) at least this share of min(1, grad_rms / eps): eps,
   // not an out-of-date v, sets the layer's update.
   static constexpr double kEpsShare = 0.25;
+  // grad RMS below this share of the report's median layer: collapsed.
+  static constexpr double kCollapsedShare = 1e-3;
 
   struct Stall {
     uint32_t reports = 0;  // in a row at or below the limit

@@ -102,7 +102,7 @@ struct HealthConfig {
   struct {
     double sigmas = 6.0;        // loss >= recent level + sigmas * sd (linear) ...
     double log_sigmas = 4.0;    // log loss >= its level + log_sigmas * sd of the logs ...
-    double min_ratio = 1.25;    // ... and loss >= min_ratio * recent level
+    double min_ratio = 1.5;     // ... and loss >= min_ratio * recent level
     uint32_t stay_steps = 3;    // on this many steps in a row
     uint32_t recent_steps = 100;  // the recent level: median of these
   } loss_spike;

@@ -49,7 +49,7 @@ class LossSpikeRule {
     // MAD's), and the linear rule only guards the printed resolution.
     double log_sigmas = 4.0;
     double min_quanta = 10.0;     // by this many resolution steps,
-    double min_ratio = 1.25;      // and, in log space, by this factor
+    double min_ratio = 1.5;       // and, in log space, by this factor
     uint32_t stay_steps = 3;      // high steps in a row
     uint32_t refresh_steps = 8;   // the statistics are recomputed this often
     double min_sd = 0.005;        // floor on the robust sd of the log losses

@@ -60,8 +60,12 @@ def test_healthy_run_pages_nobody(server, tmp_path):
 
 def test_loss_spike_is_named_within_a_few_steps_of_its_onset(server, tmp_path):
     run, lab = train(server, tmp_path, "spike", 1, steps=420)
-    spikes = [e for e in lab["events"] if e["kind"] == "spike"]
-    assert len(spikes) >= 2, lab["events"]  # this seed spikes at ~249, ~301, ~367
+    # LossSpike needs 3 high steps in a row (stay_steps): a spike the
+    # labeller ends within 3 steps (this seed's at ~301, 4.4x for 2 steps)
+    # is left to GradNormSpike and SpikeHazard, as two hard batches in a row
+    # on a healthy run must not page (docs/detectors.md, "Judged on the lab").
+    spikes = [e for e in lab["events"] if e["kind"] == "spike" and e["end"] - e["onset"] >= 3]
+    assert len(spikes) >= 2, lab["events"]  # this seed spikes at ~249, ~367
     alerts = server.alerts(run)
     named = [a["started_step"] for a in alerts if a["alertname"] == "LossSpike"]
     missed = [e for e in spikes
