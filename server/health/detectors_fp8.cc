@@ -63,6 +63,18 @@ struct Cadence {
   }
 };
 
+// The state of tensor `name` in `tensors`, created if needed; nullptr past
+// kMaxTensors.
+template <typename Map>
+typename Map::mapped_type* Tracked(Map& tensors, const std::string& name) {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) {
+    if (tensors.size() >= kMaxTensors) return nullptr;
+    it = tensors.emplace(name, typename Map::mapped_type{}).first;
+  }
+  return &it->second;
+}
+
 // Carries a report's verdict (and its text) to the steps up to the next
 // report, so that a condition reported every N steps does not resolve
 // between reports.
@@ -162,12 +174,9 @@ class Fp8ShareAlert final : public Detector {
         flag = value > cfg.underflow_fraction;
       }
       if (!flag.has_value()) continue;
-      auto it = tensors_.find(name);
-      if (it == tensors_.end()) {
-        if (tensors_.size() >= kMaxTensors) continue;
-        it = tensors_.emplace(name, Tensor{}).first;
-      }
-      Tensor& t = it->second;
+      Tensor* tracked = Tracked(tensors_, name);
+      if (tracked == nullptr) continue;
+      Tensor& t = *tracked;
       t.cadence.Take(r.step());
       interval = std::max(interval, t.cadence.interval);
       t.bits = ((t.bits << 1) | (*flag ? 1 : 0)) & mask;
@@ -237,12 +246,9 @@ class Fp8ScaleMismatch final : public Detector {
     std::map<v1::Fp8Format, Tally> by_format;
     uint64_t interval = 0;
     for (const auto& [name, f] : r.fp8()) {
-      auto it = tensors_.find(name);
-      if (it == tensors_.end()) {
-        if (tensors_.size() >= kMaxTensors) continue;
-        it = tensors_.emplace(name, Tensor{}).first;
-      }
-      Tensor& t = it->second;
+      Tensor* tracked = Tracked(tensors_, name);
+      if (tracked == nullptr) continue;
+      Tensor& t = *tracked;
       const Evidence e = Judge(t, r.step(), f);
       interval = std::max(interval, t.cadence.interval);
       t.Take(r.step(), f);
@@ -455,12 +461,9 @@ class Fp8AmaxGrowth final : public Detector {
     uint64_t interval = 0;
     for (const auto& [name, f] : r.fp8()) {
       if (!(std::isfinite(f.amax()) && f.amax() > 0)) continue;
-      auto it = tensors_.find(name);
-      if (it == tensors_.end()) {
-        if (tensors_.size() >= kMaxTensors) continue;
-        it = tensors_.emplace(name, Tensor{}).first;
-      }
-      Tensor& t = it->second;
+      Tensor* tracked = Tracked(tensors_, name);
+      if (tracked == nullptr) continue;
+      Tensor& t = *tracked;
       t.cadence.Take(r.step());
       interval = std::max(interval, t.cadence.interval);
       if (t.first.size() < cfg.reports) {

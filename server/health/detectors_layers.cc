@@ -92,7 +92,10 @@ class AdamStaleSecondMoment final : public Detector {
       const bool candidate =
           std::isinf(value) || (value >= cfg.g_over_sqrt_v && h.size >= cfg.min_reports &&
                                 value >= cfg.jump_ratio * h.Median());
-      if (candidate && (!consecutive || h.last_candidate)) stale.emplace_back(layer, value);
+      // +Inf (v zero under a gradient) is out of date at once.
+      if (std::isinf(value) || (candidate && (!consecutive || h.last_candidate))) {
+        stale.emplace_back(layer, value);
+      }
       h.last_candidate = candidate;
       h.last_step = r.step();
       h.any = true;
@@ -154,26 +157,17 @@ class LayerUpdateStall final : public Detector {
     const auto& cfg = ctx.config.adam;
     const double limit = cfg.eps_multiple * *ctx.run.adam_eps;
     const double eps = *ctx.run.adam_eps;
-    // The report's typical layer: a gradient a thousand times below it has
-    // collapsed (dead units; the lab: 1e-14 against 1e-7), which no eps
-    // fixes. Under a too-large eps every layer sits near it.
-    std::vector<double> rms_all;
-    for (const auto& [layer, stats] : r.layer_stats()) {
-      if (std::isfinite(stats.grad_rms()) && stats.grad_rms() > 0) rms_all.push_back(stats.grad_rms());
-    }
-    const double typical = rms_all.empty() ? 0.0 : MedianOf(rms_all.data(), rms_all.size());
     for (const auto& [layer, stats] : r.layer_stats()) {
       const double rms = stats.grad_rms();
       // eps, not v, must set the update: then g / (sqrt(v) + eps) is about
       // min(1, g / eps). A layer whose gradient collapsed while v still
-      // holds its old values has g/(sqrt(v)+eps) far below that (the lab:
-      // 3e-4 - 4e-3 where grad_rms / eps is 1.4 - 11): v sets that update,
-      // and a smaller eps would not help.
+      // holds its old values has g/(sqrt(v)+eps) below that (the lab: 3e-4 -
+      // 4e-3 where grad_rms / eps is 1.4 - 11; 0.26 of it at 1e-14): v sets
+      // that update, and a smaller eps is not the fix.
       const double ratio = stats.g_over_sqrt_v_rms();
       const bool eps_dominates = !std::isfinite(ratio) || !(ratio > 0) ||
                                  ratio >= kEpsShare * std::min(1.0, rms / eps);
-      const bool collapsed = rms < kCollapsedShare * typical;
-      if (!(rms > 0 && rms <= limit) || !eps_dominates || collapsed) {
+      if (!(rms > 0 && rms <= limit) || !eps_dominates) {
         stalls_.erase(layer);
         continue;
       }
@@ -213,9 +207,7 @@ class LayerUpdateStall final : public Detector {
   static constexpr size_t kMaxLayers = 4096;
   // g/(sqrt(v)+eps) at least this share of min(1, grad_rms / eps): eps,
   // not an out-of-date v, sets the layer's update.
-  static constexpr double kEpsShare = 0.25;
-  // grad RMS below this share of the report's median layer: collapsed.
-  static constexpr double kCollapsedShare = 1e-3;
+  static constexpr double kEpsShare = 0.5;
 
   struct Stall {
     uint32_t reports = 0;  // in a row at or below the limit

@@ -63,6 +63,33 @@ def scenario(path):
     path.write_text("\n".join(lines) + "\n")
 
 
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--no-first-run", "--virtual-time-budget=10000"]
+
+
+def dump_dom(page):
+    """The page's DOM after its script ran, in headless Chromium."""
+    dom = subprocess.run([chromium(), *FLAGS, "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr
+    return dom
+
+
+def screenshot(page, name, height):
+    """A 1200 px wide screenshot of the page into BUILD_DIR/test-artifacts."""
+    artifacts = BUILD_DIR / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    png = artifacts / name
+    if png.exists():
+        png.unlink()
+    shot = subprocess.run([chromium(), *FLAGS, "--hide-scrollbars", f"--window-size=1200,{height}",
+                           f"--screenshot={png}", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert shot.returncode == 0, shot.stderr
+    assert png.exists() and png.stat().st_size > 20_000
+    return png
+
+
 class ChartParser(html.parser.HTMLParser):
     def __init__(self):
         super().__init__()
@@ -93,12 +120,7 @@ def test_report_draws_every_chart_in_chromium(server, tmp_path):
     text = page.read_text()
     assert "Verdict" in text
 
-    browser = chromium()
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--no-first-run", "--virtual-time-budget=10000"]
-    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()],
-                         capture_output=True, text=True, timeout=120)
-    assert dom.returncode == 0, dom.stderr
+    dom = dump_dom(page)
     parser = ChartParser()
     parser.feed(dom.stdout)
 
@@ -119,16 +141,7 @@ def test_report_draws_every_chart_in_chromium(server, tmp_path):
     assert "1800, 1801" in dom.stdout
     assert "ckpt-800" in dom.stdout
 
-    artifacts = BUILD_DIR / "test-artifacts"
-    artifacts.mkdir(exist_ok=True)
-    png = artifacts / "report.png"
-    if png.exists():
-        png.unlink()
-    shot = subprocess.run([browser, *flags, "--hide-scrollbars", "--window-size=1200,2600",
-                           f"--screenshot={png}", page.as_uri()],
-                          capture_output=True, text=True, timeout=120)
-    assert shot.returncode == 0, shot.stderr
-    assert png.exists() and png.stat().st_size > 20_000
+    png = screenshot(page, "report.png", 2600)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -171,12 +184,7 @@ def test_fp8_report_draws_the_scaling_charts_in_chromium(server, tmp_path):
 
     page = tmp_path / "report-fp8.html"
     server.ctl("report", "--run", "report-fp8", "--out", str(page))
-    browser = chromium()
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--no-first-run", "--virtual-time-budget=10000"]
-    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()],
-                         capture_output=True, text=True, timeout=120)
-    assert dom.returncode == 0, dom.stderr
+    dom = dump_dom(page)
     parser = ChartParser()
     parser.feed(dom.stdout)
     reports = FP8_STEPS // 10
@@ -187,13 +195,4 @@ def test_fp8_report_draws_the_scaling_charts_in_chromium(server, tmp_path):
     assert "Fp8AmaxGrowth" in parser.spans and "Fp8Underflow" in parser.spans
     assert "fc1:input" in dom.stdout
 
-    artifacts = BUILD_DIR / "test-artifacts"
-    artifacts.mkdir(exist_ok=True)
-    png = artifacts / "report-fp8.png"
-    if png.exists():
-        png.unlink()
-    shot = subprocess.run([browser, *flags, "--hide-scrollbars", "--window-size=1200,2450",
-                           f"--screenshot={png}", page.as_uri()],
-                          capture_output=True, text=True, timeout=120)
-    assert shot.returncode == 0, shot.stderr
-    assert png.exists() and png.stat().st_size > 20_000
+    screenshot(page, "report-fp8.png", 2450)
