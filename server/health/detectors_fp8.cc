@@ -615,36 +615,11 @@ class Fp8AmaxDesync final : public Detector {
     double amax = 0.0;
     double scale = 0.0;
   };
-  // The least and largest finite value of one field over the ranks, with
-  // the reports that gave them (ties go to the lower rank): the same
-  // whatever the order the ranks arrive in.
-  struct Extremes {
-    Report lo, hi;
-    bool any = false;
-
-    void Take(const Report& r, double v) {
-      if (!std::isfinite(v)) return;
-      if (!any || v < lo_v || (v == lo_v && r.rank < lo.rank)) {
-        lo = r;
-        lo_v = v;
-      }
-      if (!any || v > hi_v || (v == hi_v && r.rank < hi.rank)) {
-        hi = r;
-        hi_v = v;
-      }
-      any = true;
-    }
-    double Spread() const {
-      if (!any) return 0.0;
-      return (hi_v - lo_v) / std::max({std::abs(lo_v), std::abs(hi_v), 1e-30});
-    }
-    double lo_v = 0.0, hi_v = 0.0;
-  };
+  using Extremes = RankExtremes<Report>;
   // One tensor in one amax_group at one step: the two reports that differ
   // most (by amax or by scale), the lower rank first.
   struct Range {
     Extremes amax, scale;
-    Report a, b;
 
     void Take(uint32_t rank, double amax_v, double scale_v) {
       const Report r{rank, amax_v, scale_v};

@@ -3,6 +3,8 @@
 #ifndef TRAINWATCH_SERVER_HEALTH_DETECTORS_INTERNAL_H_
 #define TRAINWATCH_SERVER_HEALTH_DETECTORS_INTERNAL_H_
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -59,6 +61,38 @@ std::unique_ptr<Detector> MakeFp8AmaxDesync(const HealthConfig& config);
 std::unique_ptr<Detector> MakeRankStraggler(const HealthConfig& config);
 std::unique_ptr<Detector> MakeInputPipelineStall(const HealthConfig& config);
 std::unique_ptr<Detector> MakeRunSilent(const HealthConfig& config);
+
+// The least and largest finite value of one field over the ranks that
+// reported a step, with the reports that gave them (Report has a `rank`).
+// Ties go to the lower rank, so neither a cross-rank verdict nor its text
+// depends on the order the ranks' records arrive in. Value: the stored
+// width (float keeps a step's digest small).
+template <typename Report, typename Value = double>
+struct RankExtremes {
+  Report lo, hi;
+  Value lo_value = 0, hi_value = 0;
+  bool any = false;
+
+  void Take(const Report& r, Value v) {
+    // Non-finite values (an fp16 overflow) have nothing to compare.
+    if (!std::isfinite(v)) return;
+    if (!any || v < lo_value || (v == lo_value && r.rank < lo.rank)) {
+      lo = r;
+      lo_value = v;
+    }
+    if (!any || v > hi_value || (v == hi_value && r.rank < hi.rank)) {
+      hi = r;
+      hi_value = v;
+    }
+    any = true;
+  }
+  // (max - min) / max(|max|, |min|); 0 when equal or nothing was taken.
+  double Spread() const {
+    if (!any) return 0.0;
+    const double lo_d = lo_value, hi_d = hi_value;
+    return (hi_d - lo_d) / std::max({std::abs(lo_d), std::abs(hi_d), 1e-30});
+  }
+};
 
 // A rate alert (the clipped or the skipped share of post-warmup steps): a
 // Bernoulli CUSUM names a jump of the rate within tens of steps, and the

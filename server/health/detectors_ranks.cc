@@ -17,13 +17,6 @@
 namespace trainwatch {
 namespace {
 
-// Relative spread of two values: (max - min) / max(|max|, |min|) (0 when
-// equal).
-double Spread(double lo, double hi) {
-  constexpr double kTiny = 1e-30;
-  return (hi - lo) / std::max({std::abs(lo), std::abs(hi), kTiny});
-}
-
 // Catches per-shard clipping: each rank clips with its own local norm, so
 // ranks report different grad_norm or clip_coef for one step. A step's
 // digest keeps the least and largest finite norm and clip_coef over its
@@ -77,29 +70,7 @@ class RankNormMismatch final : public Detector {
     uint32_t rank = 0;
   };
   // The reports with the least and the largest finite value of one field.
-  struct Range {
-    Report lo, hi;
-    float lo_value = 0.0f, hi_value = 0.0f;
-    bool any = false;
-
-    void Take(const Report& r, float v) {
-      // Non-finite values (an fp16 overflow) have nothing to compare.
-      if (!std::isfinite(v)) return;
-      // Ties go to the lower rank, so the text does not depend on arrival.
-      if (!any || v < lo_value || (v == lo_value && r.rank < lo.rank)) {
-        lo = r;
-        lo_value = v;
-      }
-      if (!any || v > hi_value || (v == hi_value && r.rank < hi.rank)) {
-        hi = r;
-        hi_value = v;
-      }
-      any = true;
-    }
-    double Spread() const {
-      return any ? trainwatch::Spread(lo_value, hi_value) : 0.0;
-    }
-  };
+  using Range = RankExtremes<Report, float>;
   struct Digest {
     Range norm, coef;
     uint32_t ranks = 0;

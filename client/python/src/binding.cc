@@ -119,67 +119,60 @@ bool KeyString(PyObject* key, std::string* out) {
   return true;
 }
 
-// dict: layer name -> (grad_norm, grad_rms, g_over_sqrt_v_rms[,
-// update_rms_ratio]) as a tuple or list of three or four plain numbers (the
-// fourth may be None: not measured).
-bool LayerStats(PyObject* o, std::map<std::string, LayerStat>* out) {
+// None, or a dict of str to values `parse` reads into a T, into `out`;
+// false (no error set) for anything else.
+template <typename T, typename Parse>
+bool NamedEntries(PyObject* o, std::map<std::string, T>* out, Parse parse) {
   if (o == Py_None) return true;
   if (!PyDict_Check(o)) return false;
   PyObject* key;
   PyObject* value;
   Py_ssize_t pos = 0;
   while (PyDict_Next(o, &pos, &key, &value)) {
-    if (!PyList_Check(value) && !PyTuple_Check(value)) return false;
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
-    if (n != 3 && n != 4) return false;
-    PyObject** items = PySequence_Fast_ITEMS(value);
-    LayerStat stat;
-    if (!PlainDouble(items[0], &stat.grad_norm) ||
-        !PlainDouble(items[1], &stat.grad_rms) ||
-        !PlainDouble(items[2], &stat.g_over_sqrt_v_rms) ||
-        (n == 4 && !OptionalDouble(items[3], &stat.update_rms_ratio))) {
-      return false;
-    }
+    T entry;
     std::string name;
-    if (!KeyString(key, &name)) return false;
-    (*out)[std::move(name)] = stat;
+    if (!parse(value, &entry) || !KeyString(key, &name)) return false;
+    (*out)[std::move(name)] = std::move(entry);
   }
   return true;
 }
 
-// dict: tensor name -> (format, amax, scale, amax_history_len, margin,
+// A layer's (grad_norm, grad_rms, g_over_sqrt_v_rms[, update_rms_ratio]) as
+// a tuple or list of three or four plain numbers (the fourth may be None:
+// not measured).
+bool LayerStatEntry(PyObject* value, LayerStat* stat) {
+  if (!PyList_Check(value) && !PyTuple_Check(value)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+  if (n != 3 && n != 4) return false;
+  PyObject** items = PySequence_Fast_ITEMS(value);
+  return PlainDouble(items[0], &stat->grad_norm) &&
+         PlainDouble(items[1], &stat->grad_rms) &&
+         PlainDouble(items[2], &stat->g_over_sqrt_v_rms) &&
+         (n == 3 || OptionalDouble(items[3], &stat->update_rms_ratio));
+}
+
+// A tensor's (format, amax, scale, amax_history_len, margin,
 // overflow_fraction, underflow_fraction, amax_group), the tuple the Python
 // layer builds from the user's dict (format an int 1..4, the fractions
 // numbers or None, amax_group a str).
-bool Fp8Stats(PyObject* o, std::map<std::string, Fp8Stat>* out) {
-  if (o == Py_None) return true;
-  if (!PyDict_Check(o)) return false;
-  PyObject* key;
-  PyObject* value;
-  Py_ssize_t pos = 0;
-  while (PyDict_Next(o, &pos, &key, &value)) {
-    if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 8) return false;
-    PyObject** items = PySequence_Fast_ITEMS(value);
-    Fp8Stat stat;
-    double format = 0;
-    double history = 0;
-    if (!PlainDouble(items[0], &format) || !PlainDouble(items[1], &stat.amax) ||
-        !PlainDouble(items[2], &stat.scale) || !PlainDouble(items[3], &history) ||
-        !PlainDouble(items[4], &stat.margin) ||
-        !OptionalDouble(items[5], &stat.overflow_fraction) ||
-        !OptionalDouble(items[6], &stat.underflow_fraction) ||
-        !KeyString(items[7], &stat.amax_group)) {
-      return false;
-    }
-    if (!(format >= 1 && format <= 4) || !(history >= 0 && history <= 4294967295.0)) {
-      return false;
-    }
-    stat.format = static_cast<Fp8Format>(static_cast<int>(format));
-    stat.amax_history_len = static_cast<uint32_t>(history);
-    std::string name;
-    if (!KeyString(key, &name)) return false;
-    (*out)[std::move(name)] = std::move(stat);
+bool Fp8StatEntry(PyObject* value, Fp8Stat* stat) {
+  if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 8) return false;
+  PyObject** items = PySequence_Fast_ITEMS(value);
+  double format = 0;
+  double history = 0;
+  if (!PlainDouble(items[0], &format) || !PlainDouble(items[1], &stat->amax) ||
+      !PlainDouble(items[2], &stat->scale) || !PlainDouble(items[3], &history) ||
+      !PlainDouble(items[4], &stat->margin) ||
+      !OptionalDouble(items[5], &stat->overflow_fraction) ||
+      !OptionalDouble(items[6], &stat->underflow_fraction) ||
+      !KeyString(items[7], &stat->amax_group)) {
+    return false;
   }
+  if (!(format >= 1 && format <= 4) || !(history >= 0 && history <= 4294967295.0)) {
+    return false;
+  }
+  stat->format = static_cast<Fp8Format>(static_cast<int>(format));
+  stat->amax_history_len = static_cast<uint32_t>(history);
   return true;
 }
 
@@ -259,8 +252,8 @@ class PyClient {
       s.clipped = b;
     }
     if (!BatchIds(batch_ids.ptr(), &s.batch_ids) ||
-        !LayerStats(layer_stats.ptr(), &s.layer_stats) ||
-        !Fp8Stats(fp8.ptr(), &s.fp8)) {
+        !NamedEntries(layer_stats.ptr(), &s.layer_stats, LayerStatEntry) ||
+        !NamedEntries(fp8.ptr(), &s.fp8, Fp8StatEntry)) {
       return kDeferred;
     }
     s.time_unix_nanos = time_unix_nanos;

@@ -499,7 +499,7 @@ _FP8_KEYS = ("format", "amax", "scale", "amax_history_len", "margin",
 
 
 def _fp8_entries(value):
-    """record(fp8=...) as the binding's tuples (see Fp8Stats in binding.cc)."""
+    """record(fp8=...) as the binding's tuples (see Fp8StatEntry in binding.cc)."""
     if not isinstance(value, dict):
         raise TypeError("record(): fp8 must be a dict of tensor name -> stats dict")
     out = {}

@@ -125,19 +125,9 @@ def encode(x, fmt, saturate=True):
         code[small] = r
     max_mag = np.uint32(_max_code(f))
     over = (code > max_mag) | (e32 == np.uint32(255))   # beyond the max, or inf
-    code = np.minimum(code, np.uint32(0x7F)).astype(np.uint8)
-    if f.fnuz:
-        code = np.where(code == 0, np.uint8(0), code | (sign << 7)).astype(np.uint8)
-    else:
-        code |= sign << 7
+    code = _signed(f, np.minimum(code, np.uint32(0x7F)).astype(np.uint8), sign)
     if over.any():
-        if saturate:
-            sat = (_max_code(f) | (sign << 7)).astype(np.uint8)
-        elif f.ieee_inf:
-            sat = (0x7C | (sign << 7)).astype(np.uint8)
-        else:
-            sat = _nan_codes(f, sign)
-        code = np.where(over, sat, code)
+        code = np.where(over, _overflow_codes(f, sign, saturate), code)
         nan = (e32 == np.uint32(255)) & ((mag & np.uint32(0x7FFFFF)) != 0)
         code = np.where(nan, _nan_codes(f, sign), code)
     return code.astype(np.uint8, copy=False)
@@ -150,6 +140,25 @@ def _max_code(f):
     if f.fnuz:
         return np.uint8((top << f.man_bits) | ((1 << f.man_bits) - 1))
     return np.uint8((top << f.man_bits) | ((1 << f.man_bits) - 2))
+
+
+def _signed(f, magnitude, sign):
+    """Codes with their sign bit (FNUZ formats have no negative zero). The
+    encoding's conventions, shared by encode() and reference_encode(): they
+    differ only in how they round."""
+    if f.fnuz:
+        return np.where(magnitude == 0, np.uint8(0), magnitude | (sign << 7)).astype(np.uint8)
+    return (magnitude | (sign << 7)).astype(np.uint8)
+
+
+def _overflow_codes(f, sign, saturate):
+    """What a value past the format's range becomes: +-max (saturate), Inf
+    (E5M2, which has infinities) or NaN."""
+    if saturate:
+        return (_max_code(f) | (sign << 7)).astype(np.uint8)
+    if f.ieee_inf:
+        return (0x7C | (sign << 7)).astype(np.uint8)
+    return _nan_codes(f, sign)
 
 
 def _nan_codes(f, sign):
@@ -218,18 +227,8 @@ def reference_encode(x, fmt, saturate=True):
     even_hi = codes[i + 1] % 2 == 0
     best = np.where(at_mid & even_hi, below + 1, below)
     over = best == len(values) - 1
-    code = codes[np.minimum(best, len(codes) - 1)].astype(np.uint8)
-    if f.fnuz:
-        code = np.where(code == 0, np.uint8(0), code | (sign << 7)).astype(np.uint8)
-    else:
-        code = (code | (sign << 7)).astype(np.uint8)
-    if saturate:
-        sat = (_max_code(f) | (sign << 7)).astype(np.uint8)
-    elif f.ieee_inf:
-        sat = (0x7C | (sign << 7)).astype(np.uint8)
-    else:
-        sat = _nan_codes(f, sign)
-    code = np.where(over | np.isinf(a), sat, code)
+    code = _signed(f, codes[np.minimum(best, len(codes) - 1)].astype(np.uint8), sign)
+    code = np.where(over | np.isinf(a), _overflow_codes(f, sign, saturate), code)
     return np.where(np.isnan(a), _nan_codes(f, sign), code).astype(np.uint8)
 
 
@@ -246,7 +245,7 @@ def _cast_scaled(x, scale, f):
         overflowed = codes == _nan_codes(f, (codes >> 7).astype(np.uint8))
     overflowed &= ~np.isnan(y)
     sign = (codes >> 7).astype(np.uint8)
-    codes = np.where(overflowed, _max_code(f) | (sign << 7), codes).astype(np.uint8)
+    codes = np.where(overflowed, _overflow_codes(f, sign, True), codes).astype(np.uint8)
     n = max(x.size, 1)
     nonzero = x != 0
     zero = codes == 0 if f.fnuz else (codes & 0x7F) == 0
