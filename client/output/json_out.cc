@@ -210,7 +210,13 @@ void WriteStep(JsonWriter& w, const v1::StepRecord& r, uint32_t rank,
       w.Key(name);
       w.BeginObject();
       w.Key("format");
-      w.String(v1::Fp8Format_Name(f.format()));
+      // A value this build has no name for (a newer client's format) is
+      // written as its number, which the proto3 JSON reader takes back.
+      if (v1::Fp8Format_IsValid(f.format())) {
+        w.String(v1::Fp8Format_Name(f.format()));
+      } else {
+        w.Int(f.format());
+      }
       w.Key("amax");
       w.Double(f.amax());
       w.Key("scale");

@@ -5,8 +5,10 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "output/json_out.h"
@@ -228,6 +230,29 @@ TEST(WriteStep, WritesStepTimesThatParseBack) {
   JsonWriter w(&out);
   WriteStep(w, record, 0, 0);
   EXPECT_THAT(out, HasSubstr(R"("step_time_s":1.25,"data_wait_s":0.5)"));
+}
+
+// A format this build has no name for (a newer client's) goes out as its
+// number, so the line reads back; its name would be "" (found by the fuzzer).
+TEST(WriteStep, WritesAnUnnamedFp8FormatAsItsNumberAndReadsItBack) {
+  v1::StepRecord record;
+  record.set_step(5);
+  (*record.mutable_fp8())["l0:input"].set_format(static_cast<v1::Fp8Format>(47));
+  (*record.mutable_fp8())["l0:weight"].set_format(v1::E4M3);
+  std::string out;
+  JsonWriter w(&out);
+  WriteStep(w, record, 0, 0);
+  EXPECT_THAT(out, HasSubstr(R"("l0:input":{"format":47,)"));
+  EXPECT_THAT(out, HasSubstr(R"("l0:weight":{"format":"E4M3",)"));
+  constexpr absl::string_view kKeys = R"({"rank":0,"attempt":0,)";
+  std::istringstream in("{" + out.substr(kKeys.size()) + "\n");
+  StepLogReader reader(&in, "t.jsonl");
+  auto entry = reader.Next();
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  ASSERT_TRUE(entry->has_value());
+  const auto& back = std::get<v1::StepRecord>(**entry);
+  EXPECT_EQ(back.fp8().at("l0:input").format(), 47);
+  EXPECT_EQ(back.fp8().at("l0:weight").format(), v1::E4M3);
 }
 
 TEST(JsonQuote, EscapesQuotesBackslashNewlineAndControlChars) {
