@@ -26,6 +26,11 @@ constexpr const char* kUsage = R"(usage: trainwatch-server [flags]
                            basic_auth_users; docs/fleet.md)
   --db PATH                SQLite database (default ./trainwatch.db)
   --synchronous MODE       SQLite synchronous: NORMAL (default) or FULL
+  --rank-records MODE      what is stored of ranks other than a run's lead:
+                           digest (default: step, time, norms, step time, data
+                           wait, to 5 significant digits) or full (every field)
+  --rank-retention-steps N keep those ranks' records for the last N steps of
+                           each (default 0: as long as the run)
   --engine-threads N       health-engine threads (default 2)
   --max-active-runs N      runs that have not finished, at most (default 10000)
   --run-idle-timeout SECONDS
@@ -123,6 +128,19 @@ int main(int argc, char** argv) {
       }
       options.alertmanager_resend_interval =
           std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    } else if (arg == "--rank-records") {
+      if (value == "digest") {
+        options.rank_records = trainwatch::StoreOptions::RankRecords::kDigest;
+      } else if (value == "full") {
+        options.rank_records = trainwatch::StoreOptions::RankRecords::kFull;
+      } else {
+        UsageError("--rank-records must be digest or full, got \"" + value + "\"");
+      }
+    } else if (arg == "--rank-retention-steps") {
+      if (!absl::SimpleAtoi(value, &options.rank_retention_steps)) {
+        UsageError(arg + " wants a step count (0 = as long as the run), got \"" +
+                   value + "\"");
+      }
     } else if (arg == "--run-idle-timeout") {
       options.run_idle_timeout = ParseSeconds(arg, value);
     } else if (arg == "--keepalive-time") {

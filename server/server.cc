@@ -157,6 +157,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
   StoreOptions store_options;
   store_options.path = options.db;
   store_options.synchronous = options.synchronous;
+  store_options.rank_records = options.rank_records;
+  store_options.rank_retention_steps = options.rank_retention_steps;
   store_options.on_commit = [m](double seconds, size_t, size_t depth) {
     m->store_commit_seconds.Observe(seconds);
     m->store_queue_depth.Set(static_cast<double>(depth));

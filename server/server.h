@@ -15,10 +15,10 @@
 #include "auth/tls_files.h"
 #include "common/validate.h"
 #include "health/health_config.h"
+#include "store/store.h"
 
 namespace trainwatch {
 
-class Store;
 class Metrics;
 class Engine;
 class Ingest;
@@ -38,6 +38,10 @@ struct ServerOptions {
   std::string db = "trainwatch.db";
   // PRAGMA synchronous of the store: NORMAL or FULL.
   std::string synchronous = "NORMAL";
+  // What the store keeps of the ranks other than a run's lead, and for how
+  // many steps (StoreOptions; docs/architecture.md, "What is kept per rank").
+  StoreOptions::RankRecords rank_records = StoreOptions::RankRecords::kDigest;
+  uint64_t rank_retention_steps = 0;
   // Engine threads (runs are sharded over them).
   size_t engine_threads = 2;
   // Runs that have not finished, at most.

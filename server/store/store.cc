@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
     return s;
   }
   absl::StatusOr<std::unique_ptr<StoreWriter>> writer =
-      StoreWriter::Create(std::move(*db));
+      StoreWriter::Create(std::move(*db), store->options_);
   if (!writer.ok()) return writer.status();
   store->writer_ = std::move(*writer);
   store->thread_ = std::thread([s = store.get()] { s->WriterLoop(); });
@@ -131,6 +131,11 @@ size_t Store::QueueDepth() const {
 
 // How long the writer waits for an op before it merges small chunks.
 constexpr absl::Duration kCompactAfterIdle = absl::Milliseconds(2);
+// Streams waiting for a merge past which the writer merges after each
+// commit, idle or not, about as many records as the commit stored: a run of
+// thousands of ranks at a record a batch keeps the writer from ever idling,
+// and every stream's chunks would wait as a row a record.
+constexpr size_t kCompactBacklog = 32;
 
 void Store::WriterLoop() {
   pthread_setname_np(pthread_self(), "tw-store");
@@ -149,7 +154,8 @@ void Store::WriterLoop() {
       // time, so an op that arrives meanwhile waits for one merge at most;
       // and only after kCompactAfterIdle without an op, so that a load of
       // small batches is not slowed by merges between them (its chunks are
-      // merged at its next lull).
+      // merged at its next lull, or after its commits once kCompactBacklog
+      // streams wait).
       if (queue_.empty()) {
         const absl::Time deadline = absl::Now() + kCompactAfterIdle;
         while (!closing_ && queue_.empty()) {
@@ -181,6 +187,19 @@ void Store::WriterLoop() {
       if (ops[i].done) ops[i].done(std::move(results[i]));
     }
     ops.clear();
+    // After the callbacks, so the acks do not wait for the merges. Each
+    // call takes one stream off the backlog (it comes back only with a new
+    // group), so the loop ends.
+    size_t merged = 0;
+    for (size_t tries = writer_->CompactionBacklog();
+         done && tries > 0 && merged < records &&
+         writer_->CompactionBacklog() >= kCompactBacklog;
+         --tries) {
+      if (absl::Status s = writer_->CompactOne(&merged); !s.ok()) {
+        if (options_.on_error) options_.on_error(s);
+        break;
+      }
+    }
     if (!done) {
       std::deque<WriteOp> left;
       {

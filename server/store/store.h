@@ -122,6 +122,15 @@ struct StoreOptions {
   // resend them to the next server). An attempt in progress may add up to
   // `busy_timeout`.
   std::chrono::milliseconds close_timeout{5000};
+  // What is kept of the records of a rank other than its run's lead (the
+  // lowest rank seen; docs/architecture.md, "What is kept per rank"):
+  // kDigest keeps the step, time, norms, step time and data wait, rounded
+  // (store/rank_digest.h); kFull every field, as the lead's.
+  enum class RankRecords { kFull, kDigest };
+  RankRecords rank_records = RankRecords::kDigest;
+  // Non-lead ranks' records more than this many steps behind their stream's
+  // newest are deleted (at compaction); 0 keeps them as long as the run.
+  uint64_t rank_retention_steps = 0;
   // The SQLite VFS every connection uses; "" for SQLite's default. A seam for
   // tests (a VFS that fails writes as a full disk would).
   std::string vfs;

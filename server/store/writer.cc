@@ -6,6 +6,7 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "store/rank_digest.h"
 #include "store/step_codec.h"
 #include "trainwatch/v1/alert_names.h"
 
@@ -29,8 +30,8 @@ std::string PackIds(const google::protobuf::RepeatedField<int64_t>& ids) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StoreWriter>> StoreWriter::Create(
-    sqlite::DbPtr db) {
-  std::unique_ptr<StoreWriter> w(new StoreWriter(std::move(db)));
+    sqlite::DbPtr db, const StoreOptions& options) {
+  std::unique_ptr<StoreWriter> w(new StoreWriter(std::move(db), options));
   if (absl::Status s = w->Prepare(); !s.ok()) return s;
   return w;
 }
@@ -40,7 +41,7 @@ absl::Status StoreWriter::Prepare() {
     sqlite::Stmt* stmt;
     const char* sql;
   } const stmts[] = {
-      {&select_run_, "SELECT run_key FROM runs WHERE run_id = ?1"},
+      {&select_run_, "SELECT run_key, lead_rank FROM runs WHERE run_id = ?1"},
       {&insert_run_,
        "INSERT INTO runs (run_id, start, lead_rank, attempt, started_ns, "
        "last_seen_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?5)"},
@@ -92,6 +93,9 @@ absl::Status StoreWriter::Prepare() {
        "WHERE run_key = ?1 AND rank = ?2 AND attempt = ?3 AND first_step >= ?4 "
        "ORDER BY first_step LIMIT 256"},  // kCompactScanRows
       {&delete_chunk_, "DELETE FROM step_chunks WHERE rowid = ?1"},
+      {&delete_chunks_before_,
+       "DELETE FROM step_chunks WHERE run_key = ?1 AND rank = ?2 AND "
+       "attempt = ?3 AND last_step < ?4"},
       {&insert_event_,
        "INSERT OR IGNORE INTO events (run_key, rank, attempt, step, kind, "
        "detail, time_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
@@ -116,9 +120,12 @@ absl::StatusOr<int64_t> StoreWriter::EnsureRun(const WriteOp& op) {
     if (absl::Status s = insert_run_.Run(); !s.ok()) return s;
     int64_t run_key = sqlite3_last_insert_rowid(db_.get());
     run_keys_[op.key.run_id] = run_key;
+    lead_ranks_[run_key] = op.key.rank;
     return run_key;
   }
   int64_t run_key = **found;
+  auto [lead, added] = lead_ranks_.emplace(run_key, op.key.rank);
+  if (!added) lead->second = std::min(lead->second, op.key.rank);
   update_run_start_.Bind(1, run_key).BindBlob(2, blob)
       .Bind(3, int64_t{op.key.rank}).Bind(4, int64_t{op.key.attempt})
       .Bind(5, op.received_unix_nanos);
@@ -133,10 +140,12 @@ absl::StatusOr<std::optional<int64_t>> StoreWriter::LookupRun(
   select_run_.Bind(1, run_id);
   absl::StatusOr<bool> row = select_run_.Step();
   int64_t found = (row.ok() && *row) ? select_run_.Int(0) : -1;
+  int64_t lead = found >= 0 ? select_run_.Int(1) : 0;
   select_run_.Reset();
   if (!row.ok()) return row.status();
   if (found < 0) return std::nullopt;
   run_keys_.emplace(run_id, found);
+  lead_ranks_.emplace(found, static_cast<uint32_t>(lead));
   return found;
 }
 
@@ -241,25 +250,41 @@ absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
   }
   if (picked_.empty()) return absl::OkStatus();
   int64_t first = ToDb(records[picked_.front()].step());
+  const bool rank_stream = IsRankStream(op.key, st.run_key);
+  const bool digest = rank_stream && digest_ranks_;
+  std::string blob;
+  if (digest) {
+    digests_.Clear();
+    for (size_t i : picked_) DigestRecord(records[static_cast<int>(i)], digests_.Add());
+    blob = EncodeStepChunk(digests_);
+  } else {
+    blob = EncodeStepChunk(records, picked_);
+  }
   insert_chunk_.Bind(1, st.run_key).Bind(2, int64_t{op.key.rank})
       .Bind(3, int64_t{op.key.attempt}).Bind(4, first)
       .Bind(5, *st.last_step)
       .Bind(6, static_cast<int64_t>(picked_.size()))
-      .BindBlob(7, EncodeStepChunk(records, picked_));
+      .BindBlob(7, blob);
   if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
   result.stored = picked_.size();
+  if (rank_stream) {
+    if (absl::Status s = Prune(op.key, st); !s.ok()) return s;
+  }
   // Compaction's bookkeeping: from a stream's first small chunk on, the
   // records of its chunks.
   const bool small_chunk = picked_.size() < kSmallChunk;
   auto tail = small_.find(op.key);
   if (tail == small_.end() && small_chunk) {
-    tail = small_.emplace(op.key, SmallChunks{.run_key = st.run_key, .from_step = first})
+    tail = small_.emplace(op.key, SmallChunks{.run_key = st.run_key,
+                                              .from_step = first,
+                                              .group = digest ? kRankCompactRecords
+                                                              : kCompactRecords})
                .first;
   }
   if (tail != small_.end()) {
-    // Past kCompactRecords at least one group of them is complete.
+    // Past a group's records at least one group of them is complete.
     tail->second.records += picked_.size();
-    if (!tail->second.queued && tail->second.records > kCompactRecords) {
+    if (!tail->second.queued && tail->second.records > tail->second.group) {
       tail->second.queued = true;
       ready_.push_back(op.key);
     }
@@ -268,6 +293,30 @@ absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
   p.max_step = std::max(p.max_step, *st.last_step);
   p.added += static_cast<int64_t>(picked_.size());
   p.last_seen_ns = std::max(p.last_seen_ns, op.received_unix_nanos);
+  return absl::OkStatus();
+}
+
+bool StoreWriter::IsRankStream(const StreamKey& key, int64_t run_key) const {
+  auto lead = lead_ranks_.find(run_key);
+  return lead != lead_ranks_.end() && key.rank > lead->second;
+}
+
+absl::Status StoreWriter::Prune(const StreamKey& key, StreamState& st) {
+  if (rank_retention_steps_ == 0 || !st.last_step.has_value()) {
+    return absl::OkStatus();
+  }
+  const uint64_t newest = static_cast<uint64_t>(*st.last_step);
+  if (newest < rank_retention_steps_) return absl::OkStatus();
+  const int64_t keep_from = ToDb(newest - rank_retention_steps_);
+  // Once per eighth of the retention (and per compaction group at least): a
+  // delete scans the stream's rows.
+  const int64_t every = static_cast<int64_t>(
+      std::max<uint64_t>(rank_retention_steps_ / 8, kRankCompactRecords));
+  if (keep_from - st.kept_from < every) return absl::OkStatus();
+  delete_chunks_before_.Bind(1, st.run_key).Bind(2, int64_t{key.rank})
+      .Bind(3, int64_t{key.attempt}).Bind(4, keep_from);
+  if (absl::Status s = delete_chunks_before_.Run(); !s.ok()) return s;
+  st.kept_from = keep_from;
   return absl::OkStatus();
 }
 
@@ -382,6 +431,7 @@ absl::Status StoreWriter::Apply(const std::vector<WriteOp>& ops,
     // The caches may hold state of the rolled-back transaction: reload lazily
     // from what is committed.
     run_keys_.clear();
+    lead_ranks_.clear();
     streams_.clear();
     small_.clear();
     ready_.clear();
@@ -391,7 +441,7 @@ absl::Status StoreWriter::Apply(const std::vector<WriteOp>& ops,
   return absl::OkStatus();
 }
 
-absl::Status StoreWriter::CompactOne() {
+absl::Status StoreWriter::CompactOne(size_t* merged_records) {
   if (ready_.empty()) return absl::OkStatus();
   const StreamKey key = std::move(ready_.front());
   ready_.pop_front();
@@ -431,7 +481,7 @@ absl::Status StoreWriter::CompactOne() {
         .BindBlob(7, EncodeStepChunk(merged));
     return insert_chunk_.Run();
   };
-  // Greedy groups of consecutive chunks of at most kCompactRecords records;
+  // Greedy groups of consecutive chunks of at most a group's records;
   // a group is merged once the next chunk does not fit in it and if it holds
   // a small chunk. The last one may still grow and waits, unless the scan
   // stopped at its LIMIT: then it is merged too, so that every call makes
@@ -442,7 +492,7 @@ absl::Status StoreWriter::CompactOne() {
   while (status.ok() && begin < chunks.size()) {
     size_t end = begin, records = 0;
     bool small = false;
-    while (end < chunks.size() && records + chunks[end].n <= kCompactRecords) {
+    while (end < chunks.size() && records + chunks[end].n <= tail.group) {
       records += chunks[end].n;
       small = small || chunks[end].n < kSmallChunk;
       ++end;
@@ -452,7 +502,10 @@ absl::Status StoreWriter::CompactOne() {
       ++begin;  // a chunk larger than a merged one
       continue;
     }
-    if (small && end - begin >= 2) status = merge(begin, end);
+    if (small && end - begin >= 2) {
+      status = merge(begin, end);
+      if (merged_records != nullptr) *merged_records += records;
+    }
     begin = end;
   }
   if (status.ok()) status = sqlite::Exec(db_.get(), "COMMIT");
@@ -477,7 +530,7 @@ absl::Status StoreWriter::CompactOne() {
   }
   if (tail.records == 0) {
     small_.erase(it);
-  } else if (tail.records > kCompactRecords) {
+  } else if (tail.records > tail.group) {
     tail.queued = true;
     ready_.push_back(key);
   }

@@ -21,7 +21,9 @@ namespace trainwatch {
 // Not thread-safe: owned by the writer thread.
 class StoreWriter {
  public:
-  static absl::StatusOr<std::unique_ptr<StoreWriter>> Create(sqlite::DbPtr db);
+  // Takes what it needs of `options` (what is kept of non-lead ranks).
+  static absl::StatusOr<std::unique_ptr<StoreWriter>> Create(
+      sqlite::DbPtr db, const StoreOptions& options);
 
   // Applies `ops` in one transaction, fills one result per op and returns
   // the transaction's status. When the transaction fails every result
@@ -41,17 +43,26 @@ class StoreWriter {
   // those of streams written before a restart stay as they are.
   static constexpr size_t kSmallChunk = 512;       // records; fewer is small
   static constexpr size_t kCompactRecords = 2048;  // records in a merged chunk
+  // A non-lead rank's digests (store/rank_digest.h) merge sooner: a few
+  // bytes each, they would otherwise wait as one row (~100 bytes) apiece,
+  // and a run has as many such streams as ranks.
+  static constexpr size_t kRankCompactRecords = 128;
   static constexpr size_t kCompactScanRows = 256;  // chunks read at a time
   bool WantsCompaction() const { return !ready_.empty(); }
-  // Merges chunks of one stream that has enough. Its error is the
-  // transaction's (rolled back; that stream is not tried again).
-  absl::Status CompactOne();
+  // Streams with a complete group of small chunks, waiting for a merge.
+  size_t CompactionBacklog() const { return ready_.size(); }
+  // Merges chunks of one stream that has enough; adds the records it
+  // rewrote to *merged. Its error is the transaction's (rolled back; that
+  // stream is not tried again).
+  absl::Status CompactOne(size_t* merged = nullptr);
 
  private:
   struct StreamState {
     int64_t run_key = 0;
     std::optional<int64_t> last_step;
     bool dirty = false;
+    // Retention: no chunk of this stream ends below this step.
+    int64_t kept_from = 0;
   };
   // The records of a stream's chunks from from_step on, its first small
   // chunk not yet merged.
@@ -59,6 +70,7 @@ class StoreWriter {
     int64_t run_key = 0;
     int64_t from_step = 0;
     size_t records = 0;
+    size_t group = kCompactRecords;  // records in a merged chunk
     bool queued = false;  // in ready_
   };
   struct RunProgress {
@@ -67,13 +79,20 @@ class StoreWriter {
     int64_t last_seen_ns = 0;
   };
 
-  explicit StoreWriter(sqlite::DbPtr db) : db_(std::move(db)) {}
+  StoreWriter(sqlite::DbPtr db, const StoreOptions& options)
+      : db_(std::move(db)),
+        digest_ranks_(options.rank_records == StoreOptions::RankRecords::kDigest),
+        rank_retention_steps_(options.rank_retention_steps) {}
   absl::Status Prepare();
   // One op inside the open transaction; FAILED_PRECONDITION (without an
   // SQLite code) fails that op alone.
   absl::Status ApplyOne(const WriteOp& op, WriteResult& result);
   absl::Status ApplyStart(const WriteOp& op, WriteResult& result);
   absl::Status ApplyBatch(const WriteOp& op, WriteResult& result);
+  // A stream of a rank above its run's lead.
+  bool IsRankStream(const StreamKey& key, int64_t run_key) const;
+  // Deletes what retention no longer keeps of a non-lead stream.
+  absl::Status Prune(const StreamKey& key, StreamState& st);
   absl::Status ApplyEvent(const WriteOp& op);
   absl::Status ApplyAlert(const WriteOp& op);
   absl::Status ApplySpike(const WriteOp& op);
@@ -90,13 +109,17 @@ class StoreWriter {
                                           std::optional<int64_t> run_key);
 
   sqlite::DbPtr db_;
+  const bool digest_ranks_;
+  const uint64_t rank_retention_steps_;
   sqlite::Stmt select_run_, insert_run_, update_run_start_, set_run_state_,
       update_run_progress_, select_stream_, insert_stream_, update_stream_,
       insert_chunk_, insert_event_, upsert_alert_, insert_spike_,
       update_spike_outcome_, insert_host_incident_, select_chunks_from_,
-      delete_chunk_;
+      delete_chunk_, delete_chunks_before_;
   // Caches of what is committed; cleared when a transaction fails.
   absl::flat_hash_map<std::string, int64_t> run_keys_;
+  // The lowest rank stored of each run (by run key): its lead.
+  absl::flat_hash_map<int64_t, uint32_t> lead_ranks_;
   // node_hash_map: StreamState pointers stay valid while the map grows.
   absl::node_hash_map<StreamKey, StreamState> streams_;
   // Streams whose last_step changed in the open transaction.
@@ -105,6 +128,8 @@ class StoreWriter {
   absl::flat_hash_map<int64_t, RunProgress> progress_;
   // ApplyBatch's scratch: the indices of the op's records that are new.
   std::vector<size_t> picked_;
+  // ... and their digests, for a non-lead stream.
+  google::protobuf::RepeatedPtrField<v1::StepRecord> digests_;
   // Compaction: streams with small chunks, and those with enough to merge.
   absl::flat_hash_map<StreamKey, SmallChunks> small_;
   std::deque<StreamKey> ready_;

@@ -38,6 +38,7 @@
 
 #include "gtest/gtest.h"
 #include "harness.h"
+#include "store/rank_digest.h"
 #include "stored_data.h"
 #include "trainwatch/client.h"
 
@@ -90,7 +91,8 @@ double GradNorm(int run, uint64_t step) {
   return IsSpike(run, step) ? base * kSpikeFactor : base;
 }
 
-// Differs per rank, so each stream's checksum covers its own values.
+// Differs per rank, so the lead's checksum covers its own values (the other
+// ranks' digests do not keep a loss).
 double Loss(int run, uint32_t rank, uint64_t step) {
   return 2.0 + Unit((uint64_t{static_cast<uint32_t>(run)} << 40) ^
                     (uint64_t{rank} << 36) ^ step ^ 0x5bd1e995ULL);
@@ -112,10 +114,18 @@ struct Trainer {
   std::atomic<uint64_t> refused{0};   // of them, Record() returned false
   std::thread thread;
 
+  // What the store keeps: rank 0 (the lead) whole, the others' digests
+  // (store/rank_digest.h: the norm rounded, no loss).
   uint64_t ExpectedChecksum(uint64_t steps) const {
     uint64_t sum = 0;
+    v1::StepRecord sent, kept;
     for (uint64_t s = 0; s < steps; ++s) {
-      sum += RecordHash(s, GradNorm(run, s), Loss(run, rank, s));
+      sent.set_step(s);
+      sent.set_grad_norm(GradNorm(run, s));
+      sent.set_loss(Loss(run, rank, s));
+      if (rank > 0) DigestRecord(sent, &kept);
+      const v1::StepRecord& r = rank > 0 ? kept : sent;
+      sum += RecordHash(r.step(), r.grad_norm(), r.loss());
     }
     return sum;
   }

@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "store/step_codec.h"
+#include "eventually.h"
 #include "test_records.h"
 
 namespace trainwatch {
@@ -128,6 +129,75 @@ TEST_F(StoreTest, RanksAndAttemptsAreSeparateStreams) {
   ASSERT_TRUE(run.ok());
   EXPECT_EQ(run->attempt(), 1u);
   EXPECT_EQ(run->labels().at("model"), "tiny");
+}
+
+// Records as a rank sends them: its own loss, the global norm, a shard.
+StepRecords RankRecords(uint64_t from, uint64_t to) {
+  StepRecords recs = Steps(from, to, 1.2345678901);
+  for (v1::StepRecord& r : recs) {
+    r.set_loss(2.5);
+    r.set_shard_sq_sum(0.1 + 1e-9 * static_cast<double>(r.step()));
+    r.set_step_time_s(1.0000001);
+  }
+  return recs;
+}
+
+TEST_F(StoreTest, TheLeadKeepsEveryFieldTheOtherRanksADigest) {
+  // Rank 2 starts first: the lead is the lowest rank stored, whatever the
+  // order, and a rank is told by the lead at the time of its write.
+  ASSERT_TRUE(StartStream(Start("r1", 2, 0)).status.ok());
+  ASSERT_TRUE(Batch({"r1", 2, 0}, RankRecords(0, 5)).status.ok());
+  ASSERT_TRUE(StartStream(Start("r1", 0, 0)).status.ok());
+  ASSERT_TRUE(StartStream(Start("r1", 1, 0)).status.ok());
+  for (uint32_t rank : {0u, 1u, 2u}) {
+    ASSERT_EQ(Batch({"r1", rank, 0}, RankRecords(5, 10)).stored, 5u);
+  }
+  std::vector<v1::StepRecords::Item> lead = Read("r1", 5, 9, 0u);
+  ASSERT_EQ(lead.size(), 5u);
+  EXPECT_EQ(lead[0].record().grad_norm(), 1.2345678901);
+  EXPECT_EQ(lead[0].record().loss(), 2.5);
+  EXPECT_EQ(lead[0].record().batch_ids_size(), 1);
+  for (uint32_t rank : {1u, 2u}) {
+    std::vector<v1::StepRecords::Item> other = Read("r1", 5, 9, rank);
+    ASSERT_EQ(other.size(), 5u) << rank;
+    const v1::StepRecord& r = other[0].record();
+    EXPECT_EQ(r.step(), 5u);
+    EXPECT_NE(r.grad_norm(), 1.2345678901);
+    EXPECT_NEAR(r.grad_norm(), 1.2345678901, 1e-4);
+    EXPECT_NEAR(r.shard_sq_sum(), 0.1, 1e-5);
+    EXPECT_NEAR(r.step_time_s(), 1.0, 1e-4);
+    EXPECT_FALSE(r.has_loss()) << rank;
+    EXPECT_EQ(r.batch_ids_size(), 0);
+  }
+  // Written while it was the lead, rank 2's first records stay whole.
+  EXPECT_EQ(Read("r1", 0, 4, 2u)[0].record().loss(), 2.5);
+}
+
+TEST(StoreFileTest, FullRankRecordsKeepEveryFieldOfEveryRank) {
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(
+      {.path = ":memory:", .rank_records = StoreOptions::RankRecords::kFull});
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (uint32_t rank : {0u, 1u}) {
+    std::promise<WriteResult> started, wrote;
+    (*store)->Submit({.key = {"r1", rank, 0},
+                      .body = WriteOp::Start{Start("r1", rank)},
+                      .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
+    ASSERT_TRUE(started.get_future().get().status.ok());
+    (*store)->Submit({.key = {"r1", rank, 0},
+                      .body = WriteOp::Batch{RankRecords(0, 3)},
+                      .done = [&](WriteResult r) { wrote.set_value(std::move(r)); }});
+    ASSERT_EQ(wrote.get_future().get().stored, 3u);
+  }
+  size_t seen = 0;
+  ASSERT_TRUE((*store)->ReadSteps("r1", 0, 0, 1u, 100, [&](v1::StepRecords& c) {
+    for (const auto& item : c.items()) {
+      EXPECT_EQ(item.record().grad_norm(), 1.2345678901);
+      EXPECT_EQ(item.record().loss(), 2.5);
+      ++seen;
+    }
+    return true;
+  }).ok());
+  EXPECT_EQ(seen, 3u);
 }
 
 TEST_F(StoreTest, KStartReportsWhereAStreamLeftOff) {
@@ -561,6 +631,49 @@ TEST(StoreFileTest, OneRecordBatchesAreMergedAScanAtATime) {
                                     return true;
                                   }).ok());
   EXPECT_EQ(next, kSteps);
+}
+
+// A non-lead rank at one record a batch, as a trainer at a step a second
+// sends it: its digests merge a group (kRankCompactRecords) at a time, and
+// retention deletes what is more than rank_retention_steps behind.
+TEST(StoreFileTest, OtherRanksMergeSoonerAndAreKeptForTheirRetention) {
+  const std::string path = FreshDb("store_rank_retention.db");
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      Store::Open({.path = path, .rank_retention_steps = 1000});
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (uint32_t rank : {0u, 1u}) {
+    std::promise<WriteResult> started;
+    (*store)->Submit({.key = {"r1", rank, 0},
+                      .body = WriteOp::Start{Start("r1", rank)},
+                      .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
+    ASSERT_TRUE(started.get_future().get().status.ok());
+  }
+  constexpr uint64_t kSteps = 3000;
+  std::promise<void> last;
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    for (uint32_t rank : {0u, 1u}) {
+      WriteOp op{.key = {"r1", rank, 0}, .body = WriteOp::Batch{RankRecords(step, step + 1)}};
+      if (step + 1 == kSteps && rank == 1) op.done = [&](WriteResult) { last.set_value(); };
+      (*store)->Submit(std::move(op));
+    }
+  }
+  last.get_future().wait();
+  const std::string rank1 = "FROM step_chunks WHERE rank = 1";
+  // Merged: what is past a whole group of small chunks has become chunks
+  // of kRankCompactRecords (the lead waits for kCompactRecords).
+  ASSERT_TRUE(testing::Eventually([&] {
+    return std::stoi(Sql(path, "SELECT count(*) " + rank1 + " AND n = 1")) <= 128;
+  })) << Sql(path, "SELECT count(*) " + rank1);
+  EXPECT_EQ(Sql(path, "SELECT max(n) " + rank1), "128");
+  // Kept: at least the last 1,000 steps; nothing more than a merged chunk
+  // older than the last delete, which runs once the kept range moved by
+  // max(retention / 8, a group) steps.
+  const int64_t oldest = std::stoll(Sql(path, "SELECT min(first_step) " + rank1));
+  EXPECT_LE(oldest, int64_t{kSteps - 1000});
+  EXPECT_GE(oldest, int64_t{kSteps - 1000 - 2 * 128});
+  EXPECT_EQ(Sql(path, "SELECT min(first_step) FROM step_chunks WHERE rank = 0"), "0");
+  EXPECT_EQ(Sql(path, "SELECT sum(n) FROM step_chunks WHERE rank = 0"),
+            std::to_string(kSteps));
 }
 
 // A chunk that does not decode is reported with its run and stream.
