@@ -16,7 +16,12 @@
 #define TRAINWATCH_SERVER_STORE_RANK_DIGEST_H_
 
 #include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {
@@ -31,8 +36,40 @@ inline constexpr int kRankDigestTimeShift = 20;
 // past the largest double becomes infinity.
 double RoundToSignificantBits(double value, int bits);
 
-// `in`'s digest, written over `out`.
+// A digest as the writer holds it in memory until it is in a chunk: the
+// fields it keeps, 56 bytes (a StepRecord message is several times that, and
+// a run of 16,384 ranks holds up to a group of them a rank).
+struct RankDigest {
+  uint64_t step = 0;
+  int64_t time_unix_nanos = 0;
+  double grad_norm = 0, shard_sq_sum = 0, step_time_s = 0, data_wait_s = 0;
+  // kHas* presence bits and the two flags.
+  uint8_t bits = 0;
+  static constexpr uint8_t kHasShardSqSum = 1, kHasStepTime = 2, kHasDataWait = 4,
+                           kHasClipped = 8, kClipped = 16, kSkipped = 32;
+};
+
+// `in`'s digest (the rounding above).
+RankDigest MakeRankDigest(const v1::StepRecord& in);
+// The digest as a record, written over `out`.
+void RankDigestToRecord(const RankDigest& d, v1::StepRecord* out);
+// Both: `in`'s digest as a record.
 void DigestRecord(const v1::StepRecord& in, v1::StepRecord* out);
+
+// One rank_tail row: the digests one transaction stored of one run, with
+// the rank and attempt of each. Encoded as the count (varint), the ranks and
+// the attempts (a varint each), then the records as a step chunk
+// (store/step_codec.h).
+struct RankTailEntry {
+  uint32_t rank = 0;
+  uint32_t attempt = 0;
+};
+std::string EncodeRankTail(
+    absl::Span<const RankTailEntry> streams,
+    const google::protobuf::RepeatedPtrField<v1::StepRecord>& records);
+// DATA_LOSS for a blob that does not decode or whose parts disagree.
+absl::Status DecodeRankTail(std::string_view blob, std::vector<RankTailEntry>* streams,
+                            google::protobuf::RepeatedPtrField<v1::StepRecord>* records);
 
 }  // namespace trainwatch
 

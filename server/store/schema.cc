@@ -142,6 +142,23 @@ ALTER TABLE step_chunks_v6 RENAME TO step_chunks;
 // takes, for a one-time saving on old runs. The version tells a server of
 // version 6, which cannot read the new chunks, to refuse the file.
 
+// Version 8: the digests of non-lead ranks (store/rank_digest.h) not yet in
+// a chunk. A trainer at a step a second sends a record a batch, so a row a
+// record would cost ~100 bytes and a b-tree cell each, and merging a stream's
+// rows later would touch a page per row (its rows lie among every other
+// rank's). Instead each transaction appends one row per run holding that
+// run's new digests, every stream's; the writer keeps each stream's open
+// digests in memory and writes them as one chunk once it has a group, and
+// a row is deleted once every digest in it is in a chunk. A server restart
+// reads the open digests back from these rows.
+constexpr const char* kSchemaV8 = R"sql(
+CREATE TABLE IF NOT EXISTS rank_tail (
+  seq     INTEGER PRIMARY KEY,   -- in commit order
+  run_key INTEGER NOT NULL,
+  records BLOB NOT NULL          -- rank_digest.h EncodeRankTail
+);
+)sql";
+
 absl::StatusOr<int> UserVersion(sqlite3* db) {
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
   if (!s.ok()) return s.status();
@@ -183,6 +200,9 @@ absl::Status MigrateSchema(sqlite3* db, int target_version) {
                      *version);
       }
       if (absl::Status s = sqlite::Exec(db, kSchemaV6); !s.ok()) return s;
+    }
+    if (*version < 8 && target_version >= 8) {
+      if (absl::Status s = sqlite::Exec(db, kSchemaV8); !s.ok()) return s;
     }
     return sqlite::Exec(
         db, absl::StrCat("PRAGMA user_version = ", target_version).c_str());

@@ -266,7 +266,7 @@ class Store {
   absl::StatusOr<std::vector<v1::RunEvent>> ListEvents(
       const std::string& run_id) const;
 
-  static constexpr int kSchemaVersion = 7;
+  static constexpr int kSchemaVersion = 8;
 
  private:
   // A statement on a read-only connection of its own (store_reads.cc);

@@ -5,12 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "store/rank_digest.h"
 #include "store/step_codec.h"
 #include "store/store.h"
 #include "trainwatch/v1/alert_names.h"
@@ -54,6 +57,63 @@ void UnpackIds(std::string_view blob, Repeated* out) {
   out->Resize(static_cast<int>(n), 0);
   if (n > 0) std::memcpy(out->mutable_data(), blob.data(), n * sizeof(int64_t));
 }
+// The digests of a run's non-lead ranks that no chunk holds yet, in step
+// order by (rank, attempt): rank_tail rows (writer.h) less what a chunk of
+// the stream holds (a stream's chunks hold its digests up to their last
+// step), with step in [from, to] (to 0: no bound).
+using OpenDigests =
+    std::map<std::pair<uint32_t, uint32_t>, std::vector<v1::StepRecord>>;
+
+absl::StatusOr<OpenDigests> ReadOpenDigests(sqlite3* db, const std::string& run_id,
+                                            std::optional<uint32_t> rank,
+                                            uint64_t from, uint64_t to) {
+  absl::StatusOr<sqlite::Stmt> rows = sqlite::Stmt::Prepare(
+      db, "SELECT t.seq, t.records FROM rank_tail t JOIN runs r ON r.run_key = t.run_key "
+          "WHERE r.run_id = ?1 ORDER BY t.seq");
+  if (!rows.ok()) return rows.status();
+  absl::StatusOr<sqlite::Stmt> chunked = sqlite::Stmt::Prepare(
+      db, "SELECT max(c.last_step) FROM step_chunks c JOIN runs r ON r.run_key = c.run_key "
+          "WHERE r.run_id = ?1 AND c.rank = ?2 AND c.attempt = ?3");
+  if (!chunked.ok()) return chunked.status();
+  rows->Bind(1, run_id);
+  OpenDigests out;
+  std::map<std::pair<uint32_t, uint32_t>, std::optional<int64_t>> in_chunks;
+  std::vector<RankTailEntry> streams;
+  google::protobuf::RepeatedPtrField<v1::StepRecord> recs;
+  while (true) {
+    absl::StatusOr<bool> row = rows->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    if (absl::Status d = DecodeRankTail(rows->Blob(1), &streams, &recs); !d.ok()) {
+      return absl::DataLossError(absl::StrCat("the open digests of run ", run_id, " (row ",
+                                              rows->Int(0), "): ", d.message()));
+    }
+    for (int i = 0; i < recs.size(); ++i) {
+      const std::pair<uint32_t, uint32_t> key{streams[i].rank, streams[i].attempt};
+      const uint64_t step = recs[i].step();
+      if ((rank.has_value() && key.first != *rank) || step < from || (to != 0 && step > to)) {
+        continue;
+      }
+      auto done = in_chunks.find(key);
+      if (done == in_chunks.end()) {
+        chunked->Bind(1, run_id).Bind(2, int64_t{key.first}).Bind(3, int64_t{key.second});
+        absl::StatusOr<bool> got = chunked->Step();
+        std::optional<int64_t> last;
+        if (got.ok() && *got && !chunked->IsNull(0)) last = chunked->Int(0);
+        chunked->Reset();
+        if (!got.ok()) return got.status();
+        done = in_chunks.emplace(key, last).first;
+      }
+      if (done->second.has_value() &&
+          step <= static_cast<uint64_t>(std::max<int64_t>(*done->second, 0))) {
+        continue;
+      }
+      out[key].push_back(std::move(recs[i]));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<Store::ReadQuery> Store::Query(std::string_view sql) const {
@@ -123,35 +183,58 @@ absl::Status Store::ReadSteps(
                                   : static_cast<int64_t>(std::min<uint64_t>(to_step, INT64_MAX));
   s.Bind(1, run_id).Bind(2, rank.has_value() ? int64_t{*rank} : int64_t{-1})
       .Bind(3, from).Bind(4, to);
+  // The digests of other ranks not yet in a chunk (writer.h), by stream;
+  // each goes out after its stream's chunks.
+  absl::StatusOr<OpenDigests> open = ReadOpenDigests(q->db.get(), run_id, rank, from_step, to_step);
+  if (!open.ok()) return open.status();
+  auto next_open = open->begin();
   v1::StepRecords out;
+  bool stopped = false;
+  auto add = [&](uint32_t r, uint32_t attempt, v1::StepRecord& rec) {
+    v1::StepRecords::Item* item = out.add_items();
+    item->set_rank(r);
+    item->set_attempt(attempt);
+    item->mutable_record()->Swap(&rec);
+    if (static_cast<size_t>(out.items_size()) >= chunk_records) {
+      stopped = !sink(out);
+      out.Clear();
+    }
+  };
+  // The open digests of the streams ordered before `key` (nullopt: all).
+  auto add_open_before = [&](std::optional<std::pair<uint32_t, uint32_t>> key) {
+    for (; !stopped && next_open != open->end() && (!key || next_open->first < *key);
+         ++next_open) {
+      for (v1::StepRecord& rec : next_open->second) {
+        if (stopped) break;
+        add(next_open->first.first, next_open->first.second, rec);
+      }
+    }
+  };
   google::protobuf::RepeatedPtrField<v1::StepRecord> chunk;
-  size_t rows = 0;
-  while (true) {
+  size_t rows = open->size();
+  while (!stopped) {
     absl::StatusOr<bool> row = s.Step();
     if (!row.ok()) return row.status();
     if (!*row) break;
     ++rows;
     uint32_t r = static_cast<uint32_t>(s.Int(0));
     uint32_t attempt = static_cast<uint32_t>(s.Int(1));
+    add_open_before(std::pair{r, attempt});
     if (absl::Status d = DecodeStepChunk(s.Blob(2), &chunk); !d.ok()) {
       return absl::DataLossError(absl::StrCat("a stored chunk of run ", run_id,
                                               " (rank ", r, ", attempt ",
                                               attempt, "): ", d.message()));
     }
     for (v1::StepRecord& rec : chunk) {
+      if (stopped) break;
       if (rec.step() < from_step || (to_step != 0 && rec.step() > to_step)) {
         continue;
       }
-      v1::StepRecords::Item* item = out.add_items();
-      item->set_rank(r);
-      item->set_attempt(attempt);
-      item->mutable_record()->Swap(&rec);
-      if (static_cast<size_t>(out.items_size()) >= chunk_records) {
-        if (!sink(out)) return absl::OkStatus();
-        out.Clear();
-      }
+      add(r, attempt, rec);
     }
   }
+  add_open_before(std::nullopt);
+  if (stopped) return absl::OkStatus();
   if (out.items_size() > 0) sink(out);
   if (rows == 0) {
     // Tell an unknown run from a known run with nothing in range.

@@ -93,6 +93,8 @@ absl::Status StoreWriter::Prepare() {
        "WHERE run_key = ?1 AND rank = ?2 AND attempt = ?3 AND first_step >= ?4 "
        "ORDER BY first_step LIMIT 256"},  // kCompactScanRows
       {&delete_chunk_, "DELETE FROM step_chunks WHERE rowid = ?1"},
+      {&insert_tail_, "INSERT INTO rank_tail (seq, run_key, records) VALUES (?1, ?2, ?3)"},
+      {&delete_tails_before_, "DELETE FROM rank_tail WHERE seq < ?1"},
       {&delete_chunks_before_,
        "DELETE FROM step_chunks WHERE run_key = ?1 AND rank = ?2 AND "
        "attempt = ?3 AND last_step < ?4"},
@@ -251,22 +253,18 @@ absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
   if (picked_.empty()) return absl::OkStatus();
   int64_t first = ToDb(records[picked_.front()].step());
   const bool rank_stream = IsRankStream(op.key, st.run_key);
-  const bool digest = rank_stream && digest_ranks_;
-  std::string blob;
-  if (digest) {
-    digests_.Clear();
-    for (size_t i : picked_) DigestRecord(records[static_cast<int>(i)], digests_.Add());
-    blob = EncodeStepChunk(digests_);
-  } else {
-    blob = EncodeStepChunk(records, picked_);
-  }
+  result.stored = picked_.size();
+  RunProgress& p = progress_[st.run_key];
+  p.max_step = std::max(p.max_step, *st.last_step);
+  p.added += static_cast<int64_t>(picked_.size());
+  p.last_seen_ns = std::max(p.last_seen_ns, op.received_unix_nanos);
+  if (rank_stream && digest_ranks_) return AddDigests(op, st, records);
   insert_chunk_.Bind(1, st.run_key).Bind(2, int64_t{op.key.rank})
       .Bind(3, int64_t{op.key.attempt}).Bind(4, first)
       .Bind(5, *st.last_step)
       .Bind(6, static_cast<int64_t>(picked_.size()))
-      .BindBlob(7, blob);
+      .BindBlob(7, EncodeStepChunk(records, picked_));
   if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
-  result.stored = picked_.size();
   if (rank_stream) {
     if (absl::Status s = Prune(op.key, st); !s.ok()) return s;
   }
@@ -275,24 +273,166 @@ absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
   const bool small_chunk = picked_.size() < kSmallChunk;
   auto tail = small_.find(op.key);
   if (tail == small_.end() && small_chunk) {
-    tail = small_.emplace(op.key, SmallChunks{.run_key = st.run_key,
-                                              .from_step = first,
-                                              .group = digest ? kRankCompactRecords
-                                                              : kCompactRecords})
+    tail = small_.emplace(op.key, SmallChunks{.run_key = st.run_key, .from_step = first})
                .first;
   }
   if (tail != small_.end()) {
-    // Past a group's records at least one group of them is complete.
+    // Past kCompactRecords at least one group of them is complete.
     tail->second.records += picked_.size();
-    if (!tail->second.queued && tail->second.records > tail->second.group) {
+    if (!tail->second.queued && tail->second.records > kCompactRecords) {
       tail->second.queued = true;
       ready_.push_back(op.key);
     }
   }
-  RunProgress& p = progress_[st.run_key];
-  p.max_step = std::max(p.max_step, *st.last_step);
-  p.added += static_cast<int64_t>(picked_.size());
-  p.last_seen_ns = std::max(p.last_seen_ns, op.received_unix_nanos);
+  return absl::OkStatus();
+}
+
+absl::Status StoreWriter::AddDigests(
+    const WriteOp& op, StreamState& st,
+    const google::protobuf::RepeatedPtrField<v1::StepRecord>& records) {
+  if (absl::Status s = EnsureTailsLoaded(); !s.ok()) return s;
+  auto [open, fresh] = open_tails_.try_emplace(st.run_key);
+  if (fresh) open->second.seq = next_tail_seq_++;
+  OpenTail& tail = open->second;
+  auto [it, added] = rank_buffers_.try_emplace(op.key);
+  RankBuffer& buf = it->second;
+  buf.run_key = st.run_key;
+  for (size_t i : picked_) {
+    const RankDigest d = MakeRankDigest(records[static_cast<int>(i)]);
+    tail.streams.push_back({op.key.rank, op.key.attempt});
+    RankDigestToRecord(d, tail.records.Add());
+    if (buf.digests.empty()) {
+      buf.oldest_seq = tail.seq;
+      buf.oldest_ns = op.received_unix_nanos;
+      oldest_.emplace(buf.oldest_seq, &it->first);
+    }
+    buf.digests.push_back(d);
+    if (buf.digests.size() >= kRankCompactRecords) {
+      if (absl::Status s = FlushDigests(it->first, buf, st); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StoreWriter::FlushDigests(const StreamKey& key, RankBuffer& buf,
+                                       StreamState& st) {
+  if (buf.digests.empty()) return absl::OkStatus();
+  digests_.Clear();
+  for (const RankDigest& d : buf.digests) RankDigestToRecord(d, digests_.Add());
+  insert_chunk_.Bind(1, buf.run_key).Bind(2, int64_t{key.rank})
+      .Bind(3, int64_t{key.attempt}).Bind(4, ToDb(buf.digests.front().step))
+      .Bind(5, ToDb(buf.digests.back().step))
+      .Bind(6, static_cast<int64_t>(buf.digests.size()))
+      .BindBlob(7, EncodeStepChunk(digests_));
+  if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
+  oldest_.erase({buf.oldest_seq, &key});
+  buf.digests.clear();
+  return Prune(key, st);
+}
+
+absl::Status StoreWriter::EnsureTailsLoaded() {
+  if (tails_loaded_) return absl::OkStatus();
+  rank_buffers_.clear();
+  oldest_.clear();
+  open_tails_.clear();
+  struct {
+    sqlite::Stmt* stmt;
+    const char* sql;
+  } const stmts[] = {
+      {&load_.max_seq, "SELECT coalesce(max(seq), 0) FROM rank_tail"},
+      {&load_.rows, "SELECT seq, run_key, records FROM rank_tail ORDER BY seq"},
+      {&load_.chunked,
+       "SELECT max(last_step) FROM step_chunks WHERE run_key = ?1 AND rank = ?2 "
+       "AND attempt = ?3"},
+      {&load_.run_id, "SELECT run_id FROM runs WHERE run_key = ?1"},
+  };
+  for (const auto& [stmt, sql] : stmts) {
+    absl::StatusOr<sqlite::Stmt> st = sqlite::Stmt::Prepare(db_.get(), sql);
+    if (!st.ok()) return st.status();
+    *stmt = std::move(*st);
+  }
+  absl::StatusOr<bool> row = load_.max_seq.Step();
+  if (!row.ok()) return row.status();
+  next_tail_seq_ = load_.max_seq.Int(0) + 1;
+  // What of each stream is in a chunk already: its digests up to there.
+  absl::flat_hash_map<StreamKey, std::optional<int64_t>> in_chunks;
+  absl::flat_hash_map<int64_t, std::string> run_ids;
+  std::vector<RankTailEntry> streams;
+  google::protobuf::RepeatedPtrField<v1::StepRecord> recs;
+  while (true) {
+    row = load_.rows.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    const int64_t seq = load_.rows.Int(0), run_key = load_.rows.Int(1);
+    if (absl::Status d = DecodeRankTail(load_.rows.Blob(2), &streams, &recs); !d.ok()) {
+      return absl::DataLossError(absl::StrCat("rank_tail row ", seq, ": ", d.message()));
+    }
+    auto name = run_ids.find(run_key);
+    if (name == run_ids.end()) {
+      load_.run_id.Bind(1, run_key);
+      absl::StatusOr<bool> found = load_.run_id.Step();
+      std::string id = (found.ok() && *found) ? std::string(load_.run_id.Text(0)) : "";
+      load_.run_id.Reset();
+      if (!found.ok()) return found.status();
+      name = run_ids.emplace(run_key, std::move(id)).first;
+    }
+    for (int i = 0; i < recs.size(); ++i) {
+      StreamKey key{name->second, streams[i].rank, streams[i].attempt};
+      auto done = in_chunks.find(key);
+      if (done == in_chunks.end()) {
+        load_.chunked.Bind(1, run_key).Bind(2, int64_t{key.rank})
+            .Bind(3, int64_t{key.attempt});
+        absl::StatusOr<bool> got = load_.chunked.Step();
+        std::optional<int64_t> last;
+        if (got.ok() && *got && !load_.chunked.IsNull(0)) last = load_.chunked.Int(0);
+        load_.chunked.Reset();
+        if (!got.ok()) return got.status();
+        done = in_chunks.emplace(key, last).first;
+      }
+      if (done->second.has_value() && ToDb(recs[i].step()) <= *done->second) continue;
+      auto [it, added] = rank_buffers_.try_emplace(std::move(key));
+      RankBuffer& buf = it->second;
+      buf.run_key = run_key;
+      if (buf.digests.empty()) {
+        buf.oldest_seq = seq;
+        buf.oldest_ns = 0;  // not known: counts from the next commit
+        oldest_.emplace(seq, &it->first);
+      }
+      buf.digests.push_back(MakeRankDigest(recs[i]));
+    }
+  }
+  load_ = {};
+  tail_deleted_below_ = 0;
+  tails_loaded_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status StoreWriter::EndTails(int64_t now_ns) {
+  if (!tails_loaded_) return absl::OkStatus();
+  for (auto& [run_key, tail] : open_tails_) {
+    insert_tail_.Bind(1, tail.seq).Bind(2, run_key)
+        .BindBlob(3, EncodeRankTail(tail.streams, tail.records));
+    if (absl::Status s = insert_tail_.Run(); !s.ok()) return s;
+  }
+  open_tails_.clear();
+  // A stream that stopped sending (a dead rank, a finished run) would keep
+  // every row since its oldest digest: after kMaxDigestAge its digests go
+  // into a chunk of their own, however few.
+  while (!oldest_.empty()) {
+    const StreamKey* key = oldest_.begin()->second;
+    RankBuffer& buf = rank_buffers_.find(*key)->second;
+    if (buf.oldest_ns == 0) buf.oldest_ns = now_ns;  // read back at a restart
+    if (now_ns - buf.oldest_ns < absl::ToInt64Nanoseconds(kMaxDigestAge)) break;
+    absl::StatusOr<StreamState*> st = StartedStream(*key);
+    if (!st.ok()) return st.status();
+    if (absl::Status s = FlushDigests(*key, buf, **st); !s.ok()) return s;
+  }
+  const int64_t live = oldest_.empty() ? next_tail_seq_ : oldest_.begin()->first;
+  if (live > tail_deleted_below_) {
+    delete_tails_before_.Bind(1, live);
+    if (absl::Status s = delete_tails_before_.Run(); !s.ok()) return s;
+    tail_deleted_below_ = live;
+  }
   return absl::OkStatus();
 }
 
@@ -332,6 +472,10 @@ absl::Status StoreWriter::ApplyEvent(const WriteOp& op) {
                                         : op.received_unix_nanos);
   if (absl::Status s = insert_event_.Run(); !s.ok()) return s;
   if (e.kind() == v1::RUN_FINISHED || e.kind() == v1::RUN_FAILED) {
+    // A finished stream's open digests wait for nothing more.
+    if (auto buf = rank_buffers_.find(op.key); buf != rank_buffers_.end()) {
+      if (absl::Status s = FlushDigests(buf->first, buf->second, **stream); !s.ok()) return s;
+    }
     set_run_state_.Bind(1, run_key)
         .Bind(2, e.kind() == v1::RUN_FINISHED ? "finished" : "failed");
     if (absl::Status s = set_run_state_.Run(); !s.ok()) return s;
@@ -407,6 +551,11 @@ absl::Status StoreWriter::Apply(const std::vector<WriteOp>& ops,
       status = absl::OkStatus();
     }
   }
+  if (status.ok()) {
+    int64_t now_ns = 0;
+    for (const WriteOp& op : ops) now_ns = std::max(now_ns, op.received_unix_nanos);
+    status = EndTails(now_ns);
+  }
   for (auto [key, st] : dirty_) {
     st->dirty = false;
     if (!status.ok()) continue;
@@ -433,6 +582,7 @@ absl::Status StoreWriter::Apply(const std::vector<WriteOp>& ops,
     run_keys_.clear();
     lead_ranks_.clear();
     streams_.clear();
+    tails_loaded_ = false;  // the digests in memory: read back from the file
     small_.clear();
     ready_.clear();
     for (WriteResult& r : results) r = WriteResult{.status = status};
@@ -481,7 +631,7 @@ absl::Status StoreWriter::CompactOne(size_t* merged_records) {
         .BindBlob(7, EncodeStepChunk(merged));
     return insert_chunk_.Run();
   };
-  // Greedy groups of consecutive chunks of at most a group's records;
+  // Greedy groups of consecutive chunks of at most kCompactRecords records;
   // a group is merged once the next chunk does not fit in it and if it holds
   // a small chunk. The last one may still grow and waits, unless the scan
   // stopped at its LIMIT: then it is merged too, so that every call makes
@@ -492,7 +642,7 @@ absl::Status StoreWriter::CompactOne(size_t* merged_records) {
   while (status.ok() && begin < chunks.size()) {
     size_t end = begin, records = 0;
     bool small = false;
-    while (end < chunks.size() && records + chunks[end].n <= tail.group) {
+    while (end < chunks.size() && records + chunks[end].n <= kCompactRecords) {
       records += chunks[end].n;
       small = small || chunks[end].n < kSmallChunk;
       ++end;
@@ -530,7 +680,7 @@ absl::Status StoreWriter::CompactOne(size_t* merged_records) {
   }
   if (tail.records == 0) {
     small_.erase(it);
-  } else if (tail.records > tail.group) {
+  } else if (tail.records > kCompactRecords) {
     tail.queued = true;
     ready_.push_back(key);
   }

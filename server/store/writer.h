@@ -7,12 +7,16 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "store/rank_digest.h"
 #include "store/sqlite.h"
 #include "store/store.h"
 
@@ -43,10 +47,14 @@ class StoreWriter {
   // those of streams written before a restart stay as they are.
   static constexpr size_t kSmallChunk = 512;       // records; fewer is small
   static constexpr size_t kCompactRecords = 2048;  // records in a merged chunk
-  // A non-lead rank's digests (store/rank_digest.h) merge sooner: a few
-  // bytes each, they would otherwise wait as one row (~100 bytes) apiece,
-  // and a run has as many such streams as ranks.
+  // A non-lead rank's digests (store/rank_digest.h) are not written as
+  // chunks of their batches: each transaction appends the run's new digests
+  // as one rank_tail row, the writer holds each stream's open digests in
+  // memory, and writes them as one chunk of kRankCompactRecords (schema.cc,
+  // version 8). A stream's digests older than kMaxDigestAge go into a chunk
+  // of their own, however few, and so do a finished stream's.
   static constexpr size_t kRankCompactRecords = 128;
+  static constexpr absl::Duration kMaxDigestAge = absl::Minutes(10);
   static constexpr size_t kCompactScanRows = 256;  // chunks read at a time
   bool WantsCompaction() const { return !ready_.empty(); }
   // Streams with a complete group of small chunks, waiting for a merge.
@@ -70,7 +78,6 @@ class StoreWriter {
     int64_t run_key = 0;
     int64_t from_step = 0;
     size_t records = 0;
-    size_t group = kCompactRecords;  // records in a merged chunk
     bool queued = false;  // in ready_
   };
   struct RunProgress {
@@ -91,6 +98,30 @@ class StoreWriter {
   absl::Status ApplyBatch(const WriteOp& op, WriteResult& result);
   // A stream of a rank above its run's lead.
   bool IsRankStream(const StreamKey& key, int64_t run_key) const;
+  // The open digests of a non-lead stream, in step order.
+  struct RankBuffer {
+    int64_t run_key = 0;
+    int64_t oldest_seq = 0;  // the rank_tail row of digests.front()
+    int64_t oldest_ns = 0;   // when it was received
+    std::vector<RankDigest> digests;
+  };
+  // What the open transaction appends to rank_tail for one run.
+  struct OpenTail {
+    int64_t seq = 0;
+    std::vector<RankTailEntry> streams;
+    google::protobuf::RepeatedPtrField<v1::StepRecord> records;
+  };
+  // ApplyBatch's path for a non-lead stream when digests are kept.
+  absl::Status AddDigests(const WriteOp& op, StreamState& st,
+                          const google::protobuf::RepeatedPtrField<v1::StepRecord>& records);
+  // Writes the stream's open digests as one chunk.
+  absl::Status FlushDigests(const StreamKey& key, RankBuffer& buf, StreamState& st);
+  // Reads the open digests back from rank_tail (at the first digest after a
+  // start or a rolled-back transaction).
+  absl::Status EnsureTailsLoaded();
+  // At the end of a transaction: appends its rank_tail rows, flushes streams
+  // whose digests are too old, deletes the rows nothing open is in.
+  absl::Status EndTails(int64_t now_ns);
   // Deletes what retention no longer keeps of a non-lead stream.
   absl::Status Prune(const StreamKey& key, StreamState& st);
   absl::Status ApplyEvent(const WriteOp& op);
@@ -115,7 +146,11 @@ class StoreWriter {
       update_run_progress_, select_stream_, insert_stream_, update_stream_,
       insert_chunk_, insert_event_, upsert_alert_, insert_spike_,
       update_spike_outcome_, insert_host_incident_, select_chunks_from_,
-      delete_chunk_, delete_chunks_before_;
+      delete_chunk_, delete_chunks_before_, insert_tail_, delete_tails_before_;
+  // EnsureTailsLoaded's statements, prepared for one load.
+  struct {
+    sqlite::Stmt max_seq, rows, chunked, run_id;
+  } load_;
   // Caches of what is committed; cleared when a transaction fails.
   absl::flat_hash_map<std::string, int64_t> run_keys_;
   // The lowest rank stored of each run (by run key): its lead.
@@ -128,8 +163,17 @@ class StoreWriter {
   absl::flat_hash_map<int64_t, RunProgress> progress_;
   // ApplyBatch's scratch: the indices of the op's records that are new.
   std::vector<size_t> picked_;
-  // ... and their digests, for a non-lead stream.
+  // FlushDigests' scratch.
   google::protobuf::RepeatedPtrField<v1::StepRecord> digests_;
+  // Non-lead streams' open digests (node_hash_map: keys stay put for
+  // oldest_), those with any by the rank_tail row of their oldest, and the
+  // rows the open transaction appends (by run key).
+  bool tails_loaded_ = false;
+  absl::node_hash_map<StreamKey, RankBuffer> rank_buffers_;
+  std::set<std::pair<int64_t, const StreamKey*>> oldest_;
+  absl::flat_hash_map<int64_t, OpenTail> open_tails_;
+  int64_t next_tail_seq_ = 1;
+  int64_t tail_deleted_below_ = 0;
   // Compaction: streams with small chunks, and those with enough to merge.
   absl::flat_hash_map<StreamKey, SmallChunks> small_;
   std::deque<StreamKey> ready_;

@@ -1,6 +1,5 @@
 // End-to-end: the real trainwatch-server binary on loopback ports with a
 // temporary SQLite file, fed by trainwatchctl and the C++ client.
-#include <sqlite3.h>
 
 #include <chrono>
 #include <cmath>
@@ -60,22 +59,11 @@ struct StoredCounts {
 // Reads the database file directly, as an operator would with sqlite3.
 StoredCounts CountStored(const std::string& db_path, const std::string& run) {
   StoredCounts c;
-  sqlite3* db = nullptr;
-  EXPECT_EQ(sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr),
-            SQLITE_OK);
-  sqlite3_stmt* s = nullptr;
-  sqlite3_prepare_v2(db,
-                     "SELECT c.rank, SUM(c.n) FROM step_chunks c JOIN runs r "
-                     "USING (run_key) WHERE r.run_id = ?1 GROUP BY c.rank",
-                     -1, &s, nullptr);
-  sqlite3_bind_text(s, 1, run.c_str(), -1, SQLITE_TRANSIENT);
-  while (sqlite3_step(s) == SQLITE_ROW) {
-    c.records_by_rank[sqlite3_column_int(s, 0)] = sqlite3_column_int64(s, 1);
+  for (const auto& [stream, n] : CountStoredRecords(db_path)) {
+    if (stream.first == run) c.records_by_rank[stream.second] = n;
   }
-  sqlite3_finalize(s);
   // Chunks of one stream never cover a step twice.
   c.overlapping_chunks = CountOverlappingChunks(db_path);
-  sqlite3_close(db);
   return c;
 }
 

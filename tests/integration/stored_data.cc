@@ -3,8 +3,11 @@
 #include <sqlite3.h>
 
 #include <functional>
+#include <string_view>
+#include <tuple>
 
 #include "gtest/gtest.h"
+#include "store/rank_digest.h"
 #include "store/step_codec.h"
 
 namespace trainwatch::testing {
@@ -33,6 +36,46 @@ std::string Text(sqlite3_stmt* stmt, int column) {
   return text == nullptr ? "" : reinterpret_cast<const char*>(text);
 }
 
+std::string_view Blob(sqlite3_stmt* stmt, int column) {
+  return std::string_view(static_cast<const char*>(sqlite3_column_blob(stmt, column)),
+                          static_cast<size_t>(sqlite3_column_bytes(stmt, column)));
+}
+
+// The digests of non-lead ranks not in a chunk yet (server/store/writer.h):
+// rank_tail rows less what a chunk of the stream covers, in step order.
+std::map<RunRank, std::vector<v1::StepRecord>> ReadOpenDigests(const std::string& db_path) {
+  using Stream = std::tuple<std::string, uint32_t, uint32_t>;
+  std::map<Stream, int64_t> in_chunks;
+  Query(db_path,
+        "SELECT r.run_id, c.rank, c.attempt, MAX(c.last_step) FROM step_chunks c "
+        "JOIN runs r USING (run_key) GROUP BY r.run_id, c.rank, c.attempt",
+        [&](sqlite3_stmt* stmt) {
+          in_chunks[{Text(stmt, 0), static_cast<uint32_t>(sqlite3_column_int64(stmt, 1)),
+                     static_cast<uint32_t>(sqlite3_column_int64(stmt, 2))}] =
+              sqlite3_column_int64(stmt, 3);
+        });
+  std::map<RunRank, std::vector<v1::StepRecord>> out;
+  Query(db_path,
+        "SELECT r.run_id, t.records FROM rank_tail t JOIN runs r USING (run_key) "
+        "ORDER BY t.seq",
+        [&](sqlite3_stmt* stmt) {
+          std::vector<RankTailEntry> streams;
+          google::protobuf::RepeatedPtrField<v1::StepRecord> records;
+          const absl::Status decoded = DecodeRankTail(Blob(stmt, 1), &streams, &records);
+          EXPECT_TRUE(decoded.ok()) << "undecodable rank_tail row of run " << Text(stmt, 0)
+                                    << ": " << decoded;
+          for (int i = 0; decoded.ok() && i < records.size(); ++i) {
+            auto chunked = in_chunks.find({Text(stmt, 0), streams[i].rank, streams[i].attempt});
+            if (chunked != in_chunks.end() &&
+                static_cast<int64_t>(records[i].step()) <= chunked->second) {
+              continue;
+            }
+            out[{Text(stmt, 0), streams[i].rank}].push_back(std::move(records[i]));
+          }
+        });
+  return out;
+}
+
 }  // namespace
 
 std::map<RunRank, std::vector<v1::StepRecord>> ReadStoredRecords(
@@ -58,6 +101,10 @@ std::map<RunRank, std::vector<v1::StepRecord>> ReadStoredRecords(
             records.push_back(std::move(r));
           }
         });
+  for (auto& [stream, open] : ReadOpenDigests(db_path)) {
+    auto& records = out[stream];
+    for (v1::StepRecord& r : open) records.push_back(std::move(r));
+  }
   return out;
 }
 
@@ -70,6 +117,9 @@ std::map<RunRank, int64_t> CountStoredRecords(const std::string& db_path) {
           out[{Text(stmt, 0), static_cast<uint32_t>(sqlite3_column_int64(stmt, 1))}] =
               sqlite3_column_int64(stmt, 2);
         });
+  for (const auto& [stream, open] : ReadOpenDigests(db_path)) {
+    out[stream] += static_cast<int64_t>(open.size());
+  }
   return out;
 }
 

@@ -18,13 +18,14 @@ namespace trainwatch::testing {
 using RunRank = std::pair<std::string, uint32_t>;
 
 // Every stored step record of every stream, in stored order (by first step
-// of each chunk). Opens the file read-write so that SQLite can recover the
+// of each chunk, then the non-lead ranks' digests not in a chunk yet). Opens the file read-write so that SQLite can recover the
 // WAL of a server that was SIGKILLed; writes nothing itself. Fails the test
 // on an SQLite error.
 std::map<RunRank, std::vector<v1::StepRecord>> ReadStoredRecords(
     const std::string& db_path);
 
-// Records stored per stream (the chunks' counts, without decoding them).
+// Records stored per stream (the chunks' counts, without decoding them, and
+// the non-lead ranks' digests not in a chunk yet).
 std::map<RunRank, int64_t> CountStoredRecords(const std::string& db_path);
 
 // Pairs of chunks of one stream that cover a step twice: 0 when every step

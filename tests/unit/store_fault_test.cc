@@ -355,6 +355,41 @@ INSTANTIATE_TEST_SUITE_P(DiskFullAndIoError, StoreWriteFaultTest,
                                                             : std::string("IoError");
                          });
 
+// A non-lead rank's open digests live in memory and in rank_tail rows: a
+// transaction that fails after a group of them became a chunk is rolled
+// back, the digests are read back from the file, and the retry stores each
+// once.
+TEST_F(StoreFaultTest, OpenDigestsRollBackWithTheirTransaction) {
+  std::unique_ptr<Store> store = Open(Options());
+  ASSERT_NE(store, nullptr);
+  const StreamKey lead{"run-a", 0, 0}, other{"run-a", 1, 0};
+  ASSERT_TRUE(Submit(*store, StartOp(Start("run-a"))).get().status.ok());
+  ASSERT_TRUE(Submit(*store, StartOp(Start("run-a", 1))).get().status.ok());
+  ASSERT_TRUE(Submit(*store, BatchOp(lead, 0, 100)).get().status.ok());
+  for (uint64_t step = 0; step < 100; ++step) {  // 100 open digests
+    ASSERT_TRUE(Submit(*store, BatchOp(other, step, step + 1)).get().status.ok());
+  }
+  FaultVfs::rc = SQLITE_FULL;
+  std::vector<std::future<WriteResult>> waiting;
+  for (uint64_t step = 100; step < 200; ++step) {  // the 128th makes a chunk
+    waiting.push_back(Submit(*store, BatchOp(other, step, step + 1)));
+  }
+  ASSERT_TRUE(Eventually([&] {
+    std::vector<StoreFault> f = faults_.Get();
+    return !f.empty() && f.back().failed_attempts >= 3;
+  }));
+  EXPECT_EQ(StoredSteps(*store, "run-a", 1), Range(0, 100));
+  FaultVfs::rc = 0;
+  for (auto& f : waiting) EXPECT_EQ(f.get().stored, 1u);
+  EXPECT_EQ(StoredSteps(*store, "run-a", 1), Range(0, 200));
+  store->Close();
+  store = Open({.path = dir_.File("tw.db")});
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(StoredSteps(*store, "run-a", 1), Range(0, 200));
+  store->Close();
+  EXPECT_EQ(IntegrityCheck(dir_.File("tw.db")), "ok");
+}
+
 TEST_F(StoreFaultTest, LockedDatabaseIsRetriedUntilTheLockIsReleased) {
   StoreOptions options = Options();
   options.vfs = "";

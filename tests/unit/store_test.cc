@@ -447,7 +447,7 @@ TEST(StoreFileTest, AVersion5DatabaseIsMigratedWithItsRecords) {
                                   }).ok());
   EXPECT_EQ(read, 3000u);
   store->reset();
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "7");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "8");
   EXPECT_EQ(Sql(path, "SELECT count(rowid) FROM step_chunks"), "1");
 }
 
@@ -505,7 +505,7 @@ TEST(StoreFileTest, AVersion6DatabaseKeepsItsChunksAndReadsThemBack) {
 
   // Migrates, then adds a chunk.
   ASSERT_NO_FATAL_FAILURE(WriteRecords({.path = path}, OddRecords(2500, 4000)));
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "7");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "8");
   EXPECT_EQ(Sql(path, "SELECT group_concat(f, ',') FROM (SELECT "
                       "hex(substr(records, 1, 1)) AS f FROM step_chunks ORDER BY first_step)"),
             "12,07");
@@ -633,47 +633,124 @@ TEST(StoreFileTest, OneRecordBatchesAreMergedAScanAtATime) {
   EXPECT_EQ(next, kSteps);
 }
 
-// A non-lead rank at one record a batch, as a trainer at a step a second
-// sends it: its digests merge a group (kRankCompactRecords) at a time, and
-// retention deletes what is more than rank_retention_steps behind.
-TEST(StoreFileTest, OtherRanksMergeSoonerAndAreKeptForTheirRetention) {
+// Starts r1's ranks on `store`.
+void StartRanks(Store& store, std::initializer_list<uint32_t> ranks) {
+  for (uint32_t rank : ranks) {
+    std::promise<WriteResult> started;
+    store.Submit({.key = {"r1", rank, 0},
+                  .body = WriteOp::Start{Start("r1", rank)},
+                  .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
+    ASSERT_TRUE(started.get_future().get().status.ok());
+  }
+}
+
+// Steps [from, to) of ranks 0 and 1, a record a batch, as trainers at a
+// step a second send them; returns once the last is committed.
+void WriteRankSteps(Store& store, uint64_t from, uint64_t to) {
+  std::promise<void> last;
+  for (uint64_t step = from; step < to; ++step) {
+    for (uint32_t rank : {0u, 1u}) {
+      WriteOp op{.key = {"r1", rank, 0}, .body = WriteOp::Batch{RankRecords(step, step + 1)}};
+      if (step + 1 == to && rank == 1) op.done = [&](WriteResult) { last.set_value(); };
+      store.Submit(std::move(op));
+    }
+  }
+  last.get_future().wait();
+}
+
+// The steps of rank `rank` that ReadSteps returns, in its order.
+std::vector<uint64_t> StepsOf(const Store& store, uint32_t rank) {
+  std::vector<uint64_t> steps;
+  EXPECT_TRUE(store.ReadSteps("r1", 0, 0, rank, 100, [&](v1::StepRecords& c) {
+    for (const auto& item : c.items()) steps.push_back(item.record().step());
+    return true;
+  }).ok());
+  return steps;
+}
+
+std::vector<uint64_t> Range(uint64_t from, uint64_t to) {
+  std::vector<uint64_t> out;
+  for (uint64_t s = from; s < to; ++s) out.push_back(s);
+  return out;
+}
+
+// A non-lead rank at a record a batch: its digests become chunks of
+// kRankCompactRecords, written from memory, never a row a record; the ones
+// not in a chunk yet live in rank_tail rows, are read back with the rest,
+// and come back after a restart; a finished stream's go into a chunk.
+TEST(StoreFileTest, OtherRanksDigestsWaitInMemoryAndBecomeWholeChunks) {
+  const std::string path = FreshDb("store_rank_tail.db");
+  {
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+    ASSERT_TRUE(store.ok()) << store.status();
+    StartRanks(**store, {0, 1});
+    WriteRankSteps(**store, 0, 300);
+    // 300 = 2 x 128 + 44: two chunks, 44 open digests.
+    EXPECT_EQ(Sql(path, "SELECT group_concat(n, ',') FROM (SELECT n FROM step_chunks "
+                        "WHERE rank = 1 ORDER BY first_step)"),
+              "128,128");
+    const int tail_rows = std::stoi(Sql(path, "SELECT count(*) FROM rank_tail"));
+    EXPECT_GE(tail_rows, 1);
+    EXPECT_LE(tail_rows, 44) << "rows holding no open digest are deleted";
+    EXPECT_EQ(StepsOf(**store, 1), Range(0, 300));
+  }
+  {
+    // A restart: the open digests are read back, merged with what follows.
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+    ASSERT_TRUE(store.ok()) << store.status();
+    StartRanks(**store, {0, 1});
+    EXPECT_EQ(StepsOf(**store, 1), Range(0, 300));
+    WriteRankSteps(**store, 300, 400);
+    EXPECT_EQ(Sql(path, "SELECT group_concat(n, ',') FROM (SELECT n FROM step_chunks "
+                        "WHERE rank = 1 ORDER BY first_step)"),
+              "128,128,128");
+    EXPECT_EQ(StepsOf(**store, 1), Range(0, 400));
+    EXPECT_EQ(StepsOf(**store, 0), Range(0, 400));
+    // All ranks, ordered by rank, attempt and step.
+    std::vector<std::pair<uint32_t, uint64_t>> all;
+    ASSERT_TRUE((*store)->ReadSteps("r1", 350, 0, std::nullopt, 7, [&](v1::StepRecords& c) {
+      for (const auto& item : c.items()) all.emplace_back(item.rank(), item.record().step());
+      return true;
+    }).ok());
+    ASSERT_EQ(all.size(), 100u);
+    EXPECT_EQ(all.front(), (std::pair<uint32_t, uint64_t>{0, 350}));
+    EXPECT_EQ(all[49], (std::pair<uint32_t, uint64_t>{0, 399}));
+    EXPECT_EQ(all[50], (std::pair<uint32_t, uint64_t>{1, 350}));
+    EXPECT_EQ(all.back(), (std::pair<uint32_t, uint64_t>{1, 399}));
+    // The stream finishes: its 16 open digests go into a chunk, the rows go.
+    std::promise<WriteResult> finished;
+    v1::RunEvent e;
+    e.set_step(399);
+    e.set_kind(v1::RUN_FINISHED);
+    (*store)->Submit({.key = {"r1", 1, 0},
+                      .body = WriteOp::Event{e},
+                      .done = [&](WriteResult r) { finished.set_value(std::move(r)); }});
+    ASSERT_TRUE(finished.get_future().get().status.ok());
+    EXPECT_EQ(Sql(path, "SELECT n FROM step_chunks WHERE rank = 1 ORDER BY first_step DESC "
+                        "LIMIT 1"),
+              "16");
+    EXPECT_EQ(Sql(path, "SELECT count(*) FROM rank_tail"), "0");
+    EXPECT_EQ(StepsOf(**store, 1), Range(0, 400));
+  }
+}
+
+// Retention: a non-lead rank keeps its last rank_retention_steps steps (and
+// at most a chunk and max(retention / 8, a group) more); the lead all.
+TEST(StoreFileTest, OtherRanksAreKeptForTheirRetention) {
   const std::string path = FreshDb("store_rank_retention.db");
   absl::StatusOr<std::unique_ptr<Store>> store =
       Store::Open({.path = path, .rank_retention_steps = 1000});
   ASSERT_TRUE(store.ok()) << store.status();
-  for (uint32_t rank : {0u, 1u}) {
-    std::promise<WriteResult> started;
-    (*store)->Submit({.key = {"r1", rank, 0},
-                      .body = WriteOp::Start{Start("r1", rank)},
-                      .done = [&](WriteResult r) { started.set_value(std::move(r)); }});
-    ASSERT_TRUE(started.get_future().get().status.ok());
-  }
+  StartRanks(**store, {0, 1});
   constexpr uint64_t kSteps = 3000;
-  std::promise<void> last;
-  for (uint64_t step = 0; step < kSteps; ++step) {
-    for (uint32_t rank : {0u, 1u}) {
-      WriteOp op{.key = {"r1", rank, 0}, .body = WriteOp::Batch{RankRecords(step, step + 1)}};
-      if (step + 1 == kSteps && rank == 1) op.done = [&](WriteResult) { last.set_value(); };
-      (*store)->Submit(std::move(op));
-    }
-  }
-  last.get_future().wait();
-  const std::string rank1 = "FROM step_chunks WHERE rank = 1";
-  // Merged: what is past a whole group of small chunks has become chunks
-  // of kRankCompactRecords (the lead waits for kCompactRecords).
-  ASSERT_TRUE(testing::Eventually([&] {
-    return std::stoi(Sql(path, "SELECT count(*) " + rank1 + " AND n = 1")) <= 128;
-  })) << Sql(path, "SELECT count(*) " + rank1);
-  EXPECT_EQ(Sql(path, "SELECT max(n) " + rank1), "128");
-  // Kept: at least the last 1,000 steps; nothing more than a merged chunk
-  // older than the last delete, which runs once the kept range moved by
-  // max(retention / 8, a group) steps.
-  const int64_t oldest = std::stoll(Sql(path, "SELECT min(first_step) " + rank1));
+  WriteRankSteps(**store, 0, kSteps);
+  const int64_t oldest = std::stoll(Sql(path, "SELECT min(first_step) FROM step_chunks WHERE rank = 1"));
   EXPECT_LE(oldest, int64_t{kSteps - 1000});
   EXPECT_GE(oldest, int64_t{kSteps - 1000 - 2 * 128});
-  EXPECT_EQ(Sql(path, "SELECT min(first_step) FROM step_chunks WHERE rank = 0"), "0");
-  EXPECT_EQ(Sql(path, "SELECT sum(n) FROM step_chunks WHERE rank = 0"),
-            std::to_string(kSteps));
+  const std::vector<uint64_t> kept = StepsOf(**store, 1);
+  ASSERT_FALSE(kept.empty());
+  EXPECT_EQ(kept, Range(kept.front(), kSteps));
+  EXPECT_EQ(StepsOf(**store, 0), Range(0, kSteps));
 }
 
 // A chunk that does not decode is reported with its run and stream.
