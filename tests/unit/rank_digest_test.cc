@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -102,6 +104,52 @@ TEST(DigestRecord, LeavesAbsentFieldsAbsentAndRoundsNegativeTimes) {
   EXPECT_FALSE(out.has_data_wait_s());
   EXPECT_FALSE(out.has_clipped());
   EXPECT_EQ(out.time_unix_nanos(), -(int64_t{3} << kRankDigestTimeShift));
+}
+
+TEST(RankTail, RoundTripsRanksAttemptsAndDigests) {
+  google::protobuf::RepeatedPtrField<v1::StepRecord> records;
+  std::vector<RankTailEntry> streams;
+  for (uint32_t i = 0; i < 300; ++i) {
+    v1::StepRecord in;
+    in.set_step(1000 + i / 3);
+    in.set_grad_norm(0.5 + 1e-3 * i);
+    in.set_shard_sq_sum(1e-4 * i);
+    if (i % 2 == 0) in.set_step_time_s(1.0 + 1e-4 * i);
+    DigestRecord(in, records.Add());
+    streams.push_back({.rank = 1 + i % 3 * 5000, .attempt = i % 7 == 0 ? 2u : 0u});
+  }
+  const std::string blob = EncodeRankTail(streams, records);
+  std::vector<RankTailEntry> streams_back;
+  google::protobuf::RepeatedPtrField<v1::StepRecord> back;
+  ASSERT_TRUE(DecodeRankTail(blob, &streams_back, &back).ok());
+  ASSERT_EQ(back.size(), records.size());
+  ASSERT_EQ(streams_back.size(), streams.size());
+  for (int i = 0; i < records.size(); ++i) {
+    EXPECT_EQ(streams_back[i].rank, streams[i].rank);
+    EXPECT_EQ(streams_back[i].attempt, streams[i].attempt);
+    EXPECT_EQ(back[i].SerializeAsString(), records[i].SerializeAsString()) << i;
+  }
+}
+
+TEST(RankTail, ACutOrCorruptRowIsDataLossNeverACrash) {
+  google::protobuf::RepeatedPtrField<v1::StepRecord> records;
+  v1::StepRecord in;
+  in.set_step(5);
+  in.set_grad_norm(1.5);
+  DigestRecord(in, records.Add());
+  DigestRecord(in, records.Add());
+  const std::string blob = EncodeRankTail({{1, 0}, {2, 0}}, records);
+  std::vector<RankTailEntry> streams;
+  google::protobuf::RepeatedPtrField<v1::StepRecord> back;
+  for (size_t cut = 0; cut < blob.size(); ++cut) {
+    EXPECT_TRUE(absl::IsDataLoss(DecodeRankTail(blob.substr(0, cut), &streams, &back)))
+        << cut;
+  }
+  // A count that disagrees with the records.
+  std::string wrong = blob;
+  wrong[0] = 1;
+  EXPECT_TRUE(absl::IsDataLoss(DecodeRankTail(wrong, &streams, &back)));
+  EXPECT_TRUE(absl::IsDataLoss(DecodeRankTail(std::string(8, '\xff'), &streams, &back)));
 }
 
 }  // namespace
