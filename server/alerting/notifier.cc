@@ -158,13 +158,12 @@ class Notifier::Channel {
       const int64_t next = Pump(/*final=*/false);
       mu_.Lock();
       if (stopping_ || work_) continue;
-      // Cap the wait: it is measured on the injected clock but slept on the
-      // real one.
+      // On the injected clock (a fake one wakes it when moved past).
       const int64_t wait = std::min<int64_t>(next - clock_->NowUnixNanos(),
                                              60'000'000'000);
-      const absl::Time deadline = absl::Now() + absl::Nanoseconds(wait);
+      const int64_t deadline = clock_->MonotonicNanos() + wait;
       while (wait > 0 && !stopping_ && !work_) {
-        if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+        if (clock_->WaitUntil(cv_, mu_, deadline)) break;  // timed out
       }
     }
     mu_.Unlock();

@@ -10,6 +10,17 @@ class RealClock final : public Clock {
                std::chrono::system_clock::now().time_since_epoch())
         .count();
   }
+  int64_t MonotonicNanos() const override {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  bool WaitUntil(absl::CondVar& cv, absl::Mutex& mu, int64_t deadline) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const int64_t left = deadline - MonotonicNanos();
+    if (left <= 0) return true;
+    return cv.WaitWithTimeout(&mu, absl::Nanoseconds(left));
+  }
 };
 
 }  // namespace

@@ -111,7 +111,7 @@ void Store::Submit(WriteOp op) {
 void Store::Close() {
   {
     absl::MutexLock lock(&mu_);
-    if (!closing_) close_requested_ = std::chrono::steady_clock::now();
+    if (!closing_) close_requested_ = options_.clock->MonotonicNanos();
     closing_ = true;
     cv_.Signal();
   }
@@ -217,14 +217,16 @@ void Store::WriterLoop() {
 
 bool Store::Commit(const std::vector<WriteOp>& ops, size_t records,
                    std::vector<WriteResult>& results) {
-  using Clock = std::chrono::steady_clock;
+  const Clock& clock = *options_.clock;
+  auto nanos = [](std::chrono::milliseconds d) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  };
   StoreFault fault{.path = options_.path};
-  Clock::time_point fault_start, last_log;
+  int64_t fault_start = 0, last_log = 0;  // clock.MonotonicNanos()
   std::chrono::milliseconds backoff = options_.retry_initial_backoff;
-  auto report = [&](StoreFault::Phase phase, Clock::time_point now,
-                    bool log) {
+  auto report = [&](StoreFault::Phase phase, int64_t now, bool log) {
     fault.phase = phase;
-    fault.seconds = std::chrono::duration<double>(now - fault_start).count();
+    fault.seconds = static_cast<double>(now - fault_start) * 1e-9;
     fault.log = log;
     {
       absl::MutexLock lock(&mu_);
@@ -235,9 +237,9 @@ bool Store::Commit(const std::vector<WriteOp>& ops, size_t records,
     if (options_.on_fault) options_.on_fault(fault);
   };
   while (true) {
-    Clock::time_point t0 = Clock::now();
+    const int64_t t0 = clock.MonotonicNanos();
     absl::Status status = writer_->Apply(ops, results);
-    Clock::time_point now = Clock::now();
+    const int64_t now = clock.MonotonicNanos();
     if (status.ok()) {
       if (fault.failed_attempts > 0) {
         report(StoreFault::Phase::kCleared, now, /*log=*/true);
@@ -245,8 +247,7 @@ bool Store::Commit(const std::vector<WriteOp>& ops, size_t records,
       if (options_.on_commit) {
         size_t stored = 0;
         for (const WriteResult& r : results) stored += r.stored;
-        options_.on_commit(std::chrono::duration<double>(now - t0).count(),
-                           stored, QueueDepth());
+        options_.on_commit(static_cast<double>(now - t0) * 1e-9, stored, QueueDepth());
       }
       return true;
     }
@@ -257,14 +258,14 @@ bool Store::Commit(const std::vector<WriteOp>& ops, size_t records,
     // A transient fault: the ops stay, the transaction is retried.
     fault.error = status;
     if (++fault.failed_attempts == 1) fault_start = now;
-    Clock::time_point wake = now + backoff;
+    int64_t wake = now + nanos(backoff);
     bool closing = false, give_up = false;
     {
       absl::MutexLock lock(&mu_);
       closing = closing_;
       if (closing) {
-        Clock::time_point give_up_at =
-            std::max(close_requested_, fault_start) + options_.close_timeout;
+        const int64_t give_up_at =
+            std::max(close_requested_, fault_start) + nanos(options_.close_timeout);
         give_up = now >= give_up_at;
         wake = std::min(wake, give_up_at);
       }
@@ -282,14 +283,13 @@ bool Store::Commit(const std::vector<WriteOp>& ops, size_t records,
       report(StoreFault::Phase::kStarted, now, /*log=*/true);
     } else {
       report(StoreFault::Phase::kRetrying, now,
-             now - last_log >= options_.fault_log_interval);
+             now - last_log >= nanos(options_.fault_log_interval));
     }
     backoff = std::min(backoff * 2, options_.retry_max_backoff);
     absl::MutexLock lock(&mu_);
     // Close() wakes the wait: its bounded wait may end before `wake`.
-    const absl::Time deadline = absl::Now() + absl::FromChrono(wake - Clock::now());
     while (!(closing_ && !closing)) {
-      if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+      if (clock.WaitUntil(cv_, mu_, wake)) break;  // timed out
     }
   }
 }

@@ -47,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "store/sqlite.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
@@ -134,6 +135,10 @@ struct StoreOptions {
   // The SQLite VFS every connection uses; "" for SQLite's default. A seam for
   // tests (a VFS that fails writes as a full disk would).
   std::string vfs;
+  // What the retries' backoff, the fault's timing and log interval and
+  // Close()'s wait measure and wait on (a seam for tests: a FakeClock). The
+  // 2 ms lull before merging small chunks is real time: it only paces work.
+  const Clock* clock = Clock::Real();
 };
 
 // The identity of one trainer stream.
@@ -299,7 +304,7 @@ class Store {
   std::deque<WriteOp> queue_ ABSL_GUARDED_BY(mu_);
   size_t queued_records_ ABSL_GUARDED_BY(mu_) = 0;  // step records in queue_
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  std::chrono::steady_clock::time_point close_requested_ ABSL_GUARDED_BY(mu_);
+  int64_t close_requested_ ABSL_GUARDED_BY(mu_) = 0;  // options_.clock's monotonic ns
   std::thread thread_;
 };
 

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "common/clock.h"
 #include "store/sqlite.h"
 #include "store/store.h"
 #include "test_records.h"
@@ -388,6 +389,54 @@ TEST_F(StoreFaultTest, OpenDigestsRollBackWithTheirTransaction) {
   EXPECT_EQ(StoredSteps(*store, "run-a", 1), Range(0, 200));
   store->Close();
   EXPECT_EQ(IntegrityCheck(dir_.File("tw.db")), "ok");
+}
+
+// The retries' backoff, the fault's log interval and Close()'s bounded wait
+// are measured and waited on the injected clock: hour-long settings run in
+// fake hours, and a fault's figures are exact.
+TEST_F(StoreFaultTest, RetriesLogAndCloseTimeoutRunOnTheInjectedClock) {
+  using std::chrono::hours;
+  FakeClock clock;
+  StoreOptions options = Options();
+  options.clock = &clock;
+  options.retry_initial_backoff = hours(1);
+  options.retry_max_backoff = hours(1);
+  options.fault_log_interval = hours(2);
+  options.close_timeout = hours(3);
+  std::unique_ptr<Store> store = Open(options);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(Submit(*store, StartOp(Start("run-a"))).get().status.ok());
+  FaultVfs::rc = SQLITE_FULL;
+  std::future<WriteResult> batch = Submit(*store, BatchOp({"run-a", 0, 0}, 0, 10));
+  // One attempt an hour: each fake hour, one more.
+  ASSERT_TRUE(Eventually([&] { return faults_.size() == 1; }));
+  for (size_t attempts = 2; attempts <= 3; ++attempts) {
+    clock.Advance(hours(1));
+    ASSERT_TRUE(Eventually([&] { return faults_.size() == attempts; })) << attempts;
+  }
+  std::vector<StoreFault> f = faults_.Get();
+  EXPECT_EQ(f[0].phase, StoreFault::Phase::kStarted);
+  EXPECT_TRUE(f[0].log);
+  EXPECT_EQ(f[1].phase, StoreFault::Phase::kRetrying);
+  EXPECT_EQ(f[1].seconds, 3600.0);
+  EXPECT_FALSE(f[1].log) << "an hour since the last line, the interval is two";
+  EXPECT_EQ(f[2].seconds, 7200.0);
+  EXPECT_TRUE(f[2].log);
+  EXPECT_FALSE(Ready(batch));
+
+  // Close at fake hour 2 wakes the wait (one more attempt), then gives up
+  // 3 fake hours later, at hour 5.
+  std::future<void> closed = std::async(std::launch::async, [&] { store->Close(); });
+  ASSERT_TRUE(Eventually([&] { return faults_.size() == 4; }));
+  for (size_t attempts = 5; attempts <= 7; ++attempts) {
+    clock.Advance(hours(1));
+    ASSERT_TRUE(Eventually([&] { return faults_.size() == attempts; })) << attempts;
+  }
+  closed.get();
+  f = faults_.Get();
+  EXPECT_EQ(f.back().phase, StoreFault::Phase::kGaveUp);
+  EXPECT_EQ(f.back().seconds, 5 * 3600.0);
+  EXPECT_TRUE(absl::IsUnavailable(batch.get().status));
 }
 
 TEST_F(StoreFaultTest, LockedDatabaseIsRetriedUntilTheLockIsReleased) {
