@@ -525,6 +525,93 @@ TEST(PlanImport, MegatronSkipsAndUnitScale) {
   EXPECT_EQ(plan->precision, Precision::kUnspecified);
 }
 
+TEST(IsZeroNormArtifact, AnExactZeroNormBesideAFiniteNonZeroLoss) {
+  EXPECT_TRUE(IsZeroNormArtifact({.grad_norm = 0.0, .loss = 2.5}));
+  EXPECT_TRUE(IsZeroNormArtifact({.grad_norm = -0.0, .loss = -1.0}));
+  EXPECT_FALSE(IsZeroNormArtifact({.grad_norm = 1e-30, .loss = 2.5}));
+  EXPECT_FALSE(IsZeroNormArtifact({.grad_norm = 0.0}));  // no loss to judge by
+  EXPECT_FALSE(IsZeroNormArtifact({.grad_norm = 0.0, .loss = 0.0}));
+  EXPECT_FALSE(IsZeroNormArtifact({.grad_norm = 0.0, .loss = kNaN}));
+  EXPECT_FALSE(IsZeroNormArtifact({.grad_norm = 0.0, .loss = kInf}));
+  EXPECT_FALSE(IsZeroNormArtifact({.loss = 2.5}));  // no norm at all
+}
+
+TEST(InferSkips, ARecoveredShortStreakIsSkippedTheRestApplied) {
+  LoggedRun run;
+  for (uint64_t i = 1; i <= 200; ++i) run.Set(i, LogField::kGradNorm, 1.0);
+  run.Set(10, LogField::kGradNorm, kInf);  // recovered at 12
+  run.Set(11, LogField::kGradNorm, kNaN);
+  run.Set(20, LogField::kGradNorm, kInf);  // the log says skipped itself
+  run.steps[20].skipped = 1;
+  for (uint64_t i = 100; i <= 150; ++i) run.Set(i, LogField::kGradNorm, kNaN);
+  run.Set(200, LogField::kGradNorm, kInf);  // never recovered
+  std::vector<std::string> notes;
+  const std::map<uint64_t, bool> skips = InferSkips(run, &notes);
+  EXPECT_EQ(skips.at(10), true);
+  EXPECT_EQ(skips.at(11), true);
+  EXPECT_EQ(skips.count(20), 0u);
+  EXPECT_EQ(skips.at(100), false);  // 51 steps: longer than a scaler backs off
+  EXPECT_EQ(skips.at(150), false);
+  EXPECT_EQ(skips.at(200), false);
+  EXPECT_EQ(skips.count(12), 0u);
+  EXPECT_EQ(skips.size(), 2u + 51u + 1u);
+  EXPECT_THAT(notes, Contains(HasSubstr("skipped steps: 2 logged steps")));
+  EXPECT_THAT(notes, Contains(HasSubstr("non-finite: 52 logged steps with a "
+                                        "non-finite grad norm (steps 100..150)")));
+}
+
+TEST(MakeRecord, DropsAZeroNormArtifactUnlessTheRunIsNormBlind) {
+  const LoggedStep zero{.grad_norm = 0.0, .loss = 2.5, .lr = 1e-4};
+  RecordCounts counts;
+  EXPECT_FALSE(MakeRecord(3, zero, {}, &counts).has_value());
+  EXPECT_EQ(counts.no_norm, 1u);
+
+  // A run with no other norm keeps it as it is, and its clipping unknown.
+  std::optional<v1::StepRecord> blind =
+      MakeRecord(3, zero, {.norm_blind = true}, &counts);
+  ASSERT_TRUE(blind.has_value());
+  EXPECT_EQ(blind->grad_norm(), 0.0);
+  EXPECT_FALSE(blind->has_clipped());
+  EXPECT_EQ(blind->lr(), 1e-4);
+  // Without a norm at all it is sent with 0 and not clipped.
+  std::optional<v1::StepRecord> no_norm =
+      MakeRecord(4, {.loss = 2.5}, {.norm_blind = true}, &counts);
+  ASSERT_TRUE(no_norm.has_value());
+  EXPECT_EQ(no_norm->grad_norm(), 0.0);
+  ASSERT_TRUE(no_norm->has_clipped());
+  EXPECT_FALSE(no_norm->clipped());
+  EXPECT_EQ(counts.no_norm, 1u);
+}
+
+TEST(MakeRecord, SkipsUnitScalesAndFp8Defaults) {
+  LoggedStep logged{.grad_norm = kInf, .loss_scale = 1.0};
+  logged.fp8["layer.0:grad_output"].set_overflow_fraction(1.5);
+  logged.fp8["layer.0:input"].set_format(v1::E4M3);
+  logged.fp8["layer.0:input"].set_underflow_fraction(0.25);
+  RecordRules rules{.drop_unit_scale = true, .inferred_skips = {{5, true}}};
+  RecordCounts counts;
+  std::optional<v1::StepRecord> r = MakeRecord(5, logged, rules, &counts);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->step(), 5u);
+  EXPECT_TRUE(r->skipped());
+  EXPECT_TRUE(std::isinf(r->grad_norm()));
+  EXPECT_FALSE(r->has_loss_scale());
+  const v1::Fp8TensorStats& grad = r->fp8().at("layer.0:grad_output");
+  EXPECT_EQ(grad.format(), v1::E5M2);  // HYBRID: gradients in E5M2
+  EXPECT_FALSE(grad.has_overflow_fraction());  // 1.5 is not a share
+  EXPECT_EQ(r->fp8().at("layer.0:input").underflow_fraction(), 0.25);
+  EXPECT_EQ(counts.fp8_unformatted, 1u);
+  EXPECT_EQ(counts.fp8_bad_shares, 1u);
+  EXPECT_EQ(counts.reported_skips, 0u);  // inferred, not reported
+
+  // A step the log reports as skipped has an overflowed, unprinted norm.
+  r = MakeRecord(6, {.skipped = 1}, {}, &counts);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(r->skipped());
+  EXPECT_TRUE(std::isinf(r->grad_norm()));
+  EXPECT_EQ(counts.reported_skips, 1u);
+}
+
 TEST(ParseLogNumber, Spellings) {
   EXPECT_DOUBLE_EQ(*ParseLogNumber("1.500E-04"), 1.5e-4);
   EXPECT_TRUE(std::isnan(*ParseLogNumber("nan")));
