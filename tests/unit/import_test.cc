@@ -18,6 +18,7 @@
 #include "import/import_files.h"
 #include "import/import_log.h"
 #include "import/import_tensorboard.h"
+#include "import/import_text.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -359,6 +360,101 @@ TEST(TrainingStdout, BadValueNamesTheLine) {
   EXPECT_THAT(s.message(), HasSubstr("train.log:3:"));
   absl::Status none = ParseTrainingStdout("hello\nworld\n", "x.log", {}, &run);
   EXPECT_THAT(none.message(), HasSubstr("x.log: no training line"));
+}
+
+TEST(ParseOverflowLine, LeavesItsScaleForTheNextIterationLine) {
+  LoggedRun run;
+  StdoutParse parse{.map = {}, .run = &run};
+  absl::StatusOr<bool> read = ParseOverflowLine(
+      "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: "
+      "65536, reducing to 32768",
+      "t.log:1", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  read = ParseOverflowLine(
+      "Overflow detected. Skipping step. Attempted loss scale: 4096, reducing "
+      "to 2048",
+      "t.log:2", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_EQ(parse.overflow_lines, 2u);
+  EXPECT_EQ(parse.pending_overflows, 2u);
+  EXPECT_EQ(parse.pending_scale, 2048.0);
+  EXPECT_EQ(parse.step_lines, 0u);
+  EXPECT_TRUE(run.steps.empty());
+  read = ParseOverflowLine(" iteration 1/ 10 | loss scale: 1.0 |", "t.log:3", &parse);
+  ASSERT_TRUE(read.ok());
+  EXPECT_FALSE(*read);
+}
+
+TEST(ParseLlmcLogLine, ReadsKnownKeysButNotTheEvalLoss) {
+  LoggedRun run;
+  StdoutParse parse{.map = {}, .run = &run};
+  absl::StatusOr<bool> read = ParseLlmcLogLine(
+      "s:100 trl:3.2164 tel:3.5 lr:0.0006 norm:0.31", "llmc.log:1", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_EQ(parse.step_lines, 1u);
+  ASSERT_EQ(run.steps.count(100), 1u);
+  const LoggedStep& s = run.steps[100];
+  EXPECT_DOUBLE_EQ(*s.loss, 3.2164);  // trl, not tel
+  EXPECT_DOUBLE_EQ(*s.lr, 0.0006);
+  EXPECT_DOUBLE_EQ(*s.grad_norm, 0.31);
+
+  // Its format, but nothing trainwatch reads: claimed, not a step line.
+  read = ParseLlmcLogLine("s:101 tel:3.4", "llmc.log:2", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_EQ(parse.step_lines, 1u);
+  EXPECT_EQ(run.steps.count(101), 0u);
+
+  read = ParseLlmcLogLine("step 1/10 | train loss 3.0", "llmc.log:3", &parse);
+  ASSERT_TRUE(read.ok());
+  EXPECT_FALSE(*read);
+
+  read = ParseLlmcLogLine("s:102 trl:abc", "llmc.log:4", &parse);
+  EXPECT_THAT(read.status().message(),
+              HasSubstr("llmc.log:4: \"trl:abc\" is not a number"));
+}
+
+TEST(ParseIterationLine, TakesPendingOverflowsUnlessTheLineCountsSkips) {
+  LoggedRun run;
+  StdoutParse parse{.map = {}, .run = &run};
+  parse.pending_overflows = 2;
+  parse.pending_scale = 1024.0;
+  absl::StatusOr<bool> read = ParseIterationLine(
+      " iteration        7/     100 | lm loss: 2.5 | grad norm: 0.75 |",
+      "t.log:1", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_EQ(parse.step_lines, 1u);
+  EXPECT_EQ(run.steps[7].skipped, 2u);
+  EXPECT_EQ(run.steps[7].loss_scale, 1024.0);
+  EXPECT_DOUBLE_EQ(*run.steps[7].grad_norm, 0.75);
+  EXPECT_EQ(parse.pending_overflows, 0u);
+  EXPECT_FALSE(parse.pending_scale.has_value());
+
+  // The line's own skip count and loss scale win over the overflow lines'.
+  parse.pending_overflows = 3;
+  parse.pending_scale = 512.0;
+  read = ParseIterationLine(
+      " iteration 8/ 100 | loss scale: 256.0 | number of skipped iterations: 1 "
+      "| number of nan iterations: 2 |",
+      "t.log:2", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_EQ(run.steps[8].skipped, 1u);
+  EXPECT_EQ(run.steps[8].loss_scale, 256.0);
+  EXPECT_TRUE(run.steps[8].nan_iteration);
+
+  // llm.c's stdout: "key value" segments.
+  read = ParseIterationLine("step    9/19073 | train loss 10.5 | norm 2.5 |",
+                            "t.log:3", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_DOUBLE_EQ(*run.steps[9].loss, 10.5);
+  EXPECT_DOUBLE_EQ(*run.steps[9].grad_norm, 2.5);
+
+  read = ParseIterationLine("s:10 trl:3.0", "t.log:4", &parse);
+  ASSERT_TRUE(read.ok());
+  EXPECT_FALSE(*read);
+  read = ParseIterationLine(" iteration 11/ 100 | number of nan iterations: x |",
+                            "t.log:5", &parse);
+  EXPECT_THAT(read.status().message(),
+              HasSubstr("t.log:5: \"number of nan iterations: x\": the count"));
 }
 
 // --- CSV. ---
