@@ -102,6 +102,19 @@ std::optional<std::pair<std::string, std::string>> SplitSegment(
                    std::string(segment.substr(space + 1)));
 }
 
+// The step in a line's first group (digits, which may still overflow);
+// the error calls it `what`.
+absl::StatusOr<uint64_t> MatchedStep(const std::smatch& m,
+                                     absl::string_view where,
+                                     absl::string_view what) {
+  uint64_t step = 0;
+  if (!absl::SimpleAtoi(m[1].str(), &step)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": bad ", what, " \"", m[1].str(), "\""));
+  }
+  return step;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> ParseOverflowLine(const std::string& line,
@@ -120,11 +133,9 @@ absl::StatusOr<bool> ParseLlmcLogLine(const std::string& line,
                                       StdoutParse* parse) {
   std::smatch m;
   if (!std::regex_match(line, m, LlmcLogPattern())) return false;
-  uint64_t step = 0;
-  if (!absl::SimpleAtoi(m[1].str(), &step)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": bad step \"", m[1].str(), "\""));
-  }
+  absl::StatusOr<uint64_t> parsed = MatchedStep(m, where, "step");
+  if (!parsed.ok()) return parsed.status();
+  const uint64_t step = *parsed;
   bool any = false;
   for (absl::string_view kv :
        absl::StrSplit(m[2].str(), ' ', absl::SkipWhitespace())) {
@@ -152,11 +163,9 @@ absl::StatusOr<bool> ParseIterationLine(const std::string& line,
                                         StdoutParse* parse) {
   std::smatch m;
   if (!std::regex_search(line, m, IterationPattern())) return false;
-  uint64_t step = 0;
-  if (!absl::SimpleAtoi(m[1].str(), &step)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": bad iteration \"", m[1].str(), "\""));
-  }
+  absl::StatusOr<uint64_t> parsed = MatchedStep(m, where, "iteration");
+  if (!parsed.ok()) return parsed.status();
+  const uint64_t step = *parsed;
   ++parse->step_lines;
   LoggedRun* run = parse->run;
   run->steps[step];  // the line is a logged step even if it says little
