@@ -56,9 +56,9 @@ class Replayer {
     if (++steps_ % kCheckEvery == 0) {
       if (absl::Status s = WaitIfBacklogged(); !s.ok()) return s;
     }
-    Step step = ToClientStep(std::get<v1::StepRecord>(entry));
+    const auto& record = std::get<v1::StepRecord>(entry);
     return Retry([&] {
-      if (client_->Record(step)) return true;
+      if (client_->RecordProto(record)) return true;
       ++step_rejections_;
       return false;
     });

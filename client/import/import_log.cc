@@ -230,6 +230,134 @@ void DecideMaxNorm(const LoggedRun& run, const ImportSettings& settings,
   }
 }
 
+
+// Which loss scales the log records: a scale of 1.0 on every logged step is
+// no loss scaling at all (bf16 or fp32), and is not sent.
+struct LossScales {
+  bool any = false;
+  bool not_one = false;
+  bool unit_only() const { return any && !not_one; }
+};
+
+LossScales ReadLossScales(const LoggedRun& run, ImportPlan* plan) {
+  LossScales scales;
+  for (const auto& [step, s] : run.steps) {
+    if (!s.loss_scale.has_value()) continue;
+    scales.any = true;
+    if (*s.loss_scale != 1.0) scales.not_one = true;
+  }
+  if (scales.unit_only()) {
+    plan->notes.push_back(
+        "loss scale: 1.0 on every logged step, i.e. no loss scaling (bf16 or "
+        "fp32): not sent");
+  }
+  return scales;
+}
+
+// Says how many norms are logging artifacts (IsZeroNormArtifact) and
+// whether any usable norm is left; without one the run is "norm blind":
+// sent for its loss, LR and loss scale with grad_norm 0 and no clipping.
+bool DecideNormBlind(const LoggedRun& run, ImportPlan* plan) {
+  uint64_t zero_norms = 0, first_zero = 0, last_zero = 0;
+  bool any_norm = false;
+  for (const auto& [step, s] : run.steps) {
+    if (!s.grad_norm.has_value()) continue;
+    if (IsZeroNormArtifact(s)) {
+      if (zero_norms++ == 0) first_zero = step;
+      last_zero = step;
+    } else {
+      any_norm = true;
+    }
+  }
+  if (zero_norms > 0) {
+    plan->notes.push_back(absl::StrCat(
+        "grad norm: ", zero_norms, " logged norms are exactly 0.0 while the "
+        "loss is not (", Range(first_zero, last_zero),
+        "): logging artifacts, not a collapse; those norms are dropped"));
+  }
+  if (any_norm) return false;
+  plan->notes.push_back(
+      "grad norm: none usable in the log, so the clip fraction, spikes, "
+      "drift and the recommended max_norm cannot be judged; steps are sent "
+      "with grad_norm 0 for their loss, LR and loss scale");
+  plan->max_norm = 0;
+  plan->labels["grad_norm"] = "not logged";
+  return true;
+}
+
+// One tensor's FP8 stats as sent: a format the log does not give is the
+// HYBRID recipe's, and an overflow/underflow share outside [0, 1] (which the
+// server would refuse the batch for) is left out.
+v1::Fp8TensorStats Fp8Record(const std::string& tensor,
+                             const v1::Fp8TensorStats& logged,
+                             RecordCounts* counts) {
+  v1::Fp8TensorStats f = logged;
+  if (f.format() == v1::FP8_FORMAT_UNSPECIFIED) {
+    // Transformer Engine's HYBRID recipe: E4M3 forward, E5M2 gradients.
+    f.set_format(absl::StrContains(Lower(tensor), "grad") ? v1::E5M2 : v1::E4M3);
+    ++counts->fp8_unformatted;
+  }
+  for (auto [has, get, clear] :
+       {std::tuple{&v1::Fp8TensorStats::has_overflow_fraction,
+                   &v1::Fp8TensorStats::overflow_fraction,
+                   &v1::Fp8TensorStats::clear_overflow_fraction},
+        std::tuple{&v1::Fp8TensorStats::has_underflow_fraction,
+                   &v1::Fp8TensorStats::underflow_fraction,
+                   &v1::Fp8TensorStats::clear_underflow_fraction}}) {
+    const double v = (f.*get)();
+    if ((f.*has)() && std::isfinite(v) && (v < 0 || v > 1)) {
+      (f.*clear)();
+      ++counts->fp8_bad_shares;
+    }
+  }
+  return f;
+}
+
+// What MakeRecord() counted, one note each.
+void NoteRecordCounts(const RecordCounts& counts, ImportPlan* plan) {
+  if (counts.reported_skips > 0) {
+    plan->notes.push_back(absl::StrCat("skipped steps: ", counts.reported_skips,
+                                       " steps the log reports as skipped"));
+  }
+  if (counts.fp8_unformatted > 0) {
+    plan->notes.push_back(absl::StrCat(
+        "fp8: ", counts.fp8_unformatted, " tensor reports without a fp8/<tensor>/format "
+        "column read as E4M3 (E5M2 for names with \"grad\": the HYBRID recipe)"));
+  }
+  if (counts.fp8_bad_shares > 0) {
+    plan->notes.push_back(absl::StrCat(
+        "fp8: ", counts.fp8_bad_shares, " overflow/underflow values outside [0, 1] left out"));
+  }
+  if (counts.no_norm > 0) {
+    plan->notes.push_back(absl::StrCat(
+        "left out: ", counts.no_norm,
+        " logged steps carry other values but no grad norm (a record needs "
+        "one)"));
+  }
+}
+
+// Logging every N steps: the windows hold logged points, not every step.
+// N is the median gap between the records' steps, or the interval the log
+// declares if larger.
+void NoteSparseLog(const LoggedRun& run, ImportPlan* plan) {
+  std::vector<uint64_t> gaps;
+  for (size_t i = 1; i < plan->records.size(); ++i) {
+    gaps.push_back(plan->records[i].step() - plan->records[i - 1].step());
+  }
+  if (gaps.empty()) return;
+  std::nth_element(gaps.begin(), gaps.begin() + gaps.size() / 2, gaps.end());
+  const uint64_t every = std::max<uint64_t>(gaps[gaps.size() / 2],
+                                            run.logging_steps.value_or(1));
+  if (every <= 1) return;
+  plan->labels["logged_every"] = absl::StrCat(every);
+  plan->notes.push_back(absl::StrCat(
+      "sparse log: one point every ", every,
+      " steps; the windows hold logged points (W = 1000 points spans about ",
+      1000 * every,
+      " steps) and the clip fraction is a sample of the logged steps, "
+      "not of every step"));
+}
+
 }  // namespace
 
 absl::string_view LogFieldName(LogField field) {
@@ -372,6 +500,104 @@ void LoggedRun::Set(uint64_t step, LogField field, double value) {
   }
 }
 
+bool IsZeroNormArtifact(const LoggedStep& step) {
+  return step.grad_norm.has_value() && *step.grad_norm == 0.0 &&
+         step.loss.has_value() && std::isfinite(*step.loss) &&
+         *step.loss != 0.0;
+}
+
+std::map<uint64_t, bool> InferSkips(const LoggedRun& run,
+                                    std::vector<std::string>* notes) {
+  std::map<uint64_t, bool> skipped;
+  std::vector<uint64_t> streak;
+  uint64_t inferred = 0, kept = 0;
+  std::string kept_where;
+  auto close_streak = [&](bool recovered) {
+    if (streak.empty()) return;
+    const bool skip =
+        recovered && streak.back() - streak.front() < kMaxOverflowStreak;
+    for (uint64_t st : streak) skipped[st] = skip;
+    if (skip) {
+      inferred += streak.size();
+    } else {
+      kept += streak.size();
+      if (kept_where.empty()) {
+        kept_where = Range(streak.front(), streak.back());
+      }
+    }
+    streak.clear();
+  };
+  for (const auto& [step, s] : run.steps) {
+    if (!s.grad_norm.has_value() || s.skipped > 0) continue;
+    if (!std::isfinite(*s.grad_norm)) {
+      streak.push_back(step);
+    } else {
+      close_streak(true);
+    }
+  }
+  close_streak(false);
+  if (inferred > 0) {
+    notes->push_back(absl::StrCat(
+        "skipped steps: ", inferred,
+        " logged steps with a non-finite grad norm are read as skipped "
+        "(the run logged finite norms within ",
+        kMaxOverflowStreak, " steps after each, so the update was not "
+        "applied)"));
+  }
+  if (kept > 0) {
+    notes->push_back(absl::StrCat(
+        "non-finite: ", kept, " logged steps with a non-finite grad norm (",
+        kept_where, ") did not recover: sent as applied updates"));
+  }
+  return skipped;
+}
+
+std::optional<v1::StepRecord> MakeRecord(uint64_t step, const LoggedStep& logged,
+                                         const RecordRules& rules,
+                                         RecordCounts* counts) {
+  v1::StepRecord r;
+  r.set_step(step);
+  bool skipped = logged.skipped > 0;
+  if (skipped) ++counts->reported_skips;
+  std::optional<double> norm = logged.grad_norm;
+  // Dropped unless it is all the run has (DecideNormBlind says which).
+  if (!rules.norm_blind && IsZeroNormArtifact(logged)) norm.reset();
+  if (auto it = rules.inferred_skips.find(step);
+      it != rules.inferred_skips.end()) {
+    skipped = skipped || it->second;
+  }
+  if (!norm.has_value()) {
+    if (skipped) {
+      // A skipped iteration's norm is not printed: it overflowed.
+      norm = std::numeric_limits<double>::infinity();
+    } else if (rules.norm_blind) {
+      norm = 0.0;
+      r.set_clipped(false);
+    } else {
+      ++counts->no_norm;
+      return std::nullopt;
+    }
+  }
+  r.set_grad_norm(*norm);
+  r.set_skipped(skipped);
+  if (logged.loss.has_value()) {
+    r.set_loss(*logged.loss);
+  } else if (logged.nan_iteration && !skipped) {
+    r.set_loss(std::numeric_limits<double>::quiet_NaN());
+  }
+  if (logged.lr.has_value()) r.set_lr(*logged.lr);
+  if (logged.loss_scale.has_value() && !rules.drop_unit_scale) {
+    r.set_loss_scale(*logged.loss_scale);
+  }
+  if (logged.step_time_s.has_value()) r.set_step_time_s(*logged.step_time_s);
+  if (logged.max_attn_logit.has_value()) r.set_max_attn_logit(*logged.max_attn_logit);
+  if (logged.log_z.has_value()) r.set_log_z(*logged.log_z);
+  for (const auto& [tensor, stats] : logged.fp8) {
+    (*r.mutable_fp8())[tensor] = Fp8Record(tensor, stats, counts);
+  }
+  return r;
+}
+
 absl::StatusOr<ImportPlan> PlanImport(const LoggedRun& run,
                                       const ImportSettings& settings) {
   if (run.steps.empty()) {
@@ -384,209 +610,27 @@ absl::StatusOr<ImportPlan> PlanImport(const LoggedRun& run,
   plan.notes = run.notes;
   plan.labels["imported_from"] = std::string(LogSourceName(run.source));
 
-  bool any_scale = false, scale_not_one = false;
-  for (const auto& [step, s] : run.steps) {
-    if (!s.loss_scale.has_value()) continue;
-    any_scale = true;
-    if (*s.loss_scale != 1.0) scale_not_one = true;
-  }
-  const bool drop_unit_scale = any_scale && !scale_not_one;
-  if (drop_unit_scale) {
-    plan.notes.push_back(
-        "loss scale: 1.0 on every logged step, i.e. no loss scaling (bf16 or "
-        "fp32): not sent");
-  }
-  DecidePrecision(run, settings, any_scale && !drop_unit_scale, scale_not_one,
-                  &plan);
+  const LossScales scales = ReadLossScales(run, &plan);
+  DecidePrecision(run, settings, scales.any && !scales.unit_only(),
+                  scales.not_one, &plan);
   DecideMaxNorm(run, settings, &plan);
   DecideWarmup(run, settings, &plan);
+  RecordRules rules;
+  rules.norm_blind = DecideNormBlind(run, &plan);
+  rules.drop_unit_scale = scales.unit_only();
+  rules.inferred_skips = InferSkips(run, &plan.notes);
 
-  // Exact 0.0 norms next to a non-zero loss are what a logger writes when it
-  // has no norm (DeepSpeed under the HF Trainer, a norm read before it was
-  // computed): a real gradient's norm is never exactly 0 while it learns.
-  uint64_t zero_norms = 0, first_zero = 0, last_zero = 0;
-  bool any_norm = false;
+  RecordCounts counts;
   for (const auto& [step, s] : run.steps) {
-    if (!s.grad_norm.has_value()) continue;
-    if (*s.grad_norm == 0.0 && s.loss.has_value() && std::isfinite(*s.loss) &&
-        *s.loss != 0.0) {
-      if (zero_norms++ == 0) first_zero = step;
-      last_zero = step;
-    } else {
-      any_norm = true;
-    }
+    std::optional<v1::StepRecord> record = MakeRecord(step, s, rules, &counts);
+    if (record.has_value()) plan.records.push_back(*std::move(record));
   }
-  if (zero_norms > 0) {
-    plan.notes.push_back(absl::StrCat(
-        "grad norm: ", zero_norms, " logged norms are exactly 0.0 while the "
-        "loss is not (", Range(first_zero, last_zero),
-        "): logging artifacts, not a collapse; those norms are dropped"));
-  }
-  const bool norm_blind = !any_norm;
-  if (norm_blind) {
-    plan.notes.push_back(
-        "grad norm: none usable in the log, so the clip fraction, spikes, "
-        "drift and the recommended max_norm cannot be judged; steps are sent "
-        "with grad_norm 0 for their loss, LR and loss scale");
-    plan.max_norm = 0;
-    plan.labels["grad_norm"] = "not logged";
-  }
-
-  // Non-finite norms followed by finite ones: the weights survived, so those
-  // updates were skipped (a GradScaler's overflow, a NaN-skipping optimizer).
-  // A streak that never ends, or lasts longer than a scaler backs off, is an
-  // applied non-finite update.
-  std::map<uint64_t, bool> inferred_skip;  // step -> skipped
-  {
-    std::vector<uint64_t> streak;
-    uint64_t inferred = 0, kept = 0;
-    std::string kept_where;
-    auto close_streak = [&](bool recovered) {
-      if (streak.empty()) return;
-      const bool skip =
-          recovered && streak.back() - streak.front() < kMaxOverflowStreak;
-      for (uint64_t st : streak) inferred_skip[st] = skip;
-      if (skip) {
-        inferred += streak.size();
-      } else {
-        kept += streak.size();
-        if (kept_where.empty()) {
-          kept_where = Range(streak.front(), streak.back());
-        }
-      }
-      streak.clear();
-    };
-    for (const auto& [step, s] : run.steps) {
-      if (!s.grad_norm.has_value() || s.skipped > 0) continue;
-      if (!std::isfinite(*s.grad_norm)) {
-        streak.push_back(step);
-      } else {
-        close_streak(true);
-      }
-    }
-    close_streak(false);
-    if (inferred > 0) {
-      plan.notes.push_back(absl::StrCat(
-          "skipped steps: ", inferred,
-          " logged steps with a non-finite grad norm are read as skipped "
-          "(the run logged finite norms within ",
-          kMaxOverflowStreak, " steps after each, so the update was not "
-          "applied)"));
-    }
-    if (kept > 0) {
-      plan.notes.push_back(absl::StrCat(
-          "non-finite: ", kept, " logged steps with a non-finite grad norm (",
-          kept_where, ") did not recover: sent as applied updates"));
-    }
-  }
-
-  uint64_t reported_skips = 0, no_norm = 0, fp8_unformatted = 0, fp8_bad_shares = 0;
-  std::vector<uint64_t> gaps;
-  std::optional<uint64_t> previous;
-  for (const auto& [step, s] : run.steps) {
-    v1::StepRecord r;
-    r.set_step(step);
-    bool skipped = s.skipped > 0;
-    if (skipped) ++reported_skips;
-    std::optional<double> norm = s.grad_norm;
-    if (norm.has_value() && *norm == 0.0 && !norm_blind && s.loss.has_value() &&
-        std::isfinite(*s.loss) && *s.loss != 0.0) {
-      norm.reset();  // a logging artifact (said above)
-    }
-    if (auto it = inferred_skip.find(step); it != inferred_skip.end()) {
-      skipped = skipped || it->second;
-    }
-    if (!norm.has_value()) {
-      if (skipped) {
-        // A skipped iteration's norm is not printed: it overflowed.
-        norm = std::numeric_limits<double>::infinity();
-      } else if (norm_blind) {
-        norm = 0.0;
-        r.set_clipped(false);
-      } else {
-        ++no_norm;
-        continue;
-      }
-    }
-    r.set_grad_norm(*norm);
-    r.set_skipped(skipped);
-    if (s.loss.has_value()) {
-      r.set_loss(*s.loss);
-    } else if (s.nan_iteration && !skipped) {
-      r.set_loss(std::numeric_limits<double>::quiet_NaN());
-    }
-    if (s.lr.has_value()) r.set_lr(*s.lr);
-    if (s.loss_scale.has_value() && !drop_unit_scale) {
-      r.set_loss_scale(*s.loss_scale);
-    }
-    if (s.step_time_s.has_value()) r.set_step_time_s(*s.step_time_s);
-    if (s.max_attn_logit.has_value()) r.set_max_attn_logit(*s.max_attn_logit);
-    if (s.log_z.has_value()) r.set_log_z(*s.log_z);
-    for (const auto& [tensor, logged] : s.fp8) {
-      v1::Fp8TensorStats f = logged;
-      if (f.format() == v1::FP8_FORMAT_UNSPECIFIED) {
-        // Transformer Engine's HYBRID recipe: E4M3 forward, E5M2 gradients.
-        f.set_format(absl::StrContains(Lower(tensor), "grad") ? v1::E5M2 : v1::E4M3);
-        ++fp8_unformatted;
-      }
-      for (auto [has, get, clear] :
-           {std::tuple{&v1::Fp8TensorStats::has_overflow_fraction,
-                       &v1::Fp8TensorStats::overflow_fraction,
-                       &v1::Fp8TensorStats::clear_overflow_fraction},
-            std::tuple{&v1::Fp8TensorStats::has_underflow_fraction,
-                       &v1::Fp8TensorStats::underflow_fraction,
-                       &v1::Fp8TensorStats::clear_underflow_fraction}}) {
-        const double v = (f.*get)();
-        if ((f.*has)() && std::isfinite(v) && (v < 0 || v > 1)) {
-          (f.*clear)();  // not a share: the server would refuse the batch
-          ++fp8_bad_shares;
-        }
-      }
-      (*r.mutable_fp8())[tensor] = std::move(f);
-    }
-    if (previous.has_value()) gaps.push_back(step - *previous);
-    previous = step;
-    plan.records.push_back(std::move(r));
-  }
-  if (reported_skips > 0) {
-    plan.notes.push_back(absl::StrCat("skipped steps: ", reported_skips,
-                                      " steps the log reports as skipped"));
-  }
-  if (fp8_unformatted > 0) {
-    plan.notes.push_back(absl::StrCat(
-        "fp8: ", fp8_unformatted, " tensor reports without a fp8/<tensor>/format "
-        "column read as E4M3 (E5M2 for names with \"grad\": the HYBRID recipe)"));
-  }
-  if (fp8_bad_shares > 0) {
-    plan.notes.push_back(absl::StrCat(
-        "fp8: ", fp8_bad_shares, " overflow/underflow values outside [0, 1] left out"));
-  }
-  if (no_norm > 0) {
-    plan.notes.push_back(absl::StrCat(
-        "left out: ", no_norm,
-        " logged steps carry other values but no grad norm (a record needs "
-        "one)"));
-  }
+  NoteRecordCounts(counts, &plan);
   if (plan.records.empty()) {
     return absl::InvalidArgumentError(
         "no step with a usable grad norm, loss or learning rate");
   }
-
-  // Logging every N steps: the windows hold logged points, not every step.
-  if (!gaps.empty()) {
-    std::nth_element(gaps.begin(), gaps.begin() + gaps.size() / 2, gaps.end());
-    const uint64_t every = std::max<uint64_t>(
-        gaps[gaps.size() / 2], run.logging_steps.value_or(1));
-    if (every > 1) {
-      plan.labels["logged_every"] = absl::StrCat(every);
-      plan.notes.push_back(absl::StrCat(
-          "sparse log: one point every ", every,
-          " steps; the windows hold logged points (W = 1000 points spans about ",
-          1000 * every,
-          " steps) and the clip fraction is a sample of the logged steps, "
-          "not of every step"));
-    }
-  }
+  NoteSparseLog(run, &plan);
   return plan;
 }
 

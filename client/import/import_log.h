@@ -132,6 +132,44 @@ struct ImportPlan {
 absl::StatusOr<ImportPlan> PlanImport(const LoggedRun& run,
                                       const ImportSettings& settings);
 
+// The steps of PlanImport that decide per logged step.
+
+// An exact 0.0 norm next to a finite non-zero loss: what a logger writes when
+// it has no norm (DeepSpeed under the HF Trainer, a norm read before it was
+// computed), since a real gradient's norm is never exactly 0 while it
+// learns. Such a norm is dropped, unless the log has no other.
+bool IsZeroNormArtifact(const LoggedStep& step);
+
+// Non-finite norms followed by finite ones: the weights survived, so those
+// updates were skipped (a GradScaler's overflow, a NaN-skipping optimizer).
+// A streak that never ends, or lasts longer than a scaler backs off, is an
+// applied non-finite update. Returns step -> skipped for every logged
+// non-finite norm of a step the log does not report as skipped itself, and
+// adds a note for each kind to `notes`.
+std::map<uint64_t, bool> InferSkips(const LoggedRun& run,
+                                    std::vector<std::string>* notes);
+
+// What PlanImport decided for the whole run that shapes each record.
+struct RecordRules {
+  bool norm_blind = false;       // no usable norm: grad_norm 0, not clipped
+  bool drop_unit_scale = false;  // every loss scale is 1.0: none sent
+  std::map<uint64_t, bool> inferred_skips;  // from InferSkips()
+};
+
+// What MakeRecord() changed or left out, for PlanImport's notes.
+struct RecordCounts {
+  uint64_t reported_skips = 0;   // steps the log says were skipped
+  uint64_t no_norm = 0;          // steps left out: no norm
+  uint64_t fp8_unformatted = 0;  // FP8 tensors given the HYBRID format
+  uint64_t fp8_bad_shares = 0;   // overflow/underflow shares left out
+};
+
+// The record of one logged step, or nullopt when it has no usable norm (and
+// the run has some) and was not skipped.
+std::optional<v1::StepRecord> MakeRecord(uint64_t step, const LoggedStep& logged,
+                                         const RecordRules& rules,
+                                         RecordCounts* counts);
+
 // Parses a number as logs print it: decimal or exponent form, and the
 // spellings of non-finite values ("nan", "NaN", "inf", "-Infinity"...).
 std::optional<double> ParseLogNumber(absl::string_view text);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "import/import_files.h"
+#include "import/import_text.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -84,112 +86,151 @@ std::vector<std::string> SplitCsv(absl::string_view line) {
   return cells;
 }
 
+// A segment of an iteration line as key and value: "key: value" (the last
+// colon splits), or llm.c's "train loss 3.21" (the last space); nullopt for
+// a segment with neither.
+std::optional<std::pair<std::string, std::string>> SplitSegment(
+    absl::string_view segment) {
+  const size_t colon = segment.rfind(':');
+  if (colon != absl::string_view::npos) {
+    return std::pair(std::string(segment.substr(0, colon)),
+                     std::string(absl::StripAsciiWhitespace(segment.substr(colon + 1))));
+  }
+  const size_t space = segment.rfind(' ');
+  if (space == absl::string_view::npos) return std::nullopt;
+  return std::pair(std::string(segment.substr(0, space)),
+                   std::string(segment.substr(space + 1)));
+}
+
+// The step in a line's first group (digits, which may still overflow);
+// the error calls it `what`.
+absl::StatusOr<uint64_t> MatchedStep(const std::smatch& m,
+                                     absl::string_view where,
+                                     absl::string_view what) {
+  uint64_t step = 0;
+  if (!absl::SimpleAtoi(m[1].str(), &step)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": bad ", what, " \"", m[1].str(), "\""));
+  }
+  return step;
+}
+
 }  // namespace
+
+absl::StatusOr<bool> ParseOverflowLine(const std::string& line,
+                                       absl::string_view /*where*/,
+                                       StdoutParse* parse) {
+  std::smatch m;
+  if (!std::regex_search(line, m, OverflowPattern())) return false;
+  ++parse->overflow_lines;
+  ++parse->pending_overflows;
+  parse->pending_scale = ParseLogNumber(m[1].str());
+  return true;
+}
+
+absl::StatusOr<bool> ParseLlmcLogLine(const std::string& line,
+                                      absl::string_view where,
+                                      StdoutParse* parse) {
+  std::smatch m;
+  if (!std::regex_match(line, m, LlmcLogPattern())) return false;
+  absl::StatusOr<uint64_t> parsed = MatchedStep(m, where, "step");
+  if (!parsed.ok()) return parsed.status();
+  const uint64_t step = *parsed;
+  bool any = false;
+  for (absl::string_view kv :
+       absl::StrSplit(m[2].str(), ' ', absl::SkipWhitespace())) {
+    const size_t colon = kv.find(':');
+    if (colon == absl::string_view::npos) continue;
+    std::string key(kv.substr(0, colon));
+    if (key == "trl") key = "loss";
+    if (key == "tel") continue;  // eval loss
+    std::optional<TagTarget> target = LookUpTag(key, parse->map);
+    if (!target.has_value()) continue;
+    std::optional<double> v = ParseLogNumber(kv.substr(colon + 1));
+    if (!v.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": \"", kv, "\" is not a number"));
+    }
+    parse->run->Set(step, *target, *v);
+    any = true;
+  }
+  if (any) ++parse->step_lines;
+  return true;
+}
+
+absl::StatusOr<bool> ParseIterationLine(const std::string& line,
+                                        absl::string_view where,
+                                        StdoutParse* parse) {
+  std::smatch m;
+  if (!std::regex_search(line, m, IterationPattern())) return false;
+  absl::StatusOr<uint64_t> parsed = MatchedStep(m, where, "iteration");
+  if (!parsed.ok()) return parsed.status();
+  const uint64_t step = *parsed;
+  ++parse->step_lines;
+  LoggedRun* run = parse->run;
+  run->steps[step];  // the line is a logged step even if it says little
+  bool skip_count_given = false;
+  for (absl::string_view segment : absl::StrSplit(line, '|')) {
+    segment = absl::StripAsciiWhitespace(segment);
+    if (segment.empty()) continue;
+    std::optional<std::pair<std::string, std::string>> kv = SplitSegment(segment);
+    if (!kv.has_value()) continue;
+    const auto& [key, value] = *kv;
+    // A timestamp prefix ("[2024-01-01 10:00:00] iteration") has colons
+    // too; only known keys are read.
+    std::optional<TagTarget> target = LookUpTag(key, parse->map);
+    const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(key));
+    if (lower == "number of nan iterations") {
+      std::optional<double> v = ParseLogNumber(value);
+      if (!v.has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": \"", segment, "\": the count is not a number"));
+      }
+      if (*v > 0) run->steps[step].nan_iteration = true;
+      continue;
+    }
+    if (!target.has_value()) continue;
+    std::optional<double> v = ParseLogNumber(value);
+    if (!v.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": \"", segment, "\": the value is not a number"));
+    }
+    if (target->field == LogField::kSkipped) skip_count_given = true;
+    run->Set(step, *target, *v);
+  }
+  LoggedStep& s = run->steps[step];
+  if (!skip_count_given && parse->pending_overflows > 0) {
+    s.skipped = parse->pending_overflows;
+  }
+  if (!s.loss_scale.has_value() && parse->pending_scale.has_value()) {
+    s.loss_scale = parse->pending_scale;
+  }
+  parse->pending_overflows = 0;
+  parse->pending_scale.reset();
+  return true;
+}
 
 absl::Status ParseTrainingStdout(absl::string_view text,
                                  absl::string_view name, const TagMap& map,
                                  LoggedRun* run) {
+  // Tried in this order; the first that reads a line wins.
+  using LineParser = absl::StatusOr<bool> (*)(const std::string&,
+                                              absl::string_view, StdoutParse*);
+  constexpr LineParser kParsers[] = {ParseOverflowLine, ParseLlmcLogLine,
+                                     ParseIterationLine};
+  StdoutParse parse{.map = map, .run = run};
   int64_t line_number = 0;
-  uint64_t iteration_lines = 0, overflow_lines = 0;
-  // Overflow lines seen since the last iteration line, and the scale the
-  // last one reduced to: they belong to the next iteration line's step.
-  uint32_t pending_overflows = 0;
-  std::optional<double> pending_scale;
   for (absl::string_view raw : absl::StrSplit(text, '\n')) {
     ++line_number;
     const std::string line(absl::StripTrailingAsciiWhitespace(raw));
     const std::string where = absl::StrCat(name, ":", line_number);
-    std::smatch m;
-    if (std::regex_search(line, m, OverflowPattern())) {
-      ++overflow_lines;
-      ++pending_overflows;
-      pending_scale = ParseLogNumber(m[1].str());
-      continue;
+    for (LineParser parser : kParsers) {
+      absl::StatusOr<bool> read = parser(line, where, &parse);
+      if (!read.ok()) return read.status();
+      if (*read) break;
     }
-    if (std::regex_match(line, m, LlmcLogPattern())) {
-      uint64_t step = 0;
-      if (!absl::SimpleAtoi(m[1].str(), &step)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": bad step \"", m[1].str(), "\""));
-      }
-      bool any = false;
-      for (absl::string_view kv :
-           absl::StrSplit(m[2].str(), ' ', absl::SkipWhitespace())) {
-        const size_t colon = kv.find(':');
-        if (colon == absl::string_view::npos) continue;
-        std::string key(kv.substr(0, colon));
-        if (key == "trl") key = "loss";
-        if (key == "tel") continue;  // eval loss
-        std::optional<TagTarget> target = LookUpTag(key, map);
-        if (!target.has_value()) continue;
-        std::optional<double> v = ParseLogNumber(kv.substr(colon + 1));
-        if (!v.has_value()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": \"", kv, "\" is not a number"));
-        }
-        run->Set(step, *target, *v);
-        any = true;
-      }
-      if (any) ++iteration_lines;
-      continue;
-    }
-    if (!std::regex_search(line, m, IterationPattern())) continue;
-    uint64_t step = 0;
-    if (!absl::SimpleAtoi(m[1].str(), &step)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": bad iteration \"", m[1].str(), "\""));
-    }
-    ++iteration_lines;
-    run->steps[step];  // the line is a logged step even if it says little
-    bool skip_count_given = false;
-    for (absl::string_view segment : absl::StrSplit(line, '|')) {
-      segment = absl::StripAsciiWhitespace(segment);
-      if (segment.empty()) continue;
-      std::string key, value;
-      const size_t colon = segment.rfind(':');
-      if (colon != absl::string_view::npos) {
-        key = std::string(segment.substr(0, colon));
-        value = std::string(absl::StripAsciiWhitespace(segment.substr(colon + 1)));
-      } else {
-        // llm.c: "train loss 3.21", "norm 0.31", "lr 6.00e-04".
-        const size_t space = segment.rfind(' ');
-        if (space == absl::string_view::npos) continue;
-        key = std::string(segment.substr(0, space));
-        value = std::string(segment.substr(space + 1));
-      }
-      // A timestamp prefix ("[2024-01-01 10:00:00] iteration") has colons
-      // too; only known keys are read.
-      std::optional<TagTarget> target = LookUpTag(key, map);
-      const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(key));
-      if (lower == "number of nan iterations") {
-        std::optional<double> v = ParseLogNumber(value);
-        if (!v.has_value()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": \"", segment, "\": the count is not a number"));
-        }
-        if (*v > 0) run->steps[step].nan_iteration = true;
-        continue;
-      }
-      if (!target.has_value()) continue;
-      std::optional<double> v = ParseLogNumber(value);
-      if (!v.has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": \"", segment, "\": the value is not a number"));
-      }
-      if (target->field == LogField::kSkipped) skip_count_given = true;
-      run->Set(step, *target, *v);
-    }
-    LoggedStep& s = run->steps[step];
-    if (!skip_count_given && pending_overflows > 0) {
-      s.skipped = pending_overflows;
-    }
-    if (!s.loss_scale.has_value() && pending_scale.has_value()) {
-      s.loss_scale = pending_scale;
-    }
-    pending_overflows = 0;
-    pending_scale.reset();
   }
-  if (iteration_lines == 0) {
+  if (parse.step_lines == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         name,
         ": no training line found: expected Megatron-LM / DeepSpeed / "
@@ -198,9 +239,9 @@ absl::Status ParseTrainingStdout(absl::string_view text,
         "TensorBoard event file (give --format)"));
   }
   if (run->source == LogSource::kUnknown) run->source = LogSource::kMegatron;
-  if (overflow_lines > 0) {
+  if (parse.overflow_lines > 0) {
     run->notes.push_back(absl::StrCat(
-        name, ": ", overflow_lines,
+        name, ": ", parse.overflow_lines,
         " DeepSpeed overflow lines: each marks the next iteration line's "
         "step as skipped, with the scale it reduced to"));
   }

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "intake.h"
 #include "trainwatch/channel.h"
+#include "trainwatch/v1/trainwatch.pb.h"
 #include "sender.h"
 
 namespace trainwatch {
@@ -117,19 +118,20 @@ class Client::Impl {
   void Start() { sender_.Start(); }
 
   bool Record(Step&& step) {
-    if (step.time_unix_nanos == 0) step.time_unix_nanos = NowUnixNanos();
-    if (measure_step_time_) {
-      // One exchange: Record() may be called from several threads, and each
-      // step's time is then measured from the step recorded just before it.
-      const int64_t previous = previous_step_nanos_.exchange(
-          step.time_unix_nanos, std::memory_order_relaxed);
-      if (!step.step_time_s.has_value() && previous != 0 &&
-          step.time_unix_nanos > previous) {
-        step.step_time_s =
-            static_cast<double>(step.time_unix_nanos - previous) * 1e-9;
-      }
-    }
+    const StepTime time = TimeStep(step.time_unix_nanos);
+    step.time_unix_nanos = time.unix_nanos;
+    if (!step.step_time_s.has_value()) step.step_time_s = time.since_previous_s;
     return intake_.OfferStep(std::move(step));
+  }
+
+  bool RecordProto(v1::StepRecord&& record) {
+    const StepTime time = TimeStep(record.time_unix_nanos());
+    record.set_time_unix_nanos(time.unix_nanos);
+    if (!record.has_step_time_s() && time.since_previous_s.has_value()) {
+      record.set_step_time_s(*time.since_previous_s);
+    }
+    return intake_.OfferRecord(
+        std::make_unique<v1::StepRecord>(std::move(record)));
   }
 
   bool RecordEvent(EventKind kind, uint64_t step, std::string detail) {
@@ -194,6 +196,28 @@ class Client::Impl {
   absl::Status Refusal() const { return sender_.refusal(); }
 
  private:
+  // A step's time, and the seconds since the step recorded before it when
+  // this client measures step times (ClientOptions::measure_locally).
+  struct StepTime {
+    int64_t unix_nanos = 0;
+    std::optional<double> since_previous_s;
+  };
+
+  // `unix_nanos` is the step's own time, 0 for now.
+  StepTime TimeStep(int64_t unix_nanos) {
+    StepTime time{.unix_nanos = unix_nanos == 0 ? NowUnixNanos() : unix_nanos};
+    if (!measure_step_time_) return time;
+    // One exchange: Record() may be called from several threads, and each
+    // step's time is then measured from the step recorded just before it.
+    const int64_t previous = previous_step_nanos_.exchange(
+        time.unix_nanos, std::memory_order_relaxed);
+    if (previous != 0 && time.unix_nanos > previous) {
+      time.since_previous_s =
+          static_cast<double>(time.unix_nanos - previous) * 1e-9;
+    }
+    return time;
+  }
+
   const bool measure_step_time_;
   // time_unix_nanos of the step recorded last; 0 before the first.
   std::atomic<int64_t> previous_step_nanos_{0};
@@ -231,6 +255,10 @@ Client::~Client() {
 }
 
 bool Client::Record(Step step) { return impl_->Record(std::move(step)); }
+
+bool Client::RecordProto(v1::StepRecord record) {
+  return impl_->RecordProto(std::move(record));
+}
 
 bool Client::RecordEvent(EventKind kind, uint64_t step, std::string detail) {
   return impl_->RecordEvent(kind, step, std::move(detail));

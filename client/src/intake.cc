@@ -17,11 +17,15 @@ Intake::Intake(size_t capacity) : capacity_(capacity), queue_(capacity) {}
 
 bool Intake::OfferStep(Step&& step) { return Admit(std::move(step)); }
 
+bool Intake::OfferRecord(std::unique_ptr<v1::StepRecord> record) {
+  return Admit(std::move(record));
+}
+
 bool Intake::OfferEvent(EventItem&& event) { return Admit(std::move(event)); }
 
 template <typename Item>
 bool Intake::Admit(Item&& item) {
-  constexpr bool kIsStep = std::is_same_v<std::decay_t<Item>, Step>;
+  constexpr bool kIsStep = !std::is_same_v<std::decay_t<Item>, EventItem>;
   if (closed_.load(std::memory_order_relaxed)) return false;
   // A CAS rather than fetch_add-then-undo: an overshoot would make a
   // concurrent Record() fail although there was room.

@@ -5,12 +5,14 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
 
 #include "mpmc_queue.h"
 #include "trainwatch/client.h"
+#include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch::internal {
 
@@ -22,8 +24,11 @@ struct EventItem {
 };
 
 // One queue entry. Steps and events share the queue so that an event keeps
-// its place among the steps recorded around it.
-using QueueItem = std::variant<Step, EventItem>;
+// its place among the steps recorded around it. A step is a Step (Record())
+// or a wire record (RecordProto()), the latter behind a pointer: a
+// StepRecord is larger than a Step, and every cell is allocated up front.
+using QueueItem =
+    std::variant<Step, std::unique_ptr<v1::StepRecord>, EventItem>;
 
 // Bounds what the client holds in memory and admits items without a lock.
 // "Held" counts an item from admission until it leaves memory: acknowledged
@@ -34,7 +39,7 @@ using QueueItem = std::variant<Step, EventItem>;
 // allocated and touched up front), so an admitted item always finds one even
 // while the sender is stuck in a write.
 //
-// Thread-safety: OfferStep(), OfferEvent() and the counters may be called
+// Thread-safety: the Offer methods and the counters may be called
 // from any thread. Take() is for the single sender thread. Release(),
 // CountRefused() and the unreported-drop methods may be called from the
 // sender and reader threads.
@@ -47,6 +52,7 @@ class Intake {
   // Never block. Return false when `capacity` items are held (a step is then
   // counted as dropped) or after Close().
   bool OfferStep(Step&& step);
+  bool OfferRecord(std::unique_ptr<v1::StepRecord> record);
   bool OfferEvent(EventItem&& event);
 
   // After Close(), nothing more is admitted: no thread would send it.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <variant>
 
 #include "trainwatch/step_fields.h"
 
@@ -56,27 +57,27 @@ v1::RunStart MakeRunStart(const ClientOptions& options) {
   return start;
 }
 
-void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out) {
-  const double norm = step.grad_norm;
-  out->set_step(step.step);
-  out->set_grad_norm(norm);
-
-  if (step.clipped) {
-    out->set_clipped(*step.clipped);
-  } else if (max_norm > 0) {
+void DeriveClipping(double max_norm, v1::StepRecord* record) {
+  if (max_norm <= 0) return;
+  const double norm = record->grad_norm();
+  if (!record->has_clipped()) {
     // +Inf is clipped (to zero); NaN compares false: clip_grad_norm_ turns it
     // into a NaN coefficient, which scales nothing down.
-    out->set_clipped(norm > max_norm);
+    record->set_clipped(norm > max_norm);
   }
-  if (!step.clip_coef && max_norm > 0) {
+  if (!record->has_clip_coef()) {
     if (std::isfinite(norm)) {
-      out->set_clip_coef(std::min(1.0, max_norm / (norm + kClipEpsilon)));
+      record->set_clip_coef(std::min(1.0, max_norm / (norm + kClipEpsilon)));
     } else if (norm > 0) {
-      out->set_clip_coef(0.0);  // max_norm / +Inf
+      record->set_clip_coef(0.0);  // max_norm / +Inf
     }  // NaN: no meaningful coefficient, leave it absent.
   }
+}
 
-  // clip_coef is set above when derived; a reported one is set again here.
+void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out) {
+  out->set_step(step.step);
+  out->set_grad_norm(step.grad_norm);
+  if (step.clipped) out->set_clipped(*step.clipped);
 #define TW_SET(name) \
   if (step.name) out->set_##name(*step.name);
   TRAINWATCH_STEP_OPTIONAL_DOUBLES(TW_SET)
@@ -102,6 +103,17 @@ void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out) {
     if (stat.underflow_fraction) proto.set_underflow_fraction(*stat.underflow_fraction);
     proto.set_amax_group(stat.amax_group);
   }
+  DeriveClipping(max_norm, out);
+}
+
+void AddStepRecord(QueueItem&& item, double max_norm, v1::StepBatch* batch) {
+  if (auto* record = std::get_if<std::unique_ptr<v1::StepRecord>>(&item)) {
+    v1::StepRecord* added = record->release();
+    batch->mutable_records()->AddAllocated(added);
+    DeriveClipping(max_norm, added);
+    return;
+  }
+  FillStepRecord(std::get<Step>(item), max_norm, batch->add_records());
 }
 
 void FillRunEvent(const EventItem& event, v1::RunEvent* out) {

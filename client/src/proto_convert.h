@@ -10,11 +10,19 @@ namespace trainwatch::internal {
 
 v1::RunStart MakeRunStart(const ClientOptions& options);
 
-// Fills `out` with the fields of `step` that are present. When clipped or
-// clip_coef is absent and max_norm > 0, derives it the way
+// Fills `out` with the fields of `step` that are present, then derives
+// clipping as DeriveClipping() does.
+void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out);
+
+// When clipped or clip_coef is absent and max_norm > 0, derives it the way
 // torch.nn.utils.clip_grad_norm_ does, so the server sees the same
 // values whether or not the trainer reported them.
-void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out);
+void DeriveClipping(double max_norm, v1::StepRecord* record);
+
+// Appends the step `item` holds (a Step or a wire record; not an event) to
+// `batch`: a Step through FillStepRecord(), a wire record moved in as it is
+// with DeriveClipping(), so both give the same record.
+void AddStepRecord(QueueItem&& item, double max_norm, v1::StepBatch* batch);
 
 void FillRunEvent(const EventItem& event, v1::RunEvent* out);
 

@@ -247,8 +247,7 @@ bool Sender::FormNext() {
   } else {
     v1::StepBatch* batch = request->mutable_batch();
     batch->set_seq(pending.seq);
-    FillStepRecord(std::get<Step>(*item), options_.max_norm,
-                   batch->add_records());
+    AddStepRecord(std::move(*item), options_.max_norm, batch);
     // Take what is queued now but do not wait for a full batch: latency
     // matters more than batch size, and a busy trainer fills batches anyway.
     while (static_cast<size_t>(batch->records_size()) <
@@ -259,8 +258,7 @@ bool Sender::FormNext() {
         carried_ = std::move(item);  // it gets the next seq
         break;
       }
-      FillStepRecord(std::get<Step>(*item), options_.max_norm,
-                     batch->add_records());
+      AddStepRecord(std::move(*item), options_.max_norm, batch);
     }
     pending.records = pending.items = batch->records_size();
     pending.drops_reported = intake_->TakeUnreportedDrops();

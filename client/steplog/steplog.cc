@@ -13,7 +13,6 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
-#include "trainwatch/step_fields.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -136,41 +135,6 @@ absl::StatusOr<StepLogEntry> StepLogReader::ParseLine(
         "event has no \"kind\" (CHECKPOINT_SAVED, RUN_FINISHED or RUN_FAILED)");
   }
   return std::move(*wrapper.mutable_event());
-}
-
-Step ToClientStep(const v1::StepRecord& record) {
-  Step step;
-  step.step = record.step();
-  step.grad_norm = record.grad_norm();
-  if (record.has_clipped()) step.clipped = record.clipped();
-#define TW_GET(name) \
-  if (record.has_##name()) step.name = record.name();
-  TRAINWATCH_STEP_OPTIONAL_DOUBLES(TW_GET)
-#undef TW_GET
-  step.skipped = record.skipped();
-  step.time_unix_nanos = record.time_unix_nanos();
-  step.batch_ids.assign(record.batch_ids().begin(), record.batch_ids().end());
-  for (const auto& [name, stats] : record.layer_stats()) {
-    step.layer_stats[name] =
-        LayerStat{.grad_norm = stats.grad_norm(),
-                  .grad_rms = stats.grad_rms(),
-                  .g_over_sqrt_v_rms = stats.g_over_sqrt_v_rms()};
-    if (stats.has_update_rms_ratio()) {
-      step.layer_stats[name].update_rms_ratio = stats.update_rms_ratio();
-    }
-  }
-  for (const auto& [name, stats] : record.fp8()) {
-    Fp8Stat& stat = step.fp8[name];
-    stat.format = static_cast<Fp8Format>(stats.format());
-    stat.amax = stats.amax();
-    stat.scale = stats.scale();
-    stat.amax_history_len = stats.amax_history_len();
-    stat.margin = stats.margin();
-    if (stats.has_overflow_fraction()) stat.overflow_fraction = stats.overflow_fraction();
-    if (stats.has_underflow_fraction()) stat.underflow_fraction = stats.underflow_fraction();
-    stat.amax_group = stats.amax_group();
-  }
-  return step;
 }
 
 void ApplyRunStart(const v1::RunStart& start, ClientOptions* options) {

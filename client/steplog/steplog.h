@@ -57,10 +57,6 @@ class StepLogReader {
   std::string line_;  // reused across lines to avoid a reallocation per line
 };
 
-// The client-API form of a stored or logged step. Optional fields keep their
-// presence: the server derives clipped and clip_coef only when they are absent.
-Step ToClientStep(const v1::StepRecord& record);
-
 // Copies the RunStart fields into `options` (address and buffering untouched).
 void ApplyRunStart(const v1::RunStart& start, ClientOptions* options);
 

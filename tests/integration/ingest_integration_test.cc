@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <thread>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "harness.h"
 #include "store/rank_digest.h"
@@ -263,6 +265,106 @@ TEST(IngestIntegration, ClientResendsAcrossAServerKillAndEachStepIsStoredOnce) {
   json steps = StepsJson(server->grpc_address(), "kill-test");
   ASSERT_EQ(steps.size(), kSteps);
   ExpectEachStepOnce(steps, 0, kSteps);
+}
+
+// Step `i` of a run with every kind of field, once as a trainer gives it to
+// Record() and once as replay and import hold it, for RecordProto().
+constexpr int64_t kStartNanos = 1'700'000'000'000'000'000;
+
+Step FullStepAt(uint64_t i) {
+  const bool skipped = i % 97 == 5;
+  Step step{.step = i,
+            .grad_norm = skipped ? std::numeric_limits<double>::infinity()
+                                 : NormAt(i, 0),
+            .skipped = skipped,
+            .loss = 2.0 + 1.0 / (1.0 + i),
+            .lr = 3e-4,
+            .time_unix_nanos = kStartNanos + static_cast<int64_t>(i) * 1'000'000'000,
+            .batch_ids = {static_cast<int64_t>(2 * i), static_cast<int64_t>(2 * i + 1)},
+            .layer_stats = {{"attn.0", {.grad_norm = 0.1, .grad_rms = 0.01,
+                                        .g_over_sqrt_v_rms = 1.1}}},
+            .data_wait_s = 0.05};
+  if (i % 2 == 0) step.layer_stats["attn.0"].update_rms_ratio = 1e-3;
+  if (i % 3 == 0) step.step_time_s = 0.9;
+  if (i % 10 == 0) {
+    step.fp8["l0:input"] = {.format = Fp8Format::kE4M3, .amax = 3.5, .scale = 64.0,
+                            .amax_history_len = 16, .margin = 1.0,
+                            .underflow_fraction = 0.01, .amax_group = "tp0"};
+  }
+  if (i % 50 == 7) {  // reported, not derived
+    step.clipped = false;
+    step.clip_coef = 0.5;
+  }
+  return step;
+}
+
+v1::StepRecord FullRecordAt(uint64_t i) {
+  const Step step = FullStepAt(i);
+  v1::StepRecord r;
+  r.set_step(step.step);
+  r.set_grad_norm(step.grad_norm);
+  r.set_skipped(step.skipped);
+  r.set_loss(*step.loss);
+  r.set_lr(*step.lr);
+  r.set_time_unix_nanos(step.time_unix_nanos);
+  for (int64_t id : step.batch_ids) r.add_batch_ids(id);
+  v1::LayerStats& layer = (*r.mutable_layer_stats())["attn.0"];
+  layer.set_grad_norm(0.1);
+  layer.set_grad_rms(0.01);
+  layer.set_g_over_sqrt_v_rms(1.1);
+  if (i % 2 == 0) layer.set_update_rms_ratio(1e-3);
+  r.set_data_wait_s(0.05);
+  if (step.step_time_s) r.set_step_time_s(*step.step_time_s);
+  if (i % 10 == 0) {
+    v1::Fp8TensorStats& f = (*r.mutable_fp8())["l0:input"];
+    f.set_format(v1::E4M3);
+    f.set_amax(3.5);
+    f.set_scale(64.0);
+    f.set_amax_history_len(16);
+    f.set_margin(1.0);
+    f.set_underflow_fraction(0.01);
+    f.set_amax_group("tp0");
+  }
+  if (step.clipped) r.set_clipped(*step.clipped);
+  if (step.clip_coef) r.set_clip_coef(*step.clip_coef);
+  return r;
+}
+
+TEST(IngestIntegration, RecordProtoStoresWhatRecordStoresForTheSameSteps) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  constexpr uint64_t kSteps = 3000;
+  for (const std::string run : {"by-step", "by-proto"}) {
+    ClientOptions options;
+    options.address = server.grpc_address();
+    options.run_id = run;
+    options.max_norm = 1.0;
+    options.measure_locally = false;  // as replay and import run it
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    for (uint64_t i = 0; i < kSteps; ++i) {
+      ASSERT_TRUE(run == "by-step" ? (*client)->Record(FullStepAt(i))
+                                   : (*client)->RecordProto(FullRecordAt(i)));
+    }
+    absl::Status closed = (*client)->Close(std::chrono::seconds(60));
+    ASSERT_TRUE(closed.ok()) << closed;
+  }
+  std::map<RunRank, std::vector<v1::StepRecord>> stored =
+      ReadStoredRecords(dir.File("tw.db"));
+  const std::vector<v1::StepRecord>& by_step = stored[{"by-step", 0}];
+  const std::vector<v1::StepRecord>& by_proto = stored[{"by-proto", 0}];
+  ASSERT_EQ(by_step.size(), kSteps);
+  ASSERT_EQ(by_proto.size(), kSteps);
+  uint64_t derived = 0;
+  for (uint64_t i = 0; i < kSteps; ++i) {
+    ASSERT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+        by_step[i], by_proto[i]))
+        << "Record():      " << by_step[i].ShortDebugString() << "\n"
+        << "RecordProto(): " << by_proto[i].ShortDebugString();
+    if (i % 50 != 7 && by_proto[i].has_clip_coef()) ++derived;
+  }
+  EXPECT_EQ(by_proto[7].clip_coef(), 0.5);  // reported wins
+  EXPECT_GT(derived, kSteps / 2);           // the rest derived from max_norm
 }
 
 TEST(IngestIntegration, SigtermAcksWhatArrivedAndExitsZero) {

@@ -1,5 +1,7 @@
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
 
 #include "gtest/gtest.h"
 #include "proto_convert.h"
@@ -104,6 +106,58 @@ TEST(FillStepRecord, SetsOnlyPresentOptionalFields) {
   EXPECT_FALSE(f.has_overflow_fraction());
   EXPECT_EQ(f.underflow_fraction(), 0.01);
   EXPECT_EQ(f.amax_group(), "tp3");
+}
+
+// A wire record with what `step` holds of the fields clipping depends on.
+v1::StepRecord WireRecord(const Step& step) {
+  v1::StepRecord record;
+  record.set_step(step.step);
+  record.set_grad_norm(step.grad_norm);
+  if (step.clipped) record.set_clipped(*step.clipped);
+  if (step.clip_coef) record.set_clip_coef(*step.clip_coef);
+  return record;
+}
+
+TEST(DeriveClipping, GivesWhatFillStepRecordGivesTheSameStep) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (double max_norm : {0.0, 1.0}) {
+    for (double norm : {0.0, 0.5, 1.0, 4.0, inf, -inf, nan}) {
+      for (std::optional<bool> clipped : {std::optional<bool>(), {false}, {true}}) {
+        for (std::optional<double> coef : {std::optional<double>(), {0.25}}) {
+          const Step step{.step = 3, .grad_norm = norm, .clipped = clipped,
+                          .clip_coef = coef};
+          v1::StepRecord derived = WireRecord(step);
+          DeriveClipping(max_norm, &derived);
+          const v1::StepRecord filled = Convert(step, max_norm);
+          // The same bytes (a NaN norm included, which == would not match).
+          EXPECT_EQ(derived.SerializeAsString(), filled.SerializeAsString())
+              << derived.ShortDebugString() << " vs "
+              << filled.ShortDebugString();
+        }
+      }
+    }
+  }
+}
+
+TEST(AddStepRecord, AWireRecordIsAppendedAsGivenWithClippingDerived) {
+  v1::StepRecord given;
+  given.set_step(9);
+  given.set_grad_norm(4.0);
+  given.set_loss(2.5);
+  (*given.mutable_fp8())["l0:input"].set_amax(3.0);
+  v1::StepBatch batch;
+  AddStepRecord(std::make_unique<v1::StepRecord>(given), 1.0, &batch);
+  AddStepRecord(Step{.step = 10, .grad_norm = 0.5}, 1.0, &batch);
+  ASSERT_EQ(batch.records_size(), 2);
+
+  v1::StepRecord expected = given;
+  expected.set_clipped(true);
+  expected.set_clip_coef(1.0 / (4.0 + 1e-6));
+  EXPECT_EQ(batch.records(0).SerializeAsString(), expected.SerializeAsString())
+      << batch.records(0).ShortDebugString();
+  EXPECT_EQ(batch.records(1).SerializeAsString(),
+            Convert({.step = 10, .grad_norm = 0.5}, 1.0).SerializeAsString());
 }
 
 TEST(MakeRunStart, CopiesOptions) {

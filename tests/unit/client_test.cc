@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,8 +17,10 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto_convert.h"
 #include "trainwatch/v1/trainwatch.grpc.pb.h"
 
 namespace trainwatch {
@@ -439,6 +442,65 @@ TEST_F(ClientTest, ReplayModeMeasuresNothingLocally) {
   ASSERT_TRUE(second->Flush(seconds(10)).ok());
   ASSERT_EQ(service_.starts().size(), 2u);
   EXPECT_EQ(service_.starts()[1].host(), "gpu-node-3");
+}
+
+TEST_F(ClientTest, RecordProtoSendsWhatRecordSendsForTheSameStep) {
+  StartServer();
+  constexpr int64_t kSecond = 1'000'000'000;
+  const double inf = std::numeric_limits<double>::infinity();
+  // What a step carries, and what is left for the client to fill: a time of
+  // 0 (step 1), step times to measure (3) or given (4), clipping to derive
+  // (1, 2, 3) or reported (4), an infinite norm (2).
+  const std::vector<Step> steps = {
+      {.step = 1,
+       .grad_norm = 4.0,
+       .loss_scale = 1024.0,
+       .loss = 2.5,
+       .batch_ids = {7, 8},
+       .layer_stats = {{"attn.0", {0.1, 0.01, 1.2}},
+                       {"mlp.0", {0.2, 0.02, 0.9, 1e-3}}},
+       .fp8 = {{"l0:input", {.format = Fp8Format::kE4M3, .amax = 3.5,
+                             .scale = 64.0, .underflow_fraction = 0.01}},
+               {"l0:grad", {.format = Fp8Format::kE5M2, .amax = 1.5}}}},
+      {.step = 2, .grad_norm = inf, .skipped = true, .time_unix_nanos = 10 * kSecond},
+      {.step = 3, .grad_norm = 0.5, .lr = 3e-4, .time_unix_nanos = 12 * kSecond},
+      {.step = 4,
+       .grad_norm = 2.0,
+       .clipped = false,
+       .clip_coef = 0.75,
+       .time_unix_nanos = 15 * kSecond,
+       .step_time_s = 0.5,
+       .data_wait_s = 0.25},
+  };
+  // Each path on a client of its own, so each measures step times afresh.
+  auto send = [&](bool as_proto) {
+    std::unique_ptr<Client> client = MakeClient(Options());
+    EXPECT_NE(client, nullptr);
+    if (client == nullptr) return std::map<uint64_t, v1::StepRecord>();
+    for (const Step& step : steps) {
+      v1::StepRecord record;
+      internal::FillStepRecord(step, /*max_norm=*/0.0, &record);  // as given
+      EXPECT_TRUE(as_proto ? client->RecordProto(record) : client->Record(step));
+    }
+    EXPECT_TRUE(client->Close(seconds(10)).ok());
+    return service_.records();
+  };
+  std::map<uint64_t, v1::StepRecord> by_step = send(/*as_proto=*/false);
+  std::map<uint64_t, v1::StepRecord> by_proto = send(/*as_proto=*/true);
+  ASSERT_EQ(by_step.size(), steps.size());
+  ASSERT_EQ(by_proto.size(), steps.size());
+  // Step 1's time is each call's own "now".
+  EXPECT_GT(by_step.at(1).time_unix_nanos(), 0);
+  EXPECT_GT(by_proto.at(1).time_unix_nanos(), 0);
+  by_proto.at(1).set_time_unix_nanos(by_step.at(1).time_unix_nanos());
+  EXPECT_TRUE(by_step.at(1).has_clip_coef());
+  EXPECT_DOUBLE_EQ(by_step.at(3).step_time_s(), 2.0);
+  for (const auto& [step, record] : by_step) {
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+        record, by_proto.at(step)))
+        << "Record():      " << record.ShortDebugString() << "\n"
+        << "RecordProto(): " << by_proto.at(step).ShortDebugString();
+  }
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "import/import_files.h"
 #include "import/import_log.h"
 #include "import/import_tensorboard.h"
+#include "import/import_text.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -361,6 +362,101 @@ TEST(TrainingStdout, BadValueNamesTheLine) {
   EXPECT_THAT(none.message(), HasSubstr("x.log: no training line"));
 }
 
+TEST(ParseOverflowLine, LeavesItsScaleForTheNextIterationLine) {
+  LoggedRun run;
+  StdoutParse parse{.map = {}, .run = &run};
+  absl::StatusOr<bool> read = ParseOverflowLine(
+      "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: "
+      "65536, reducing to 32768",
+      "t.log:1", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  read = ParseOverflowLine(
+      "Overflow detected. Skipping step. Attempted loss scale: 4096, reducing "
+      "to 2048",
+      "t.log:2", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_EQ(parse.overflow_lines, 2u);
+  EXPECT_EQ(parse.pending_overflows, 2u);
+  EXPECT_EQ(parse.pending_scale, 2048.0);
+  EXPECT_EQ(parse.step_lines, 0u);
+  EXPECT_TRUE(run.steps.empty());
+  read = ParseOverflowLine(" iteration 1/ 10 | loss scale: 1.0 |", "t.log:3", &parse);
+  ASSERT_TRUE(read.ok());
+  EXPECT_FALSE(*read);
+}
+
+TEST(ParseLlmcLogLine, ReadsKnownKeysButNotTheEvalLoss) {
+  LoggedRun run;
+  StdoutParse parse{.map = {}, .run = &run};
+  absl::StatusOr<bool> read = ParseLlmcLogLine(
+      "s:100 trl:3.2164 tel:3.5 lr:0.0006 norm:0.31", "llmc.log:1", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_EQ(parse.step_lines, 1u);
+  ASSERT_EQ(run.steps.count(100), 1u);
+  const LoggedStep& s = run.steps[100];
+  EXPECT_DOUBLE_EQ(*s.loss, 3.2164);  // trl, not tel
+  EXPECT_DOUBLE_EQ(*s.lr, 0.0006);
+  EXPECT_DOUBLE_EQ(*s.grad_norm, 0.31);
+
+  // Its format, but nothing trainwatch reads: claimed, not a step line.
+  read = ParseLlmcLogLine("s:101 tel:3.4", "llmc.log:2", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_EQ(parse.step_lines, 1u);
+  EXPECT_EQ(run.steps.count(101), 0u);
+
+  read = ParseLlmcLogLine("step 1/10 | train loss 3.0", "llmc.log:3", &parse);
+  ASSERT_TRUE(read.ok());
+  EXPECT_FALSE(*read);
+
+  read = ParseLlmcLogLine("s:102 trl:abc", "llmc.log:4", &parse);
+  EXPECT_THAT(read.status().message(),
+              HasSubstr("llmc.log:4: \"trl:abc\" is not a number"));
+}
+
+TEST(ParseIterationLine, TakesPendingOverflowsUnlessTheLineCountsSkips) {
+  LoggedRun run;
+  StdoutParse parse{.map = {}, .run = &run};
+  parse.pending_overflows = 2;
+  parse.pending_scale = 1024.0;
+  absl::StatusOr<bool> read = ParseIterationLine(
+      " iteration        7/     100 | lm loss: 2.5 | grad norm: 0.75 |",
+      "t.log:1", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_EQ(parse.step_lines, 1u);
+  EXPECT_EQ(run.steps[7].skipped, 2u);
+  EXPECT_EQ(run.steps[7].loss_scale, 1024.0);
+  EXPECT_DOUBLE_EQ(*run.steps[7].grad_norm, 0.75);
+  EXPECT_EQ(parse.pending_overflows, 0u);
+  EXPECT_FALSE(parse.pending_scale.has_value());
+
+  // The line's own skip count and loss scale win over the overflow lines'.
+  parse.pending_overflows = 3;
+  parse.pending_scale = 512.0;
+  read = ParseIterationLine(
+      " iteration 8/ 100 | loss scale: 256.0 | number of skipped iterations: 1 "
+      "| number of nan iterations: 2 |",
+      "t.log:2", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_EQ(run.steps[8].skipped, 1u);
+  EXPECT_EQ(run.steps[8].loss_scale, 256.0);
+  EXPECT_TRUE(run.steps[8].nan_iteration);
+
+  // llm.c's stdout: "key value" segments.
+  read = ParseIterationLine("step    9/19073 | train loss 10.5 | norm 2.5 |",
+                            "t.log:3", &parse);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_DOUBLE_EQ(*run.steps[9].loss, 10.5);
+  EXPECT_DOUBLE_EQ(*run.steps[9].grad_norm, 2.5);
+
+  read = ParseIterationLine("s:10 trl:3.0", "t.log:4", &parse);
+  ASSERT_TRUE(read.ok());
+  EXPECT_FALSE(*read);
+  read = ParseIterationLine(" iteration 11/ 100 | number of nan iterations: x |",
+                            "t.log:5", &parse);
+  EXPECT_THAT(read.status().message(),
+              HasSubstr("t.log:5: \"number of nan iterations: x\": the count"));
+}
+
 // --- CSV. ---
 
 TEST(CsvLog, HeaderMappingAndErrors) {
@@ -523,6 +619,93 @@ TEST(PlanImport, MegatronSkipsAndUnitScale) {
   EXPECT_TRUE(std::isinf(plan->records[3].grad_norm()));
   EXPECT_FALSE(plan->records[0].has_loss_scale());  // 1.0: no scaling
   EXPECT_EQ(plan->precision, Precision::kUnspecified);
+}
+
+TEST(IsZeroNormArtifact, AnExactZeroNormBesideAFiniteNonZeroLoss) {
+  EXPECT_TRUE(IsZeroNormArtifact({.grad_norm = 0.0, .loss = 2.5}));
+  EXPECT_TRUE(IsZeroNormArtifact({.grad_norm = -0.0, .loss = -1.0}));
+  EXPECT_FALSE(IsZeroNormArtifact({.grad_norm = 1e-30, .loss = 2.5}));
+  EXPECT_FALSE(IsZeroNormArtifact({.grad_norm = 0.0}));  // no loss to judge by
+  EXPECT_FALSE(IsZeroNormArtifact({.grad_norm = 0.0, .loss = 0.0}));
+  EXPECT_FALSE(IsZeroNormArtifact({.grad_norm = 0.0, .loss = kNaN}));
+  EXPECT_FALSE(IsZeroNormArtifact({.grad_norm = 0.0, .loss = kInf}));
+  EXPECT_FALSE(IsZeroNormArtifact({.loss = 2.5}));  // no norm at all
+}
+
+TEST(InferSkips, ARecoveredShortStreakIsSkippedTheRestApplied) {
+  LoggedRun run;
+  for (uint64_t i = 1; i <= 200; ++i) run.Set(i, LogField::kGradNorm, 1.0);
+  run.Set(10, LogField::kGradNorm, kInf);  // recovered at 12
+  run.Set(11, LogField::kGradNorm, kNaN);
+  run.Set(20, LogField::kGradNorm, kInf);  // the log says skipped itself
+  run.steps[20].skipped = 1;
+  for (uint64_t i = 100; i <= 150; ++i) run.Set(i, LogField::kGradNorm, kNaN);
+  run.Set(200, LogField::kGradNorm, kInf);  // never recovered
+  std::vector<std::string> notes;
+  const std::map<uint64_t, bool> skips = InferSkips(run, &notes);
+  EXPECT_EQ(skips.at(10), true);
+  EXPECT_EQ(skips.at(11), true);
+  EXPECT_EQ(skips.count(20), 0u);
+  EXPECT_EQ(skips.at(100), false);  // 51 steps: longer than a scaler backs off
+  EXPECT_EQ(skips.at(150), false);
+  EXPECT_EQ(skips.at(200), false);
+  EXPECT_EQ(skips.count(12), 0u);
+  EXPECT_EQ(skips.size(), 2u + 51u + 1u);
+  EXPECT_THAT(notes, Contains(HasSubstr("skipped steps: 2 logged steps")));
+  EXPECT_THAT(notes, Contains(HasSubstr("non-finite: 52 logged steps with a "
+                                        "non-finite grad norm (steps 100..150)")));
+}
+
+TEST(MakeRecord, DropsAZeroNormArtifactUnlessTheRunIsNormBlind) {
+  const LoggedStep zero{.grad_norm = 0.0, .loss = 2.5, .lr = 1e-4};
+  RecordCounts counts;
+  EXPECT_FALSE(MakeRecord(3, zero, {}, &counts).has_value());
+  EXPECT_EQ(counts.no_norm, 1u);
+
+  // A run with no other norm keeps it as it is, and its clipping unknown.
+  std::optional<v1::StepRecord> blind =
+      MakeRecord(3, zero, {.norm_blind = true}, &counts);
+  ASSERT_TRUE(blind.has_value());
+  EXPECT_EQ(blind->grad_norm(), 0.0);
+  EXPECT_FALSE(blind->has_clipped());
+  EXPECT_EQ(blind->lr(), 1e-4);
+  // Without a norm at all it is sent with 0 and not clipped.
+  std::optional<v1::StepRecord> no_norm =
+      MakeRecord(4, {.loss = 2.5}, {.norm_blind = true}, &counts);
+  ASSERT_TRUE(no_norm.has_value());
+  EXPECT_EQ(no_norm->grad_norm(), 0.0);
+  ASSERT_TRUE(no_norm->has_clipped());
+  EXPECT_FALSE(no_norm->clipped());
+  EXPECT_EQ(counts.no_norm, 1u);
+}
+
+TEST(MakeRecord, SkipsUnitScalesAndFp8Defaults) {
+  LoggedStep logged{.grad_norm = kInf, .loss_scale = 1.0};
+  logged.fp8["layer.0:grad_output"].set_overflow_fraction(1.5);
+  logged.fp8["layer.0:input"].set_format(v1::E4M3);
+  logged.fp8["layer.0:input"].set_underflow_fraction(0.25);
+  RecordRules rules{.drop_unit_scale = true, .inferred_skips = {{5, true}}};
+  RecordCounts counts;
+  std::optional<v1::StepRecord> r = MakeRecord(5, logged, rules, &counts);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->step(), 5u);
+  EXPECT_TRUE(r->skipped());
+  EXPECT_TRUE(std::isinf(r->grad_norm()));
+  EXPECT_FALSE(r->has_loss_scale());
+  const v1::Fp8TensorStats& grad = r->fp8().at("layer.0:grad_output");
+  EXPECT_EQ(grad.format(), v1::E5M2);  // HYBRID: gradients in E5M2
+  EXPECT_FALSE(grad.has_overflow_fraction());  // 1.5 is not a share
+  EXPECT_EQ(r->fp8().at("layer.0:input").underflow_fraction(), 0.25);
+  EXPECT_EQ(counts.fp8_unformatted, 1u);
+  EXPECT_EQ(counts.fp8_bad_shares, 1u);
+  EXPECT_EQ(counts.reported_skips, 0u);  // inferred, not reported
+
+  // A step the log reports as skipped has an overflowed, unprinted norm.
+  r = MakeRecord(6, {.skipped = 1}, {}, &counts);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(r->skipped());
+  EXPECT_TRUE(std::isinf(r->grad_norm()));
+  EXPECT_EQ(counts.reported_skips, 1u);
 }
 
 TEST(ParseLogNumber, Spellings) {

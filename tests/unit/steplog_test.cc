@@ -180,27 +180,25 @@ TEST(StepLogReader, StepsGoingBackwardsAreNotItsBusiness) {
   EXPECT_EQ(entries.size(), 3u);
 }
 
-TEST(ToClientStep, KeepsOptionalFieldPresence) {
-  v1::StepRecord record;
-  record.set_step(7);
-  record.set_grad_norm(0.5);
-  record.set_loss_scale(1024);
-  record.set_clip_coef(0.0);  // present although zero
-  record.add_batch_ids(3);
-  (*record.mutable_layer_stats())["attn.0"].set_g_over_sqrt_v_rms(6.0);
-  Step step = ToClientStep(record);
-  EXPECT_EQ(step.step, 7u);
-  EXPECT_EQ(step.grad_norm, 0.5);
-  EXPECT_EQ(step.loss_scale, 1024.0);
-  ASSERT_TRUE(step.clip_coef.has_value());
-  EXPECT_EQ(*step.clip_coef, 0.0);
-  EXPECT_FALSE(step.clipped.has_value());
-  EXPECT_FALSE(step.loss.has_value());
-  EXPECT_FALSE(step.lr.has_value());
-  EXPECT_FALSE(step.max_attn_logit.has_value());
-  EXPECT_FALSE(step.shard_sq_sum.has_value());
-  EXPECT_EQ(step.batch_ids, std::vector<int64_t>{3});
-  EXPECT_EQ(step.layer_stats.at("attn.0").g_over_sqrt_v_rms, 6.0);
+// Replay sends the record as read, and the client derives clipped and
+// clip_coef only where they are absent: a present zero must stay present.
+TEST(StepLogReader, KeepsOptionalFieldPresence) {
+  const std::vector<StepLogEntry> entries = ReadAll(
+      "{\"step\": 7, \"grad_norm\": 0.5, \"loss_scale\": 1024, "
+      "\"clip_coef\": 0, \"batch_ids\": [3]}\n");
+  ASSERT_EQ(entries.size(), 1u);
+  const auto& record = std::get<v1::StepRecord>(entries[0]);
+  EXPECT_EQ(record.step(), 7u);
+  EXPECT_EQ(record.loss_scale(), 1024.0);
+  ASSERT_TRUE(record.has_clip_coef());
+  EXPECT_EQ(record.clip_coef(), 0.0);
+  EXPECT_FALSE(record.has_clipped());
+  EXPECT_FALSE(record.has_loss());
+  EXPECT_FALSE(record.has_lr());
+  EXPECT_FALSE(record.has_max_attn_logit());
+  EXPECT_FALSE(record.has_shard_sq_sum());
+  ASSERT_EQ(record.batch_ids_size(), 1);
+  EXPECT_EQ(record.batch_ids(0), 3);
 }
 
 TEST(StepLogReader, CarriesStepTimesAndTheHost) {
@@ -208,17 +206,18 @@ TEST(StepLogReader, CarriesStepTimesAndTheHost) {
       "{\"run_start\": {\"run_id\": \"r\", \"rank\": 3, \"world_size\": 8, "
       "\"host\": \"node-17\"}}\n"
       "{\"step\": 5, \"grad_norm\": 1, \"step_time_s\": 0.42, "
-      "\"data_wait_s\": 0.1}\n");
-  ASSERT_EQ(entries.size(), 2u);
+      "\"data_wait_s\": 0.1}\n"
+      "{\"step\": 6, \"grad_norm\": 1}\n");
+  ASSERT_EQ(entries.size(), 3u);
   ClientOptions options;
   ApplyRunStart(std::get<v1::RunStart>(entries[0]), &options);
   EXPECT_EQ(options.host, "node-17");
-  const Step step = ToClientStep(std::get<v1::StepRecord>(entries[1]));
-  EXPECT_EQ(step.step_time_s, 0.42);
-  EXPECT_EQ(step.data_wait_s, 0.1);
-  const Step bare = ToClientStep(v1::StepRecord());
-  EXPECT_FALSE(bare.step_time_s.has_value());
-  EXPECT_FALSE(bare.data_wait_s.has_value());
+  const auto& timed = std::get<v1::StepRecord>(entries[1]);
+  EXPECT_EQ(timed.step_time_s(), 0.42);
+  EXPECT_EQ(timed.data_wait_s(), 0.1);
+  const auto& bare = std::get<v1::StepRecord>(entries[2]);
+  EXPECT_FALSE(bare.has_step_time_s());
+  EXPECT_FALSE(bare.has_data_wait_s());
 }
 
 TEST(WriteStep, WritesStepTimesThatParseBack) {

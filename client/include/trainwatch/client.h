@@ -13,8 +13,9 @@
 // token, or one that may not write this run) is logged once and reported by
 // Refusal(), Flush() and Close(); see Refusal().
 //
-// Thread-safety: Record(), RecordEvent() and Stats() may be called from any
-// thread concurrently. Flush() and Close() may be called from any thread.
+// Thread-safety: Record(), RecordProto(), RecordEvent() and Stats() may be
+// called from any thread concurrently. Flush() and Close() may be called
+// from any thread.
 #ifndef TRAINWATCH_CLIENT_H_
 #define TRAINWATCH_CLIENT_H_
 
@@ -30,6 +31,11 @@
 #include "absl/status/statusor.h"
 
 namespace trainwatch {
+namespace v1 {
+// The wire's step record (trainwatch/v1/trainwatch.pb.h), which only callers
+// of RecordProto() need in full.
+class StepRecord;
+}  // namespace v1
 
 enum class Precision { kUnspecified = 0, kFp32 = 1, kBf16 = 2, kFp16 = 3 };
 
@@ -173,6 +179,14 @@ class Client {
 
   // Queues one step. Never blocks; returns false when the step was dropped.
   bool Record(Step step);
+
+  // Queues a step that is already a wire record (a step log's or an
+  // imported log's, as trainwatchctl replay and import have it), and sends
+  // it as Record() sends the same Step: a time of 0 becomes now, step_time_s
+  // is measured as ClientOptions::measure_locally says, and clipped and
+  // clip_coef are derived from max_norm when absent. Never blocks; returns
+  // false when the step was dropped.
+  bool RecordProto(v1::StepRecord record);
 
   // Queues a run event, ordered after the steps recorded before it.
   bool RecordEvent(EventKind kind, uint64_t step, std::string detail = "");

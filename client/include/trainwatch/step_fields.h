@@ -1,5 +1,5 @@
 // The one table of a step record's fields, from which the C++ client's
-// conversions (Step <-> v1::StepRecord), the JSON writer of trainwatchctl and
+// conversion (Step -> v1::StepRecord), the JSON writer of trainwatchctl and
 // the Python binding's argument list come. A field added to StepRecord is
 // added here, in proto order, and to Step; everything that lists fields
 // follows. The fields that need their own code (step, grad_norm, the
@@ -11,7 +11,7 @@
 // X(name): the optional floats a record may carry and a JSON line names
 // by the same snake_case name; in Step a std::optional<double> each, in the
 // proto an `optional double`. clip_coef is among them (it is derived from
-// max_norm when absent, FillStepRecord does that first).
+// max_norm when absent, by DeriveClipping after FillStepRecord).
 #define TRAINWATCH_STEP_OPTIONAL_DOUBLES(X) \
   X(clip_coef)                              \
   X(loss_scale)                             \
