@@ -116,11 +116,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
     ServerOptions options) {
   std::unique_ptr<Server> server(new Server());
   server->options_ = options;
-
   // The security files first: a wrong one fails before anything is opened.
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       ListenCredentials(options.tls);
   if (!credentials.ok()) return credentials.status();
+  if (absl::Status s = server->LoadAuthorizer(options); !s.ok()) return s;
+  if (absl::Status s = server->StartMetrics(options); !s.ok()) return s;
+  if (absl::Status s = server->OpenStore(options); !s.ok()) return s;
+  if (absl::Status s = server->StartNotifier(options); !s.ok()) return s;
+  if (absl::Status s = server->StartEngineAndServices(options); !s.ok()) return s;
+  if (absl::Status s = server->StartGrpc(options, *credentials); !s.ok()) return s;
+  return server;
+}
+
+absl::Status Server::LoadAuthorizer(const ServerOptions& options) {
   if (!options.auth_token_file.empty()) {
     std::string warning;
     absl::StatusOr<std::unique_ptr<Authorizer>> authorizer =
@@ -134,9 +143,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
       fprintf(stderr, "trainwatch-server: warning: --auth-token-file %s\n",
               warning.c_str());
     }
-    server->authorizer_ = *std::move(authorizer);
+    authorizer_ = *std::move(authorizer);
   }
+  return absl::OkStatus();
+}
 
+absl::Status Server::StartMetrics(const ServerOptions& options) {
   WebConfig web;
   if (!options.web_config_file.empty()) {
     absl::StatusOr<WebConfig> loaded = LoadWebConfig(options.web_config_file);
@@ -147,13 +159,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
     }
     web = *std::move(loaded);
   }
-  server->metrics_tls_ = web.tls();
+  metrics_tls_ = web.tls();
   absl::StatusOr<std::unique_ptr<Metrics>> metrics =
       Metrics::Create(options.metrics_listen, web);
   if (!metrics.ok()) return metrics.status();
-  server->metrics_ = std::move(*metrics);
-  Metrics* m = server->metrics_.get();
+  metrics_ = std::move(*metrics);
+  return absl::OkStatus();
+}
 
+absl::Status Server::OpenStore(const ServerOptions& options) {
+  Metrics* m = metrics_.get();
   StoreOptions store_options;
   store_options.path = options.db;
   store_options.synchronous = options.synchronous;
@@ -183,8 +198,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
                         absl::StrCat("--db ", options.db, ": ",
                                      store.status().message()));
   }
-  server->store_ = std::move(*store);
+  store_ = std::move(*store);
+  return absl::OkStatus();
+}
 
+absl::Status Server::StartNotifier(const ServerOptions& options) {
+  Metrics* m = metrics_.get();
   if (!options.alertmanager_url.empty() || !options.webhook_url.empty()) {
     NotifierOptions notifier_options;
     notifier_options.alertmanager_url = options.alertmanager_url;
@@ -197,36 +216,42 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
                          .failures = &m->notification_failures_total,
                          .dropped = &m->notifications_dropped_total});
     if (!notifier.ok()) return notifier.status();
-    server->notifier_ = std::move(*notifier);
+    notifier_ = std::move(*notifier);
   }
+  return absl::OkStatus();
+}
 
+absl::Status Server::StartEngineAndServices(const ServerOptions& options) {
+  Metrics* m = metrics_.get();
   EngineOptions engine_options;
-  engine_options.notifier = server->notifier_.get();
+  engine_options.notifier = notifier_.get();
   engine_options.shards = options.engine_threads;
   engine_options.max_active_runs = options.max_active_runs;
   engine_options.run_idle_timeout = options.run_idle_timeout;
   engine_options.health = options.health;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
-      engine_options, server->store_.get(), m, Clock::Real());
+      engine_options, store_.get(), m, Clock::Real());
   if (!engine.ok()) return engine.status();
-  server->engine_ = std::move(*engine);
+  engine_ = std::move(*engine);
 
   IngestOptions ingest_options;
   ingest_options.limits = options.limits;
   // One notion of a live trainer's batch: what the engine runs first is
   // what ingest never holds back.
   ingest_options.small_batch_records = engine_options.prompt_batch_records;
-  ingest_options.authorizer = server->authorizer_.get();
-  server->ingest_ = std::make_unique<Ingest>(ingest_options,
-                                             server->engine_.get(), m);
-  server->query_ = std::make_unique<Query>(server->store_.get(),
-                                           server->engine_.get());
-  server->service_ = std::make_unique<Service>(
-      server->ingest_.get(), server->query_.get(), server->authorizer_.get());
+  ingest_options.authorizer = authorizer_.get();
+  ingest_ = std::make_unique<Ingest>(ingest_options, engine_.get(), m);
+  query_ = std::make_unique<Query>(store_.get(), engine_.get());
+  service_ = std::make_unique<Service>(ingest_.get(), query_.get(), authorizer_.get());
+  return absl::OkStatus();
+}
 
+absl::Status Server::StartGrpc(const ServerOptions& options,
+                               const std::shared_ptr<grpc::ServerCredentials>& credentials) {
+  Metrics* m = metrics_.get();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, *credentials, &server->grpc_port_);
-  builder.RegisterService(server->service_.get());
+  builder.AddListeningPort(options.listen, credentials, &grpc_port_);
+  builder.RegisterService(service_.get());
   // Notice dead trainers (a half-open connection holds a stream open).
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
                              static_cast<int>(options.keepalive_time.count()));
@@ -240,8 +265,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
-  server->grpc_server_ = builder.BuildAndStart();
-  if (server->grpc_server_ == nullptr || server->grpc_port_ == 0) {
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || grpc_port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on --listen ", options.listen,
                      " (address in use or not valid?)"));
@@ -250,9 +275,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
     // Resolve port 0 to the port the exposer bound.
     std::string host = options.metrics_listen.substr(
         0, options.metrics_listen.rfind(':'));
-    server->metrics_address_ = absl::StrCat(host, ":", m->ListeningPort());
+    metrics_address_ = absl::StrCat(host, ":", m->ListeningPort());
   }
-  return server;
+  return absl::OkStatus();
 }
 
 Server::~Server() { Shutdown(std::chrono::seconds(10)); }

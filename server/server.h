@@ -101,6 +101,14 @@ class Server {
  private:
   class Service;
   Server() = default;
+  // BuildAndStart's steps, in order; each fails with what the flag names.
+  absl::Status LoadAuthorizer(const ServerOptions& options);
+  absl::Status StartMetrics(const ServerOptions& options);
+  absl::Status OpenStore(const ServerOptions& options);
+  absl::Status StartNotifier(const ServerOptions& options);
+  absl::Status StartEngineAndServices(const ServerOptions& options);
+  absl::Status StartGrpc(const ServerOptions& options,
+                         const std::shared_ptr<grpc::ServerCredentials>& credentials);
 
   ServerOptions options_;
   std::unique_ptr<Store> store_;
