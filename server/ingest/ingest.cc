@@ -418,10 +418,13 @@ bool Ingest::Drain(std::chrono::milliseconds timeout) {
     r->BeginDrain();
     r->Unpin();
   }
+  const Clock& clock = *options_.clock;
   absl::MutexLock lock(&mu_);
-  const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
+  const int64_t deadline =
+      clock.MonotonicNanos() +
+      std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
   while (!reactors_.empty()) {
-    if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+    if (clock.WaitUntil(cv_, mu_, deadline)) break;  // timed out
   }
   return reactors_.empty();
 }

@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/container/flat_hash_set.h"
 #include "auth/auth.h"
+#include "common/clock.h"
 #include "common/validate.h"
 #include "engine/engine.h"
 #include "metrics/metrics.h"
@@ -60,6 +61,8 @@ struct IngestOptions {
   // Checks each stream's bearer token before reading it, and its RunStart's
   // run_id against the token's write scopes; null: auth off. Borrowed.
   const Authorizer* authorizer = nullptr;
+  // What Drain()'s timeout is measured and waited on. Borrowed.
+  const Clock* clock = Clock::Real();
 };
 
 class ReportReactor;
