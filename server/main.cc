@@ -85,18 +85,18 @@ int main(int argc, char** argv) {
   trainwatch::ServerOptions options;
   std::string config_path;
   const std::map<std::string, std::string*> string_flags = {
-      {"--listen", &options.listen},
-      {"--metrics-listen", &options.metrics_listen},
-      {"--web-config-file", &options.web_config_file},
-      {"--db", &options.db},
-      {"--synchronous", &options.synchronous},
+      {"--listen", &options.grpc.listen},
+      {"--metrics-listen", &options.metrics.listen},
+      {"--web-config-file", &options.metrics.web_config_file},
+      {"--db", &options.store.db},
+      {"--synchronous", &options.store.synchronous},
       {"--config", &config_path},
-      {"--alertmanager-url", &options.alertmanager_url},
-      {"--webhook-url", &options.webhook_url},
-      {"--auth-token-file", &options.auth_token_file},
-      {"--tls-cert", &options.tls.cert_file},
-      {"--tls-key", &options.tls.key_file},
-      {"--tls-client-ca", &options.tls.client_ca_file},
+      {"--alertmanager-url", &options.alerts.alertmanager_url},
+      {"--webhook-url", &options.alerts.webhook_url},
+      {"--auth-token-file", &options.grpc.auth_token_file},
+      {"--tls-cert", &options.grpc.tls.cert_file},
+      {"--tls-key", &options.grpc.tls.key_file},
+      {"--tls-client-ca", &options.grpc.tls.client_ca_file},
   };
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -117,52 +117,52 @@ int main(int argc, char** argv) {
     if (auto it = string_flags.find(arg); it != string_flags.end()) {
       *it->second = value;
     } else if (arg == "--engine-threads") {
-      options.engine_threads = ParseCount(arg, value);
+      options.engine.threads = ParseCount(arg, value);
     } else if (arg == "--max-active-runs") {
-      options.max_active_runs = ParseCount(arg, value);
+      options.engine.max_active_runs = ParseCount(arg, value);
     } else if (arg == "--alertmanager-resend-interval") {
       double seconds = 0;
       if (!absl::SimpleAtod(value, &seconds) || !(seconds >= 0.001) ||
           seconds > 86400) {
         UsageError(arg + " wants seconds in [0.001, 86400], got \"" + value + "\"");
       }
-      options.alertmanager_resend_interval =
+      options.alerts.resend_interval =
           std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
     } else if (arg == "--rank-records") {
       if (value == "digest") {
-        options.rank_records = trainwatch::StoreOptions::RankRecords::kDigest;
+        options.store.rank_records = trainwatch::StoreOptions::RankRecords::kDigest;
       } else if (value == "full") {
-        options.rank_records = trainwatch::StoreOptions::RankRecords::kFull;
+        options.store.rank_records = trainwatch::StoreOptions::RankRecords::kFull;
       } else {
         UsageError("--rank-records must be digest or full, got \"" + value + "\"");
       }
     } else if (arg == "--rank-retention-steps") {
-      if (!absl::SimpleAtoi(value, &options.rank_retention_steps)) {
+      if (!absl::SimpleAtoi(value, &options.store.rank_retention_steps)) {
         UsageError(arg + " wants a step count (0 = as long as the run), got \"" +
                    value + "\"");
       }
     } else if (arg == "--run-idle-timeout") {
-      options.run_idle_timeout = ParseSeconds(arg, value);
+      options.engine.run_idle_timeout = ParseSeconds(arg, value);
     } else if (arg == "--keepalive-time") {
-      options.keepalive_time = ParseSeconds(arg, value);
+      options.grpc.keepalive_time = ParseSeconds(arg, value);
     } else if (arg == "--keepalive-timeout") {
-      options.keepalive_timeout = ParseSeconds(arg, value);
+      options.grpc.keepalive_timeout = ParseSeconds(arg, value);
     } else {
       UsageError("unknown flag " + arg);
     }
   }
-  if (options.tls.cert_file.empty() != options.tls.key_file.empty()) {
+  if (options.grpc.tls.cert_file.empty() != options.grpc.tls.key_file.empty()) {
     UsageError("--tls-cert and --tls-key go together: give both or neither");
   }
-  if (!options.tls.client_ca_file.empty() && options.tls.cert_file.empty()) {
+  if (!options.grpc.tls.client_ca_file.empty() && options.grpc.tls.cert_file.empty()) {
     UsageError("--tls-client-ca needs --tls-cert and --tls-key");
   }
-  if (options.synchronous != "NORMAL" && options.synchronous != "FULL") {
+  if (options.store.synchronous != "NORMAL" && options.store.synchronous != "FULL") {
     UsageError("--synchronous must be NORMAL or FULL");
   }
   for (const auto& [flag, url] :
-       {std::pair{"--alertmanager-url", &options.alertmanager_url},
-        std::pair{"--webhook-url", &options.webhook_url}}) {
+       {std::pair{"--alertmanager-url", &options.alerts.alertmanager_url},
+        std::pair{"--webhook-url", &options.alerts.webhook_url}}) {
     if (url->empty()) continue;
     if (absl::Status s = trainwatch::Notifier::CheckUrl(flag, *url); !s.ok()) {
       UsageError(std::string(s.message()));
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
               std::string(health.status().message()).c_str());
       return 2;
     }
-    options.health = *std::move(health);
+    options.engine.health = *std::move(health);
   }
 
   // Block the stop signals in every thread; main waits for them below.
@@ -193,17 +193,17 @@ int main(int argc, char** argv) {
             std::string(server.status().message()).c_str());
     return 1;
   }
-  std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  std::string host = options.grpc.listen.substr(0, options.grpc.listen.rfind(':'));
   printf("trainwatch-server: gRPC on %s:%d, /metrics on %s://%s/metrics, db %s\n",
          host.c_str(), (*server)->grpc_port(), (*server)->metrics_scheme(),
-         (*server)->metrics_address().c_str(), options.db.c_str());
-  const char* tls = options.tls.cert_file.empty()          ? "off (plaintext)"
-                    : options.tls.client_ca_file.empty() ? "on"
+         (*server)->metrics_address().c_str(), options.store.db.c_str());
+  const char* tls = options.grpc.tls.cert_file.empty()          ? "off (plaintext)"
+                    : options.grpc.tls.client_ca_file.empty() ? "on"
                                                          : "on, client certificates required";
   printf("trainwatch-server: TLS %s; bearer tokens %s\n", tls,
-         options.auth_token_file.empty() ? "off (any caller may read and write)"
+         options.grpc.auth_token_file.empty() ? "off (any caller may read and write)"
                                          : "required");
-  if (options.tls.cert_file.empty() && options.auth_token_file.empty() &&
+  if (options.grpc.tls.cert_file.empty() && options.grpc.auth_token_file.empty() &&
       host != "127.0.0.1" && host != "localhost" && host != "[::1]") {
     fprintf(stderr,
             "trainwatch-server: warning: gRPC on %s without TLS or tokens: "

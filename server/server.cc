@@ -91,7 +91,7 @@ class Server::Service final : public ServiceBase {
 
 namespace {
 
-// TLS credentials from options.tls, or insecure ones without a certificate.
+// TLS credentials from options.grpc.tls, or insecure ones without a certificate.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
     const TlsFiles& files) {
   if (files.cert_file.empty()) return grpc::InsecureServerCredentials();
@@ -115,25 +115,24 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
 absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(
     ServerOptions options) {
   std::unique_ptr<Server> server(new Server());
-  server->options_ = options;
   // The security files first: a wrong one fails before anything is opened.
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      ListenCredentials(options.tls);
+      ListenCredentials(options.grpc.tls);
   if (!credentials.ok()) return credentials.status();
-  if (absl::Status s = server->LoadAuthorizer(options); !s.ok()) return s;
-  if (absl::Status s = server->StartMetrics(options); !s.ok()) return s;
-  if (absl::Status s = server->OpenStore(options); !s.ok()) return s;
-  if (absl::Status s = server->StartNotifier(options); !s.ok()) return s;
+  if (absl::Status s = server->LoadAuthorizer(options.grpc); !s.ok()) return s;
+  if (absl::Status s = server->StartMetrics(options.metrics); !s.ok()) return s;
+  if (absl::Status s = server->OpenStore(options.store); !s.ok()) return s;
+  if (absl::Status s = server->StartNotifier(options.alerts); !s.ok()) return s;
   if (absl::Status s = server->StartEngineAndServices(options); !s.ok()) return s;
   if (absl::Status s = server->StartGrpc(options, *credentials); !s.ok()) return s;
   return server;
 }
 
-absl::Status Server::LoadAuthorizer(const ServerOptions& options) {
-  if (!options.auth_token_file.empty()) {
+absl::Status Server::LoadAuthorizer(const ServerOptions::GrpcPart& part) {
+  if (!part.auth_token_file.empty()) {
     std::string warning;
     absl::StatusOr<std::unique_ptr<Authorizer>> authorizer =
-        Authorizer::Load(options.auth_token_file, &warning);
+        Authorizer::Load(part.auth_token_file, &warning);
     if (!authorizer.ok()) {
       return absl::Status(authorizer.status().code(),
                           absl::StrCat("--auth-token-file ",
@@ -148,10 +147,10 @@ absl::Status Server::LoadAuthorizer(const ServerOptions& options) {
   return absl::OkStatus();
 }
 
-absl::Status Server::StartMetrics(const ServerOptions& options) {
+absl::Status Server::StartMetrics(const ServerOptions::MetricsPart& part) {
   WebConfig web;
-  if (!options.web_config_file.empty()) {
-    absl::StatusOr<WebConfig> loaded = LoadWebConfig(options.web_config_file);
+  if (!part.web_config_file.empty()) {
+    absl::StatusOr<WebConfig> loaded = LoadWebConfig(part.web_config_file);
     if (!loaded.ok()) {
       return absl::Status(loaded.status().code(),
                           absl::StrCat("--web-config-file ",
@@ -161,19 +160,19 @@ absl::Status Server::StartMetrics(const ServerOptions& options) {
   }
   metrics_tls_ = web.tls();
   absl::StatusOr<std::unique_ptr<Metrics>> metrics =
-      Metrics::Create(options.metrics_listen, web);
+      Metrics::Create(part.listen, web);
   if (!metrics.ok()) return metrics.status();
   metrics_ = std::move(*metrics);
   return absl::OkStatus();
 }
 
-absl::Status Server::OpenStore(const ServerOptions& options) {
+absl::Status Server::OpenStore(const ServerOptions::StorePart& part) {
   Metrics* m = metrics_.get();
   StoreOptions store_options;
-  store_options.path = options.db;
-  store_options.synchronous = options.synchronous;
-  store_options.rank_records = options.rank_records;
-  store_options.rank_retention_steps = options.rank_retention_steps;
+  store_options.path = part.db;
+  store_options.synchronous = part.synchronous;
+  store_options.rank_records = part.rank_records;
+  store_options.rank_retention_steps = part.rank_retention_steps;
   store_options.on_commit = [m](double seconds, size_t, size_t depth) {
     m->store_commit_seconds.Observe(seconds);
     m->store_queue_depth.Set(static_cast<double>(depth));
@@ -195,20 +194,20 @@ absl::Status Server::OpenStore(const ServerOptions& options) {
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(store_options);
   if (!store.ok()) {
     return absl::Status(store.status().code(),
-                        absl::StrCat("--db ", options.db, ": ",
+                        absl::StrCat("--db ", part.db, ": ",
                                      store.status().message()));
   }
   store_ = std::move(*store);
   return absl::OkStatus();
 }
 
-absl::Status Server::StartNotifier(const ServerOptions& options) {
+absl::Status Server::StartNotifier(const ServerOptions::AlertsPart& part) {
   Metrics* m = metrics_.get();
-  if (!options.alertmanager_url.empty() || !options.webhook_url.empty()) {
+  if (!part.alertmanager_url.empty() || !part.webhook_url.empty()) {
     NotifierOptions notifier_options;
-    notifier_options.alertmanager_url = options.alertmanager_url;
-    notifier_options.webhook_url = options.webhook_url;
-    notifier_options.resend_interval = options.alertmanager_resend_interval;
+    notifier_options.alertmanager_url = part.alertmanager_url;
+    notifier_options.webhook_url = part.webhook_url;
+    notifier_options.resend_interval = part.resend_interval;
     absl::StatusOr<std::unique_ptr<Notifier>> notifier = Notifier::Create(
         notifier_options, Clock::Real(),
         NewCurlSender(std::chrono::seconds(10)),
@@ -225,10 +224,10 @@ absl::Status Server::StartEngineAndServices(const ServerOptions& options) {
   Metrics* m = metrics_.get();
   EngineOptions engine_options;
   engine_options.notifier = notifier_.get();
-  engine_options.shards = options.engine_threads;
-  engine_options.max_active_runs = options.max_active_runs;
-  engine_options.run_idle_timeout = options.run_idle_timeout;
-  engine_options.health = options.health;
+  engine_options.shards = options.engine.threads;
+  engine_options.max_active_runs = options.engine.max_active_runs;
+  engine_options.run_idle_timeout = options.engine.run_idle_timeout;
+  engine_options.health = options.engine.health;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
       engine_options, store_.get(), m, Clock::Real());
   if (!engine.ok()) return engine.status();
@@ -250,13 +249,13 @@ absl::Status Server::StartGrpc(const ServerOptions& options,
                                const std::shared_ptr<grpc::ServerCredentials>& credentials) {
   Metrics* m = metrics_.get();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, credentials, &grpc_port_);
+  builder.AddListeningPort(options.grpc.listen, credentials, &grpc_port_);
   builder.RegisterService(service_.get());
   // Notice dead trainers (a half-open connection holds a stream open).
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
-                             static_cast<int>(options.keepalive_time.count()));
+                             static_cast<int>(options.grpc.keepalive_time.count()));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                             static_cast<int>(options.keepalive_timeout.count()));
+                             static_cast<int>(options.grpc.keepalive_timeout.count()));
   // Keep pinging however long a connection is idle, so that a trainer that
   // dies after a quiet spell is noticed too. gRPC 1.51's keepalive pings
   // flow without it (bad_input_test), but its documented default is 2 pings
@@ -264,17 +263,17 @@ absl::Status Server::StartGrpc(const ServerOptions& options,
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  builder.SetMaxReceiveMessageSize(options.grpc.max_receive_message_bytes);
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || grpc_port_ == 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on --listen ", options.listen,
+        absl::StrCat("cannot listen on --listen ", options.grpc.listen,
                      " (address in use or not valid?)"));
   }
-  if (!options.metrics_listen.empty()) {
+  if (!options.metrics.listen.empty()) {
     // Resolve port 0 to the port the exposer bound.
-    std::string host = options.metrics_listen.substr(
-        0, options.metrics_listen.rfind(':'));
+    std::string host = options.metrics.listen.substr(
+        0, options.metrics.listen.rfind(':'));
     metrics_address_ = absl::StrCat(host, ":", m->ListeningPort());
   }
   return absl::OkStatus();

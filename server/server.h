@@ -26,54 +26,71 @@ class Query;
 class Notifier;
 class Authorizer;
 
+// The server's options, one part per component it builds (as TF Serving
+// nests its parts' options); main.cc fills them from the flags.
 struct ServerOptions {
-  // gRPC address; port 0 picks a free port (see grpc_port()).
-  std::string listen = "127.0.0.1:50051";
-  // /metrics address; port 0 picks a free port; "" serves no /metrics.
-  std::string metrics_listen = "127.0.0.1:9464";
-  // The exporters' web configuration file for /metrics (TLS, basic auth;
-  // metrics/web_config.h); "" = plain HTTP without auth.
-  std::string web_config_file;
-  // SQLite database file (the embedded default).
-  std::string db = "trainwatch.db";
-  // PRAGMA synchronous of the store: NORMAL or FULL.
-  std::string synchronous = "NORMAL";
-  // What the store keeps of the ranks other than a run's lead, and for how
-  // many steps (StoreOptions; docs/architecture.md, "What is kept per rank").
-  StoreOptions::RankRecords rank_records = StoreOptions::RankRecords::kDigest;
-  uint64_t rank_retention_steps = 0;
-  // Engine threads (runs are sharded over them).
-  size_t engine_threads = 2;
-  // Runs that have not finished, at most.
-  size_t max_active_runs = 10000;
-  // A run with no step for this long leaves the active set.
-  std::chrono::milliseconds run_idle_timeout{3'600'000};
-  ValidationLimits limits;
-  // Detector thresholds (--config).
-  HealthConfig health;
-  // Alertmanager base URL (alerts are POSTed to URL/api/v2/alerts); "" = none.
-  std::string alertmanager_url;
-  // Plain JSON webhook, one POST per fire or resolve; "" = none.
-  std::string webhook_url;
-  // How often a firing alert is re-sent to Alertmanager (Prometheus' default).
-  std::chrono::milliseconds alertmanager_resend_interval{60'000};
-  // HTTP/2 keepalive: a ping after this long without traffic on a
-  // connection, and the connection dropped (its streams cancelled) when the
-  // ping is not answered within keepalive_timeout. This is what ends the
-  // stream of a dead or stopped trainer; a live idle trainer answers pings and
-  // keeps its stream.
-  std::chrono::milliseconds keepalive_time{30'000};
-  std::chrono::milliseconds keepalive_timeout{10'000};
-  // A gRPC message (one ReportRequest) larger than this is refused by gRPC
-  // itself with RESOURCE_EXHAUSTED. 16 MiB holds a full batch of 16384
-  // ordinary records with room to spare.
-  int max_receive_message_bytes = 16 * 1024 * 1024;
-  // Bearer tokens and their scopes (auth/auth.h); "" = no auth: every call
-  // may do everything.
-  std::string auth_token_file;
-  // TLS for gRPC: on when tls.cert_file is set (then tls.key_file too);
-  // tls.client_ca_file also requires client certificates (mTLS).
-  TlsFiles tls;
+  struct GrpcPart {
+    // gRPC address; port 0 picks a free port (see grpc_port()).
+    std::string listen = "127.0.0.1:50051";
+    // HTTP/2 keepalive: a ping after this long without traffic on a
+    // connection, and the connection dropped (its streams cancelled) when
+    // the ping is not answered within keepalive_timeout. This is what ends
+    // the stream of a dead or stopped trainer; a live idle trainer answers
+    // pings and keeps its stream.
+    std::chrono::milliseconds keepalive_time{30'000};
+    std::chrono::milliseconds keepalive_timeout{10'000};
+    // A gRPC message (one ReportRequest) larger than this is refused by
+    // gRPC itself with RESOURCE_EXHAUSTED. 16 MiB holds a full batch of
+    // 16384 ordinary records with room to spare.
+    int max_receive_message_bytes = 16 * 1024 * 1024;
+    // Bearer tokens and their scopes (auth/auth.h); "" = no auth: every
+    // call may do everything.
+    std::string auth_token_file;
+    // TLS: on when tls.cert_file is set (then tls.key_file too);
+    // tls.client_ca_file also requires client certificates (mTLS).
+    TlsFiles tls;
+  };
+  struct MetricsPart {
+    // /metrics address; port 0 picks a free port; "" serves no /metrics.
+    std::string listen = "127.0.0.1:9464";
+    // The exporters' web configuration file (TLS, basic auth;
+    // metrics/web_config.h); "" = plain HTTP without auth.
+    std::string web_config_file;
+  };
+  struct StorePart {
+    // SQLite database file (the embedded default).
+    std::string db = "trainwatch.db";
+    // PRAGMA synchronous: NORMAL or FULL.
+    std::string synchronous = "NORMAL";
+    // What is kept of the ranks other than a run's lead, and for how many
+    // steps (StoreOptions; docs/architecture.md, "What is kept per rank").
+    StoreOptions::RankRecords rank_records = StoreOptions::RankRecords::kDigest;
+    uint64_t rank_retention_steps = 0;
+  };
+  struct EnginePart {
+    // Engine threads (runs are sharded over them).
+    size_t threads = 2;
+    // Runs that have not finished, at most.
+    size_t max_active_runs = 10000;
+    // A run with no step for this long leaves the active set.
+    std::chrono::milliseconds run_idle_timeout{3'600'000};
+    // Detector thresholds (--config).
+    HealthConfig health;
+  };
+  struct AlertsPart {
+    // Alertmanager base URL (alerts are POSTed to URL/api/v2/alerts); "" = none.
+    std::string alertmanager_url;
+    // Plain JSON webhook, one POST per fire or resolve; "" = none.
+    std::string webhook_url;
+    // How often a firing alert is re-sent to Alertmanager (Prometheus' default).
+    std::chrono::milliseconds resend_interval{60'000};
+  };
+  GrpcPart grpc;
+  MetricsPart metrics;
+  StorePart store;
+  EnginePart engine;
+  AlertsPart alerts;
+  ValidationLimits limits;  // of what ingest accepts
 };
 
 class Server {
@@ -102,15 +119,14 @@ class Server {
   class Service;
   Server() = default;
   // BuildAndStart's steps, in order; each fails with what the flag names.
-  absl::Status LoadAuthorizer(const ServerOptions& options);
-  absl::Status StartMetrics(const ServerOptions& options);
-  absl::Status OpenStore(const ServerOptions& options);
-  absl::Status StartNotifier(const ServerOptions& options);
+  absl::Status LoadAuthorizer(const ServerOptions::GrpcPart& part);
+  absl::Status StartMetrics(const ServerOptions::MetricsPart& part);
+  absl::Status OpenStore(const ServerOptions::StorePart& part);
+  absl::Status StartNotifier(const ServerOptions::AlertsPart& part);
   absl::Status StartEngineAndServices(const ServerOptions& options);
   absl::Status StartGrpc(const ServerOptions& options,
                          const std::shared_ptr<grpc::ServerCredentials>& credentials);
 
-  ServerOptions options_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Notifier> notifier_;  // null without a receiver URL

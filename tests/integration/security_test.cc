@@ -476,10 +476,10 @@ TEST_F(SecurityTest, WarnsAboutATokenFileOthersCanRead) {
 // possible here: they are fixed, and other tests and servers may hold them.)
 TEST_F(SecurityTest, DefaultListenAddressesAreLoopback) {
   const ServerOptions defaults;
-  EXPECT_EQ(defaults.listen, "127.0.0.1:50051");
-  EXPECT_EQ(defaults.metrics_listen, "127.0.0.1:9464");
-  EXPECT_EQ(defaults.auth_token_file, "");
-  EXPECT_EQ(defaults.tls.cert_file, "");
+  EXPECT_EQ(defaults.grpc.listen, "127.0.0.1:50051");
+  EXPECT_EQ(defaults.metrics.listen, "127.0.0.1:9464");
+  EXPECT_EQ(defaults.grpc.auth_token_file, "");
+  EXPECT_EQ(defaults.grpc.tls.cert_file, "");
   CommandResult r = RunCommand({BinDir() + "/trainwatch-server", "--help"});
   ASSERT_EQ(r.exit_code, 0);
   EXPECT_THAT(r.out, HasSubstr("--listen ADDR            gRPC address (default "
