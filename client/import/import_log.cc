@@ -352,10 +352,10 @@ void NoteSparseLog(const LoggedRun& run, ImportPlan* plan) {
   plan->labels["logged_every"] = absl::StrCat(every);
   plan->notes.push_back(absl::StrCat(
       "sparse log: one point every ", every,
-      " steps; the windows hold logged points (W = 1000 points spans about ",
-      1000 * every,
-      " steps) and the clip fraction is a sample of the logged steps, "
-      "not of every step"));
+      " steps; the windows hold logged points (the server's W, window_steps, "
+      "spans W x ", every, " steps: ", 1000 * every,
+      " at its default 1000) and the clip fraction is a sample of the logged "
+      "steps, not of every step"));
 }
 
 }  // namespace

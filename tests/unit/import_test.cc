@@ -245,6 +245,9 @@ TEST(EventFile, RealSparseHfFile) {
   absl::StatusOr<ImportPlan> plan = PlanImport(run, {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->labels["logged_every"], "500");
+  // The window's span is said in the server's terms, not as a fixed W.
+  EXPECT_THAT(plan->notes, Contains(HasSubstr("the server's W, window_steps, spans W x 500 "
+                                              "steps: 500000 at its default 1000")));
   EXPECT_EQ(plan->max_norm, 1.0);  // the HF default, said in the notes
   EXPECT_THAT(plan->notes, Contains(HasSubstr("max_grad_norm")));
 }
