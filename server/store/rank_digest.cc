@@ -82,14 +82,6 @@ void DigestRecord(const v1::StepRecord& in, v1::StepRecord* out) {
 
 namespace {
 
-void PutVarint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-
 bool GetVarint(std::string_view& in, uint64_t* v) {
   *v = 0;
   for (int shift = 0; shift <= 63; shift += 7) {

@@ -845,13 +845,6 @@ std::string Residue(const StepRecord& r) {
   return rest.SerializeAsString();
 }
 
-void PutVarint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
 
 // A chunk's columns, gathered from its records in one pass. Reused by the
 // thread's next chunk (Reset keeps the vectors' memory): a chunk of one
@@ -1102,6 +1095,14 @@ absl::Status DecodeColumnar(std::string_view blob, RepeatedPtrField<StepRecord>*
 }
 
 }  // namespace
+
+void PutVarint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
 
 std::string EncodeStepChunk(const RepeatedPtrField<StepRecord>& records) {
   return Encode(static_cast<size_t>(records.size()),

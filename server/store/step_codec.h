@@ -44,6 +44,10 @@ std::string EncodeStepChunk(
     const google::protobuf::RepeatedPtrField<v1::StepRecord>& records,
     absl::Span<const size_t> indices);
 
+// Appends `v` as a base-128 varint, as protobuf writes one (the count at
+// the head of a chunk, and rank_digest.h's rank_tail rows).
+void PutVarint(std::string& out, uint64_t v);
+
 // Decodes a chunk of either format into `out` (cleared first). DATA_LOSS
 // with what was being read and where, for a blob that is corrupt or cut
 // short; never reads out of bounds.

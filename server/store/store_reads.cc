@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "store/rank_digest.h"
+#include "store/rank_tail.h"
 #include "store/step_codec.h"
 #include "store/store.h"
 #include "trainwatch/v1/alert_names.h"
@@ -57,7 +57,7 @@ void UnpackIds(std::string_view blob, Repeated* out) {
   out->Resize(static_cast<int>(n), 0);
   if (n > 0) std::memcpy(out->mutable_data(), blob.data(), n * sizeof(int64_t));
 }
-// The digests of a run's non-lead ranks that no chunk holds yet, in step
+// The open digests of a run's non-lead ranks (store/rank_tail.h), in step
 // order by (rank, attempt): rank_tail rows (writer.h) less what a chunk of
 // the stream holds (a stream's chunks hold its digests up to their last
 // step), with step in [from, to] (to 0: no bound).
@@ -67,49 +67,25 @@ using OpenDigests =
 absl::StatusOr<OpenDigests> ReadOpenDigests(sqlite3* db, const std::string& run_id,
                                             std::optional<uint32_t> rank,
                                             uint64_t from, uint64_t to) {
-  absl::StatusOr<sqlite::Stmt> rows = sqlite::Stmt::Prepare(
-      db, "SELECT t.seq, t.records FROM rank_tail t JOIN runs r ON r.run_key = t.run_key "
-          "WHERE r.run_id = ?1 ORDER BY t.seq");
-  if (!rows.ok()) return rows.status();
-  absl::StatusOr<sqlite::Stmt> chunked = sqlite::Stmt::Prepare(
-      db, "SELECT max(c.last_step) FROM step_chunks c JOIN runs r ON r.run_key = c.run_key "
-          "WHERE r.run_id = ?1 AND c.rank = ?2 AND c.attempt = ?3");
-  if (!chunked.ok()) return chunked.status();
-  rows->Bind(1, run_id);
+  absl::StatusOr<sqlite::Stmt> run_key =
+      sqlite::Stmt::Prepare(db, "SELECT run_key FROM runs WHERE run_id = ?1");
+  if (!run_key.ok()) return run_key.status();
+  run_key->Bind(1, run_id);
+  absl::StatusOr<bool> row = run_key->Step();
+  if (!row.ok()) return row.status();
   OpenDigests out;
-  std::map<std::pair<uint32_t, uint32_t>, std::optional<int64_t>> in_chunks;
-  std::vector<RankTailEntry> streams;
-  google::protobuf::RepeatedPtrField<v1::StepRecord> recs;
-  while (true) {
-    absl::StatusOr<bool> row = rows->Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    if (absl::Status d = DecodeRankTail(rows->Blob(1), &streams, &recs); !d.ok()) {
-      return absl::DataLossError(absl::StrCat("the open digests of run ", run_id, " (row ",
-                                              rows->Int(0), "): ", d.message()));
-    }
-    for (int i = 0; i < recs.size(); ++i) {
-      const std::pair<uint32_t, uint32_t> key{streams[i].rank, streams[i].attempt};
-      const uint64_t step = recs[i].step();
-      if ((rank.has_value() && key.first != *rank) || step < from || (to != 0 && step > to)) {
-        continue;
-      }
-      auto done = in_chunks.find(key);
-      if (done == in_chunks.end()) {
-        chunked->Bind(1, run_id).Bind(2, int64_t{key.first}).Bind(3, int64_t{key.second});
-        absl::StatusOr<bool> got = chunked->Step();
-        std::optional<int64_t> last;
-        if (got.ok() && *got && !chunked->IsNull(0)) last = chunked->Int(0);
-        chunked->Reset();
-        if (!got.ok()) return got.status();
-        done = in_chunks.emplace(key, last).first;
-      }
-      if (done->second.has_value() &&
-          step <= static_cast<uint64_t>(std::max<int64_t>(*done->second, 0))) {
-        continue;
-      }
-      out[key].push_back(std::move(recs[i]));
-    }
+  if (!*row) return out;
+  absl::Status s = ForEachOpenDigest(
+      db, run_key->Int(0), rank, [&](const OpenDigest& d) -> absl::Status {
+        const uint64_t step = d.record->step();
+        if (step >= from && (to == 0 || step <= to)) {
+          out[{d.stream.rank, d.stream.attempt}].push_back(std::move(*d.record));
+        }
+        return absl::OkStatus();
+      });
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("the open digests of run ", run_id, ": ",
+                                               s.message()));
   }
   return out;
 }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "store/rank_digest.h"
+#include "store/rank_tail.h"
 #include "store/step_codec.h"
 #include "trainwatch/v1/alert_names.h"
 
@@ -335,73 +336,40 @@ absl::Status StoreWriter::EnsureTailsLoaded() {
   rank_buffers_.clear();
   oldest_.clear();
   open_tails_.clear();
-  struct {
-    sqlite::Stmt* stmt;
-    const char* sql;
-  } const stmts[] = {
-      {&load_.max_seq, "SELECT coalesce(max(seq), 0) FROM rank_tail"},
-      {&load_.rows, "SELECT seq, run_key, records FROM rank_tail ORDER BY seq"},
-      {&load_.chunked,
-       "SELECT max(last_step) FROM step_chunks WHERE run_key = ?1 AND rank = ?2 "
-       "AND attempt = ?3"},
-      {&load_.run_id, "SELECT run_id FROM runs WHERE run_key = ?1"},
-  };
-  for (const auto& [stmt, sql] : stmts) {
-    absl::StatusOr<sqlite::Stmt> st = sqlite::Stmt::Prepare(db_.get(), sql);
-    if (!st.ok()) return st.status();
-    *stmt = std::move(*st);
-  }
-  absl::StatusOr<bool> row = load_.max_seq.Step();
+  absl::StatusOr<sqlite::Stmt> max_seq =
+      sqlite::Stmt::Prepare(db_.get(), "SELECT coalesce(max(seq), 0) FROM rank_tail");
+  if (!max_seq.ok()) return max_seq.status();
+  absl::StatusOr<bool> row = max_seq->Step();
   if (!row.ok()) return row.status();
-  next_tail_seq_ = load_.max_seq.Int(0) + 1;
-  // What of each stream is in a chunk already: its digests up to there.
-  absl::flat_hash_map<StreamKey, std::optional<int64_t>> in_chunks;
+  next_tail_seq_ = max_seq->Int(0) + 1;
+  absl::StatusOr<sqlite::Stmt> run_id =
+      sqlite::Stmt::Prepare(db_.get(), "SELECT run_id FROM runs WHERE run_key = ?1");
+  if (!run_id.ok()) return run_id.status();
   absl::flat_hash_map<int64_t, std::string> run_ids;
-  std::vector<RankTailEntry> streams;
-  google::protobuf::RepeatedPtrField<v1::StepRecord> recs;
-  while (true) {
-    row = load_.rows.Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    const int64_t seq = load_.rows.Int(0), run_key = load_.rows.Int(1);
-    if (absl::Status d = DecodeRankTail(load_.rows.Blob(2), &streams, &recs); !d.ok()) {
-      return absl::DataLossError(absl::StrCat("rank_tail row ", seq, ": ", d.message()));
-    }
-    auto name = run_ids.find(run_key);
-    if (name == run_ids.end()) {
-      load_.run_id.Bind(1, run_key);
-      absl::StatusOr<bool> found = load_.run_id.Step();
-      std::string id = (found.ok() && *found) ? std::string(load_.run_id.Text(0)) : "";
-      load_.run_id.Reset();
-      if (!found.ok()) return found.status();
-      name = run_ids.emplace(run_key, std::move(id)).first;
-    }
-    for (int i = 0; i < recs.size(); ++i) {
-      StreamKey key{name->second, streams[i].rank, streams[i].attempt};
-      auto done = in_chunks.find(key);
-      if (done == in_chunks.end()) {
-        load_.chunked.Bind(1, run_key).Bind(2, int64_t{key.rank})
-            .Bind(3, int64_t{key.attempt});
-        absl::StatusOr<bool> got = load_.chunked.Step();
-        std::optional<int64_t> last;
-        if (got.ok() && *got && !load_.chunked.IsNull(0)) last = load_.chunked.Int(0);
-        load_.chunked.Reset();
-        if (!got.ok()) return got.status();
-        done = in_chunks.emplace(key, last).first;
-      }
-      if (done->second.has_value() && ToDb(recs[i].step()) <= *done->second) continue;
-      auto [it, added] = rank_buffers_.try_emplace(std::move(key));
-      RankBuffer& buf = it->second;
-      buf.run_key = run_key;
-      if (buf.digests.empty()) {
-        buf.oldest_seq = seq;
-        buf.oldest_ns = 0;  // not known: counts from the next commit
-        oldest_.emplace(seq, &it->first);
-      }
-      buf.digests.push_back(MakeRankDigest(recs[i]));
-    }
-  }
-  load_ = {};
+  absl::Status status = ForEachOpenDigest(
+      db_.get(), std::nullopt, std::nullopt, [&](const OpenDigest& d) -> absl::Status {
+        auto name = run_ids.find(d.run_key);
+        if (name == run_ids.end()) {
+          run_id->Bind(1, d.run_key);
+          absl::StatusOr<bool> found = run_id->Step();
+          std::string id = (found.ok() && *found) ? std::string(run_id->Text(0)) : "";
+          run_id->Reset();
+          if (!found.ok()) return found.status();
+          name = run_ids.emplace(d.run_key, std::move(id)).first;
+        }
+        auto [it, added] = rank_buffers_.try_emplace(
+            StreamKey{name->second, d.stream.rank, d.stream.attempt});
+        RankBuffer& buf = it->second;
+        buf.run_key = d.run_key;
+        if (buf.digests.empty()) {
+          buf.oldest_seq = d.seq;
+          buf.oldest_ns = 0;  // not known: counts from the next commit
+          oldest_.emplace(d.seq, &it->first);
+        }
+        buf.digests.push_back(MakeRankDigest(*d.record));
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
   tail_deleted_below_ = 0;
   tails_loaded_ = true;
   return absl::OkStatus();

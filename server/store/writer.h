@@ -147,10 +147,6 @@ class StoreWriter {
       insert_chunk_, insert_event_, upsert_alert_, insert_spike_,
       update_spike_outcome_, insert_host_incident_, select_chunks_from_,
       delete_chunk_, delete_chunks_before_, insert_tail_, delete_tails_before_;
-  // EnsureTailsLoaded's statements, prepared for one load.
-  struct {
-    sqlite::Stmt max_seq, rows, chunked, run_id;
-  } load_;
   // Caches of what is committed; cleared when a transaction fails.
   absl::flat_hash_map<std::string, int64_t> run_keys_;
   // The lowest rank stored of each run (by run key): its lead.
