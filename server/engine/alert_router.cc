@@ -4,7 +4,7 @@
 #include <optional>
 #include <utility>
 
-#include "health/convert.h"
+#include "health/run/convert.h"
 #include "trainwatch/v1/alert_names.h"
 #include "trainwatch/v1/fp8_format.h"
 

@@ -16,7 +16,7 @@
 
 #include "alerting/notifier.h"
 #include "engine/host_watch.h"
-#include "health/run_pipeline.h"
+#include "health/run/run_pipeline.h"
 #include "metrics/metrics.h"
 #include "store/store.h"
 #include "trainwatch/v1/trainwatch.pb.h"

@@ -7,7 +7,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "engine/run_state.h"
-#include "health/convert.h"
+#include "health/run/convert.h"
 
 namespace trainwatch {
 

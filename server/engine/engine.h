@@ -17,7 +17,7 @@
 // backlog; never before its own stream's earlier messages.
 //
 // Each run's pipeline picks the lead stream, dedups, rewinds and feeds the
-// detectors (health/run_pipeline.h); what it reports goes through the run's
+// detectors (health/run/run_pipeline.h); what it reports goes through the run's
 // AlertRouter (engine/alert_router.h) to the store, /metrics and the
 // notifier. At start the engine rebuilds the windows, baselines and alert
 // states of unfinished runs from the store (engine/recovery.cc), without
@@ -59,11 +59,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "alerting/notifier.h"
-#include "engine/host_watch.h"
 #include "common/clock.h"
+#include "engine/host_watch.h"
 #include "engine/shard.h"
 #include "health/health_config.h"
-#include "health/run_pipeline.h"
+#include "health/run/run_pipeline.h"
 #include "metrics/metrics.h"
 #include "store/store.h"
 #include "trainwatch/v1/trainwatch.pb.h"

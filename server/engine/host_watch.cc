@@ -1,6 +1,6 @@
 #include "engine/host_watch.h"
 
-#include "health/convert.h"
+#include "health/run/convert.h"
 
 namespace trainwatch {
 namespace {

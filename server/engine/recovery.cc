@@ -11,7 +11,7 @@
 #include "engine/engine.h"
 #include "engine/run_state.h"
 #include "health/alert_catalog.h"
-#include "health/convert.h"
+#include "health/run/convert.h"
 
 namespace trainwatch {
 

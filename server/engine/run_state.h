@@ -12,7 +12,7 @@
 #include "alerting/notifier.h"
 #include "engine/alert_router.h"
 #include "health/health_config.h"
-#include "health/run_pipeline.h"
+#include "health/run/run_pipeline.h"
 #include "metrics/metrics.h"
 #include "store/store.h"
 

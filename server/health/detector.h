@@ -25,7 +25,7 @@
 
 #include "health/alert_catalog.h"
 #include "health/health_config.h"
-#include "health/window.h"
+#include "health/signals/window.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {

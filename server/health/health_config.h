@@ -3,14 +3,79 @@
 #ifndef TRAINWATCH_SERVER_HEALTH_HEALTH_CONFIG_H_
 #define TRAINWATCH_SERVER_HEALTH_HEALTH_CONFIG_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <set>
 #include <string>
 
-#include "health/host_incidents.h"
-#include "health/run_timing.h"
-
 namespace trainwatch {
+
+// The timing rules' options (timing/).
+struct StragglerConfig {
+  // Sequential detection (one-sided CUSUM) on log(rank's step time / the
+  // median rank's level): a rank running `slack` x the median forever never
+  // fires (in expectation); one at 1.3x fires after about
+  // threshold / log(1.3 / slack) = 25 steps, one at 1.2x after about 70.
+  double slack = 1.15;
+  double threshold = 3.0;  // in log units
+  // One step counts at most this slow: a checkpoint save or an evaluation
+  // that stalls every rank once adds log(clip / slack) = 0.27, and a rank
+  // must be slow step after step to reach the threshold.
+  double clip = 1.5;
+  // A rank's level: an EMA of its log step time, updated with innovations
+  // clipped to +-log(clip) (so one-off slow steps barely move it).
+  double ema_alpha = 0.1;
+  // Fire threshold named in the alert (docs/detectors.md: >= 20% above the median).
+  double ratio = 1.2;
+  // While firing, the condition holds until the rank's level falls below
+  // this ratio (hysteresis); then resolve_after_steps clear steps resolve it.
+  double resolve_ratio = 1.1;
+  // Ranks with a level needed for a median; a rank's first records are not
+  // judged (start-up, compilation).
+  uint32_t min_ranks = 3;
+  uint32_t warmup_records = 10;
+};
+
+struct InputStallConfig {
+  // Fires when the median over the last kSteps lead steps of
+  // data_wait_s / step_time_s is >= fraction (so more than half of recent
+  // steps waited that much: one slow batch at an epoch start is not a
+  // stall); holds while it stays >= resolve_fraction.
+  double fraction = 0.2;
+  double resolve_fraction = 0.1;
+};
+
+struct GoodputConfig {
+  // A gap between two lead records is silent time when it is longer than
+  // both gap_factor x the typical step time and min_gap_seconds; what
+  // exceeds the typical step time is lost.
+  double gap_factor = 10.0;
+  double min_gap_seconds = 30.0;
+};
+
+struct SpikeReplayConfig {
+  // The replay is judged once the new attempt is this many steps past the
+  // spike's step (or when the run finishes past the spike's step); a spike
+  // within `tolerance` steps of the old one is the same spike recurring.
+  uint32_t judge_after_steps = 50;
+  uint32_t tolerance_steps = 20;
+};
+
+struct TimingConfig {
+  StragglerConfig straggler;
+  InputStallConfig input_stall;
+  GoodputConfig goodput;
+  SpikeReplayConfig spike_replay;
+};
+
+struct HostSuspectConfig {
+  int64_t window_seconds = 86400;  // incidents older than this are forgotten
+  uint32_t min_runs = 2;           // distinct runs naming the host
+  // Bounds: hosts tracked (the oldest-touched is dropped past it) and
+  // incidents kept per host (the oldest dropped).
+  size_t max_hosts = 10000;
+  size_t max_incidents_per_host = 64;
+};
 
 struct HealthConfig {
   // Window length W in post-warmup steps; also the baseline length.

@@ -14,9 +14,9 @@
 #include <random>
 #include <vector>
 
-#include "health/detectors_internal.h"
-#include "health/run_health.h"
-#include "health/run_timing.h"
+#include "health/detectors/internal.h"
+#include "health/run/run_health.h"
+#include "health/timing/run_timing.h"
 
 namespace {
 

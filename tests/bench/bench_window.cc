@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "health/window.h"
+#include "health/signals/window.h"
 
 namespace {
 

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "health/alert_catalog.h"
-#include "health/run_pipeline.h"
+#include "health/run/run_pipeline.h"
 #include "trainwatch/v1/alert_names.h"
 
 namespace trainwatch::arrival {

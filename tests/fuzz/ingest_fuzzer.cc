@@ -9,7 +9,7 @@
 // restarts (a new pipeline recovers the lead and the firing alerts, then
 // replays the stored history muted). Requests go through the server's
 // validation and, when accepted, through the engine's own RunPipeline
-// (health/run_pipeline.h: dedup, lead-stream choice, rewinds, RunHealth with
+// (health/run/run_pipeline.h: dedup, lead-stream choice, rewinds, RunHealth with
 // its windows, detectors and alert tracker). The fuzzer is the pipeline's
 // RunObserver; it keeps an oracle written from the documented semantics (the
 // store's duplicate filter, the lead rule, rewinds, shadow windows). No
@@ -52,10 +52,10 @@
 #include "common/validate.h"
 #include "google/protobuf/stubs/logging.h"
 #include "health/alert_catalog.h"
-#include "health/alert_tracker.h"
-#include "health/convert.h"
-#include "health/run_health.h"
-#include "health/run_pipeline.h"
+#include "health/run/alert_tracker.h"
+#include "health/run/convert.h"
+#include "health/run/run_health.h"
+#include "health/run/run_pipeline.h"
 #include "trainwatch/v1/alert_names.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
@@ -181,7 +181,7 @@ struct ShadowWindow {
 };
 
 // ---------------------------------------------------------------------------
-// The real per-run pipeline (health/run_pipeline.h), watched: the fuzzer is
+// The real per-run pipeline (health/run/run_pipeline.h), watched: the fuzzer is
 // its RunObserver, and an oracle kept here from the documented semantics
 // (the store's duplicate filter, lead-stream choice, rewinds, the shadow
 // windows) says what it must report.

@@ -1,7 +1,7 @@
 // The change-detection components of docs/detectors.md on synthetic signals with
 // fixed seeds: delays on sudden shifts, silence on heavy-tailed healthy
 // noise, one episode for a hovering quantity.
-#include "health/change_detection.h"
+#include "health/signals/change_detection.h"
 
 #include <algorithm>
 #include <cmath>

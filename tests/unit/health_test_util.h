@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "health/run_health.h"
+#include "health/run/run_health.h"
 
 namespace trainwatch::testing {
 

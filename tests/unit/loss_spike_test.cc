@@ -2,7 +2,7 @@
 // convention: a language-model loss (log space), losses near zero or below
 // and losses printed with few digits (RL policy losses, DPO, reward models),
 // on synthetic signals with fixed seeds and on a real GRPO log.
-#include "health/loss_spike.h"
+#include "health/signals/loss_spike.h"
 
 #include <algorithm>
 #include <cmath>

@@ -10,7 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "health/window.h"
+#include "health/signals/window.h"
 #include "report/report.h"
 
 namespace trainwatch::cli {

@@ -1,6 +1,6 @@
 // RunPipeline on its own: no threads, no store, no metrics; a recording
 // observer sees everything it reports.
-#include "health/run_pipeline.h"
+#include "health/run/run_pipeline.h"
 #include "trainwatch/v1/alert_names.h"
 
 #include <limits>
@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "health/alert_catalog.h"
-#include "health/alert_tracker.h"
+#include "health/run/alert_tracker.h"
 
 namespace trainwatch {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "health/scale_bleed.h"
+#include "health/signals/scale_bleed.h"
 
 namespace trainwatch {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "health/step_digests.h"
+#include "health/signals/step_digests.h"
 
 namespace trainwatch {
 namespace {

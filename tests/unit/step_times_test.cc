@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "health/goodput.h"
-#include "health/host_incidents.h"
-#include "health/run_timing.h"
-#include "health/spike_replay.h"
-#include "health/step_times.h"
+#include "health/timing/goodput.h"
+#include "health/timing/host_incidents.h"
+#include "health/timing/run_timing.h"
+#include "health/timing/spike_replay.h"
+#include "health/timing/step_times.h"
 
 namespace trainwatch {
 namespace {

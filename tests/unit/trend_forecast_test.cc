@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "health/trend_forecast.h"
+#include "health/signals/trend_forecast.h"
 
 namespace trainwatch {
 namespace {

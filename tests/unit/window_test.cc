@@ -1,6 +1,6 @@
 // StepRing, OrderStatWindow, ValueWindow, FlagWindow and SelectKth against
 // brute force.
-#include "health/window.h"
+#include "health/signals/window.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "health/select.h"
+#include "health/signals/select.h"
 
 namespace trainwatch {
 namespace {

@@ -1,0 +1,226 @@
+// Per-layer Adam detectors (docs/detectors.md): AdamStaleSecondMoment,
+// LayerUpdateStall. They read the layer_stats the clients send every N steps
+// on the lead stream; records without layer_stats leave them unchanged.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "health/detectors/internal.h"
+#include "health/signals/select.h"
+
+namespace trainwatch {
+namespace {
+
+// Layers named in a description, at most.
+constexpr size_t kLayersNamed = 5;
+
+}  // namespace
+
+bool IsEmbeddingLayer(const std::string& layer) {
+  const size_t dot = layer.rfind('.');
+  const std::string_view last =
+      dot == std::string::npos ? std::string_view(layer) : std::string_view(layer).substr(dot + 1);
+  // The output projection over the vocabulary has a row per token too.
+  for (std::string_view e : {"tok", "pos", "embed", "wte", "wpe", "embeddings", "embed_tokens",
+                             "tok_embeddings", "word_embeddings", "embedding", "emb", "head",
+                             "lm_head", "output_layer"}) {
+    if (last == e) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// "name value, name value, ..." for the first kLayersNamed layers, then
+// "and N more".
+std::string NameLayers(
+    const std::vector<std::pair<std::string, double>>& layers) {
+  std::string out;
+  for (size_t i = 0; i < layers.size() && i < kLayersNamed; ++i) {
+    if (i > 0) out += ", ";
+    out += absl::StrFormat("%s %.3g", layers[i].first, layers[i].second);
+  }
+  if (layers.size() > kLayersNamed) {
+    out += absl::StrFormat(" and %d more", layers.size() - kLayersNamed);
+  }
+  return out;
+}
+
+// Catches a layer whose Adam second moment is out of date: its gradient is
+// far above what v has seen (RMS of g/sqrt(v) >= adam.g_over_sqrt_v, ~1 in
+// steady state), and a loss spike tends to follow within a few steps. A layer
+// counts on a post-warmup report once it also jumped: its value is at least
+// adam.jump_ratio x its median over its previous post-warmup reports (at
+// least adam.min_reports of them). In warmup v is still filling up from 0,
+// and for a while after it Adam is still adapting to the new LR (values of
+// 5 and more that fall back by themselves); a layer whose g/sqrt(v) is
+// always high has not gone stale either. Embeddings are left out: a rare
+// token's row, whose v decayed for hundreds of steps, meets a gradient
+// on every healthy run (the lab: 25-4,100 on the token embedding, nothing
+// after). With reports on consecutive steps (layer_stats every step) the
+// layer must be stale on two in a row: one hard batch refreshes v at once
+// (v takes (1 - beta2) g^2 of it), while the out-of-date v of an
+// instability stays behind a gradient that stays large.
+class AdamStaleSecondMoment final : public Detector {
+ public:
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    const v1::StepRecord& r = ctx.record;
+    if (r.layer_stats().empty() || !ctx.post_warmup) return;
+    const auto& cfg = ctx.config.adam;
+    std::vector<std::pair<std::string, double>> stale;
+    for (const auto& [layer, stats] : r.layer_stats()) {
+      if (IsEmbeddingLayer(layer)) continue;
+      const double value = stats.g_over_sqrt_v_rms();
+      // NaN: no evidence either way. +Inf: v is zero under a non-zero
+      // gradient, out of date whatever the layer's history; it stays out of
+      // the history, whose median it would break.
+      if (std::isnan(value) || value == -INFINITY) continue;
+      auto it = history_.find(layer);
+      if (it == history_.end()) {
+        if (history_.size() >= kMaxLayers) continue;
+        it = history_.emplace(layer, History{}).first;
+      }
+      History& h = it->second;
+      const bool consecutive = h.any && r.step() == h.last_step + 1;
+      const bool candidate =
+          std::isinf(value) || (value >= cfg.g_over_sqrt_v && h.size >= cfg.min_reports &&
+                                value >= cfg.jump_ratio * h.Median());
+      // +Inf (v zero under a gradient) is out of date at once.
+      if (std::isinf(value) || (candidate && (!consecutive || h.last_candidate))) {
+        stale.emplace_back(layer, value);
+      }
+      h.last_candidate = candidate;
+      h.last_step = r.step();
+      h.any = true;
+      if (!std::isinf(value)) h.Push(value);
+    }
+    std::sort(stale.begin(), stale.end(), [](const auto& a, const auto& b) {
+      return a.second != b.second ? a.second > b.second : a.first < b.first;
+    });
+    const double largest = stale.empty() ? 0.0 : stale.front().second;
+    sink.Condition(
+        AlertKind::kAdamStaleSecondMoment, r.step(), !stale.empty(), largest,
+        [&] {
+          return AlertText{
+              "Adam second moment out of date",
+              absl::StrFormat("step %d: g/sqrt(v) RMS >= %g and >= %gx the "
+                              "layer's recent median in %d layer(s): %s",
+                              r.step(), cfg.g_over_sqrt_v, cfg.jump_ratio,
+                              stale.size(), NameLayers(stale))};
+        });
+  }
+
+  // Reports of a layer before the restart still describe its typical value.
+  void OnRewind(uint64_t step) override {}
+
+ private:
+  static constexpr size_t kMaxLayers = 4096;
+
+  // A layer's last post-warmup values, for its median.
+  struct History {
+    static constexpr size_t kSize = 8;
+    std::array<float, kSize> values{};
+    size_t size = 0;
+    size_t next = 0;
+    uint64_t last_step = 0;  // the last report's step
+    bool any = false;
+    bool last_candidate = false;  // the last report was stale
+
+    void Push(double v) {
+      values[next] = static_cast<float>(v);
+      next = (next + 1) % kSize;
+      if (size < kSize) ++size;
+    }
+    double Median() const {
+      return MedianOf(values.data(), size);
+    }
+  };
+  std::map<std::string, History> history_;
+};
+
+// Catches layers whose gradients are so small that Adam's eps dominates
+// sqrt(v): their updates vanish. Holds while some layer's grad RMS is in
+// (0, adam.eps_multiple x adam_eps] on adam.stall_reports reports of it in a
+// row (a zero gradient is a frozen or unused layer, not an eps problem).
+class LayerUpdateStall final : public Detector {
+ public:
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    const v1::StepRecord& r = ctx.record;
+    if (!ctx.run.adam_eps.has_value() || r.layer_stats().empty()) return;
+    const auto& cfg = ctx.config.adam;
+    const double limit = cfg.eps_multiple * *ctx.run.adam_eps;
+    const double eps = *ctx.run.adam_eps;
+    for (const auto& [layer, stats] : r.layer_stats()) {
+      const double rms = stats.grad_rms();
+      // eps, not v, must set the update: then g / (sqrt(v) + eps) is about
+      // min(1, g / eps). A layer whose gradient collapsed while v still
+      // holds its old values has g/(sqrt(v)+eps) below that (the lab: 3e-4 -
+      // 4e-3 where grad_rms / eps is 1.4 - 11; 0.26 of it at 1e-14): v sets
+      // that update, and a smaller eps is not the fix.
+      const double ratio = stats.g_over_sqrt_v_rms();
+      const bool eps_dominates = !std::isfinite(ratio) || !(ratio > 0) ||
+                                 ratio >= kEpsShare * std::min(1.0, rms / eps);
+      if (!(rms > 0 && rms <= limit) || !eps_dominates) {
+        stalls_.erase(layer);
+        continue;
+      }
+      auto it = stalls_.find(layer);
+      if (it == stalls_.end()) {
+        if (stalls_.size() >= kMaxLayers) continue;
+        it = stalls_.emplace(layer, Stall{}).first;
+      }
+      ++it->second.reports;
+      it->second.last_rms = rms;
+    }
+
+    std::vector<std::pair<std::string, double>> stalled;
+    for (const auto& [layer, stall] : stalls_) {
+      if (stall.reports >= cfg.stall_reports) {
+        stalled.emplace_back(layer, stall.last_rms);
+      }
+    }
+    sink.Condition(
+        AlertKind::kLayerUpdateStall, r.step(), !stalled.empty(),
+        static_cast<double>(stalled.size()), [&] {
+          return AlertText{
+              "Layer updates vanish under Adam eps",
+              absl::StrFormat("step %d: %d layer(s) with grad RMS <= %g x "
+                              "adam_eps (%g) on %d reports in a row: %s",
+                              r.step(), stalled.size(), cfg.eps_multiple,
+                              *ctx.run.adam_eps, cfg.stall_reports,
+                              NameLayers(stalled))};
+        });
+  }
+
+  // Reports are not kept, so the runs of them restart after a rewind.
+  void OnRewind(uint64_t step) override { stalls_.clear(); }
+
+ private:
+  // Layers tracked at once, at most (bounds memory on huge models).
+  static constexpr size_t kMaxLayers = 4096;
+  // g/(sqrt(v)+eps) at least this share of min(1, grad_rms / eps): eps,
+  // not an out-of-date v, sets the layer's update.
+  static constexpr double kEpsShare = 0.5;
+
+  struct Stall {
+    uint32_t reports = 0;  // in a row at or below the limit
+    double last_rms = 0.0;
+  };
+  std::map<std::string, Stall> stalls_;  // only layers currently at the limit
+};
+
+}  // namespace
+
+void AddLayerDetectors(const HealthConfig& config, Detectors* out) {
+  out->push_back(std::make_unique<AdamStaleSecondMoment>());
+  out->push_back(std::make_unique<LayerUpdateStall>());
+}
+
+}  // namespace trainwatch

@@ -1,0 +1,219 @@
+#include "health/run/alert_tracker.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace trainwatch {
+
+AlertTracker::AlertTracker(const HealthConfig& config, Listener on_transition,
+                           SpikeListener on_spike)
+    : config_(config),
+      on_transition_(std::move(on_transition)),
+      on_spike_(std::move(on_spike)) {
+  for (size_t i = 0; i < kAlertKindCount; ++i) {
+    states_[i].episode.kind = static_cast<AlertKind>(i);
+  }
+}
+
+bool AlertTracker::Enabled(AlertKind kind) const {
+  return !config_.disabled.contains(std::string(Spec(kind).name));
+}
+
+bool AlertTracker::AcrossRanks(AlertKind kind) {
+  return kind == AlertKind::kRankNormMismatch ||
+         kind == AlertKind::kShardNormMismatch ||
+         kind == AlertKind::kRankStraggler || kind == AlertKind::kFp8AmaxDesync;
+}
+
+void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
+                           double value, AlertText text,
+                           const std::vector<int64_t>& batch_ids) {
+  AlertEpisode& e = s.episode;
+  e = AlertEpisode{.kind = kind,
+                   .firing = true,
+                   .started_step = step,
+                   .started_unix_nanos = now_unix_nanos_,
+                   .peak_value = value,
+                   .text = std::move(text)};
+  e.batch_ids.assign(batch_ids.begin(),
+                     batch_ids.begin() + std::min(batch_ids.size(), kMaxBatchIds));
+  e.caused_by = CauseOf(kind, step);
+  if (e.text.rank.has_value()) e.rank = *e.text.rank;
+  s.last_true_step = step;
+  if (on_transition_) on_transition_(e);
+  MarkConsequences(kind, e.text.onset_step > 0 ? e.text.onset_step : step);
+}
+
+namespace {
+
+// How many steps before its cause's onset a consequence may have fired (a
+// norm spike shows a step or two before the loss jumps).
+constexpr uint64_t kCauseLeadSteps = 8;
+
+// The pairs of docs/detectors.md (and deploy/alertmanager's inhibit_rules): the
+// cause of `kind`, tried in order.
+std::vector<AlertKind> CausesOf(AlertKind kind) {
+  switch (kind) {
+    case AlertKind::kSkipRateHigh:
+    case AlertKind::kNonFiniteUpdate:
+      return {AlertKind::kLossScaleCollapse};
+    case AlertKind::kGradNormSpike:
+      return {AlertKind::kLossSpike};
+    // Under a diverging fp16 run the norms are Inf or huge: the clip share
+    // and the norm's level follow from the collapse, not from clipping.
+    case AlertKind::kGradNormDrift:
+    case AlertKind::kClipFractionHigh:
+      return {AlertKind::kLossSpike, AlertKind::kLossScaleCollapse,
+              AlertKind::kNonFiniteUpdate};
+    case AlertKind::kAdamStaleSecondMoment:
+      return {AlertKind::kLossSpike, AlertKind::kGradNormSpike};
+    // A wrong format max or unsynchronised scales saturate the casts; a
+    // tensor whose outliers outgrew it flushes its bulk to zero.
+    case AlertKind::kFp8Overflow:
+      return {AlertKind::kFp8ScaleMismatch, AlertKind::kFp8AmaxDesync};
+    case AlertKind::kFp8Underflow:
+      return {AlertKind::kFp8AmaxGrowth, AlertKind::kFp8ScaleMismatch};
+    default:
+      return {};
+  }
+}
+
+}  // namespace
+
+std::optional<AlertKind> AlertTracker::CauseOf(AlertKind kind,
+                                               uint64_t step) const {
+  for (AlertKind cause : CausesOf(kind)) {
+    const State& c = states_[static_cast<size_t>(cause)];
+    if (!c.episode.firing) continue;
+    // A spike is an event: only one at this step (or the step before, when
+    // the layer statistics come with the next record) is a cause.
+    if (cause == AlertKind::kGradNormSpike && c.last_true_step + 1 < step) {
+      continue;
+    }
+    return cause;
+  }
+  return std::nullopt;
+}
+
+void AlertTracker::MarkConsequences(AlertKind cause, uint64_t onset_step) {
+  const uint64_t from =
+      onset_step > kCauseLeadSteps ? onset_step - kCauseLeadSteps : 0;
+  for (size_t i = 0; i < kAlertKindCount; ++i) {
+    State& s = states_[i];
+    const AlertKind kind = static_cast<AlertKind>(i);
+    if (!s.episode.firing || s.episode.caused_by.has_value() || kind == cause ||
+        s.episode.started_step < from) {
+      continue;
+    }
+    for (AlertKind c : CausesOf(kind)) {
+      if (c != cause) continue;
+      s.episode.caused_by = cause;
+      s.episode.update = true;
+      if (on_transition_) on_transition_(s.episode);
+      s.episode.update = false;
+      break;
+    }
+  }
+}
+
+void AlertTracker::Condition(AlertKind kind, uint64_t step, bool holds,
+                             double value,
+                             const std::function<AlertText()>& text) {
+  if (!holds || !Enabled(kind)) return;
+  State& s = states_[static_cast<size_t>(kind)];
+  if (!s.episode.firing) {
+    if (!muted_) FireNow(s, kind, step, value, text(), {});
+    return;
+  }
+  s.last_true_step = std::max(step, s.last_true_step);
+  if (!muted_ && value > s.episode.peak_value) s.episode.peak_value = value;
+}
+
+void AlertTracker::Event(AlertKind kind, uint64_t step, double value,
+                         const std::vector<int64_t>& batch_ids,
+                         const std::function<AlertText()>& text) {
+  if (!Enabled(kind)) return;
+  State& s = states_[static_cast<size_t>(kind)];
+  if (!s.episode.firing) {
+    if (!muted_) FireNow(s, kind, step, value, text(), batch_ids);
+    return;
+  }
+  s.last_true_step = step;
+  // Replaying history: the stored episode already has this step's numbers.
+  if (muted_) return;
+  AlertEpisode& e = s.episode;
+  if (value > e.peak_value || std::isnan(e.peak_value)) e.peak_value = value;
+  for (int64_t id : batch_ids) {
+    if (e.batch_ids.size() >= kMaxBatchIds) break;
+    e.batch_ids.push_back(id);
+  }
+}
+
+void AlertTracker::Spike(const SpikeInfo& spike) {
+  if (!muted_ && on_spike_) on_spike_(spike);
+}
+
+void AlertTracker::Fire(AlertKind kind, uint64_t step, double value,
+                        AlertText text) {
+  if (!Enabled(kind)) return;
+  State& s = states_[static_cast<size_t>(kind)];
+  if (!s.episode.firing && !muted_) {
+    FireNow(s, kind, step, value, std::move(text), {});
+  }
+}
+
+void AlertTracker::Resolve(AlertKind kind, uint64_t step) {
+  State& s = states_[static_cast<size_t>(kind)];
+  if (!s.episode.firing || muted_) return;
+  s.episode.firing = false;
+  s.episode.resolved_step = step;
+  s.episode.resolved_unix_nanos = now_unix_nanos_;
+  if (on_transition_) on_transition_(s.episode);
+}
+
+void AlertTracker::EndStep(uint64_t step) { ResolveQuiet(step, false); }
+
+void AlertTracker::EndRanksStep(uint64_t step) { ResolveQuiet(step, true); }
+
+void AlertTracker::ResolveQuiet(uint64_t step, bool across_ranks) {
+  if (muted_) return;
+  for (size_t i = 0; i < kAlertKindCount; ++i) {
+    State& s = states_[i];
+    const auto kind = static_cast<AlertKind>(i);
+    if (!s.episode.firing || kind == AlertKind::kRunSilent ||
+        AcrossRanks(kind) != across_ranks) {
+      continue;
+    }
+    if (step >= s.last_true_step + config_.resolve_after_steps) {
+      Resolve(kind, step);
+    }
+  }
+}
+
+void AlertTracker::Amend(AlertKind kind, AlertText text, v1::Severity severity) {
+  State& s = states_[static_cast<size_t>(kind)];
+  if (!s.episode.firing || muted_) return;
+  s.episode.text = std::move(text);
+  if (severity != v1::SEVERITY_UNSPECIFIED) s.episode.severity = severity;
+  // The same episode again, not a new fire (found by ingest_fuzzer: it was
+  // reported as one, and the router counted the alert as fired twice).
+  s.episode.update = true;
+  if (on_transition_) on_transition_(s.episode);
+  s.episode.update = false;
+}
+
+void AlertTracker::Restore(const AlertEpisode& episode) {
+  State& s = states_[static_cast<size_t>(episode.kind)];
+  s.episode = episode;
+  s.episode.firing = true;
+  s.last_true_step = episode.started_step;
+}
+
+int AlertTracker::active_count() const {
+  int n = 0;
+  for (const State& s : states_) n += s.episode.firing ? 1 : 0;
+  return n;
+}
+
+}  // namespace trainwatch
