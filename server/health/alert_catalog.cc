@@ -12,20 +12,23 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "threshold set below the run's typical norm).",
      "Fix the learning rate or the data upstream rather than leaning on "
      "clipping; set max_norm from trainwatch_recommended_clip_threshold (98th "
-     "percentile of pre-clip norms)."},
+     "percentile of pre-clip norms).",
+     AlertScope::kLead, {K::kLossDivergence, K::kLossSpike, K::kLossScaleCollapse, K::kNonFiniteUpdate}},
     {K::kGradNormSpike, "GradNormSpike", v1::SEVERITY_INFO,
      "An isolated gradient spike: usually a bad or unusual batch, or an "
      "out-of-date Adam second moment meeting a large gradient. Clipping "
      "usually absorbs it: when the loss does not move, nothing needs doing.",
      "If loss also jumped (LossSpike), restart from the last checkpoint ~100 "
      "steps before the spike and skip the batches listed (trainwatchctl "
-     "spikes --run R)."},
+     "spikes --run R).",
+     AlertScope::kLead, {K::kLossSpike, K::kLossDivergence}},
     {K::kGradNormDrift, "GradNormDrift", v1::SEVERITY_WARNING,
      "The typical gradient norm has grown steadily since the start of "
      "training: rising sharpness, a learning rate too high for this phase, or "
      "growing weights.",
      "Lower the learning rate or add warmup/decay; check weight decay and "
-     "data mixture changes around the step it started."},
+     "data mixture changes around the step it started.",
+     AlertScope::kLead, {K::kLossDivergence, K::kLossSpike, K::kLossScaleCollapse, K::kNonFiniteUpdate}},
     {K::kLossScaleCollapse, "LossScaleCollapse", v1::SEVERITY_CRITICAL,
      "The fp16 loss scale falls step after step: gradients overflow on every "
      "step, which usually means the run is diverging.",
@@ -34,7 +37,8 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
     {K::kSkipRateHigh, "SkipRateHigh", v1::SEVERITY_WARNING,
      "Many optimizer steps are skipped for inf/NaN gradients: the fp16 range "
      "is exceeded often (activations or gradients too large).",
-     "Lower the learning rate, check for overflow-prone layers, or use bf16."},
+     "Lower the learning rate, check for overflow-prone layers, or use bf16.",
+     AlertScope::kLead, {K::kLossScaleCollapse}},
     {K::kScalerStuck, "ScalerStuck", v1::SEVERITY_CRITICAL,
      "Steps are skipped but the loss scale never drops: scaler.update() is "
      "only called on clean steps, so the scaler cannot recover.",
@@ -43,7 +47,8 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "A NaN or Inf gradient norm or loss on a step that was applied: the "
      "weights may now be corrupted.",
      "Stop and restart from the last good checkpoint; make sure inf/NaN "
-     "steps are skipped (GradScaler, or a check before optimizer.step())."},
+     "steps are skipped (GradScaler, or a check before optimizer.step()).",
+     AlertScope::kLead, {K::kLossScaleCollapse}, /*implicates_host=*/true},
     {K::kClipBeforeUnscale, "ClipBeforeUnscale", v1::SEVERITY_CRITICAL,
      "Clipping runs on the scaled fp16 gradients: the norm tracks the loss "
      "scale and every step is clipped, so the effective learning rate is tiny.",
@@ -66,13 +71,15 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Ranks report different gradient norms or clip coefficients for one "
      "step: clipping uses each shard's local norm (per-shard clipping).",
      "Compute the norm over all ranks before clipping (clip_grad_norm_ on the "
-     "FSDP/DDP module, or all-reduce the squared norm)."},
+     "FSDP/DDP module, or all-reduce the squared norm).",
+     AlertScope::kAcrossRanks},
     {K::kShardNormMismatch, "ShardNormMismatch", v1::SEVERITY_CRITICAL,
      "The shards' squared sums do not add up to the reported norm: squares "
      "not reduced across a group, or replicated parameters counted more than "
      "once.",
      "Reduce squared norms over the right process groups and count "
-     "replicated (tensor-parallel-duplicated) parameters once."},
+     "replicated (tensor-parallel-duplicated) parameters once.",
+     AlertScope::kAcrossRanks},
     {K::kFp16WithoutScaler, "Fp16WithoutScaler", v1::SEVERITY_WARNING,
      "An fp16 run without dynamic loss scaling: small gradients flush to "
      "zero and large ones overflow.",
@@ -80,29 +87,34 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
     {K::kAdamStaleSecondMoment, "AdamStaleSecondMoment", v1::SEVERITY_WARNING,
      "A layer's g/sqrt(v) is far above 1: its Adam second moment is out of "
      "date, and a loss spike tends to follow within a few steps.",
-     "Lower beta2 (e.g. 0.95), or clip the update (update clipping)."},
+     "Lower beta2 (e.g. 0.95), or clip the update (update clipping).",
+     AlertScope::kLead, {K::kLossSpike, K::kGradNormSpike}},
     {K::kLayerUpdateStall, "LayerUpdateStall", v1::SEVERITY_WARNING,
      "A layer's gradient RMS is near Adam's eps: its updates vanish.",
      "Use a smaller eps (e.g. 1e-15 for large models)."},
-    {K::kLossSpike, "LossSpike", v1::SEVERITY_CRITICAL,
-     "The loss jumped far above its recent level and stayed up: the PaLM / "
-     "BLOOM kind of loss spike (bad batches meeting an out-of-date Adam "
-     "second moment, or an LR too high for this phase); it may not recover.",
-     "Restart from the last checkpoint at least 100 steps before the spike "
-     "and skip the batches listed (trainwatchctl spikes --run R); if it "
-     "recurs without them, lower the LR or beta2."},
+    {K::kLossSpike, "LossSpike", v1::SEVERITY_INFO,
+     "The loss jumped far above its recent level for a few steps: the PaLM / "
+     "BLOOM kind of loss spike (hard or bad batches meeting an out-of-date "
+     "Adam second moment, or an LR too high for this phase). Most recover "
+     "by themselves; one that does not becomes a LossDivergence.",
+     "Nothing while the loss comes back. Note the batches listed "
+     "(trainwatchctl spikes --run R); if spikes recur, lower the LR or "
+     "beta2 (0.95), add warmup or qk-layernorm.",
+     AlertScope::kLead, {}, /*implicates_host=*/true},
     {K::kRunSilent, "RunSilent", v1::SEVERITY_WARNING,
      "No step arrived for a while from a run that has not finished: the job "
      "hung, crashed, or lost its connection to trainwatch.",
      "Check the job's processes and logs; if it crashed, restart from the "
-     "last checkpoint."},
+     "last checkpoint.",
+     AlertScope::kClock},
     {K::kRankStraggler, "RankStraggler", v1::SEVERITY_WARNING,
      "One rank's steps take longer than the others' and every rank waits for "
      "it: a throttled or failing GPU, a slow host (CPU contention, a noisy "
      "neighbour), a degraded network link, or an uneven data shard.",
      "Look at the named host (nvidia-smi clocks and temperature, dmesg, "
      "DCGM diagnostics); drain it and restart the run without it if it stays "
-     "slow."},
+     "slow.",
+     AlertScope::kAcrossRanks, {}, /*implicates_host=*/true},
     {K::kInputPipelineStall, "InputPipelineStall", v1::SEVERITY_WARNING,
      "The training loop waits for its input pipeline: too few loader "
      "workers, slow storage or network reads, heavy preprocessing on the "
@@ -116,21 +128,24 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "the same ways.",
      "Drain the host from the scheduler, run the vendor diagnostics (DCGM "
      "level 3, memory tests), and restart the affected runs elsewhere from "
-     "their last checkpoints."},
+     "their last checkpoints.",
+     AlertScope::kServer},
     {K::kFp8Overflow, "Fp8Overflow", v1::SEVERITY_WARNING,
      "FP8 values saturate at the format's max: the tensor's scale lags its "
      "amax (a delayed-scaling history too long for how fast the amax grows, "
      "or a margin too small), so its largest values are clipped in the cast.",
      "Raise the margin (each +1 halves the scale: 2x headroom) or shorten "
      "amax_history_len when the amax moves fast; keep the tensor in bf16 if "
-     "it keeps saturating."},
+     "it keeps saturating.",
+     AlertScope::kLead, {K::kFp8ScaleMismatch, K::kFp8AmaxDesync}},
     {K::kFp8Underflow, "Fp8Underflow", v1::SEVERITY_WARNING,
      "Most of an FP8 tensor's values flush to zero in the cast: its scale is "
      "too small for its bulk (a margin too large, an old outlier held in "
      "the amax history, or outliers that outgrew the bulk).",
      "Lower the margin or shorten the amax history; if one outlier feature "
      "dominates the amax (Fp8AmaxGrowth), fix the outliers (Smooth-SwiGLU, a "
-     "lower LR) or use finer-grained (block) scaling."},
+     "lower LR) or use finer-grained (block) scaling.",
+     AlertScope::kLead, {K::kFp8AmaxGrowth, K::kFp8ScaleMismatch}},
     {K::kFp8ScaleMismatch, "Fp8ScaleMismatch", v1::SEVERITY_CRITICAL,
      "FP8 scales disagree with what the recipe implies from the amax "
      "(fmt_max / max(amax history) / 2^margin): the wrong format maximum, "
@@ -146,7 +161,8 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "scales. Runs like this diverge.",
      "Reduce the amax over the tensor-parallel group (Transformer Engine: "
      "fp8_group / amax_reduction_group, Megatron's tp group), then restart "
-     "from a checkpoint before the desync."},
+     "from a checkpoint before the desync.",
+     AlertScope::kAcrossRanks},
     {K::kFp8AmaxGrowth, "Fp8AmaxGrowth", v1::SEVERITY_WARNING,
      "An FP8 tensor's amax grows steadily and is forecast to reach 100x its "
      "early level: outliers outgrowing the tensor's bulk (as with SwiGLU "
@@ -163,7 +179,26 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "checkpoint and skip the batches (trainwatchctl spikes). If hazards "
      "recur: lower beta2 (0.95), add warmup or lower the LR, add "
      "qk-layernorm, or clip updates."},
+    {K::kLossDivergence, "LossDivergence", v1::SEVERITY_CRITICAL,
+     "The loss left its level and did not come back: a spike whose loss "
+     "stayed up, or a slow rise to twice the run's best level (a learning "
+     "rate too high for this phase, an optimizer state gone bad, or bad "
+     "data); the steps since are wasted.",
+     "Restart from the last checkpoint before the onset (trainwatchctl plan "
+     "--run R), skip the spike's batches if it had any, and lower the LR "
+     "(or beta2); if it diverges again without those batches, the LR or the "
+     "optimizer state is the cause, not the data.",
+     AlertScope::kLead, {K::kLossSpike}},
 }};
+
+// The table is in the enum's order, so that Spec() is an index.
+constexpr bool InEnumOrder() {
+  for (size_t i = 0; i < kSpecs.size(); ++i) {
+    if (static_cast<size_t>(kSpecs[i].kind) != i) return false;
+  }
+  return true;
+}
+static_assert(InEnumOrder(), "kSpecs must list the alerts in AlertKind's order");
 
 }  // namespace
 

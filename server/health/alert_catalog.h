@@ -1,9 +1,14 @@
-// Every alert trainwatch raises (docs/detectors.md): its name, severity, and what
-// to tell the person it wakes up: the likely cause and the fix.
+// Every alert trainwatch raises (docs/detectors.md) and its whole policy: its
+// name, severity, what to tell the person it wakes up (the likely cause and
+// the fix), what its detector reads (its scope), the alerts it is a
+// consequence of, and whether it implicates the machine it names. Adding an
+// alert is its entry here plus its detector (and their tests).
 #ifndef TRAINWATCH_SERVER_HEALTH_ALERT_CATALOG_H_
 #define TRAINWATCH_SERVER_HEALTH_ALERT_CATALOG_H_
 
 #include <array>
+#include <cstddef>
+#include <initializer_list>
 #include <optional>
 #include <string_view>
 
@@ -35,16 +40,40 @@ enum class AlertKind {
   // Server-wide (HostSuspectDetector, over every run's alerts); raised on the
   // run whose alert made its host suspect.
   kHostSuspect,
-  // FP8 per-tensor scaling (detectors_fp8.cc).
+  // FP8 per-tensor scaling (detectors/fp8.cc).
   kFp8Overflow,
   kFp8Underflow,
   kFp8ScaleMismatch,
   kFp8AmaxDesync,
   kFp8AmaxGrowth,
-  // The loss-spike early warning (detectors_hazard.cc).
+  // The loss-spike early warning (detectors/hazard.cc).
   kSpikeHazard,
+  // The loss did not come back (detectors/loss.cc).
+  kLossDivergence,
+  // Not an alert: the count of those above.
+  kCount,
 };
-inline constexpr size_t kAlertKindCount = 27;
+inline constexpr size_t kAlertKindCount = static_cast<size_t>(AlertKind::kCount);
+
+// What an alert's detector reads: the lead stream's records, every rank's
+// (judged once a step is complete across ranks), the clock, or every run's
+// alerts (server-wide).
+enum class AlertScope { kLead, kAcrossRanks, kClock, kServer };
+
+// The alerts an alert is a consequence of, tried in order: the first one
+// firing at its steps is its caused_by (docs/detectors.md, "One page per
+// cause"; deploy/alertmanager's inhibit_rules).
+struct AlertCauses {
+  constexpr AlertCauses() = default;
+  constexpr AlertCauses(std::initializer_list<AlertKind> kinds) {
+    for (AlertKind k : kinds) list[n++] = k;
+  }
+  constexpr const AlertKind* begin() const { return list.data(); }
+  constexpr const AlertKind* end() const { return list.data() + n; }
+
+  std::array<AlertKind, 4> list{};
+  size_t n = 0;
+};
 
 struct AlertSpec {
   AlertKind kind;
@@ -54,6 +83,10 @@ struct AlertSpec {
   v1::Severity severity;
   std::string_view likely_cause;
   std::string_view fix;
+  AlertScope scope = AlertScope::kLead;
+  AlertCauses causes = {};
+  // A host it names counts toward HostSuspect (a lemon machine).
+  bool implicates_host = false;
 };
 
 const AlertSpec& Spec(AlertKind kind);

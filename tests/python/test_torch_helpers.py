@@ -205,3 +205,45 @@ def test_step_hook_sends_four_layer_stats_every_step_or_three_to_an_older_bindin
         assert hook.last_layer_stats["0"].numel() == 4
         ratio = float(hook.last_layer_stats["0"][3])
         assert 0 < ratio < 1  # one AdamW step of lr 1e-2 moves a Linear by ~1e-2 of its RMS
+
+
+class _TinyLm(nn.Module):
+    """An embedding, a norm, a block and a head tied to the embedding."""
+
+    def __init__(self, tied):
+        super().__init__()
+        self.tok = nn.Embedding(50, 8)
+        self.pos = nn.Embedding(16, 8)
+        self.ln = nn.LayerNorm(8)
+        self.mlp = nn.Linear(8, 8)
+        self.lm_head = nn.Linear(8, 50, bias=False)
+        if tied:
+            self.lm_head.weight = self.tok.weight
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_layer_stats_kinds_come_from_the_modules(tied):
+    model = _TinyLm(tied)
+    kinds = LayerStats(model, None, every=1).kinds(model)
+    assert kinds["tok"] == "EMBEDDING" and kinds["pos"] == "EMBEDDING"
+    assert kinds["ln"] == "NORM" and kinds["mlp"] == "DENSE"
+    # Tied: the head's weight is the embedding's, listed once, under it.
+    if tied:
+        assert "lm_head" not in kinds
+    else:
+        assert kinds["lm_head"] == "OUTPUT"
+
+
+def test_step_hook_tells_the_client_the_layer_kinds():
+    class Recorder:
+        def __init__(self):
+            self.kinds = None
+
+        def set_layer_kinds(self, kinds):
+            self.kinds = kinds
+
+    model = _TinyLm(tied=False)
+    client = Recorder()
+    StepHook(client, max_norm=1.0, optimizer=torch.optim.AdamW(model.parameters()),
+             model=model, layer_stats_every=1)
+    assert client.kinds["tok"] == "EMBEDDING" and client.kinds["lm_head"] == "OUTPUT"

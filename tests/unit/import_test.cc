@@ -15,6 +15,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
+#include "shared_data.h"
 #include "import/import_files.h"
 #include "import/import_log.h"
 #include "import/import_tensorboard.h"
@@ -205,6 +206,9 @@ TEST(EventFile, ImportReportsTruncationAndUsesTheTable) {
 // The real Megatron-LM file: every grad-norm point, none of the "vs samples"
 // copies (whose steps are sample counts up to 27520).
 TEST(EventFile, RealMegatronFile) {
+  TW_SKIP_WITHOUT_SHARED(TestDataDir() +
+                      "elena-lyulina__Megatron-LM-Attention-Benchmark__events."
+                      "out.tfevents.1776244695.nid007435.275938.0");
   LoggedRun run;
   ASSERT_TRUE(ImportTensorBoard(
                   TestDataDir() +
@@ -229,6 +233,9 @@ TEST(EventFile, RealMegatronFile) {
 }
 
 TEST(EventFile, RealSparseHfFile) {
+  TW_SKIP_WITHOUT_SHARED(TestDataDir() +
+                      "anra8571__WikipediaLLM__events.out.tfevents.1755815213."
+                      "Cerebro.18280.1");
   LoggedRun run;
   ASSERT_TRUE(ImportTensorBoard(
                   TestDataDir() +

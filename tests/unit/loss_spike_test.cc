@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "health_test_util.h"
+#include "shared_data.h"
 #include "import/import_files.h"
 #include "import/import_log.h"
 
@@ -377,12 +378,15 @@ TEST(LossSpikeDetector, ANegativeLossJumpPagesOnceInLinearTerms) {
 // 4 decimals: 0.0 on most steps, down to -0.0012 and up to 0.0006). Log space
 // read one quantum as a doubling and paged 4 times ("loss 0.0002 at step
 // 1610 is 2.00x its recent level 0.0001").
+std::string RealGrpoPath() {
+  return std::string(TW_SHARED_TESTDATA) +
+         "/real-logs/Learned-Remasking-Policy-for-dLLM__pretrained_checkpoint-"
+         "2000_trainer_state.json";
+}
+
 std::vector<v1::StepRecord> RealGrpoRecords(cli::ImportPlan* plan) {
   cli::LoggedRun run;
-  const std::string path =
-      std::string(TW_SHARED_TESTDATA) +
-      "/real-logs/Learned-Remasking-Policy-for-dLLM__pretrained_checkpoint-"
-      "2000_trainer_state.json";
+  const std::string path = RealGrpoPath();
   absl::Status read = cli::ImportFile(path, cli::ImportFormat::kHf, {}, &run);
   EXPECT_TRUE(read.ok()) << read;
   absl::StatusOr<cli::ImportPlan> p = PlanImport(run, {});
@@ -393,6 +397,7 @@ std::vector<v1::StepRecord> RealGrpoRecords(cli::ImportPlan* plan) {
 }
 
 TEST(LossSpikeRule, ARealGrpoPolicyLossHasNoHighStep) {
+  TW_SKIP_WITHOUT_SHARED(RealGrpoPath());
   cli::ImportPlan plan;
   const std::vector<v1::StepRecord> records = RealGrpoRecords(&plan);
   ASSERT_EQ(records.size(), 2000u);
@@ -412,6 +417,7 @@ TEST(LossSpikeRule, ARealGrpoPolicyLossHasNoHighStep) {
 }
 
 TEST(LossSpikeDetector, ARealGrpoPolicyLossDoesNotPage) {
+  TW_SKIP_WITHOUT_SHARED(RealGrpoPath());
   cli::ImportPlan plan;
   const std::vector<v1::StepRecord> records = RealGrpoRecords(&plan);
   ASSERT_FALSE(records.empty());

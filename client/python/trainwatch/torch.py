@@ -189,6 +189,41 @@ class LayerStats:
                                         for g in optimizer.param_groups))
         self._armed = None  # set by collect(): what update_ratios() needs
 
+    def kinds(self, model):
+        """{layer: kind name} of the layers this collects, from their
+        modules (docs/contracts.md LayerStats.kind): nn.Embedding; a Linear
+        onto the vocabulary (tied to the token embedding, or as wide as it);
+        a norm; an MoE router (a module named router or gate, a Linear
+        narrower than its input); other Linear and conv layers dense. A
+        module of another type is left out: the server infers it from the
+        name."""
+        modules = dict(model.named_modules())
+        embeddings = [m for m in modules.values() if isinstance(m, torch.nn.Embedding)]
+        tied = {id(m.weight) for m in embeddings}
+        vocab = max((m.num_embeddings for m in embeddings), default=None)
+        out = {}
+        for layer in self._layers:
+            m = modules.get(layer)
+            if m is None:
+                continue
+            leaf = layer.rpartition(".")[2]
+            type_name = type(m).__name__.lower()
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+                out[layer] = "EMBEDDING"
+            elif isinstance(m, torch.nn.Linear) and (
+                    id(m.weight) in tied or (vocab is not None and m.out_features == vocab
+                                             and m.out_features > m.in_features)):
+                out[layer] = "OUTPUT"
+            elif "norm" in type_name:
+                out[layer] = "NORM"
+            elif "router" in type_name or (
+                    isinstance(m, torch.nn.Linear) and leaf in ("router", "gate", "wg")
+                    and m.out_features < m.in_features):
+                out[layer] = "ROUTER"
+            elif isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)):
+                out[layer] = "DENSE"
+        return out
+
     def due(self, step):
         return step % self.every == 0
 
@@ -354,6 +389,10 @@ class StepHook:
         self.scaler = scaler
         self.layer_stats = (LayerStats(model, optimizer, layer_stats_every)
                             if model is not None else None)
+        if self.layer_stats is not None and hasattr(client, "set_layer_kinds"):
+            # What each layer is, from its module: the server's per-layer
+            # rules leave out embeddings and the output head.
+            client.set_layer_kinds(self.layer_stats.kinds(model))
         self._scale_before = None
         self._pending_layers = None
         self.last_layer_stats = None

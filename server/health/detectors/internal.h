@@ -44,10 +44,6 @@ std::unique_ptr<Detector> MakeNonFiniteUpdate(const HealthConfig& config);
 // detectors_layers.cc: AdamStaleSecondMoment, LayerUpdateStall.
 void AddRankDetectors(const HealthConfig& config, Detectors* out);
 void AddLayerDetectors(const HealthConfig& config, Detectors* out);
-// Whether a layer is an embedding, by the last component of its name (tok,
-// wte, embed_tokens, word_embeddings...): rare tokens' rows, whose second
-// moment decayed for hundreds of steps, dominate its RMS statistics.
-bool IsEmbeddingLayer(const std::string& layer);
 
 // detectors_fp8.cc: Fp8ScaleMismatch, Fp8AmaxGrowth, Fp8Overflow,
 // Fp8Underflow (lead), Fp8AmaxDesync (across ranks).

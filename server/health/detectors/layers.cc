@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_format.h"
 #include "health/detectors/internal.h"
+#include "health/signals/layer_kind.h"
 #include "health/signals/select.h"
 
 namespace trainwatch {
@@ -20,23 +21,6 @@ namespace {
 
 // Layers named in a description, at most.
 constexpr size_t kLayersNamed = 5;
-
-}  // namespace
-
-bool IsEmbeddingLayer(const std::string& layer) {
-  const size_t dot = layer.rfind('.');
-  const std::string_view last =
-      dot == std::string::npos ? std::string_view(layer) : std::string_view(layer).substr(dot + 1);
-  // The output projection over the vocabulary has a row per token too.
-  for (std::string_view e : {"tok", "pos", "embed", "wte", "wpe", "embeddings", "embed_tokens",
-                             "tok_embeddings", "word_embeddings", "embedding", "emb", "head",
-                             "lm_head", "output_layer"}) {
-    if (last == e) return true;
-  }
-  return false;
-}
-
-namespace {
 
 // "name value, name value, ..." for the first kLayersNamed layers, then
 // "and N more".
@@ -76,7 +60,7 @@ class AdamStaleSecondMoment final : public Detector {
     const auto& cfg = ctx.config.adam;
     std::vector<std::pair<std::string, double>> stale;
     for (const auto& [layer, stats] : r.layer_stats()) {
-      if (IsEmbeddingLayer(layer)) continue;
+      if (IsTokenRowLayer(kinds_.Of(layer, stats))) continue;
       const double value = stats.g_over_sqrt_v_rms();
       // NaN: no evidence either way. +Inf: v is zero under a non-zero
       // gradient, out of date whatever the layer's history; it stays out of
@@ -143,6 +127,7 @@ class AdamStaleSecondMoment final : public Detector {
     }
   };
   std::map<std::string, History> history_;
+  LayerKinds kinds_;
 };
 
 // Catches layers whose gradients are so small that Adam's eps dominates
@@ -158,6 +143,9 @@ class LayerUpdateStall final : public Detector {
     const double limit = cfg.eps_multiple * *ctx.run.adam_eps;
     const double eps = *ctx.run.adam_eps;
     for (const auto& [layer, stats] : r.layer_stats()) {
+      // An embedding's RMS is over every row, most of which a step's tokens
+      // leave at zero: small on every healthy run.
+      if (IsTokenRowLayer(kinds_.Of(layer, stats))) continue;
       const double rms = stats.grad_rms();
       // eps, not v, must set the update: then g / (sqrt(v) + eps) is about
       // min(1, g / eps). A layer whose gradient collapsed while v still
@@ -214,6 +202,7 @@ class LayerUpdateStall final : public Detector {
     double last_rms = 0.0;
   };
   std::map<std::string, Stall> stalls_;  // only layers currently at the limit
+  LayerKinds kinds_;
 };
 
 }  // namespace

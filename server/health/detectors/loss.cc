@@ -1,8 +1,10 @@
-// LossSpike (docs/detectors.md): the loss jumps far above its recent level and
-// stays up for a few steps (LossSpikeRule). Reads the lead stream only.
+// The loss family (docs/detectors.md): LossSpike, every spike of the loss
+// (info), and LossDivergence, a loss that did not come back (critical).
+// Reads the lead stream only.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,27 +13,38 @@
 #include "absl/strings/str_format.h"
 #include "health/detectors/internal.h"
 #include "health/signals/loss_spike.h"
+#include "health/signals/select.h"
 
 namespace trainwatch {
 namespace {
 
-// Catches the PaLM / BLOOM kind of loss spike, which needs a person: an event
-// per spike, with the batch ids of its high steps and, like a gradient
-// spike, an entry in the spike list with its restart plan (the checkpoint
-// at least 100 steps before it, the batches to skip). A gradient spike that
-// clipping absorbed leaves the loss where it was and stays GradNormSpike's
-// (info). Any loss convention: a loss near 0 or below (an RL policy loss) is
-// judged in linear terms, and never on one step of its printed resolution.
-class LossSpike final : public Detector {
+// LossSpike names the PaLM / BLOOM kind of loss spike: an event per spike,
+// with the batch ids of its high steps and, like a gradient spike, an entry
+// in the spike list with its restart plan. A spike the loss recovers from
+// is information (info); one that does not is LossDivergence's. A gradient
+// spike that clipping absorbed leaves the loss where it was and stays
+// GradNormSpike's. Any loss convention: a loss near 0 or below (an RL
+// policy loss) is judged in linear terms, never on one printed quantum.
+//
+// LossDivergence catches a run that left its loss level for good, two
+// ways: a spike whose level (the median of the last level_steps losses)
+// is still >= spike_ratio x the level before it check_after_steps after
+// its onset; and a slow rise, no single step a spike (an LR too high, a
+// constant schedule), of the level to >= ratio x the run's best
+// post-warmup level on sustain_steps steps in a row. Judged in log space
+// only: a loss that reaches 0 or below has no level to be a multiple of.
+class Loss final : public Detector {
  public:
-  explicit LossSpike(const HealthConfig& config)
+  explicit Loss(const HealthConfig& config)
       : rule_(LossSpikeRule::Options{
             .recent_steps = config.loss_spike.recent_steps,
             .min_steps = std::min<uint32_t>(50, config.loss_spike.recent_steps),
             .sigmas = config.loss_spike.sigmas,
             .log_sigmas = config.loss_spike.log_sigmas,
             .min_ratio = config.loss_spike.min_ratio,
-            .stay_steps = config.loss_spike.stay_steps}) {}
+            .stay_steps = config.loss_spike.stay_steps,
+            .stay_window = config.loss_spike.stay_window}),
+        level_steps_(config.loss_divergence.level_steps) {}
 
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     const v1::StepRecord& r = ctx.record;
@@ -39,74 +52,245 @@ class LossSpike final : public Detector {
     // at steps 90-208 of 300) is the one that most needs a person, and a
     // falling loss never rises above the median of its recent values.
     if (!r.has_loss()) return;
-    std::optional<LossSpikeRule::Result> s = rule_.Add(r.step(), r.loss());
-    if (!s.has_value() || !s->high) {
-      high_batch_ids_.clear();
-      return;
-    }
-    if (high_batch_ids_.empty()) onset_norm_ = r.grad_norm();
-    for (int64_t id : r.batch_ids()) {
-      if (high_batch_ids_.size() < kMaxBatchIds) high_batch_ids_.push_back(id);
-    }
-    const uint32_t stay = ctx.config.loss_spike.stay_steps;
-    if (r.step() < s->onset_step + stay - 1) return;  // not up long enough yet
-    const std::vector<int64_t> ids = s->fired_now
-        ? high_batch_ids_
-        : std::vector<int64_t>(r.batch_ids().begin(), r.batch_ids().end());
-    // The peak: the ratio in log space; in linear terms (a ratio to a level
-    // near 0 says nothing) the jump itself.
-    const double peak = s->log_space ? s->ratio : r.loss() - s->level;
-    sink.Event(AlertKind::kLossSpike, r.step(), peak, ids, [&] {
-      const auto& c = ctx.config.loss_spike;
-      const std::string plan = absl::StrFormat(
-          "; restart plan: trainwatchctl spikes (the checkpoint >= 100 steps "
-          "before step %d, skip the batches listed)",
-          s->onset_step);
-      std::string description =
-          s->log_space
-              ? absl::StrFormat(
-                    "loss %.4g at step %d is %.2fx its recent level %.4g "
-                    "(median of the last %d losses) and has stayed >= %gx and "
-                    "%g robust sd of the log losses above it since step %d",
-                    r.loss(), r.step(), s->ratio, s->level, c.recent_steps,
-                    c.min_ratio, c.log_sigmas, s->onset_step)
-              : absl::StrFormat(
-                    "loss %.4g at step %d is %.4g above its recent level %.4g "
-                    "(median of the last %d losses; robust sd %.2g, resolution "
-                    "%.2g) and has stayed >= %g robust sd and >= %g resolution "
-                    "steps above it since step %d",
-                    r.loss(), r.step(), r.loss() - s->level, s->level,
-                    c.recent_steps, s->sd, s->resolution, c.sigmas,
-                    rule_.options().min_quanta, s->onset_step);
-      return AlertText{absl::StrFormat("Loss spike at step %d", s->onset_step),
-                       description + plan, s->onset_step,
-                       // What the lead rank computed: its machine (HostSuspect).
-                       ctx.run.host};
-    });
-    if (s->fired_now) {
-      sink.Spike(SpikeInfo{.step = s->onset_step,
-                           .grad_norm = onset_norm_,
-                           .ratio_to_ema = 0.0,
-                           .sigmas = 0.0,
-                           .batch_ids = high_batch_ids_});
-    }
+    const std::optional<LossSpikeRule::Result> s = rule_.Add(r.step(), r.loss());
+    if (std::isfinite(r.loss())) PushLevel(r.loss());
+    if (s.has_value()) Spike(ctx, *s, sink);
+    Divergence(ctx, sink);
   }
 
-  // The recent level is the run's, which a restart does not change.
-  void OnRewind(uint64_t step) override { high_batch_ids_.clear(); }
+  // The recent level is the run's, which a restart does not change; the
+  // divergence is judged afresh from the restart.
+  void OnRewind(uint64_t step) override {
+    high_batch_ids_.clear();
+    pending_.reset();
+    diverged_.reset();
+    best_.reset();
+    rising_steps_ = 0;
+  }
 
  private:
   static constexpr size_t kMaxBatchIds = 256;
 
+  // A spike waiting for its check_after_steps verdict.
+  struct Pending {
+    uint64_t onset = 0;
+    double level_before = 0.0;
+    std::vector<int64_t> batch_ids;
+  };
+  // The run's best post-warmup level so far.
+  struct Best {
+    double level = 0.0;
+    double log_sd = 0.0;  // of the recent log losses, when it was set
+    uint64_t step = 0;
+    uint64_t near_step = 0;  // the last step the level was near it
+  };
+  // What a divergence is judged against while it holds.
+  struct Diverged {
+    double reference = 0.0;
+    uint64_t onset = 0;
+    bool from_spike = false;
+  };
+
+  void Spike(const StepContext& ctx, const LossSpikeRule::Result& s, AlertSink& sink) {
+    const v1::StepRecord& r = ctx.record;
+    if (!s.in_episode) {
+      high_batch_ids_.clear();
+      return;
+    }
+    if (!s.high) return;
+    if (high_batch_ids_.empty()) onset_norm_ = r.grad_norm();
+    for (int64_t id : r.batch_ids()) {
+      if (high_batch_ids_.size() < kMaxBatchIds) high_batch_ids_.push_back(id);
+    }
+    if (!s.fired_now && !NamedEpisode(s)) return;  // not a spike (yet)
+    const std::vector<int64_t> ids =
+        s.fired_now ? high_batch_ids_
+                    : std::vector<int64_t>(r.batch_ids().begin(), r.batch_ids().end());
+    // The peak: the ratio in log space; in linear terms (a ratio to a level
+    // near 0 says nothing) the jump itself.
+    const double peak = s.log_space ? s.ratio : r.loss() - s.level;
+    sink.Event(AlertKind::kLossSpike, r.step(), peak, ids, [&] {
+      const auto& c = ctx.config.loss_spike;
+      const std::string plan = absl::StrFormat(
+          "; batches and restart plan: trainwatchctl spikes (the checkpoint >= 100 "
+          "steps before step %d)",
+          s.onset_step);
+      std::string description =
+          s.log_space
+              ? absl::StrFormat(
+                    "loss %.4g at step %d is %.2fx its recent level %.4g "
+                    "(median of the last %d losses): >= %gx and %g robust sd "
+                    "of the log losses above it on %d of %d steps since step %d",
+                    r.loss(), r.step(), s.ratio, s.level, c.recent_steps, c.min_ratio,
+                    c.log_sigmas, c.stay_steps, c.stay_window, s.onset_step)
+              : absl::StrFormat(
+                    "loss %.4g at step %d is %.4g above its recent level %.4g "
+                    "(median of the last %d losses; robust sd %.2g, resolution "
+                    "%.2g): >= %g robust sd and >= %g resolution steps above it "
+                    "on %d of %d steps since step %d",
+                    r.loss(), r.step(), r.loss() - s.level, s.level, c.recent_steps,
+                    s.sd, s.resolution, c.sigmas, rule_.options().min_quanta,
+                    c.stay_steps, c.stay_window, s.onset_step);
+      return AlertText{absl::StrFormat("Loss spike at step %d", s.onset_step),
+                       description + plan, s.onset_step,
+                       // What the lead rank computed: its machine (HostSuspect).
+                       ctx.run.host};
+    });
+    if (s.fired_now) {
+      fired_onset_ = s.onset_step;
+      sink.Spike(SpikeInfo{.step = s.onset_step,
+                           .grad_norm = onset_norm_,
+                           .ratio_to_ema = 0.0,
+                           .sigmas = 0.0,
+                           .batch_ids = high_batch_ids_});
+      if (s.log_space && !pending_.has_value() && !diverged_.has_value()) {
+        pending_ = Pending{s.onset_step, s.level, high_batch_ids_};
+      }
+    }
+  }
+
+  // A high step of a spike already named extends its episode.
+  bool NamedEpisode(const LossSpikeRule::Result& s) const {
+    return fired_onset_.has_value() && *fired_onset_ == s.onset_step;
+  }
+
+  void PushLevel(double loss) {
+    recent_.push_back(loss);
+    if (recent_.size() > level_steps_) recent_.pop_front();
+  }
+
+  void Divergence(const StepContext& ctx, AlertSink& sink) {
+    const auto& c = ctx.config.loss_divergence;
+    const v1::StepRecord& r = ctx.record;
+    const std::optional<LossSpikeRule::Recent>& recent = rule_.recent();
+    if (recent_.size() < c.level_steps || !recent.has_value() || !recent->log_space) {
+      // A loss at or below 0 (RL): no level to be a multiple of.
+      if (recent.has_value() && !recent->log_space) {
+        pending_.reset();
+        best_.reset();
+        rising_steps_ = 0;
+      }
+      Report(ctx, sink, std::nan(""));
+      return;
+    }
+    scratch_.assign(recent_.begin(), recent_.end());
+    const double level = MedianOf(scratch_.data(), scratch_.size());
+    if (!(level > 0)) {
+      Report(ctx, sink, level);
+      return;
+    }
+
+    // A spike that stayed.
+    if (pending_.has_value() && r.step() >= pending_->onset + c.check_after_steps) {
+      if (level >= c.spike_ratio * pending_->level_before) {
+        diverged_ = Diverged{pending_->level_before, SpikeOnset(c), true};
+        spike_ids_ = pending_->batch_ids;
+      }
+      pending_.reset();
+    }
+    // A slow rise over the best post-warmup level.
+    if (ctx.post_warmup) {
+      if (!best_.has_value() || level < best_->level) {
+        best_ = Best{level, recent->log_sd, r.step(), r.step()};
+      }
+      const double up = std::log(level / best_->level);
+      if (up <= std::log(kNearBest)) best_->near_step = r.step();
+      const bool rising =
+          up >= std::log(c.ratio) && up >= c.sigmas * best_->log_sd;
+      rising_steps_ = rising ? rising_steps_ + 1 : 0;
+      if (rising_steps_ >= c.sustain_steps && !diverged_.has_value()) {
+        if (pending_.has_value()) {
+          // A spike under way that the level confirms: it did not come back.
+          diverged_ = Diverged{pending_->level_before, SpikeOnset(c), true};
+          spike_ids_ = pending_->batch_ids;
+          pending_.reset();
+        } else {
+          diverged_ = Diverged{best_->level, RiseOnset(c), false};
+          spike_ids_.clear();
+        }
+      }
+    }
+    Report(ctx, sink, level);
+  }
+
+  // Where a rise began: the level (a median of level_steps) lags a change
+  // by half its length behind the last step it was near its best.
+  uint64_t RiseOnset(const decltype(HealthConfig::loss_divergence)& c) const {
+    if (!best_.has_value()) return 0;
+    const uint64_t lag = c.level_steps / 2;
+    return std::max(best_->step, best_->near_step > lag ? best_->near_step - lag : 0);
+  }
+
+  // A divergence that began as a spike: the spike's onset, unless the level
+  // was rising well before it (a drift the spike rule saw late).
+  uint64_t SpikeOnset(const decltype(HealthConfig::loss_divergence)& c) const {
+    const uint64_t rise = RiseOnset(c);
+    return best_.has_value() && rise + c.level_steps < pending_->onset ? rise
+                                                                       : pending_->onset;
+  }
+
+  void Report(const StepContext& ctx, AlertSink& sink, double level) {
+    const auto& c = ctx.config.loss_divergence;
+    const v1::StepRecord& r = ctx.record;
+    if (diverged_.has_value() && std::isfinite(level) &&
+        level < c.resolve_ratio * diverged_->reference) {
+      diverged_.reset();
+    }
+    const bool holds = diverged_.has_value();
+    const double ratio = holds && std::isfinite(level) ? level / diverged_->reference : 0.0;
+    sink.Condition(AlertKind::kLossDivergence, r.step(), holds, ratio, [&] {
+      const Diverged& d = *diverged_;
+      std::string how =
+          d.from_spike
+              ? absl::StrFormat(
+                    "the loss spiked at step %d and did not come back: %d steps "
+                    "later its level (median of the last %d losses) is %.4g, "
+                    "%.2fx the level %.4g before the spike",
+                    d.onset, r.step() - d.onset, c.level_steps, level, ratio,
+                    d.reference)
+              : absl::StrFormat(
+                    "the loss's level (median of the last %d losses) is %.4g at "
+                    "step %d, %.2fx the run's best post-warmup level %.4g, and "
+                    ">= %gx it on %d steps in a row; it left the best level "
+                    "after step %d",
+                    c.level_steps, level, r.step(), ratio, d.reference, c.ratio,
+                    c.sustain_steps, d.onset);
+      std::string plan = absl::StrFormat(
+          "; restart plan: the last checkpoint before step %d (trainwatchctl "
+          "plan --run %s)",
+          d.onset, ctx.run.run_id);
+      if (!spike_ids_.empty()) {
+        plan += absl::StrFormat(", skip the spike's batches (%d: trainwatchctl spikes)",
+                                spike_ids_.size());
+      }
+      plan += ", and lower the learning rate";
+      return AlertText{absl::StrFormat("Loss diverged after step %d", d.onset),
+                       how + plan, d.onset, ctx.run.host};
+    });
+  }
+
+  // The level counts as back at its best within this factor.
+  static constexpr double kNearBest = 1.2;
+
   LossSpikeRule rule_;
-  std::vector<int64_t> high_batch_ids_;  // of the current high steps
+  std::vector<int64_t> high_batch_ids_;  // of the current episode's high steps
   double onset_norm_ = 0.0;
+  std::optional<uint64_t> fired_onset_;  // the onset of the last spike named
+
+  size_t level_steps_;
+  std::deque<double> recent_;  // the last level_steps finite losses
+  std::vector<double> scratch_;
+  std::optional<Pending> pending_;
+  std::optional<Best> best_;
+  uint32_t rising_steps_ = 0;
+  std::optional<Diverged> diverged_;
+  std::vector<int64_t> spike_ids_;  // of the spike that became the divergence
 };
 
 }  // namespace
 
 std::unique_ptr<Detector> MakeLossSpike(const HealthConfig& config) {
-  return std::make_unique<LossSpike>(config);
+  return std::make_unique<Loss>(config);
 }
 
 }  // namespace trainwatch

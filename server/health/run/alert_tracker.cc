@@ -21,9 +21,7 @@ bool AlertTracker::Enabled(AlertKind kind) const {
 }
 
 bool AlertTracker::AcrossRanks(AlertKind kind) {
-  return kind == AlertKind::kRankNormMismatch ||
-         kind == AlertKind::kShardNormMismatch ||
-         kind == AlertKind::kRankStraggler || kind == AlertKind::kFp8AmaxDesync;
+  return Spec(kind).scope == AlertScope::kAcrossRanks;
 }
 
 void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
@@ -51,39 +49,11 @@ namespace {
 // norm spike shows a step or two before the loss jumps).
 constexpr uint64_t kCauseLeadSteps = 8;
 
-// The pairs of docs/detectors.md (and deploy/alertmanager's inhibit_rules): the
-// cause of `kind`, tried in order.
-std::vector<AlertKind> CausesOf(AlertKind kind) {
-  switch (kind) {
-    case AlertKind::kSkipRateHigh:
-    case AlertKind::kNonFiniteUpdate:
-      return {AlertKind::kLossScaleCollapse};
-    case AlertKind::kGradNormSpike:
-      return {AlertKind::kLossSpike};
-    // Under a diverging fp16 run the norms are Inf or huge: the clip share
-    // and the norm's level follow from the collapse, not from clipping.
-    case AlertKind::kGradNormDrift:
-    case AlertKind::kClipFractionHigh:
-      return {AlertKind::kLossSpike, AlertKind::kLossScaleCollapse,
-              AlertKind::kNonFiniteUpdate};
-    case AlertKind::kAdamStaleSecondMoment:
-      return {AlertKind::kLossSpike, AlertKind::kGradNormSpike};
-    // A wrong format max or unsynchronised scales saturate the casts; a
-    // tensor whose outliers outgrew it flushes its bulk to zero.
-    case AlertKind::kFp8Overflow:
-      return {AlertKind::kFp8ScaleMismatch, AlertKind::kFp8AmaxDesync};
-    case AlertKind::kFp8Underflow:
-      return {AlertKind::kFp8AmaxGrowth, AlertKind::kFp8ScaleMismatch};
-    default:
-      return {};
-  }
-}
-
 }  // namespace
 
 std::optional<AlertKind> AlertTracker::CauseOf(AlertKind kind,
                                                uint64_t step) const {
-  for (AlertKind cause : CausesOf(kind)) {
+  for (AlertKind cause : Spec(kind).causes) {
     const State& c = states_[static_cast<size_t>(cause)];
     if (!c.episode.firing) continue;
     // A spike is an event: only one at this step (or the step before, when
@@ -106,7 +76,7 @@ void AlertTracker::MarkConsequences(AlertKind cause, uint64_t onset_step) {
         s.episode.started_step < from) {
       continue;
     }
-    for (AlertKind c : CausesOf(kind)) {
+    for (AlertKind c : Spec(kind).causes) {
       if (c != cause) continue;
       s.episode.caused_by = cause;
       s.episode.update = true;

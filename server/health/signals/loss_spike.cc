@@ -53,22 +53,38 @@ std::optional<LossSpikeRule::Result> LossSpikeRule::Add(uint64_t step,
   Result out;
   out.high = loss - r.median >= line_ &&
              (!r.log_space || x.log_loss - r.log_median >= log_line_);
+  if (in_episode_ && !out.high) {
+    // A spike ends with two steps in a row under the line; a hard batch
+    // when its window passed without stay_steps high steps.
+    const bool ended = episode_fired_
+                           ? step >= last_high_ + 2
+                           : step + 1 >= episode_onset_ + options_.stay_window;
+    if (ended) in_episode_ = false;
+  }
   if (out.high) {
     out.log_space = r.log_space;
     out.level = r.median;
     if (r.log_space) out.ratio = loss / r.median;
     out.sd = r.sd;
     out.resolution = r.resolution;
-    if (high_run_ == 0) high_since_ = step;
-    ++high_run_;
-    out.fired_now = high_run_ == options_.stay_steps;
-    out.onset_step = high_since_;
+    if (!in_episode_) {
+      in_episode_ = true;
+      episode_onset_ = step;
+      episode_highs_ = 0;
+      episode_fired_ = false;
+    }
+    ++episode_highs_;
+    last_high_ = step;
+    out.fired_now = !episode_fired_ && episode_highs_ >= options_.stay_steps &&
+                    step < episode_onset_ + options_.stay_window;
+    if (out.fired_now) episode_fired_ = true;
     // Up for longer than the history holds: that is the new level.
-    if (high_run_ > options_.recent_steps) Push(x);
+    if (step - episode_onset_ >= options_.recent_steps) Push(x);
   } else {
-    high_run_ = 0;
     Push(x);
   }
+  out.in_episode = in_episode_;
+  out.onset_step = episode_onset_;
   return out;
 }
 
@@ -176,7 +192,7 @@ void LossSpikeRule::Reset() {
   next_ = 0;
   since_refresh_ = 0;
   recent_.reset();
-  high_run_ = 0;
+  in_episode_ = false;
 }
 
 }  // namespace trainwatch

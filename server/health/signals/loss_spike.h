@@ -19,8 +19,11 @@
 // sd being 1.4826 x the MAD of the log losses. Losses that reach 0 or go
 // below (RL policy losses) have no meaningful ratio and are judged linearly.
 //
-// stay_steps high steps in a row make a spike, whose onset is the first of
-// them. High steps do not enter the history (a spike cannot raise its own
+// stay_steps high steps among the first stay_window steps from a high one
+// make a spike, whose onset is that first high step (a spike's loss may dip
+// under the line for a step); fewer is a hard batch. A spike lasts while
+// the loss keeps coming back above the line, and ends with two steps in a
+// row under it. High steps do not enter the history (a spike cannot raise its own
 // reference), unless the loss stays up for longer than the history is long:
 // then it is the new level. The statistics are refreshed every
 // `refresh_steps` from a sorted copy of the history, brought up to date at
@@ -50,7 +53,8 @@ class LossSpikeRule {
     double log_sigmas = 4.0;
     double min_quanta = 10.0;     // by this many resolution steps,
     double min_ratio = 1.5;       // and, in log space, by this factor
-    uint32_t stay_steps = 3;      // high steps in a row
+    uint32_t stay_steps = 3;      // high steps ...
+    uint32_t stay_window = 5;     // ... among this many from the first
     uint32_t refresh_steps = 8;   // the statistics are recomputed this often
     double min_sd = 0.005;        // floor on the robust sd of the log losses
   };
@@ -67,8 +71,9 @@ class LossSpikeRule {
 
   struct Result {
     bool high = false;        // this step is above the spike line
+    bool in_episode = false;  // a spike (or a hard batch) is under way
     bool fired_now = false;   // this step completed stay_steps high steps
-    uint64_t onset_step = 0;  // first high step of the current run of them
+    uint64_t onset_step = 0;  // first high step of the current episode
     bool log_space = false;   // judged in log space (ratio is meaningful)
     double level = 0.0;       // the recent level, a loss (when high)
     double ratio = 0.0;       // loss / level (when high, in log space)
@@ -110,8 +115,13 @@ class LossSpikeRule {
   std::optional<Recent> recent_;
   double line_ = 0.0;      // loss - median must reach this ...
   double log_line_ = 0.0;  // ... and, in log space, log loss - log_median this
-  uint32_t high_run_ = 0;
-  uint64_t high_since_ = 0;
+  // The current episode: its first high step, its high steps so far, the
+  // last of them and whether it became a spike.
+  bool in_episode_ = false;
+  uint64_t episode_onset_ = 0;
+  uint32_t episode_highs_ = 0;
+  uint64_t last_high_ = 0;
+  bool episode_fired_ = false;
 };
 
 }  // namespace trainwatch

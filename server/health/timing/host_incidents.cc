@@ -9,10 +9,7 @@ namespace {
 constexpr int64_t kNanos = 1'000'000'000;
 }  // namespace
 
-bool HostIncidents::Implicates(AlertKind kind) {
-  return kind == AlertKind::kNonFiniteUpdate || kind == AlertKind::kLossSpike ||
-         kind == AlertKind::kRankStraggler;
-}
+bool HostIncidents::Implicates(AlertKind kind) { return Spec(kind).implicates_host; }
 
 std::optional<HostSuspicion> HostIncidents::Summarize(const std::string& host,
                                                       const Host& h,

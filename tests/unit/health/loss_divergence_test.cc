@@ -1,0 +1,165 @@
+// LossDivergence and LossSpike (detectors/loss.cc) through the real
+// detectors and alert tracker: a spike that stays, a slow rise with no
+// single spike, a spike that recovers (info, no page), a hard batch, and
+// the conventions that must never page (noise, RL, DPO).
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "health_test_util.h"
+
+namespace trainwatch {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+using testing::HealthHarness;
+using testing::Rec;
+
+RunInfo Lm() {
+  return RunInfo{.run_id = "r", .precision = v1::BF16, .max_norm = 1.0, .warmup_steps = 100};
+}
+
+// A language-model loss: falling slowly, 2% multiplicative noise.
+double Loss(std::mt19937& rng, uint64_t step) {
+  std::normal_distribution<double> g(0.0, 0.02);
+  return (2.2 + 2.0 * std::exp(-static_cast<double>(step) / 300.0)) * std::exp(g(rng));
+}
+
+template <typename LossAt>
+void Feed(HealthHarness& h, uint64_t steps, LossAt loss_at) {
+  std::mt19937 rng(7);
+  std::lognormal_distribution<double> norm(std::log(0.3), 0.1);
+  for (uint64_t s = 0; s < steps; ++s) {
+    v1::StepRecord r = Rec(s, norm(rng));
+    r.set_loss(loss_at(rng, s));
+    h.Lead(r);
+  }
+}
+
+TEST(LossDivergence, ASpikeThatDoesNotComeBackIsCriticalWithin100Steps) {
+  HealthHarness h(Lm());
+  // From step 1000 the loss jumps to 3x and stays there.
+  Feed(h, 1400, [](std::mt19937& rng, uint64_t s) {
+    return Loss(rng, s) * (s >= 1000 ? 3.0 : 1.0);
+  });
+  const auto spikes = h.Fired(AlertKind::kLossSpike);
+  ASSERT_THAT(spikes, SizeIs(1));
+  EXPECT_EQ(spikes[0].onset_step, 1000u);
+  const auto div = h.Fired(AlertKind::kLossDivergence);
+  ASSERT_THAT(div, SizeIs(1));
+  EXPECT_EQ(div[0].onset_step, 1000u);
+  EXPECT_GE(div[0].step, 1000u);
+  EXPECT_LE(div[0].step, 1100u);
+  EXPECT_EQ(div[0].caused_by, "LossSpike");
+  EXPECT_THAT(div[0].description, HasSubstr("did not come back"));
+  EXPECT_THAT(div[0].description, HasSubstr("last checkpoint before step 1000"));
+  EXPECT_THAT(div[0].description, HasSubstr("lower the learning rate"));
+  EXPECT_EQ(Spec(AlertKind::kLossDivergence).severity, v1::SEVERITY_CRITICAL);
+}
+
+TEST(LossDivergence, ASlowRiseWithNoSingleSpikeIsNamedWithin100StepsOfItsOnset) {
+  HealthHarness h(Lm());
+  // From step 800 the loss drifts up 1% a step, never a jump: 2x by ~870.
+  Feed(h, 1200, [](std::mt19937& rng, uint64_t s) {
+    const double drift = s >= 800 ? std::exp(0.01 * static_cast<double>(s - 800)) : 1.0;
+    return Loss(rng, s) * std::min(drift, 5.0);
+  });
+  const auto div = h.Fired(AlertKind::kLossDivergence);
+  ASSERT_THAT(div, SizeIs(1));
+  EXPECT_LE(div[0].step, 900u);
+  EXPECT_GE(div[0].onset_step, 780u);
+  EXPECT_LE(div[0].onset_step, 840u);
+  EXPECT_THAT(div[0].description, HasSubstr("restart plan: the last checkpoint before step"));
+}
+
+TEST(LossDivergence, AnEvenSlowerRiseIsJudgedAgainstTheBestLevel) {
+  HealthHarness h(Lm());
+  // 0.3% a step from step 800: 2x by ~1030, never 1.5x its last 100 steps.
+  Feed(h, 1600, [](std::mt19937& rng, uint64_t s) {
+    const double drift = s >= 800 ? std::exp(0.003 * static_cast<double>(s - 800)) : 1.0;
+    return Loss(rng, s) * std::min(drift, 4.0);
+  });
+  EXPECT_THAT(h.Fired(AlertKind::kLossSpike), IsEmpty());
+  const auto div = h.Fired(AlertKind::kLossDivergence);
+  ASSERT_THAT(div, SizeIs(1));
+  EXPECT_THAT(div[0].description, HasSubstr("best post-warmup level"));
+  EXPECT_EQ(div[0].caused_by, "");
+  // Named once the level is 2x the best and has stayed there a while.
+  EXPECT_GE(div[0].step, 1030u);
+  EXPECT_LE(div[0].step, 1100u);
+}
+
+TEST(LossDivergence, ASpikeThatRecoversIsInfoAndPagesNothing) {
+  HealthHarness h(Lm());
+  // 2.5x for 12 steps, then back.
+  Feed(h, 1500, [](std::mt19937& rng, uint64_t s) {
+    return Loss(rng, s) * (s >= 1000 && s < 1012 ? 2.5 : 1.0);
+  });
+  const auto spikes = h.Fired(AlertKind::kLossSpike);
+  ASSERT_THAT(spikes, SizeIs(1));
+  EXPECT_EQ(Spec(AlertKind::kLossSpike).severity, v1::SEVERITY_INFO);
+  EXPECT_THAT(h.Fired(AlertKind::kLossDivergence), IsEmpty());
+}
+
+TEST(LossSpike, ThreeHighStepsOfFiveAreASpikeAndOneIsAHardBatch) {
+  HealthHarness h(Lm());
+  Feed(h, 2000, [](std::mt19937& rng, uint64_t s) {
+    double l = Loss(rng, s);
+    if (s == 700) l *= 4.0;                            // a hard batch
+    if (s == 1200 || s == 1201 || s == 1203) l *= 2.0;  // 3 of 5, a dip between
+    return l;
+  });
+  const auto spikes = h.Fired(AlertKind::kLossSpike);
+  ASSERT_THAT(spikes, SizeIs(1));
+  EXPECT_EQ(spikes[0].onset_step, 1200u);
+  EXPECT_EQ(spikes[0].step, 1203u);
+}
+
+TEST(LossDivergence, NoiseAHealthyDpoLossAndAnRlLossNeverPage) {
+  {
+    HealthHarness h(Lm());
+    Feed(h, 5000, [](std::mt19937& rng, uint64_t s) { return Loss(rng, s); });
+    EXPECT_THAT(h.FiredNames(), IsEmpty());
+  }
+  {
+    // DPO: -log sigmoid(margin) averaged over 32 pairs, margins growing
+    // from 0 to ~3 and noisy: 0.69 down to ~0.1, jumpy near its floor.
+    HealthHarness h(Lm());
+    Feed(h, 4000, [](std::mt19937& rng, uint64_t s) {
+      const double mean = 3.0 * (1.0 - std::exp(-static_cast<double>(s) / 800.0));
+      std::normal_distribution<double> margin(mean, 2.0);
+      double sum = 0;
+      for (int i = 0; i < 32; ++i) sum += std::log1p(std::exp(-margin(rng)));
+      return sum / 32;
+    });
+    EXPECT_THAT(h.Fired(AlertKind::kLossDivergence), IsEmpty());
+  }
+  {
+    // An RL policy loss around 0, both signs, which doubles in spread.
+    HealthHarness h(Lm());
+    Feed(h, 4000, [](std::mt19937& rng, uint64_t s) {
+      std::normal_distribution<double> g(0.0, s > 2000 ? 0.02 : 0.01);
+      return g(rng);
+    });
+    EXPECT_THAT(h.Fired(AlertKind::kLossDivergence), IsEmpty());
+  }
+}
+
+TEST(LossDivergence, ResolvesOnceTheLossIsBackAndARestartStartsAfresh) {
+  HealthHarness h(Lm());
+  Feed(h, 2600, [](std::mt19937& rng, uint64_t s) {
+    return Loss(rng, s) * (s >= 1000 && s < 1300 ? 3.0 : 1.0);
+  });
+  ASSERT_THAT(h.Fired(AlertKind::kLossDivergence), SizeIs(1));
+  const auto resolved = h.Resolved(AlertKind::kLossDivergence);
+  ASSERT_THAT(resolved, SizeIs(1));
+  EXPECT_GT(resolved[0].step, 1300u);
+}
+
+}  // namespace
+}  // namespace trainwatch
