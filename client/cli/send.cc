@@ -3,8 +3,10 @@
 #include "cli/send.h"
 
 #include <chrono>
+#include <string>
 #include <thread>
 #include <variant>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -57,6 +59,18 @@ class Replayer {
       if (absl::Status s = WaitIfBacklogged(); !s.ok()) return s;
     }
     const auto& record = std::get<v1::StepRecord>(entry);
+    if (record.step() > kMaxStep) {
+      // The client would refuse it (and the server too): say where it is,
+      // send the rest.
+      if (refused_.size() < kRefusedNamed) {
+        refused_.push_back(absl::StrCat(
+            where, ": step ", record.step(), " refused: not below 2^63 (",
+            static_cast<int64_t>(record.step()),
+            " as a signed integer: a step of -1?)"));
+      }
+      ++refused_count_;
+      return absl::OkStatus();
+    }
     return Retry([&] {
       if (client_->RecordProto(record)) return true;
       ++step_rejections_;
@@ -69,6 +83,12 @@ class Replayer {
   // Record() calls that returned false and were retried: the client counts
   // them as dropped although replay sent the step again.
   uint64_t step_rejections() const { return step_rejections_; }
+  // Records refused before sending, each named by FILE:LINE (the first
+  // kRefusedNamed of them).
+  uint64_t refused_count() const { return refused_count_; }
+  const std::vector<std::string>& refused() const { return refused_; }
+
+  static constexpr size_t kRefusedNamed = 20;
 
  private:
   absl::Status WaitIfBacklogged() {
@@ -103,7 +123,32 @@ class Replayer {
   uint64_t steps_ = 0;
   uint64_t events_ = 0;
   uint64_t step_rejections_ = 0;
+  uint64_t refused_count_ = 0;
+  std::vector<std::string> refused_;
 };
+
+// What was refused, one record a line, the server's reason last; OK when
+// nothing was.
+absl::Status RefusedRecords(const Replayer& replayer, const ClientStats& stats,
+                            const absl::Status& server_reason,
+                            absl::string_view command) {
+  const uint64_t by_server = stats.rejected;
+  const uint64_t total = replayer.refused_count() + by_server;
+  if (total == 0) return absl::OkStatus();
+  std::string lines;
+  for (const std::string& line : replayer.refused()) absl::StrAppend(&lines, "\n", line);
+  if (replayer.refused_count() > replayer.refused().size()) {
+    absl::StrAppend(&lines, "\n... and ",
+                    replayer.refused_count() - replayer.refused().size(), " more");
+  }
+  if (by_server > 0) {
+    absl::StrAppend(&lines, "\nthe server refused ", by_server, " record(s); the first: ",
+                    server_reason.message());
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      command, ": ", total, " record(s) refused; the other ", stats.acked,
+      " steps were stored and acknowledged:", lines));
+}
 
 }  // namespace
 
@@ -120,6 +165,8 @@ absl::StatusOr<SendResult> SendEntries(const GlobalOptions& global,
   // The log's timing and machine are not this process's: step times and the
   // host come from the log or stay absent.
   options.measure_locally = false;
+  // A one-shot command: a quota it is over ends it, with the server's reason.
+  options.fail_fast = true;
   const std::string run_id = options.run_id;
   // A fleet's servers listed one by one: resume the run on the server that
   // holds it. The client sends x-trainwatch-run itself, for a proxy.
@@ -188,6 +235,10 @@ absl::StatusOr<SendResult> SendEntries(const GlobalOptions& global,
     return absl::DataLossError(
         absl::StrCat(command, ": the client dropped ",
                      stats.dropped - replayer.step_rejections(), " steps"));
+  }
+  if (absl::Status s = RefusedRecords(replayer, stats, (*client)->LastRejection(), command);
+      !s.ok()) {
+    return s;
   }
   return SendResult{
       .steps = replayer.steps(),

@@ -154,6 +154,51 @@ void Int64Array(JsonWriter& w,
   w.EndArray();
 }
 
+// An enum by its name; a value this build has no name for (a newer
+// client's) as its number, which the proto3 JSON reader takes back.
+void EnumValue(JsonWriter& w, int value, bool named, const std::string& name) {
+  if (named) {
+    w.String(name);
+  } else {
+    w.Int(value);
+  }
+}
+
+void WriteMoe(JsonWriter& w, const v1::MoeStats& moe) {
+  w.Key("moe");
+  w.BeginObject();
+  w.Key("layers");
+  w.BeginArray();
+  for (const v1::MoeLayerStats& l : moe.layers()) {
+    w.BeginObject();
+    w.Key("layer");
+    w.String(l.layer());
+    if (!l.tokens_per_expert().empty()) {
+      w.Key("tokens_per_expert");
+      w.BeginArray();
+      for (uint64_t n : l.tokens_per_expert()) w.Uint(n);
+      w.EndArray();
+    }
+    if (l.has_dropped()) {
+      w.Key("dropped");
+      w.Uint(l.dropped());
+    }
+    OptionalDouble(w, "aux_loss", l.has_aux_loss(), l.aux_loss());
+    OptionalDouble(w, "z_loss", l.has_z_loss(), l.z_loss());
+    if (!l.expert_bias().empty()) {
+      w.Key("expert_bias");
+      w.BeginArray();
+      for (float b : l.expert_bias()) w.Double(b);
+      w.EndArray();
+    }
+    OptionalDouble(w, "router_logit_max", l.has_router_logit_max(),
+                   l.router_logit_max());
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+}
+
 }  // namespace
 
 void WriteStep(JsonWriter& w, const v1::StepRecord& r, uint32_t rank,
@@ -198,6 +243,11 @@ void WriteStep(JsonWriter& w, const v1::StepRecord& r, uint32_t rank,
       w.Double(stats.g_over_sqrt_v_rms());
       OptionalDouble(w, "update_rms_ratio", stats.has_update_rms_ratio(),
                      stats.update_rms_ratio());
+      if (stats.kind() != v1::LAYER_KIND_UNSPECIFIED) {
+        w.Key("kind");
+        EnumValue(w, stats.kind(), v1::LayerKind_IsValid(stats.kind()),
+                  v1::LayerKind_Name(stats.kind()));
+      }
       w.EndObject();
     }
     w.EndObject();
@@ -210,13 +260,8 @@ void WriteStep(JsonWriter& w, const v1::StepRecord& r, uint32_t rank,
       w.Key(name);
       w.BeginObject();
       w.Key("format");
-      // A value this build has no name for (a newer client's format) is
-      // written as its number, which the proto3 JSON reader takes back.
-      if (v1::Fp8Format_IsValid(f.format())) {
-        w.String(v1::Fp8Format_Name(f.format()));
-      } else {
-        w.Int(f.format());
-      }
+      EnumValue(w, f.format(), v1::Fp8Format_IsValid(f.format()),
+                v1::Fp8Format_Name(f.format()));
       w.Key("amax");
       w.Double(f.amax());
       w.Key("scale");
@@ -235,6 +280,7 @@ void WriteStep(JsonWriter& w, const v1::StepRecord& r, uint32_t rank,
     }
     w.EndObject();
   }
+  if (r.has_moe()) WriteMoe(w, r.moe());
   w.EndObject();
 }
 

@@ -118,6 +118,7 @@ class Client::Impl {
   void Start() { sender_.Start(); }
 
   bool Record(Step&& step) {
+    if (step.step > kMaxStep) return Reject();
     const StepTime time = TimeStep(step.time_unix_nanos);
     step.time_unix_nanos = time.unix_nanos;
     if (!step.step_time_s.has_value()) step.step_time_s = time.since_previous_s;
@@ -125,6 +126,7 @@ class Client::Impl {
   }
 
   bool RecordProto(v1::StepRecord&& record) {
+    if (record.step() > kMaxStep) return Reject();
     const StepTime time = TimeStep(record.time_unix_nanos());
     record.set_time_unix_nanos(time.unix_nanos);
     if (!record.has_step_time_s() && time.since_previous_s.has_value()) {
@@ -185,6 +187,7 @@ class Client::Impl {
     stats.sent = sender_.sent();
     stats.acked = sender_.acked();
     stats.dropped = intake_.dropped();
+    stats.rejected = rejected_.load(std::memory_order_relaxed) + sender_.rejected();
     stats.reconnects = sender_.reconnects();
     return stats;
   }
@@ -194,8 +197,19 @@ class Client::Impl {
   }
 
   absl::Status Refusal() const { return sender_.refusal(); }
+  absl::Status LastRejection() const { return sender_.last_rejection(); }
 
  private:
+  // A step the store cannot hold as sent: refused here, counted.
+  bool Reject() {
+    if (rejected_.fetch_add(1, std::memory_order_relaxed) == 0) {
+      std::fprintf(stderr,
+                   "trainwatch: refused a step above 2^63 - 1 (a step of -1?); "
+                   "counted in Stats().rejected, not sent\n");
+    }
+    return false;
+  }
+
   // A step's time, and the seconds since the step recorded before it when
   // this client measures step times (ClientOptions::measure_locally).
   struct StepTime {
@@ -221,6 +235,7 @@ class Client::Impl {
   const bool measure_step_time_;
   // time_unix_nanos of the step recorded last; 0 before the first.
   std::atomic<int64_t> previous_step_nanos_{0};
+  std::atomic<uint64_t> rejected_{0};  // by Record(), above kMaxStep
   internal::Intake intake_;
   internal::Sender sender_;
   absl::Mutex close_mu_;
@@ -273,6 +288,8 @@ absl::Status Client::Close(std::chrono::milliseconds timeout) {
 }
 
 ClientStats Client::Stats() const { return impl_->Stats(); }
+
+absl::Status Client::LastRejection() const { return impl_->LastRejection(); }
 
 std::optional<double> Client::RecommendedMaxNorm() const {
   return impl_->RecommendedMaxNorm();

@@ -91,6 +91,9 @@ void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out) {
     proto.set_grad_rms(stat.grad_rms);
     proto.set_g_over_sqrt_v_rms(stat.g_over_sqrt_v_rms);
     if (stat.update_rms_ratio) proto.set_update_rms_ratio(*stat.update_rms_ratio);
+    if (stat.kind != LayerKind::kUnspecified) {
+      proto.set_kind(static_cast<v1::LayerKind>(stat.kind));
+    }
   }
   for (const auto& [tensor, stat] : step.fp8) {
     v1::Fp8TensorStats& proto = (*out->mutable_fp8())[tensor];

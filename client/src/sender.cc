@@ -21,6 +21,9 @@ constexpr int kKeepaliveTimeMs = 10000;
 constexpr int kKeepaliveTimeoutMs = 5000;
 // At most one line this often about the number of dropped steps.
 constexpr absl::Duration kDropLogInterval = absl::Seconds(10);
+// Records refused alone, and a quota's refusals, are logged at most this often.
+constexpr absl::Duration kRejectionLogInterval = absl::Minutes(1);
+constexpr absl::Duration kQuotaLogInterval = absl::Minutes(1);
 
 // Channel arguments are ints.
 int Millis(absl::Duration duration) {
@@ -114,6 +117,26 @@ uint64_t Sender::resolved() const {
 std::optional<double> Sender::recommended_max_norm() const {
   absl::MutexLock lock(&mu_);
   return recommended_max_norm_;
+}
+
+absl::Status Sender::last_rejection() const {
+  absl::MutexLock lock(&mu_);
+  return last_rejection_;
+}
+
+void Sender::OnRejectedLocked(const v1::ReportResponse& response) {
+  rejected_.fetch_add(response.rejected_records(), std::memory_order_relaxed);
+  last_rejection_ = absl::InvalidArgumentError(response.rejected_reason());
+  rejected_unlogged_ += response.rejected_records();
+  const absl::Time now = absl::Now();
+  if (now - last_rejection_log_ < kRejectionLogInterval) return;
+  last_rejection_log_ = now;
+  std::fprintf(stderr,
+               "trainwatch: the server refused %llu record(s) alone and stored "
+               "the rest of their batches (Stats().rejected); the first: %s\n",
+               static_cast<unsigned long long>(rejected_unlogged_),
+               response.rejected_reason().c_str());
+  rejected_unlogged_ = 0;
 }
 
 absl::Status Sender::refusal() const {
@@ -214,7 +237,9 @@ void Sender::ReadResponses(Stream* stream) {
       unacked_.pop_front();
     }
     // Counters move inside the lock so a Flush() that returns sees them.
-    acked_.fetch_add(records, std::memory_order_relaxed);
+    const uint64_t rejected = std::min(response.rejected_records(), records);
+    acked_.fetch_add(records - rejected, std::memory_order_relaxed);
+    if (response.rejected_records() > 0) OnRejectedLocked(response);
     intake_->Release(items);
     unacked_items_ -= items;
     resolved_items_ += items;
@@ -307,6 +332,22 @@ absl::Duration Sender::OnStreamEnd(const grpc::Status& status,
                                    "); retrying"));
         refusal_ = ToAbsl(status);
         delay = max_backoff_;
+      }
+      break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      // A quota (the token's runs:N, the server's --max-active-runs): runs
+      // finish and free it, so a trainer keeps its data and retries; a
+      // one-shot command gives up at once with the server's reason.
+      if (options_.fail_fast) {
+        refusal_ = ToAbsl(status);
+        break;
+      }
+      if (absl::Now() - last_quota_log_ >= kQuotaLogInterval) {
+        last_quota_log_ = absl::Now();
+        std::fprintf(stderr,
+                     "trainwatch: server refused the stream (%s); keeping data "
+                     "buffered, retrying with backoff\n",
+                     what.c_str());
       }
       break;
     case grpc::StatusCode::UNAUTHENTICATED:

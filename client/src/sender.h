@@ -55,6 +55,8 @@ class Sender {
   uint64_t resolved() const;
   uint64_t sent() const { return sent_.load(std::memory_order_relaxed); }
   uint64_t acked() const { return acked_.load(std::memory_order_relaxed); }
+  uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+  absl::Status last_rejection() const;
   uint64_t reconnects() const {
     return reconnects_.load(std::memory_order_relaxed);
   }
@@ -90,6 +92,9 @@ class Sender {
                              uint64_t written_through);
   // Logs the total of dropped steps (sender thread; rate-limited).
   void LogDrops();
+  // A response said some records of its batches were refused alone.
+  void OnRejectedLocked(const v1::ReportResponse& response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs "trainwatch: <line>" unless the last line logged had the same key.
   void LogOnce(const std::string& key, const std::string& line)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -125,9 +130,16 @@ class Sender {
   // Why the server refused the last stream as a whole; OK after an ack.
   absl::Status refusal_ ABSL_GUARDED_BY(mu_);
   std::string last_log_key_ ABSL_GUARDED_BY(mu_);
+  // The server's latest reason for a record refused alone.
+  absl::Status last_rejection_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_rejection_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t rejected_unlogged_ ABSL_GUARDED_BY(mu_) = 0;
+  // When a quota refusal (RESOURCE_EXHAUSTED) was last logged.
+  absl::Time last_quota_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   std::atomic<uint64_t> sent_{0};
   std::atomic<uint64_t> acked_{0};
+  std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> reconnects_{0};
 };
 

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -101,6 +104,33 @@ absl::Status ValidateRunStart(const v1::RunStart& start,
           " characters; at most ", limits.max_label_value_chars));
     }
   }
+  if (start.has_moe()) {
+    const v1::MoeConfig& m = start.moe();
+    const auto bad = [&](auto... what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RunStart.moe (run ", start.run_id(), "): ", what...));
+    };
+    if (m.num_experts() > limits.max_experts) {
+      return bad("num_experts is ", m.num_experts(), "; at most ", limits.max_experts);
+    }
+    if (m.num_experts() > 0 && m.top_k() > m.num_experts()) {
+      return bad("top_k ", m.top_k(), " is above num_experts ", m.num_experts());
+    }
+    if (m.num_experts() > 0 && m.ep_size() > 0 && m.num_experts() % m.ep_size() != 0) {
+      return bad("num_experts ", m.num_experts(), " is not a multiple of ep_size ",
+                 m.ep_size(), " (experts are laid out in contiguous blocks)");
+    }
+    if (!v1::MoeBalancing_IsValid(m.balancing())) {
+      return bad("balancing ", static_cast<int>(m.balancing()), " is unknown");
+    }
+    for (const auto& [field, v] :
+         {std::pair<const char*, double>{"aux_loss_coeff", m.aux_loss_coeff()},
+          std::pair<const char*, double>{"z_loss_coeff", m.z_loss_coeff()},
+          std::pair<const char*, double>{"bias_update_rate", m.bias_update_rate()},
+          std::pair<const char*, double>{"capacity_factor", m.capacity_factor()}}) {
+      if (!std::isfinite(v) || v < 0) return bad(field, " is ", v, "; finite and >= 0");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -161,49 +191,126 @@ absl::Status ValidateFp8(const v1::StepRecord& r, const ValidationLimits& limits
   return absl::OkStatus();
 }
 
+absl::Status ValidateMoe(const v1::StepRecord& r, const ValidationLimits& limits,
+                         const v1::MoeConfig& config) {
+  const v1::MoeStats& moe = r.moe();
+  if (static_cast<size_t>(moe.layers_size()) > limits.max_moe_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", r.step(), ": moe has ", moe.layers_size(), " layers; at most ",
+        limits.max_moe_layers));
+  }
+  for (int i = 0; i < moe.layers_size(); ++i) {
+    const v1::MoeLayerStats& l = moe.layers(i);
+    const std::string where = absl::StrCat("step ", r.step(), ": moe.layers[", i, "]");
+    if (l.layer().size() > limits.max_layer_name_chars) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".layer has ", l.layer().size(), " characters; at most ",
+          limits.max_layer_name_chars));
+    }
+    for (const auto& [field, size] :
+         {std::pair<const char*, int>{"tokens_per_expert", l.tokens_per_expert_size()},
+          std::pair<const char*, int>{"expert_bias", l.expert_bias_size()}}) {
+      const size_t n = static_cast<size_t>(size);
+      if (n > limits.max_experts) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ".", field, " has ", n, " entries; at most ", limits.max_experts));
+      }
+      if (n > 0 && config.num_experts() > 0 && n != config.num_experts()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ".", field, " has ", n, " entries; the run's RunStart.moe.num_experts is ",
+            config.num_experts()));
+      }
+    }
+    for (uint64_t count : l.tokens_per_expert()) {
+      if (count > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ".tokens_per_expert has ", count,
+            ", not below 2^63 (a count of -1?)"));
+      }
+    }
+    if (l.has_dropped() &&
+        l.dropped() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".dropped is ", l.dropped(), ", not below 2^63 (a count of -1?)"));
+    }
+    // Losses are >= 0 by definition; NaN and Inf are data.
+    for (const auto& [field, has, v] :
+         {std::tuple<const char*, bool, double>{"aux_loss", l.has_aux_loss(), l.aux_loss()},
+          std::tuple<const char*, bool, double>{"z_loss", l.has_z_loss(), l.z_loss()}}) {
+      if (has && v < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ".", field, " is ", v, "; a loss is >= 0"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::Status ValidateStepBatch(const v1::StepBatch& batch,
-                               const ValidationLimits& limits) {
+absl::Status ValidateBatchShape(const v1::StepBatch& batch,
+                                const ValidationLimits& limits) {
   if (static_cast<size_t>(batch.records_size()) > limits.max_batch_records) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch seq ", batch.seq(), " has ", batch.records_size(),
                      " records; at most ", limits.max_batch_records));
   }
-  for (const v1::StepRecord& r : batch.records()) {
-    if (absl::Status s = ValidateStep(r.step(), "step "); !s.ok()) return s;
-    if (static_cast<size_t>(r.batch_ids_size()) > limits.max_batch_ids) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("step ", r.step(), ": batch_ids has ", r.batch_ids_size(),
-                       " entries; at most ", limits.max_batch_ids));
-    }
-    if (static_cast<size_t>(r.layer_stats_size()) > limits.max_layers) {
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStepRecord(const v1::StepRecord& r,
+                                const ValidationLimits& limits,
+                                const v1::MoeConfig& moe) {
+  if (absl::Status s = ValidateStep(r.step(), "step "); !s.ok()) return s;
+  if (static_cast<size_t>(r.batch_ids_size()) > limits.max_batch_ids) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", r.step(), ": batch_ids has ", r.batch_ids_size(),
+                     " entries; at most ", limits.max_batch_ids));
+  }
+  if (static_cast<size_t>(r.layer_stats_size()) > limits.max_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", r.step(), ": layer_stats has ", r.layer_stats_size(),
+        " layers; at most ", limits.max_layers));
+  }
+  for (const auto& [name, stats] : r.layer_stats()) {
+    if (name.size() > limits.max_layer_name_chars) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "step ", r.step(), ": layer_stats has ", r.layer_stats_size(),
-          " layers; at most ", limits.max_layers));
+          "step ", r.step(), ": layer name \"", name.substr(0, 32),
+          "...\" has ", name.size(), " characters; at most ",
+          limits.max_layer_name_chars));
     }
-    for (const auto& [name, stats] : r.layer_stats()) {
-      if (name.size() > limits.max_layer_name_chars) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "step ", r.step(), ": layer name \"", name.substr(0, 32),
-            "...\" has ", name.size(), " characters; at most ",
-            limits.max_layer_name_chars));
-      }
+    if (!v1::LayerKind_IsValid(stats.kind())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", r.step(), ": layer_stats[\"", name, "\"].kind is unknown (",
+          static_cast<int>(stats.kind()),
+          "); one of DENSE, EMBEDDING, OUTPUT, NORM, ROUTER"));
     }
-    if (absl::Status s = ValidateFp8(r, limits); !s.ok()) return s;
-    // NaN and Inf are data (docs/contracts.md); a finite value outside [0, 1] is a
-    // bug in whatever computed it.
-    if (r.has_clip_coef() && std::isfinite(r.clip_coef()) &&
-        (r.clip_coef() < 0 || r.clip_coef() > 1)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("step ", r.step(), ": clip_coef must be in [0, 1], got ",
-                       r.clip_coef()));
-    }
-    if (r.time_unix_nanos() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("step ", r.step(), ": time_unix_nanos is negative (",
-                       r.time_unix_nanos(), ")"));
-    }
+  }
+  if (absl::Status s = ValidateFp8(r, limits); !s.ok()) return s;
+  if (r.has_moe()) {
+    if (absl::Status s = ValidateMoe(r, limits, moe); !s.ok()) return s;
+  }
+  // NaN and Inf are data (docs/contracts.md); a finite value outside [0, 1] is a
+  // bug in whatever computed it.
+  if (r.has_clip_coef() && std::isfinite(r.clip_coef()) &&
+      (r.clip_coef() < 0 || r.clip_coef() > 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", r.step(), ": clip_coef must be in [0, 1], got ",
+                     r.clip_coef()));
+  }
+  if (r.time_unix_nanos() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", r.step(), ": time_unix_nanos is negative (",
+                     r.time_unix_nanos(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStepBatch(const v1::StepBatch& batch,
+                               const ValidationLimits& limits) {
+  if (absl::Status s = ValidateBatchShape(batch, limits); !s.ok()) return s;
+  for (const v1::StepRecord& r : batch.records()) {
+    if (absl::Status s = ValidateStepRecord(r, limits); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

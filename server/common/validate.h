@@ -25,6 +25,10 @@ struct ValidationLimits {
   size_t max_layer_name_chars = 256;
   // fp8 entries in one record (tensor names share max_layer_name_chars).
   size_t max_fp8_tensors = 4096;
+  // MoE layers in one record and experts of a run (RunStart.moe; layer
+  // names share max_layer_name_chars).
+  size_t max_moe_layers = 1024;
+  size_t max_experts = 4096;
   // batch_ids in one record.
   size_t max_batch_ids = 65536;
   // detail of a RunEvent.
@@ -37,10 +41,21 @@ absl::Status ValidateRunId(std::string_view run_id);
 absl::Status ValidateRunStart(const v1::RunStart& start,
                               const ValidationLimits& limits);
 
-// Checks the batch as a whole; nothing of a refused batch may be applied.
-// Non-finite floats are data and pass (a finite clip_coef outside [0, 1] does
-// not). Step order is not checked here: the store ignores a step at or below
-// the last one stored for the stream (docs/contracts.md), in a batch or across.
+// The batch as a whole (its record count): a refusal ends the stream.
+absl::Status ValidateBatchShape(const v1::StepBatch& batch,
+                                const ValidationLimits& limits);
+
+// One record: a bad one is refused alone, and the rest of its batch is
+// stored (docs/contracts.md, partial acceptance). Non-finite floats are data
+// and pass (a finite clip_coef outside [0, 1] does not). `moe` is the
+// stream's RunStart.moe: with num_experts known, a count or bias vector must
+// have that length. Step order is not checked here: the store ignores a step
+// at or below the last one stored for the stream.
+absl::Status ValidateStepRecord(const v1::StepRecord& r,
+                                const ValidationLimits& limits,
+                                const v1::MoeConfig& moe = v1::MoeConfig());
+
+// The shape and every record; the first refusal.
 absl::Status ValidateStepBatch(const v1::StepBatch& batch,
                                const ValidationLimits& limits);
 

@@ -1,6 +1,7 @@
 #include "ingest/ingest.h"
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -136,6 +137,7 @@ class ReportReactor final
             !s.ok()) {
           return s;
         }
+        moe_ = request_.start().moe();
         if (scope_ != nullptr) {
           absl::Status s =
               Authorizer::CheckWriteRun(*scope_, request_.start().run_id());
@@ -161,10 +163,11 @@ class ReportReactor final
           return absl::InvalidArgumentError(
               "the first message of a Report stream must be a RunStart");
         }
-        if (absl::Status s = ValidateStepBatch(request_.batch(), opts.limits);
+        if (absl::Status s = ValidateBatchShape(request_.batch(), opts.limits);
             !s.ok()) {
           return InStream(s);
         }
+        RefuseBadRecordsLocked(request_.mutable_batch());
         uint64_t seq = request_.batch().seq();
         const size_t n = static_cast<size_t>(request_.batch().records_size());
         last_batch_records_ = n;
@@ -198,6 +201,29 @@ class ReportReactor final
     }
     return absl::InvalidArgumentError(
         "empty ReportRequest: set one of start, batch or event");
+  }
+
+  // Takes the records that fail validation out of `batch`, in place and in
+  // order, and counts them for the next response: a bad record is refused
+  // alone, and the batch's good records are stored and acked.
+  void RefuseBadRecordsLocked(v1::StepBatch* batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto* records = batch->mutable_records();
+    const int n = records->size();
+    int kept = 0;
+    for (int i = 0; i < n; ++i) {
+      absl::Status s = ValidateStepRecord(records->Get(i), ingest_->options_.limits, moe_);
+      if (!s.ok()) {
+        if (rejected_reason_.empty()) rejected_reason_ = std::string(InStream(s).message());
+        ++rejected_records_;
+        continue;
+      }
+      if (kept != i) records->SwapElements(kept, i);
+      ++kept;
+    }
+    if (kept == n) return;
+    records->DeleteSubrange(kept, n - kept);
+    ingest_->CountRejectedRecords(static_cast<uint64_t>(n - kept));
   }
 
   // From the engine's shard: a batch of `records` went through the
@@ -256,6 +282,11 @@ class ReportReactor final
     if (!write_in_flight_ && acked_seq_ > written_seq_) {
       written_seq_ = acked_seq_;
       response_.set_acked_seq(acked_seq_);
+      // The records refused since the last response, and the first reason.
+      response_.set_rejected_records(rejected_records_);
+      response_.set_rejected_reason(rejected_reason_);
+      rejected_records_ = 0;
+      rejected_reason_.clear();
       bool own_buffer = false;
       grpc::SerializationTraits<v1::ReportResponse>::Serialize(
           response_, &response_bytes_, &own_buffer);
@@ -280,6 +311,9 @@ class ReportReactor final
   v1::ReportResponse response_;
   grpc::ByteBuffer response_bytes_;  // owned by the write in flight
   StreamHandle stream_;          // set by the first message
+  v1::MoeConfig moe_;            // the RunStart's, for the records' moe stats
+  uint64_t rejected_records_ ABSL_GUARDED_BY(mu_) = 0;  // since the last response
+  std::string rejected_reason_ ABSL_GUARDED_BY(mu_);    // the first of them
   size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
   size_t unprocessed_ ABSL_GUARDED_BY(mu_) = 0;  // batches before the detectors
   size_t last_batch_records_ ABSL_GUARDED_BY(mu_) = 0;
@@ -311,6 +345,7 @@ Ingest::Ingest(IngestOptions options, Engine* engine, Metrics* metrics)
           .resource_exhausted = RejectedSeries(metrics, "resource_exhausted"),
           .unauthenticated = RejectedSeries(metrics, "unauthenticated"),
           .permission_denied = RejectedSeries(metrics, "permission_denied"),
+          .invalid_record = RejectedSeries(metrics, "invalid_record"),
       } {}
 
 Ingest::~Ingest() { Drain(std::chrono::seconds(5)); }
@@ -400,6 +435,10 @@ void Ingest::CountRejected(const absl::Status& status) {
       : absl::IsPermissionDenied(status) ? rejected_.permission_denied
                                          : rejected_.invalid_argument;
   series.Increment();
+}
+
+void Ingest::CountRejectedRecords(uint64_t records) {
+  rejected_.invalid_record.Increment(static_cast<double>(records));
 }
 
 bool Ingest::Drain(std::chrono::milliseconds timeout) {

@@ -51,7 +51,7 @@ struct IngestOptions {
   // Step records of all streams read and not yet through the detectors
   // before bulk streams (see below) stop reading: it bounds the work queued
   // in front of the detectors whatever the number of streams, so a bad step
-  // waits behind at most this many records (issue 16: alert latency at
+  // waits behind at most this many records (alert latency at
   // saturation). Large enough to keep every engine shard busy.
   size_t max_unprocessed_records = 8192;
   // A stream whose last batch held at most this many records (a trainer
@@ -90,6 +90,8 @@ class Ingest {
   void Unregister(ReportReactor* r);
   // Counts a refused stream under its reason (trainwatch_ingest_rejected_total).
   void CountRejected(const absl::Status& status);
+  // Counts records refused alone from good batches (reason="invalid_record").
+  void CountRejectedRecords(uint64_t records);
   // The shared bound on unprocessed records. Admit() is true while the
   // bound has room, else queues `r` to be woken (ReportReactor::Kick) when
   // Processed() makes room. Lock order: a reactor's mu_, then budget_mu_.
@@ -106,6 +108,7 @@ class Ingest {
     prometheus::Counter& resource_exhausted;
     prometheus::Counter& unauthenticated;
     prometheus::Counter& permission_denied;
+    prometheus::Counter& invalid_record;
   } rejected_;
   absl::Mutex mu_;
   absl::CondVar cv_;

@@ -535,9 +535,18 @@ class Server {
       }
       case v1::ReportRequest::kBatch: {
         if (current_ == nullptr) return;  // FAILED: RunStart first
-        absl::Status s = ValidateStepBatch(request.batch(), limits_);
+        absl::Status s = ValidateBatchShape(request.batch(), limits_);
         ExpectRefusal(s);
-        if (s.ok()) current_run_->OnBatch(*current_, request.batch());
+        if (!s.ok()) return;
+        // A bad record is refused alone: the rest of its batch goes on.
+        v1::StepBatch kept = request.batch();
+        kept.clear_records();
+        for (const v1::StepRecord& r : request.batch().records()) {
+          absl::Status rs = ValidateStepRecord(r, limits_, current_->start.moe());
+          ExpectRefusal(rs);
+          if (rs.ok()) *kept.add_records() = r;
+        }
+        current_run_->OnBatch(*current_, kept);
         return;
       }
       case v1::ReportRequest::kEvent: {

@@ -1,4 +1,4 @@
-// Bad input against the real trainwatch-server (issue 7, item 3): each case
+// Bad input against the real trainwatch-server: each case
 // sends raw protos with the generated stub (the C++ client would refuse some
 // of them itself) and asserts the documented gRPC status and a message that
 // names the field, value or step. Every case also proves that the server
@@ -65,6 +65,8 @@ class RawStream {
       while (stream_->Read(&resp)) {
         std::lock_guard<std::mutex> lock(mu_);
         acked_ = std::max(acked_, resp.acked_seq());
+        rejected_ += resp.rejected_records();
+        if (reason_.empty()) reason_ = resp.rejected_reason();
         cv_.notify_all();
       }
       std::lock_guard<std::mutex> lock(mu_);
@@ -94,6 +96,16 @@ class RawStream {
     return acked_;
   }
 
+  // Records the responses said were refused alone, and the first reason.
+  uint64_t rejected() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rejected_;
+  }
+  std::string reason() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reason_;
+  }
+
   // Closes our side, takes the remaining acks and returns the final status.
   grpc::Status Finish() {
     stream_->WritesDone();
@@ -112,6 +124,8 @@ class RawStream {
   std::condition_variable cv_;
   uint64_t acked_ = 0;
   bool ended_ = false;
+  uint64_t rejected_ = 0;
+  std::string reason_;
 };
 
 v1::ReportRequest Start(const std::string& run, uint32_t rank = 0,
@@ -188,6 +202,9 @@ class BadInput : public ::testing::Test {
                 refused_[reason])
           << reason;
     }
+    EXPECT_EQ(MetricValue(metrics,
+                          "trainwatch_ingest_rejected_total{reason=\"invalid_record\"}"),
+              refused_records_);
   }
 
   void SendHealthyBatch() {
@@ -220,6 +237,32 @@ class BadInput : public ::testing::Test {
     EXPECT_EQ(StoredSteps(run).size(), 10u)
         << "records acked before the bad message";
     return status;
+  }
+
+  // Opens a stream for `run`, has 10 records (steps 0..9) acked, then sends
+  // `bad` (seq 2), a batch holding a bad record among good ones: the bad
+  // record is refused alone, the batch acked, the stream kept. Returns the
+  // first refusal's reason; checks one record was refused and `stored` steps
+  // are stored.
+  std::string RefusedAlone(const v1::ReportRequest& bad, const std::string& run,
+                           std::vector<uint64_t> stored) {
+    RawStream s(server_->grpc_address());
+    s.Send(Start(run));
+    s.Send(Batch(1, Range(0, 10)));
+    EXPECT_TRUE(s.WaitAck(1));
+    s.Send(bad);
+    EXPECT_TRUE(s.WaitAck(2)) << "the batch with a bad record was not acked";
+    EXPECT_EQ(s.rejected(), 1u);
+    // The stream goes on: a later batch is stored too.
+    s.Send(Batch(3, {100}));
+    EXPECT_TRUE(s.WaitAck(3));
+    EXPECT_TRUE(s.Finish().ok());
+    stored.push_back(100);
+    std::vector<uint64_t> expected = Range(0, 10);
+    expected.insert(expected.end(), stored.begin(), stored.end());
+    EXPECT_EQ(StoredStepNumbers(run), expected);
+    ++refused_records_;
+    return s.reason();
   }
 
   // Asserts the status and counts the refusal for TearDown.
@@ -305,6 +348,7 @@ class BadInput : public ::testing::Test {
   uint64_t healthy_seq_ = 0;
   uint64_t healthy_steps_ = 0;
   std::map<std::string, double> refused_;
+  double refused_records_ = 0;  // refused alone (reason="invalid_record")
 };
 
 // ---- The first message and the RunStart ------------------------------------
@@ -544,19 +588,15 @@ TEST_F(BadInput, DuplicateStepsAreStoredAndCountedOnce) {
   EXPECT_EQ(MetricValue(Metrics(), "trainwatch_steps_total{run=\"dup\"}"), 4);
 }
 
-// A client's -1 read as unsigned: it used to be acked and stored clamped to
-// 2^63 - 1, and every later step of the stream was then acked and dropped as
-// a duplicate. Now it is refused, nothing after it is applied, and the
-// ordinary steps sent next (the client drops a refused batch and goes on)
-// are stored, every one.
-TEST_F(BadInput, AStepOf2To64Minus1IsRefusedAndTheOrdinaryStepsAfterItStored) {
-  v1::ReportRequest bad = Batch(2, {10});
-  bad.mutable_batch()->mutable_records(0)->set_step(std::numeric_limits<uint64_t>::max());
-  ExpectRefused(SendAfterGood(bad, "minus-one"), grpc::StatusCode::INVALID_ARGUMENT,
-                "step 18446744073709551615 is not below 2^63");
-  EXPECT_TRUE(SendOnNewStream({Start("minus-one"), Batch(3, Range(10, 100))}).ok());
-  EXPECT_EQ(StoredStepNumbers("minus-one"), Range(0, 110));
-  EXPECT_EQ(MetricValue(Metrics(), "trainwatch_steps_total{run=\"minus-one\"}"), 110);
+// A client's -1 read as unsigned, in a batch of good steps: refused alone,
+// naming the step; the steps around it in its batch are stored and acked,
+// and so is everything the stream sends after it.
+TEST_F(BadInput, AStepOf2To64Minus1IsRefusedAloneAndItsNeighboursStored) {
+  v1::ReportRequest bad = Batch(2, {10, 11, 12});
+  bad.mutable_batch()->mutable_records(1)->set_step(std::numeric_limits<uint64_t>::max());
+  EXPECT_THAT(RefusedAlone(bad, "minus-one", {10, 12}),
+              HasSubstr("run minus-one rank 0: step 18446744073709551615 is not below 2^63"));
+  EXPECT_EQ(MetricValue(Metrics(), "trainwatch_steps_total{run=\"minus-one\"}"), 13);
 }
 
 TEST_F(BadInput, BatchOverTheRecordLimitIsRefusedAndTheLimitAccepted) {
@@ -587,47 +627,66 @@ TEST_F(BadInput, MessageOverTheSizeLimitIsRefusedByGrpc) {
   std::printf("gRPC's refusal: %s\n", status.error_message().c_str());
 }
 
-TEST_F(BadInput, TooManyLayerStatsAreRefused) {
+TEST_F(BadInput, TooManyLayerStatsAreRefusedAlone) {
   v1::ReportRequest bad = Batch(2, {10, 11});
   auto* layers = bad.mutable_batch()->mutable_records(1)->mutable_layer_stats();
   for (int i = 0; i < 4097; ++i)
     (*layers)["layer." + std::to_string(i)].set_grad_norm(1);
-  ExpectRefused(
-      SendAfterGood(bad), grpc::StatusCode::INVALID_ARGUMENT,
-      "run bad-run rank 0: step 11: layer_stats has 4097 layers; at most 4096");
+  EXPECT_THAT(RefusedAlone(bad, "bad-layers", {10}),
+              HasSubstr("run bad-layers rank 0: step 11: layer_stats has 4097 layers; at most 4096"));
 }
 
-TEST_F(BadInput, LayerNameTooLongIsRefused) {
-  v1::ReportRequest bad = Batch(2, {10});
+TEST_F(BadInput, LayerNameTooLongIsRefusedAlone) {
+  v1::ReportRequest bad = Batch(2, {10, 11});
   (*bad.mutable_batch()->mutable_records(0)->mutable_layer_stats())[std::string(
       300, 'L')];
-  ExpectRefused(SendAfterGood(bad), grpc::StatusCode::INVALID_ARGUMENT,
-                "step 10: layer name \"LLLL");
-  ExpectRefused(SendAfterGood(bad, "bad-run-2"),
-                grpc::StatusCode::INVALID_ARGUMENT,
-                "has 300 characters; at most 256");
+  const std::string reason = RefusedAlone(bad, "bad-name", {11});
+  EXPECT_THAT(reason, HasSubstr("step 10: layer name \"LLLL"));
+  EXPECT_THAT(reason, HasSubstr("has 300 characters; at most 256"));
 }
 
-TEST_F(BadInput, BatchIdsOverTheLimitAreRefused) {
-  v1::ReportRequest bad = Batch(2, {10});
+TEST_F(BadInput, BatchIdsOverTheLimitAreRefusedAlone) {
+  v1::ReportRequest bad = Batch(2, {10, 11});
   for (int i = 0; i < 65537; ++i)
     bad.mutable_batch()->mutable_records(0)->add_batch_ids(i);
-  ExpectRefused(SendAfterGood(bad), grpc::StatusCode::INVALID_ARGUMENT,
-                "step 10: batch_ids has 65537 entries; at most 65536");
+  EXPECT_THAT(RefusedAlone(bad, "bad-ids", {11}),
+              HasSubstr("step 10: batch_ids has 65537 entries; at most 65536"));
 }
 
-TEST_F(BadInput, FiniteClipCoefOutsideZeroOneIsRefused) {
+TEST_F(BadInput, FiniteClipCoefOutsideZeroOneIsRefusedAlone) {
   v1::ReportRequest bad = Batch(2, {10, 11});
   bad.mutable_batch()->mutable_records(1)->set_clip_coef(7.0);
-  ExpectRefused(SendAfterGood(bad), grpc::StatusCode::INVALID_ARGUMENT,
-                "step 11: clip_coef must be in [0, 1], got 7");
+  EXPECT_THAT(RefusedAlone(bad, "bad-coef", {10}),
+              HasSubstr("step 11: clip_coef must be in [0, 1], got 7"));
 }
 
-TEST_F(BadInput, NegativeTimestampIsRefused) {
-  v1::ReportRequest bad = Batch(2, {10});
+TEST_F(BadInput, NegativeTimestampIsRefusedAlone) {
+  v1::ReportRequest bad = Batch(2, {10, 11});
   bad.mutable_batch()->mutable_records(0)->set_time_unix_nanos(-5);
-  ExpectRefused(SendAfterGood(bad), grpc::StatusCode::INVALID_ARGUMENT,
-                "step 10: time_unix_nanos is negative (-5)");
+  EXPECT_THAT(RefusedAlone(bad, "bad-time", {11}),
+              HasSubstr("step 10: time_unix_nanos is negative (-5)"));
+}
+
+TEST_F(BadInput, AnMoeCountVectorOfTheWrongLengthIsRefusedAlone) {
+  RawStream s(server_->grpc_address());
+  v1::ReportRequest start = Start("bad-moe");
+  start.mutable_start()->mutable_moe()->set_num_experts(4);
+  start.mutable_start()->mutable_moe()->set_top_k(2);
+  s.Send(start);
+  v1::ReportRequest batch = Batch(1, {0, 1});
+  for (int i = 0; i < 2; ++i) {
+    v1::MoeLayerStats* l = batch.mutable_batch()->mutable_records(i)->mutable_moe()->add_layers();
+    l->set_layer("3");
+    for (int e = 0; e < (i == 0 ? 4 : 3); ++e) l->add_tokens_per_expert(100);
+  }
+  s.Send(batch);
+  ASSERT_TRUE(s.WaitAck(1));
+  EXPECT_EQ(s.rejected(), 1u);
+  EXPECT_THAT(s.reason(), HasSubstr("step 1: moe.layers[0].tokens_per_expert has 3 entries; "
+                                    "the run's RunStart.moe.num_experts is 4"));
+  EXPECT_TRUE(s.Finish().ok());
+  EXPECT_EQ(StoredStepNumbers("bad-moe"), std::vector<uint64_t>{0});
+  ++refused_records_;
 }
 
 // ---- Events ----------------------------------------------------------------

@@ -266,3 +266,30 @@ def test_cuda_record_does_not_sync(monkeypatch, server):
     assert [got[i]["grad_norm"] for i in range(8)] == [float(i + 1) for i in range(8)]
     assert got[3]["batch_ids"] == [3, 4] and got[3]["loss"] == 8.0
     assert got[3]["layer_stats"]["l"]["grad_rms"] == 4.0
+
+
+def test_a_step_of_minus_one_is_refused_at_record_and_counted(server):
+    run = "py/minus-one"
+    with trainwatch.Client(server.address, run=run) as tw:
+        assert tw.record(0, 0.5)
+        assert not tw.record(2**64 - 1, 0.5)
+        assert tw.record(1, 0.5)
+        tw.flush(timeout=10)
+        assert tw.stats.rejected == 1
+        assert tw.stats.dropped == 0
+    assert [r["step"] for r in steps_of(server, run)] == [0, 1]
+
+
+def test_set_layer_kinds_sends_the_kind_with_each_layer_stat(server):
+    run = "py/kinds"
+    with trainwatch.Client(server.address, run=run) as tw:
+        tw.set_layer_kinds({"emb": "EMBEDDING", "head": "output"})
+        with pytest.raises(ValueError, match="unknown kind"):
+            tw.set_layer_kinds({"x": "CONV"})
+        assert tw.record(0, 0.5, layer_stats={"emb": (1.0, 0.1, 30.0), "head": (1.0, 0.1, 2.0),
+                                              "blocks.0": (1.0, 0.1, 1.0)})
+        tw.flush(timeout=10)
+    layers = steps_of(server, run)[0]["layer_stats"]
+    assert layers["emb"]["kind"] == "EMBEDDING"
+    assert layers["head"]["kind"] == "OUTPUT"
+    assert "kind" not in layers["blocks.0"]  # the server infers it from the name

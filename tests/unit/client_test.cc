@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <limits>
@@ -501,6 +502,62 @@ TEST_F(ClientTest, RecordProtoSendsWhatRecordSendsForTheSameStep) {
         << "Record():      " << record.ShortDebugString() << "\n"
         << "RecordProto(): " << by_proto.at(step).ShortDebugString();
   }
+}
+
+// A step of -1 read as unsigned never reaches a batch: Record() refuses it
+// and counts it, and its neighbours are delivered.
+TEST_F(ClientTest, RefusesAStepAbove2To63AtRecordAndCountsIt) {
+  StartServer();
+  std::unique_ptr<Client> client = MakeClient(Options());
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Record({.step = 0, .grad_norm = 0.5}));
+  EXPECT_FALSE(client->Record({.step = kMaxStep + 1, .grad_norm = 0.5}));
+  v1::StepRecord wire;
+  wire.set_step(std::numeric_limits<uint64_t>::max());
+  EXPECT_FALSE(client->RecordProto(wire));
+  ASSERT_TRUE(client->Record({.step = 1, .grad_norm = 0.5}));
+  ASSERT_TRUE(client->Flush(seconds(20)).ok());
+  const ClientStats stats = client->Stats();
+  EXPECT_EQ(stats.rejected, 2u);
+  EXPECT_EQ(stats.dropped, 0u);
+  EXPECT_EQ(stats.acked, 2u);
+  EXPECT_EQ(service_.acked().size(), 2u);
+}
+
+// A one-shot command over a quota gives up at once with the server's
+// reason; a trainer keeps its data and retries.
+TEST_F(ClientTest, AQuotaRefusalEndsAFailFastFlushAtOnceAndATrainerRetries) {
+  // The next `quota_refusals` batches are refused as over a quota.
+  auto quota_refusals = std::make_shared<std::atomic<int>>(1 << 20);
+  service_.set_fail([quota_refusals](int, uint64_t) -> std::optional<grpc::Status> {
+    if (quota_refusals->fetch_sub(1) > 0) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          "this token already has 5 active runs, its runs:5 quota");
+    }
+    return std::nullopt;
+  });
+  StartServer();
+  {
+    ClientOptions options = Options();
+    options.fail_fast = true;
+    std::unique_ptr<Client> client = MakeClient(options);
+    ASSERT_NE(client, nullptr);
+    ASSERT_TRUE(client->Record({.step = 0, .grad_norm = 0.5}));
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status s = client->Flush(seconds(60));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(30));
+    EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("runs:5 quota"));
+  }
+  // A trainer keeps its data through three refusals and delivers it after.
+  quota_refusals->store(3);
+  std::unique_ptr<Client> client = MakeClient(Options());
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Record({.step = 0, .grad_norm = 0.5}));
+  EXPECT_TRUE(client->Flush(seconds(60)).ok());
+  EXPECT_EQ(client->Stats().acked, 1u);
+  EXPECT_LE(quota_refusals->load(), 0);
+  EXPECT_GE(client->Stats().reconnects, 3u);
 }
 
 }  // namespace

@@ -117,7 +117,7 @@ TEST(ValidateStepBatch, NonFiniteClipCoefIsDataAndALongLayerNameIsNot) {
 }
 
 // A client's -1 read as unsigned: acknowledged and stored clamped to 2^63 - 1,
-// it made every later step of its stream a duplicate (issue 26).
+// it made every later step of its stream a duplicate.
 TEST(ValidateStepBatch, RefusesAStepAtOrAbove2To63NamingIt) {
   v1::StepBatch b;
   b.add_records()->set_step(5);

@@ -104,7 +104,23 @@ struct ClientOptions {
   // Reconnect backoff: doubles from initial to max.
   std::chrono::milliseconds initial_backoff{50};
   std::chrono::milliseconds max_backoff{2000};
+  // A one-shot sender (trainwatchctl replay, import): a RESOURCE_EXHAUSTED
+  // (a quota) is a refusal that Flush() and Close() return at once, as
+  // UNAUTHENTICATED is. Off (a trainer): keep buffering and retrying with
+  // backoff, since runs finish and free the quota, and log the reason at
+  // most once a minute.
+  bool fail_fast = false;
 };
+
+// Steps are stored as signed 64-bit integers: Record() and RecordProto()
+// refuse a step above this (a -1 read as unsigned) and count it in
+// ClientStats::rejected, so it never reaches a batch.
+inline constexpr uint64_t kMaxStep = 9223372036854775807ULL;  // 2^63 - 1
+
+// What a layer is (the proto's LayerKind values): the per-layer rules leave
+// out embeddings and the output head, whose rows see a gradient only when
+// their token occurs. Unspecified: the server infers it from the name.
+enum class LayerKind { kUnspecified = 0, kDense = 1, kEmbedding = 2, kOutput = 3, kNorm = 4, kRouter = 5 };
 
 struct LayerStat {
   double grad_norm = 0.0;
@@ -113,6 +129,7 @@ struct LayerStat {
   // RMS of this step's weight update over RMS of the weights; absent when
   // not measured (docs/contracts.md layer_stats).
   std::optional<double> update_rms_ratio;
+  LayerKind kind = LayerKind::kUnspecified;
 };
 
 // FP8 formats of Fp8Stat (the proto's Fp8Format values).
@@ -163,6 +180,10 @@ struct ClientStats {
   uint64_t sent = 0;      // steps written to a stream (a resend counts again)
   uint64_t acked = 0;     // steps the server acknowledged as durable
   uint64_t dropped = 0;   // steps dropped because the buffer was full
+  // Steps refused alone: by Record() (a step above kMaxStep) or by the
+  // server, which stored the rest of their batch (ReportResponse
+  // rejected_records). Not counted in acked.
+  uint64_t rejected = 0;
   uint64_t reconnects = 0;
 };
 
@@ -210,6 +231,10 @@ class Client {
   // buffer is full; Flush() and Close() return this status at once instead
   // of waiting for their timeout. Cleared when the server acks again.
   absl::Status Refusal() const;
+
+  // The server's reason for the latest record it refused alone (naming its
+  // step and field); OK when none was refused.
+  absl::Status LastRejection() const;
 
  private:
   class Impl;

@@ -256,6 +256,12 @@ class PyClient {
         !NamedEntries(fp8.ptr(), &s.fp8, Fp8StatEntry)) {
       return kDeferred;
     }
+    if (!layer_kinds_.empty()) {
+      for (auto& [name, stat] : s.layer_stats) {
+        auto it = layer_kinds_.find(name);
+        if (it != layer_kinds_.end()) stat.kind = it->second;
+      }
+    }
     s.time_unix_nanos = time_unix_nanos;
     return client_->Record(std::move(s)) ? kRecorded : kDropped;
   }
@@ -288,7 +294,18 @@ class PyClient {
 
   py::tuple Stats() const {
     const ClientStats s = client_->Stats();
-    return py::make_tuple(s.recorded, s.sent, s.acked, s.dropped, s.reconnects);
+    return py::make_tuple(s.recorded, s.sent, s.acked, s.dropped, s.reconnects,
+                          s.rejected);
+  }
+
+  // The kinds of the layers that layer_stats names (LayerKind codes 1..5),
+  // from the model's modules; sent with every layer stat of those names.
+  void SetLayerKinds(const std::map<std::string, int>& kinds) {
+    layer_kinds_.clear();
+    for (const auto& [name, code] : kinds) {
+      if (code < 1 || code > 5) throw py::value_error("unknown layer kind " + std::to_string(code));
+      layer_kinds_[name] = static_cast<LayerKind>(code);
+    }
   }
 
   // None, or "CODE: message" of the server's refusal (Client::Refusal()).
@@ -306,6 +323,8 @@ class PyClient {
 
  private:
   std::unique_ptr<Client> client_;
+  // Set from Python with the GIL held, read by Record() under it.
+  std::map<std::string, LayerKind> layer_kinds_;
 };
 
 // record() as a METH_FASTCALL builtin bound to a capsule of the PyClient:
@@ -470,5 +489,6 @@ PYBIND11_MODULE(_trainwatch, m) {
       .def("close", &PyClient::Close)
       .def("stats", &PyClient::Stats)
       .def("recommended_max_norm", &PyClient::RecommendedMaxNorm)
-      .def("refusal", &PyClient::Refusal);
+      .def("refusal", &PyClient::Refusal)
+      .def("set_layer_kinds", &PyClient::SetLayerKinds);
 }

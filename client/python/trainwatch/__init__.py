@@ -64,6 +64,10 @@ _LAST_SCALAR = _FIELDS.index("batch_ids")  # fields before it are scalars
 _MAX_PENDING = 1024
 
 
+# LayerKind values (docs/contracts.md LayerStats.kind), by name.
+LAYER_KINDS = {"DENSE": 1, "EMBEDDING": 2, "OUTPUT": 3, "NORM": 4, "ROUTER": 5}
+
+
 class Stats(NamedTuple):
     """Counters of one Client (see ClientStats in client.h)."""
     recorded: int    # steps accepted into the C++ queue
@@ -72,6 +76,7 @@ class Stats(NamedTuple):
     dropped: int     # steps dropped: buffer full, or pending list overflow
     reconnects: int
     pending: int     # steps still waiting for a CUDA copy
+    rejected: int = 0  # steps refused alone: a step >= 2^63, or by the server
 
 
 _open_clients = weakref.WeakSet()
@@ -272,16 +277,31 @@ class Client:
 
     @property
     def stats(self):
-        """Stats(recorded, sent, acked, dropped, reconnects, pending)."""
-        recorded, sent, acked, dropped, reconnects = self._c.stats()
+        """Stats(recorded, sent, acked, dropped, reconnects, pending, rejected)."""
+        recorded, sent, acked, dropped, reconnects, rejected = self._c.stats()
         return Stats(recorded, sent, acked, dropped + self._pending_dropped,
-                     reconnects, len(self._pending))
+                     reconnects, len(self._pending), rejected)
 
     @property
     def refusal(self):
         """None, or why the server refuses this client's stream
         ("PERMISSION_DENIED: ..."), until it acknowledges data again."""
         return self._c.refusal()
+
+    def set_layer_kinds(self, kinds):
+        """Says what each layer that layer_stats names is: {name: kind}, kind
+        one of "DENSE", "EMBEDDING", "OUTPUT", "NORM", "ROUTER" (docs/contracts.md
+        LayerStats.kind), sent with each of its stats from now on. Without it
+        the server infers the kind from the name. trainwatch.torch.StepHook
+        calls it with the kinds of the model's modules."""
+        codes = {}
+        for name, kind in kinds.items():
+            code = LAYER_KINDS.get(str(kind).upper())
+            if code is None:
+                raise ValueError(f"set_layer_kinds(): {name!r}: unknown kind {kind!r}; "
+                                 f"one of {sorted(LAYER_KINDS)}")
+            codes[str(name)] = code
+        self._c.set_layer_kinds(codes)
 
     @property
     def recommended_max_norm(self):
