@@ -36,6 +36,9 @@ constexpr const char* kUsage = R"(usage: trainwatch-server [flags]
   --run-idle-timeout SECONDS
                            a run with no step this long leaves the active runs
                            (its history stays; it can come back; default 3600)
+  --retention-days N       delete runs whose last record is N days old, with
+                           their records, alerts and spikes, giving the space
+                           back (default 0: keep everything)
   --config FILE            YAML detector thresholds (see deploy/trainwatch.yaml)
   --alertmanager-url URL   send alerts to Alertmanager (POST URL/api/v2/alerts)
   --alertmanager-resend-interval SECONDS
@@ -139,6 +142,11 @@ int main(int argc, char** argv) {
     } else if (arg == "--rank-retention-steps") {
       if (!absl::SimpleAtoi(value, &options.store.rank_retention_steps)) {
         UsageError(arg + " wants a step count (0 = as long as the run), got \"" +
+                   value + "\"");
+      }
+    } else if (arg == "--retention-days") {
+      if (!absl::SimpleAtoi(value, &options.engine.retention_days)) {
+        UsageError(arg + " wants a number of days (0 = keep everything), got \"" +
                    value + "\"");
       }
     } else if (arg == "--run-idle-timeout") {

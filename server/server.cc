@@ -77,6 +77,33 @@ class Server::Service final : public ServiceBase {
     }));
   }
 
+  // A token with write scope for the run.
+  grpc::Status DeleteRun(grpc::ServerContext* context,
+                         const v1::DeleteRunRequest* request,
+                         v1::DeleteRunResponse* response) override {
+    if (authorizer_ != nullptr) {
+      absl::StatusOr<const TokenScope*> scope =
+          authorizer_->AuthorizeReport(AuthorizationOf(*context));
+      if (!scope.ok()) return ToGrpcStatus(scope.status());
+      if (absl::Status s = Authorizer::CheckWriteRun(**scope, request->run_id()); !s.ok()) {
+        return ToGrpcStatus(s);
+      }
+    }
+    absl::StatusOr<v1::DeleteRunResponse> r = query_->DeleteRun(*request);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *response = std::move(*r);
+    return grpc::Status::OK;
+  }
+
+  // A copy of everything: the read scope.
+  grpc::Status Backup(grpc::ServerContext* context, const v1::BackupRequest* request,
+                      grpc::ServerWriter<v1::BackupChunk>* writer) override {
+    if (grpc::Status s = CheckRead(*context); !s.ok()) return s;
+    return ToGrpcStatus(query_->Backup([&](const v1::BackupChunk& c) {
+      return !context->IsCancelled() && writer->Write(c);
+    }));
+  }
+
  private:
   grpc::Status CheckRead(const grpc::ServerContextBase& context) const {
     if (authorizer_ == nullptr) return grpc::Status::OK;
@@ -227,6 +254,7 @@ absl::Status Server::StartEngineAndServices(const ServerOptions& options) {
   engine_options.shards = options.engine.threads;
   engine_options.max_active_runs = options.engine.max_active_runs;
   engine_options.run_idle_timeout = options.engine.run_idle_timeout;
+  engine_options.retention_days = options.engine.retention_days;
   engine_options.health = options.engine.health;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
       engine_options, store_.get(), m, Clock::Real());

@@ -74,6 +74,9 @@ struct ServerOptions {
     size_t max_active_runs = 10000;
     // A run with no step for this long leaves the active set.
     std::chrono::milliseconds run_idle_timeout{3'600'000};
+    // Runs whose last record is this many days old (no open stream) are
+    // deleted; 0: kept forever.
+    uint32_t retention_days = 0;
     // Detector thresholds (--config).
     HealthConfig health;
   };

@@ -50,6 +50,13 @@ Commands:
   report --run R --out FILE.html
       Write a self-contained HTML report of a run: verdict, charts with the
       alerts marked, spikes and restart plans.
+  delete-run R
+      Delete a run with its records, alerts and spikes (a token with write
+      scope for it; none of its trainers may be streaming). Its series
+      leave /metrics.
+  backup --out FILE
+      Write a consistent copy of the server's database to FILE (taken while
+      ingest goes on); a server opens it as its --db (docs/reliability.md).
 
 Options (before or after the command):
   --server ADDR      server address (default 127.0.0.1:50051): a server or a
@@ -110,6 +117,8 @@ const std::vector<Command>& Commands() {
         {"warmup-steps"},
         {"map"}}},
       {"report", RunReport, {{"run"}, {"out"}}},
+      {"delete-run", RunDeleteRun, {}},
+      {"backup", RunBackup, {{"out"}}},
   };
   return *commands;
 }

@@ -68,6 +68,9 @@ absl::Status RunPlan(const GlobalOptions& global, const ParsedArgs& args);
 // import_cmd.cc and report_cmd.cc.
 absl::Status RunImport(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunReport(const GlobalOptions& global, const ParsedArgs& args);
+// lifecycle.cc.
+absl::Status RunDeleteRun(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunBackup(const GlobalOptions& global, const ParsedArgs& args);
 
 // A stub on a channel to global.server with global.credentials (plaintext
 // when null).

@@ -99,6 +99,10 @@ absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
   std::shared_ptr<RunState> run;
   {
     absl::MutexLock lock(&mu_);
+    if (deleting_.contains(start.run_id())) {
+      return absl::UnavailableError(absl::StrCat(
+          "run ", start.run_id(), " is being deleted (trainwatchctl delete-run); retry"));
+    }
     auto it = runs_.find(start.run_id());
     bool known_active = it != runs_.end() && !it->second->finished;
     if (!known_active && quota.has_value() &&

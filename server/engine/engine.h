@@ -56,6 +56,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "alerting/notifier.h"
@@ -78,6 +79,11 @@ struct EngineOptions {
   // A run with no record for this long leaves the active set (as if it had
   // finished: its history stays, and it can come back); 0: never.
   std::chrono::milliseconds run_idle_timeout{3'600'000};
+  // Runs whose last record is older than this many days, with no open
+  // stream, are deleted with everything stored of them; 0: kept forever.
+  uint32_t retention_days = 0;
+  // How often retention is applied (and once at start).
+  std::chrono::milliseconds retention_check_interval{600'000};
   // A batch of at most this many records (a live trainer's, sent as it
   // trains) is processed before queued larger ones (a replay's, a client
   // catching up): a bad step is not detected behind a healthy backlog. The
@@ -177,6 +183,14 @@ class Engine {
   // by the timer.
   void RetireIdleRuns();
 
+  // Deletes one run: its live state and series (its firing alerts resolve
+  // first), then everything stored of it. FAILED_PRECONDITION while a stream
+  // of it is open; NOT_FOUND for a run not stored. Blocks until committed.
+  absl::StatusOr<v1::DeleteRunResponse> DeleteRun(const std::string& run_id);
+
+  // Deletes the runs retention_days no longer keeps. Called by the timer.
+  void ApplyRetention();
+
   // Finishes queued work; later callbacks run inline. Call after the store
   // has closed, so every commit's callback has been posted.
   void Stop();
@@ -220,6 +234,9 @@ class Engine {
   size_t active_runs_ ABSL_GUARDED_BY(mu_) = 0;
   // Active runs per token with a runs:N quota (RunQuota::token).
   absl::flat_hash_map<int, size_t> active_by_token_ ABSL_GUARDED_BY(mu_);
+  // Runs being deleted: a stream of one is refused until it is gone.
+  absl::flat_hash_set<std::string> deleting_ ABSL_GUARDED_BY(mu_);
+  int64_t next_retention_unix_nanos_ = 0;  // the timer thread's
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar stop_cv_;
   std::thread silence_thread_;

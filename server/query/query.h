@@ -1,6 +1,7 @@
-// Read-side of the API (ListRuns, QuerySteps, ...), answered from the store.
-// Thread-safe; each call may block on disk, so it is served from gRPC's sync
-// thread pool, never from the callback threads that carry ingest.
+// The API besides ingest: the reads (ListRuns, QuerySteps, ...), answered
+// from the store, and the data lifecycle (DeleteRun, Backup). Thread-safe;
+// each call may block on disk, so it is served from gRPC's sync thread pool,
+// never from the callback threads that carry ingest.
 #ifndef TRAINWATCH_SERVER_QUERY_QUERY_H_
 #define TRAINWATCH_SERVER_QUERY_QUERY_H_
 
@@ -32,6 +33,17 @@ class Query {
 
   absl::StatusOr<v1::ListAlertsResponse> ListAlerts(
       const v1::ListAlertsRequest& request) const;
+
+  // Engine::DeleteRun, for a valid run id.
+  absl::StatusOr<v1::DeleteRunResponse> DeleteRun(
+      const v1::DeleteRunRequest& request) const;
+
+  // A consistent copy of the database (Store::Backup into a temporary
+  // file), sent to `sink` in chunks of kBackupChunkBytes; `sink` returns
+  // false to stop.
+  absl::Status Backup(const std::function<bool(const v1::BackupChunk&)>& sink) const;
+
+  static constexpr size_t kBackupChunkBytes = 1 << 20;
 
   static constexpr size_t kRecordsPerMessage = 2048;
   // A restart plan starts from a checkpoint at least this many steps before

@@ -162,6 +162,9 @@ struct WriteResult {
   size_t stored = 0;
   // kStart: the last step this stream has stored, if any.
   std::optional<uint64_t> last_step;
+  // kDeleteRun: the run's step records (in `stored`) and alert episodes
+  // that were deleted.
+  size_t deleted_alerts = 0;
 };
 
 // An alert that named a host (HostSuspect's evidence).
@@ -199,8 +202,12 @@ struct WriteOp {
   struct HostIncident {
     HostIncidentRow incident;
   };
-  using Body =
-      std::variant<Start, Batch, Event, Alert, Spike, SpikeOutcome, HostIncident>;
+  // Deletes key.run_id's run with everything stored of it (records, events,
+  // alerts, spikes, the host incidents it named); NOT_FOUND in the result
+  // for a run that is not stored. The freed pages are given back.
+  struct DeleteRun {};
+  using Body = std::variant<Start, Batch, Event, Alert, Spike, SpikeOutcome,
+                            HostIncident, DeleteRun>;
 
   StreamKey key;
   Body body;
@@ -270,6 +277,11 @@ class Store {
   // Events of a run, in step order.
   absl::StatusOr<std::vector<v1::RunEvent>> ListEvents(
       const std::string& run_id) const;
+
+  // Writes a consistent copy of the database to `path` (which must not
+  // exist) while the writer goes on: SQLite's VACUUM INTO on a read
+  // connection of its own, a snapshot of what was committed when it began.
+  absl::Status Backup(const std::string& path) const;
 
   static constexpr int kSchemaVersion = 8;
 

@@ -323,4 +323,14 @@ absl::StatusOr<std::vector<v1::RunEvent>> Store::ListEvents(
   return events;
 }
 
+absl::Status Store::Backup(const std::string& path) const {
+  absl::StatusOr<ReadQuery> q = Query("VACUUM INTO ?1");
+  if (!q.ok()) return q.status();
+  q->stmt.Bind(1, path);
+  if (absl::Status s = q->stmt.Run(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("backup to ", path, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace trainwatch

@@ -212,6 +212,7 @@ absl::Status StoreWriter::ApplyOne(const WriteOp& op, WriteResult& result) {
         if constexpr (std::is_same_v<T, WriteOp::Spike>) return ApplySpike(op);
         if constexpr (std::is_same_v<T, WriteOp::SpikeOutcome>) return ApplySpikeOutcome(op);
         if constexpr (std::is_same_v<T, WriteOp::HostIncident>) return ApplyHostIncident(op);
+        if constexpr (std::is_same_v<T, WriteOp::DeleteRun>) return ApplyDeleteRun(op, result);
       },
       op.body);
 }
@@ -498,6 +499,67 @@ absl::Status StoreWriter::ApplyHostIncident(const WriteOp& op) {
   return insert_host_incident_.Run();
 }
 
+absl::Status StoreWriter::ApplyDeleteRun(const WriteOp& op, WriteResult& result) {
+  absl::StatusOr<std::optional<int64_t>> found = LookupRun(op.key.run_id);
+  if (!found.ok()) return found.status();
+  if (!found->has_value()) {
+    result.status = absl::NotFoundError(absl::StrCat("no run \"", op.key.run_id, "\""));
+    return absl::OkStatus();
+  }
+  const int64_t run_key = **found;
+  const auto count = [&](const char* sql, size_t* out) -> absl::Status {
+    absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db_.get(), sql);
+    if (!s.ok()) return s.status();
+    s->Bind(1, run_key);
+    absl::StatusOr<bool> row = s->Step();
+    if (!row.ok()) return row.status();
+    *out = *row ? static_cast<size_t>(s->Int(0)) : 0;
+    return absl::OkStatus();
+  };
+  if (absl::Status s = count("SELECT steps FROM runs WHERE run_key = ?1", &result.stored);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = count("SELECT count(*) FROM alerts WHERE run_key = ?1",
+                             &result.deleted_alerts);
+      !s.ok()) {
+    return s;
+  }
+  for (const char* sql :
+       {"DELETE FROM step_chunks WHERE run_key = ?1", "DELETE FROM streams WHERE run_key = ?1",
+        "DELETE FROM events WHERE run_key = ?1", "DELETE FROM alerts WHERE run_key = ?1",
+        "DELETE FROM spikes WHERE run_key = ?1", "DELETE FROM rank_tail WHERE run_key = ?1",
+        "DELETE FROM runs WHERE run_key = ?1"}) {
+    absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db_.get(), sql);
+    if (!s.ok()) return s.status();
+    s->Bind(1, run_key);
+    if (absl::Status r = s->Run(); !r.ok()) return r;
+  }
+  absl::StatusOr<sqlite::Stmt> incidents =
+      sqlite::Stmt::Prepare(db_.get(), "DELETE FROM host_incidents WHERE run_id = ?1");
+  if (!incidents.ok()) return incidents.status();
+  incidents->Bind(1, op.key.run_id);
+  if (absl::Status r = incidents->Run(); !r.ok()) return r;
+  deleted_run_ = true;
+  return absl::OkStatus();
+}
+
+void StoreWriter::AfterDelete() {
+  deleted_run_ = false;
+  // What the caches knew of the run is gone with it: reload lazily from
+  // what is committed, as after a failed transaction.
+  run_keys_.clear();
+  lead_ranks_.clear();
+  streams_.clear();
+  tails_loaded_ = false;
+  small_.clear();
+  ready_.clear();
+  // A no-op unless the file was created with auto_vacuum = INCREMENTAL;
+  // without it the freed pages stay on SQLite's free list, which new
+  // records fill before the file grows.
+  sqlite::Exec(db_.get(), "PRAGMA incremental_vacuum").IgnoreError();
+}
+
 absl::Status StoreWriter::Apply(const std::vector<WriteOp>& ops,
                                std::vector<WriteResult>& results) {
   results.assign(ops.size(), WriteResult{});
@@ -539,7 +601,9 @@ absl::Status StoreWriter::Apply(const std::vector<WriteOp>& ops,
     status = update_run_progress_.Run();
   }
   if (status.ok()) status = sqlite::Exec(db_.get(), "COMMIT");
+  if (status.ok() && deleted_run_) AfterDelete();
   if (!status.ok()) {
+    deleted_run_ = false;
     // SQLite may have rolled back already (disk full, I/O error); then this
     // fails harmlessly.
     if (!sqlite3_get_autocommit(db_.get())) {

@@ -129,6 +129,10 @@ class StoreWriter {
   absl::Status ApplySpike(const WriteOp& op);
   absl::Status ApplySpikeOutcome(const WriteOp& op);
   absl::Status ApplyHostIncident(const WriteOp& op);
+  absl::Status ApplyDeleteRun(const WriteOp& op, WriteResult& result);
+  // After a commit that deleted a run: the caches forget it, and the freed
+  // pages go back to the file system (auto_vacuum = INCREMENTAL).
+  void AfterDelete();
   // The stream's state, FAILED_PRECONDITION if its RunStart is not stored.
   absl::StatusOr<StreamState*> StartedStream(const StreamKey& key);
   // The run's key, FAILED_PRECONDITION if no RunStart of it is stored.
@@ -173,6 +177,7 @@ class StoreWriter {
   // Compaction: streams with small chunks, and those with enough to merge.
   absl::flat_hash_map<StreamKey, SmallChunks> small_;
   std::deque<StreamKey> ready_;
+  bool deleted_run_ = false;  // the open transaction deleted a run
 };
 
 }  // namespace trainwatch

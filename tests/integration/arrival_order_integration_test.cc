@@ -1,4 +1,4 @@
-// Arrival order (issue 23): a multi-rank scenario of the suite replayed
+// Arrival order: a multi-rank scenario of the suite replayed
 // three ways against one server, each under a run id of its own, raises the
 // same alerts (alertname, started_step, onset_step): every rank at once,
 // one rank after another rank 0 first, and one after another from the

@@ -1,4 +1,4 @@
-// Crash safety (issue 7, item 1): 16 trainer streams under load while the
+// Crash safety: 16 trainer streams under load while the
 // server is SIGKILLed at random moments, at least 10 times, and restarted on
 // the same database and port each time. Checked straight from the SQLite file:
 // - at each kill, every record the clients had seen acknowledged is stored;

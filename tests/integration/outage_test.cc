@@ -1,4 +1,4 @@
-// Outages (issue 7, item 2): the server goes away while a trainer keeps
+// Outages: the server goes away while a trainer keeps
 // recording. The client buffers (capacity configurable, 100,000 records by
 // default) and delivers everything once the server is back; past capacity it
 // drops, counts every drop exactly (Stats().dropped), says so on stderr and

@@ -285,7 +285,7 @@ TEST_F(SecurityTest, TokensAreCheckedAndScoped) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
-// Issue 26: a write:team-a/ token opened runs that sent only a RunStart and
+// a write:team-a/ token opened runs that sent only a RunStart and
 // held the server's places for ever. A runs:N token opens N active runs,
 // the next is RESOURCE_EXHAUSTED naming the quota, other tenants are not
 // affected, and runs idle for --run-idle-timeout leave the active set.

@@ -1,4 +1,4 @@
-// SIGTERM with 10,000 active runs (docs/performance.md, issue 16): the server exits
+// SIGTERM with 10,000 active runs (docs/performance.md,): the server exits
 // 0 and every record it acknowledged is in the database. Before the per-run
 // series moved out of prometheus::Family (metrics/run_family.h), removing
 // them at exit took minutes, long past a systemd or Kubernetes stop timeout;

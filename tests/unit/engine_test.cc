@@ -472,5 +472,70 @@ TEST(EngineRestartTest, ARestartKeepsBaselineWindowsAndFiringAlertsWithoutRefiri
   EXPECT_EQ(alerts->size(), 1u) << "one episode, stored once";
 }
 
+// DeleteRun: refused while a stream is open; then the run, its records and
+// its series are gone, and another run is untouched.
+TEST_F(EngineTest, DeleteRunRemovesTheRunItsRecordsAndSeriesOnlyOnceNoStreamIsOpen) {
+  {
+    StreamHandle gone = OpenStream(Start("gone"));
+    Submit(gone, Batch(0, 50));
+    absl::StatusOr<v1::DeleteRunResponse> busy = engine_->DeleteRun("gone");
+    EXPECT_TRUE(absl::IsFailedPrecondition(busy.status())) << busy.status();
+    EXPECT_THAT(std::string(busy.status().message()), HasSubstr("open stream"));
+    Health("gone");
+  }
+  {
+    StreamHandle kept = OpenStream(Start("kept"));
+    Submit(kept, Batch(0, 20));
+    Health("kept");
+  }
+  EXPECT_EQ(Value(*metrics_, "trainwatch_steps_total{run=\"gone\"}"), 50);
+  absl::StatusOr<v1::DeleteRunResponse> deleted = engine_->DeleteRun("gone");
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(deleted->records(), 50u);
+  EXPECT_TRUE(std::isnan(Value(*metrics_, "trainwatch_steps_total{run=\"gone\"}")));
+  EXPECT_TRUE(absl::IsNotFound(store_->GetRun("gone").status()));
+  EXPECT_TRUE(absl::IsNotFound(engine_->DeleteRun("gone").status()));
+  ASSERT_TRUE(store_->GetRun("kept").ok());
+  EXPECT_EQ(store_->GetRun("kept")->steps(), 20u);
+  // The id is free again: a new run of that name starts afresh.
+  StreamHandle again = OpenStream(Start("gone"));
+  Submit(again, Batch(0, 5));
+  EXPECT_EQ(store_->GetRun("gone")->steps(), 5u);
+}
+
+TEST_F(EngineTest, RetentionDeletesRunsWhoseLastRecordIsOlderThanItsDays) {
+  Shut();
+  auto store = Store::Open({.path = ":memory:"});
+  ASSERT_TRUE(store.ok());
+  store_ = std::move(*store);
+  auto metrics = Metrics::Create("");
+  ASSERT_TRUE(metrics.ok());
+  metrics_ = std::move(*metrics);
+  EngineOptions options;
+  options.silence_check_interval = std::chrono::milliseconds(0);
+  options.retention_days = 2;
+  options.retention_check_interval = std::chrono::milliseconds(0);
+  auto engine = Engine::Create(options, store_.get(), metrics_.get(), &clock_);
+  ASSERT_TRUE(engine.ok());
+  engine_ = std::move(*engine);
+  {
+    StreamHandle old_run = OpenStream(Start("old"));
+    Submit(old_run, Batch(0, 10));
+    Event(old_run, v1::RUN_FINISHED, 9);
+  }
+  clock_.Advance(std::chrono::hours(36));
+  {
+    StreamHandle recent = OpenStream(Start("recent"));
+    Submit(recent, Batch(0, 10));
+    Event(recent, v1::RUN_FINISHED, 9);
+  }
+  engine_->ApplyRetention();
+  EXPECT_TRUE(store_->GetRun("old").ok()) << "36 h is within 2 days";
+  clock_.Advance(std::chrono::hours(13));
+  engine_->ApplyRetention();
+  EXPECT_TRUE(absl::IsNotFound(store_->GetRun("old").status()));
+  EXPECT_TRUE(store_->GetRun("recent").ok());
+}
+
 }  // namespace
 }  // namespace trainwatch

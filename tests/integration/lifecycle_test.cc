@@ -1,0 +1,208 @@
+// The data lifecycle against the real server (docs/reliability.md#data-lifecycle):
+// an online backup taken under a 16-stream load opens in a
+// fresh server and holds every record acknowledged before it began;
+// delete-run makes a run vanish from runs, steps and /metrics; a deleted
+// run's space is reused (the file sizes are printed).
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "harness.h"
+#include "nlohmann/json.hpp"
+#include "trainwatch/client.h"
+
+namespace trainwatch::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr int kStreams = 16;
+
+CommandResult Ctl(const ServerProcess& server, std::vector<std::string> args) {
+  args.insert(args.begin(), {BinDir() + "/trainwatchctl", "--server", server.grpc_address()});
+  return RunCommand(args);
+}
+
+// Records stored per run, from `runs --json`.
+std::map<std::string, uint64_t> StoredPerRun(const ServerProcess& server) {
+  CommandResult r = Ctl(server, {"runs", "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::map<std::string, uint64_t> out;
+  for (const auto& run : nlohmann::json::parse(r.out)) {
+    out[run["run_id"].get<std::string>()] = run["steps"].get<uint64_t>();
+  }
+  return out;
+}
+
+std::string RunName(int i) { return "load-" + std::to_string(i); }
+
+TEST(Lifecycle, ABackupUnderLoadOpensInAFreshServerWithEveryRecordAckedBeforeIt) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  std::atomic<bool> stop{false};
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < kStreams; ++i) {
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(
+        {.address = server.grpc_address(), .run_id = RunName(i), .max_norm = 1.0});
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(std::move(*c));
+  }
+  std::vector<std::thread> trainers;
+  for (int i = 0; i < kStreams; ++i) {
+    trainers.emplace_back([&, i] {
+      for (uint64_t step = 0; !stop.load(); ++step) {
+        while (!clients[i]->Record({.step = step, .grad_norm = 0.5, .loss = 2.0})) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (step % 256 == 255) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  // What was acknowledged before the backup began: each stream's steps are
+  // acked in order, so its first `acked` steps are stored.
+  std::vector<uint64_t> acked_before(kStreams);
+  for (int i = 0; i < kStreams; ++i) acked_before[i] = clients[i]->Stats().acked;
+  const std::string backup = dir.File("backup.db");
+  CommandResult b = Ctl(server, {"backup", "--out", backup});
+  ASSERT_EQ(b.exit_code, 0) << b.out << b.err;
+  EXPECT_THAT(b.out, HasSubstr("a consistent copy"));
+  // Ingest went on during the backup.
+  std::vector<uint64_t> acked_after(kStreams);
+  for (int i = 0; i < kStreams; ++i) acked_after[i] = clients[i]->Stats().acked;
+  stop = true;
+  for (std::thread& t : trainers) t.join();
+  for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+  uint64_t total_before = 0;
+  for (uint64_t a : acked_before) total_before += a;
+  ASSERT_GT(total_before, 1000u) << "no load to speak of";
+
+  ServerProcess restored(backup);
+  const std::map<std::string, uint64_t> stored = StoredPerRun(restored);
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(stored.contains(RunName(i))) << RunName(i);
+    EXPECT_GE(stored.at(RunName(i)), acked_before[i]) << RunName(i);
+  }
+  // The copy is whole: its records read back in order, step 0 first.
+  CommandResult steps = Ctl(restored, {"steps", "--run", RunName(0), "--to", "9", "--json"});
+  ASSERT_EQ(steps.exit_code, 0) << steps.err;
+  const auto first = nlohmann::json::parse(steps.out);
+  ASSERT_EQ(first.size(), 10u);
+  EXPECT_EQ(first[0]["step"], 0);
+  std::printf("backup: %llu records acked before it began, %s bytes\n",
+              static_cast<unsigned long long>(total_before),
+              std::to_string(std::filesystem::file_size(backup)).c_str());
+  // A backup never overwrites.
+  CommandResult again = Ctl(server, {"backup", "--out", backup});
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_THAT(again.err, HasSubstr("exists"));
+}
+
+// A JSONL step log of `steps` steps for `run`.
+std::string WriteLog(const TempDir& dir, const std::string& run, uint64_t steps) {
+  const std::string path = dir.File(run + ".jsonl");
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fprintf(f, "{\"run_start\": {\"run_id\": \"%s\", \"world_size\": 1, \"max_norm\": 1.0}}\n",
+               run.c_str());
+  for (uint64_t s = 0; s < steps; ++s) {
+    std::fprintf(f, "{\"step\": %llu, \"grad_norm\": %.6f, \"loss\": %.6f, \"batch_ids\": [%llu]}\n",
+                 static_cast<unsigned long long>(s), 0.5 + 0.001 * (s % 97),
+                 2.0 + 0.0001 * (s % 113), static_cast<unsigned long long>(s));
+  }
+  std::fclose(f);
+  return path;
+}
+
+TEST(Lifecycle, DeleteRunMakesTheRunVanishFromRunsStepsAndMetrics) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  ASSERT_EQ(Ctl(server, {"replay", WriteLog(dir, "gone", 500)}).exit_code, 0);
+  ASSERT_EQ(Ctl(server, {"replay", WriteLog(dir, "kept", 300)}).exit_code, 0);
+  ASSERT_THAT(HttpGet(server.metrics_url()), HasSubstr("run=\"gone\""));
+
+  CommandResult d = Ctl(server, {"delete-run", "gone"});
+  ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
+  EXPECT_THAT(d.out, HasSubstr("deleted run gone: 500 step records"));
+  const std::map<std::string, uint64_t> runs = StoredPerRun(server);
+  EXPECT_FALSE(runs.contains("gone"));
+  EXPECT_EQ(runs.at("kept"), 300u);
+  CommandResult steps = Ctl(server, {"steps", "--run", "gone", "--json"});
+  EXPECT_EQ(steps.exit_code, 1);
+  EXPECT_THAT(steps.err, HasSubstr("NOT_FOUND"));
+  const std::string metrics = HttpGet(server.metrics_url());
+  EXPECT_THAT(metrics, Not(HasSubstr("run=\"gone\"")));
+  EXPECT_THAT(metrics, HasSubstr("run=\"kept\""));
+
+  CommandResult unknown = Ctl(server, {"delete-run", "never-was"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_THAT(unknown.err, HasSubstr("NOT_FOUND"));
+}
+
+TEST(Lifecycle, ARunWithAnOpenStreamIsNotDeleted) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(
+      {.address = server.grpc_address(), .run_id = "live", .max_norm = 1.0});
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Record({.step = 0, .grad_norm = 0.5}));
+  ASSERT_TRUE((*c)->Flush(std::chrono::seconds(30)).ok());
+  CommandResult d = Ctl(server, {"delete-run", "live"});
+  EXPECT_EQ(d.exit_code, 1);
+  EXPECT_THAT(d.err, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(d.err, HasSubstr("open stream"));
+  EXPECT_EQ(StoredPerRun(server).at("live"), 1u);
+}
+
+uint64_t FileBytes(const std::string& path) {
+  return std::filesystem::exists(path) ? std::filesystem::file_size(path) : 0;
+}
+
+// A deleted run's pages are given back (auto_vacuum = INCREMENTAL): the file
+// shrinks, and a run of the same size ingested after it grows it back to
+// about where it was, not to twice that.
+TEST(Lifecycle, ADeletedRunsSpaceIsReused) {
+  TempDir dir;
+  const std::string db = dir.File("tw.db");
+  const std::string log_a = WriteLog(dir, "a", 60000);
+  const std::string log_b = WriteLog(dir, "b", 60000);
+  uint64_t with_a = 0, after_delete = 0, with_b = 0;
+  {
+    ServerProcess server(db);
+    ASSERT_EQ(Ctl(server, {"replay", log_a}).exit_code, 0);
+    ASSERT_EQ(server.Terminate(), 0);  // checkpoints the WAL into the file
+    with_a = FileBytes(db);
+  }
+  {
+    ServerProcess server(db);
+    ASSERT_EQ(Ctl(server, {"delete-run", "a"}).exit_code, 0);
+    ASSERT_EQ(server.Terminate(), 0);
+    after_delete = FileBytes(db);
+  }
+  {
+    ServerProcess server(db);
+    ASSERT_EQ(Ctl(server, {"replay", log_b}).exit_code, 0);
+    ASSERT_EQ(server.Terminate(), 0);
+    with_b = FileBytes(db);
+  }
+  std::printf("file bytes: run a %llu, a deleted %llu, run b in its place %llu\n",
+              static_cast<unsigned long long>(with_a),
+              static_cast<unsigned long long>(after_delete),
+              static_cast<unsigned long long>(with_b));
+  EXPECT_LT(after_delete, with_a / 2);
+  EXPECT_LT(with_b, with_a + with_a / 5);
+}
+
+}  // namespace
+}  // namespace trainwatch::testing
