@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
 # Installs what trainwatch needs from Debian's packages, then builds it.
 #
-#   deploy/install.sh            install packages (if missing) and build into build/
-#   deploy/install.sh --start    ... then run trainwatch-server on its embedded
-#                                default (./trainwatch.db, gRPC 127.0.0.1:50051,
-#                                /metrics 127.0.0.1:9464) in the foreground
+#   deploy/install.sh               the server's, trainwatchctl's and the Python
+#                                   client's packages; builds those targets
+#                                   into build/ (no tests, no browser, torch or
+#                                   clang: a newcomer's first ack in minutes)
+#   deploy/install.sh --start       ... then runs trainwatch-server on its
+#                                   embedded default (./trainwatch.db, gRPC
+#                                   127.0.0.1:50051, /metrics 127.0.0.1:9464)
+#                                   in the foreground
+#   deploy/install.sh --with-tests  also what the tests need (deploy/test.sh
+#                                   uses it), and builds every target
 #
 # Needs root (or sudo) for apt-get; runs `apt-get update` only when a package
 # is missing. Extra server flags after --start are passed through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+WITH_TESTS=0
+if [ "${1:-}" = "--with-tests" ]; then
+  WITH_TESTS=1
+  shift
+fi
+
 PACKAGES=(
-  # build
+  # build the server and trainwatchctl
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libsqlite3-dev libyaml-cpp-dev libcurl4-openssl-dev
@@ -21,7 +33,8 @@ PACKAGES=(
   libmicrohttpd-dev libgnutls28-dev  # the /metrics HTTP layer (epoll, TLS)
   # Python client (built for Debian's /usr/bin/python3)
   python3 python3-dev pybind11-dev python3-pybind11 python3-numpy
-  # tests and tools
+)
+TEST_PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   sqlite3 curl openssl prometheus prometheus-alertmanager python3-yaml python3-pytest
   # the fleet proxy (deploy/fleet, tests/integration/fleet_test.cc)
@@ -31,9 +44,11 @@ PACKAGES=(
   chromium
   # Debian's torch uses the reference BLAS unless an optimized one is present
   libopenblas0
-  # fuzzing (tests/fuzz, build-fuzz): clang and libFuzzer/ASan/UBSan runtimes
+  # fuzzing and the thread-safety build (build-fuzz, build-clang): clang and
+  # libFuzzer/ASan/UBSan runtimes
   clang libclang-rt-14-dev
 )
+[ "$WITH_TESTS" = 1 ] && PACKAGES+=("${TEST_PACKAGES[@]}")
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -48,8 +63,16 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} >/dev/null
-cmake --build "$BUILD_DIR" -j"$(nproc)"
+if [ "$WITH_TESTS" = 1 ]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} \
+        -DTRAINWATCH_BUILD_TESTS=ON >/dev/null
+  cmake --build "$BUILD_DIR" -j"$(nproc)"
+else
+  # Only what the server, trainwatchctl and the Python client need.
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} \
+        -DTRAINWATCH_BUILD_TESTS=OFF >/dev/null
+  cmake --build "$BUILD_DIR" -j"$(nproc)" --target trainwatch-server trainwatchctl _trainwatch
+fi
 echo "install.sh: built $BUILD_DIR/bin/trainwatch-server and $BUILD_DIR/bin/trainwatchctl"
 
 if [ "${1:-}" = "--start" ]; then

@@ -7,11 +7,18 @@
 # build-fuzz; FUZZ_SECONDS each, 30 by default; FUZZ_SECONDS=0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-deploy/install.sh
+deploy/install.sh --with-tests
 BUILD_DIR=${BUILD_DIR:-build}
 
 status=0
-(cd "$BUILD_DIR" && ctest --output-on-failure --timeout 900 -j2) || status=$?
+(cd "$BUILD_DIR" && ctest --output-on-failure --timeout 900 -j2 2>&1 | tee ctest.log;
+ exit "${PIPESTATUS[0]}") || status=$?
+# Tests that read ../shared/testdata (real logs, beside the repository) skip
+# without it; say how many, and why.
+if [ ! -d ../shared/testdata ]; then
+  skipped=$(grep -c '(Skipped)' "$BUILD_DIR/ctest.log" || true)
+  echo "test.sh: ../shared/testdata is not beside this checkout: $skipped ctest case(s) that read it were skipped, and import_tests skipped its real TensorBoard files (pytest -rs in its output)"
+fi
 
 # The names and shapes docs/contracts.md promises, checked on the built tree.
 if [ -x ../shared/checks/contract.sh ]; then
