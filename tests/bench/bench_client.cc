@@ -10,7 +10,7 @@
 // all, so nothing drops even if the sender falls behind; the "dropped"
 // counter says if anything did.
 //
-// Record() during an outage (issue 7): the same loop against an address where
+// Record() during an outage: the same loop against an address where
 // no server listens, so every step is buffered while the sender retries
 // (BM_ClientRecordServerDown), and with a 1,024-record buffer, so nearly every
 // step drops (BM_ClientRecordServerDownFull). BM_ClientRecordPerCall/outage:N

@@ -5,7 +5,8 @@ tree's own references must hold too: every docs/X.md a source file, script
 or config names exists (and the section it names after it, `docs/X.md,
 "Section"` or `docs/X.md#anchor`, is a heading there); every README section
 a comment names (`README "Section"`) is a heading of the README; no comment
-points at a design file outside the repository ("DESIGN.md"); and every
+points at a design file outside the repository ("DESIGN.md") or at a
+tracker's issue by number; and every
 series the server registers (a "trainwatch_..." name in server/metrics/) is
 listed in docs/metrics.md."""
 import os
@@ -100,6 +101,10 @@ for dirpath, dirnames, files in os.walk(root):
             continue
         if "DESIGN.md" in text:
             failures.append(f"{where}: names DESIGN.md, a file outside the repository: point at docs/")
+        # A tracker's numbers mean nothing to a reader of the repository.
+        for m in re.finditer(r"\b[Ii]ssue \d+", text):
+            failures.append(f"{where}: points at \"{m.group(0)}\", which a reader of the "
+                            "repository cannot open: say what the code does instead")
         for m in doc_ref.finditer(text):
             tree_refs += 1
             target = os.path.join(root, "docs", m.group(1))

@@ -1,5 +1,5 @@
-"""What a new user sees in the CLI for a run with two firing alerts (issue 14,
-part 4): `runs` counts them, `health` lists them as `alerts --active` does,
+"""What a new user sees in the CLI for a run with two firing alerts:
+`runs` counts them, `health` lists them as `alerts --active` does,
 and before the baseline exists `health` says how far along it is instead of
 "baseline median 0"."""
 

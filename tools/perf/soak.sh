@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Soak: the server under a steady load for a long time, sampled every 10 s,
-# to show that nothing grows but the data itself (issue 7).
+# to show that nothing grows but the data itself.
 #
 #   tools/perf/soak.sh RATE [MINUTES] [BUILD_DIR] [OUT.csv]
 #     RATE: records/s offered over 16 streams (e.g. half the peak of

@@ -945,7 +945,7 @@ def layer_update_stall(rng, out):
                  failure_step=dead_from)
 
 
-# ------------------------------------------------ detection v2 (issue 12)
+# ------------------------------------------------ detection v2
 #
 # Each names a failure within its delay budget (max_delay) or stays silent
 # where a healthy run does what healthy runs do; `pages` lists what may page.
