@@ -288,6 +288,9 @@ class ReportReactor final
       rejected_records_ = 0;
       rejected_reason_.clear();
       bool own_buffer = false;
+      // The last write's buffer: a response over a slice's inline size (one
+      // with a rejected_reason) is serialized by a writer that wants it empty.
+      response_bytes_.Clear();
       grpc::SerializationTraits<v1::ReportResponse>::Serialize(
           response_, &response_bytes_, &own_buffer);
       write_in_flight_ = true;
