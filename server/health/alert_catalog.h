@@ -61,8 +61,8 @@ inline constexpr size_t kAlertKindCount = static_cast<size_t>(AlertKind::kCount)
 enum class AlertScope { kLead, kAcrossRanks, kClock, kServer };
 
 // The alerts an alert is a consequence of, tried in order: the first one
-// firing at its steps is its caused_by (docs/detectors.md, "One page per
-// cause"; deploy/alertmanager's inhibit_rules).
+// firing at its steps is its caused_by (docs/detectors.md#one-page-per-cause;
+// deploy/alertmanager's inhibit_rules).
 struct AlertCauses {
   constexpr AlertCauses() = default;
   constexpr AlertCauses(std::initializer_list<AlertKind> kinds) {

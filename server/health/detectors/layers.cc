@@ -49,9 +49,9 @@ std::string NameLayers(
 // token's row, whose v decayed for hundreds of steps, meets a gradient
 // on every healthy run (the lab: 25-4,100 on the token embedding, nothing
 // after). With reports on consecutive steps (layer_stats every step) the
-// layer must be stale on two in a row: one hard batch refreshes v at once
-// (v takes (1 - beta2) g^2 of it), while the out-of-date v of an
-// instability stays behind a gradient that stays large.
+// layer must be stale on kStaleInARow in a row: a hard batch refreshes v
+// within a step or two (v takes (1 - beta2) g^2 of it), while the
+// out-of-date v of an instability stays behind a gradient that stays large.
 class AdamStaleSecondMoment final : public Detector {
  public:
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
@@ -76,11 +76,12 @@ class AdamStaleSecondMoment final : public Detector {
       const bool candidate =
           std::isinf(value) || (value >= cfg.g_over_sqrt_v && h.size >= cfg.min_reports &&
                                 value >= cfg.jump_ratio * h.Median());
+      h.candidates_in_a_row = candidate ? (consecutive ? h.candidates_in_a_row + 1 : 1) : 0;
       // +Inf (v zero under a gradient) is out of date at once.
-      if (std::isinf(value) || (candidate && (!consecutive || h.last_candidate))) {
+      if (std::isinf(value) ||
+          (candidate && (!consecutive || h.candidates_in_a_row >= kStaleInARow))) {
         stale.emplace_back(layer, value);
       }
-      h.last_candidate = candidate;
       h.last_step = r.step();
       h.any = true;
       if (!std::isinf(value)) h.Push(value);
@@ -106,6 +107,11 @@ class AdamStaleSecondMoment final : public Detector {
 
  private:
   static constexpr size_t kMaxLayers = 4096;
+  // With reports a step apart, stale on this many in a row: a hard batch
+  // leaves g/sqrt(v) high for a step or two (healthy lab runs of held-out
+  // families: 5-8 in up to 11 layers for two steps), an out-of-date v
+  // stays behind a gradient that stays large.
+  static constexpr uint32_t kStaleInARow = 3;
 
   // A layer's last post-warmup values, for its median.
   struct History {
@@ -115,7 +121,7 @@ class AdamStaleSecondMoment final : public Detector {
     size_t next = 0;
     uint64_t last_step = 0;  // the last report's step
     bool any = false;
-    bool last_candidate = false;  // the last report was stale
+    uint32_t candidates_in_a_row = 0;  // reports a step apart that were stale
 
     void Push(double v) {
       values[next] = static_cast<float>(v);
@@ -144,8 +150,11 @@ class LayerUpdateStall final : public Detector {
     const double eps = *ctx.run.adam_eps;
     for (const auto& [layer, stats] : r.layer_stats()) {
       // An embedding's RMS is over every row, most of which a step's tokens
-      // leave at zero: small on every healthy run.
-      if (IsTokenRowLayer(kinds_.Of(layer, stats))) continue;
+      // leave at zero: small on every healthy run. A norm's bias under
+      // qk-layernorm has a gradient of ~0 by construction (the softmax does
+      // not see a shift shared by every key: 4e-11 on healthy lab runs).
+      const v1::LayerKind kind = kinds_.Of(layer, stats);
+      if (IsTokenRowLayer(kind) || kind == v1::NORM) continue;
       const double rms = stats.grad_rms();
       // eps, not v, must set the update: then g / (sqrt(v) + eps) is about
       // min(1, g / eps). A layer whose gradient collapsed while v still

@@ -62,6 +62,7 @@ class Loss final : public Detector {
   // divergence is judged afresh from the restart.
   void OnRewind(uint64_t step) override {
     high_batch_ids_.clear();
+    fired_onset_.reset();
     pending_.reset();
     diverged_.reset();
     best_.reset();
@@ -94,6 +95,12 @@ class Loss final : public Detector {
   void Spike(const StepContext& ctx, const LossSpikeRule::Result& s, AlertSink& sink) {
     const v1::StepRecord& r = ctx.record;
     if (!s.in_episode) {
+      // The loss is back: the spike's alert resolves at its recovery step,
+      // and the next spike is an alert of its own.
+      if (fired_onset_.has_value()) {
+        sink.Resolve(AlertKind::kLossSpike, r.step());
+        fired_onset_.reset();
+      }
       high_batch_ids_.clear();
       return;
     }
