@@ -1,16 +1,16 @@
 #!/usr/bin/python3
 """The lab benchmark: how trainwatch's alerts do on real (tiny) instabilities.
 
-Trains the lab's runs (tests/lab/lab_lm.py: CONFIGS x seeds), each streamed
+Trains the lab's runs (tools/lab/lab_lm.py: CONFIGS x seeds), each streamed
 live through the Python client into one real trainwatch-server (a free
 loopback port, a temporary SQLite file) and saved as JSONL; labels every run
-with tests/lab/labeller.py; reads the server's alerts (`trainwatchctl alerts
+with tools/lab/labeller.py; reads the server's alerts (`trainwatchctl alerts
 --json`); and prints, per alertname, precision, recall and median delay
 (started_step - labelled onset) against the labels, and false pages
 (critical + warning, not caused_by another alert) per 10,000 healthy steps,
 as a markdown table (docs/detectors.md, "Judged on the lab").
 
-    PYTHONPATH=build/python /usr/bin/python3 tests/lab/bench_lab.py \\
+    PYTHONPATH=build/python /usr/bin/python3 tools/lab/bench_lab.py \\
         --build build --runs build/lab [--jobs 2] [--seeds 0,1,2,3]
 
 --replay judges runs already in --runs (their JSONL) again, through
@@ -18,7 +18,7 @@ as a markdown table (docs/detectors.md, "Judged on the lab").
 server on the same records (a run's alerts are a function of its records,
 docs/contracts.md, so they are the ones the live stream got); --train-only
 trains and saves them without a server. Seeds in --held-out (default 2,3) are never
-used for tuning (tests/lab/hazard.py calibrates on the others); the table
+used for tuning (tools/lab/hazard.py calibrates on the others); the table
 gives both sets' figures together and the held-out ones alone.
 
 Not a test: it takes ~30 minutes on one core. A small subset runs in ctest
@@ -202,8 +202,35 @@ def _matches(alert, events):
     return None
 
 
+def _inhibitions(path=HERE.parent.parent / "deploy" / "alertmanager" / "alertmanager.yml"):
+    """(source regex, target regex) of the shipped Alertmanager inhibit rules."""
+    try:
+        text = pathlib.Path(path).read_text()
+    except OSError:
+        return None
+    rules = re.findall(r"source_matchers: \['(\w+)=~?\"([^\"]+)\"'\]\s*\n\s*"
+                       r"target_matchers: \['(\w+)=~?\"([^\"]+)\"'\]", text)
+    return [(sk, re.compile(f"^(?:{sv})$"), tk, re.compile(f"^(?:{tv})$"))
+            for sk, sv, tk, tv in rules]
+
+
+INHIBITS = _inhibitions()
+
+
 def _is_page(alert):
-    return alert["severity"] in ("critical", "warning") and not alert.get("caused_by")
+    """A critical or warning alert that the shipped Alertmanager does not
+    mute: one with caused_by is muted only when an inhibit rule has its
+    cause as source and it as target (a LossDivergence caused_by its
+    LossSpike is not: the spike is info, the divergence is the page)."""
+    if alert["severity"] not in ("critical", "warning"):
+        return False
+    cause = alert.get("caused_by")
+    if not cause:
+        return True
+    if INHIBITS is None:
+        return False
+    return not any(sk == "alertname" and sv.match(cause) and tv.match(str(alert.get(tk, "")))
+                   for sk, sv, tk, tv in INHIBITS)
 
 
 def score(runs, alerts_by_run):

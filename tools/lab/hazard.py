@@ -2,8 +2,8 @@
 """Precursors of loss spikes, offline: candidate SpikeHazard rules calibrated
 on the lab's tuning seeds and measured on its held-out seeds.
 
-Reads the JSONL step logs that tests/lab/bench_lab.py saved (CONFIG-sSEED.jsonl
-in --runs), labels them with tests/lab/labeller.py, and evaluates rules of
+Reads the JSONL step logs that tools/lab/bench_lab.py saved (CONFIG-sSEED.jsonl
+in --runs), labels them with tools/lab/labeller.py, and evaluates rules of
 one shape:
 
     at step t, for each non-embedding layer L, x = the layer's statistic at t
@@ -21,7 +21,7 @@ is measured on the held-out seeds. Also given: hits with lead 0..10 (firing
 on the onset's own step), since a hard batch's own record is often the
 first high loss.
 
-    /usr/bin/python3 tests/lab/hazard.py --runs build/lab [--held-out 2,3]
+    /usr/bin/python3 tools/lab/hazard.py --runs build/lab [--held-out 2,3]
 """
 
 import argparse
