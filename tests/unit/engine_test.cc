@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -44,7 +45,9 @@ class EngineTest : public ::testing::Test {
     store_.reset();
   }
 
-  void Open(const std::string& path, size_t shards = 2) {
+  // `tune` changes the engine's options beyond this fixture's.
+  void Open(const std::string& path, size_t shards = 2,
+            const std::function<void(EngineOptions&)>& tune = {}) {
     Shut();
     auto store = Store::Open({.path = path});
     ASSERT_TRUE(store.ok()) << store.status();
@@ -56,6 +59,7 @@ class EngineTest : public ::testing::Test {
     options.silence_check_interval = std::chrono::milliseconds(0);
     options.max_active_runs = 3;
     options.shards = shards;
+    if (tune) tune(options);
     auto engine = Engine::Create(options, store_.get(), metrics_.get(), &clock_);
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
@@ -504,20 +508,10 @@ TEST_F(EngineTest, DeleteRunRemovesTheRunItsRecordsAndSeriesOnlyOnceNoStreamIsOp
 }
 
 TEST_F(EngineTest, RetentionDeletesRunsWhoseLastRecordIsOlderThanItsDays) {
-  Shut();
-  auto store = Store::Open({.path = ":memory:"});
-  ASSERT_TRUE(store.ok());
-  store_ = std::move(*store);
-  auto metrics = Metrics::Create("");
-  ASSERT_TRUE(metrics.ok());
-  metrics_ = std::move(*metrics);
-  EngineOptions options;
-  options.silence_check_interval = std::chrono::milliseconds(0);
-  options.retention_days = 2;
-  options.retention_check_interval = std::chrono::milliseconds(0);
-  auto engine = Engine::Create(options, store_.get(), metrics_.get(), &clock_);
-  ASSERT_TRUE(engine.ok());
-  engine_ = std::move(*engine);
+  Open(":memory:", 2, [](EngineOptions& o) {
+    o.retention_days = 2;
+    o.retention_check_interval = std::chrono::milliseconds(0);
+  });
   {
     StreamHandle old_run = OpenStream(Start("old"));
     Submit(old_run, Batch(0, 10));
