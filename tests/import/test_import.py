@@ -24,6 +24,16 @@ import tfrecord_reader
 
 TB_DIR = SHARED_DIR / "testdata" / "tensorboard"
 
+
+def shared_file(name):
+    """A real event file of the shared test data; skips the test, saying
+    why, in a checkout that does not have it beside it."""
+    path = TB_DIR / name
+    if not path.exists():
+        pytest.skip(f"needs the shared test data ({path}), which this checkout "
+                    "does not have beside it (or set TRAINWATCH_SHARED_DIR)")
+    return path
+
 # Per file, the tags that carry grad norm, loss and LR (from SOURCES.md, not
 # from trainwatch's tag table).
 TB_FILES = {
@@ -74,10 +84,7 @@ def same(a, b):
 
 @pytest.mark.parametrize("name", sorted(TB_FILES))
 def test_real_event_file_imports_every_point(server, name):
-    path = TB_DIR / name
-    if not path.exists():
-        pytest.skip(f"needs the shared test data ({path}), which this checkout "
-                    "does not have beside it (or set TRAINWATCH_SHARED_DIR)")
+    path = shared_file(name)
     grad_tag, loss_tag, lr_tag = TB_FILES[name]
     points = tfrecord_reader.scalars(path)
     run = "tb-" + name.split("__")[0]
@@ -234,7 +241,7 @@ def test_megatron_stdout(server, tmp_path):
 
 
 def test_corrupt_event_file_sends_nothing(server, tmp_path):
-    src = TB_DIR / "anra8571__WikipediaLLM__events.out.tfevents.1755815213.Cerebro.18280.1"
+    src = shared_file("anra8571__WikipediaLLM__events.out.tfevents.1755815213.Cerebro.18280.1")
     data = bytearray(src.read_bytes())
     data[len(data) // 2] ^= 0x20
     bad = tmp_path / "events.out.tfevents.bad"
@@ -247,7 +254,7 @@ def test_corrupt_event_file_sends_nothing(server, tmp_path):
 
 
 def test_truncated_event_file_keeps_the_records_before(server, tmp_path):
-    src = TB_DIR / "anra8571__WikipediaLLM__events.out.tfevents.1755815213.Cerebro.18280.1"
+    src = shared_file("anra8571__WikipediaLLM__events.out.tfevents.1755815213.Cerebro.18280.1")
     data = src.read_bytes()
     cut = tmp_path / "events.out.tfevents.cut"
     cut.write_bytes(data[:-7])
