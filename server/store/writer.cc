@@ -554,10 +554,8 @@ void StoreWriter::AfterDelete() {
   tails_loaded_ = false;
   small_.clear();
   ready_.clear();
-  // A no-op unless the file was created with auto_vacuum = INCREMENTAL;
-  // without it the freed pages stay on SQLite's free list, which new
-  // records fill before the file grows.
-  sqlite::Exec(db_.get(), "PRAGMA incremental_vacuum").IgnoreError();
+  // The freed pages stay on SQLite's free list, which new records fill
+  // before the file grows (store.cc: no auto_vacuum).
 }
 
 absl::Status StoreWriter::Apply(const std::vector<WriteOp>& ops,

@@ -130,8 +130,7 @@ class StoreWriter {
   absl::Status ApplySpikeOutcome(const WriteOp& op);
   absl::Status ApplyHostIncident(const WriteOp& op);
   absl::Status ApplyDeleteRun(const WriteOp& op, WriteResult& result);
-  // After a commit that deleted a run: the caches forget it, and the freed
-  // pages go back to the file system (auto_vacuum = INCREMENTAL).
+  // After a commit that deleted a run: the caches forget it.
   void AfterDelete();
   // The stream's state, FAILED_PRECONDITION if its RunStart is not stored.
   absl::StatusOr<StreamState*> StartedStream(const StreamKey& key);

@@ -13,7 +13,6 @@
 #include "absl/strings/str_format.h"
 #include "health/detectors/internal.h"
 #include "health/signals/loss_spike.h"
-#include "health/signals/select.h"
 
 namespace trainwatch {
 namespace {
@@ -161,9 +160,15 @@ class Loss final : public Detector {
     return fired_onset_.has_value() && *fired_onset_ == s.onset_step;
   }
 
+  // The last level_steps finite losses, in arrival order and sorted: the
+  // level (their upper median) is read each step without a selection.
   void PushLevel(double loss) {
     recent_.push_back(loss);
-    if (recent_.size() > level_steps_) recent_.pop_front();
+    sorted_.insert(std::upper_bound(sorted_.begin(), sorted_.end(), loss), loss);
+    if (recent_.size() > level_steps_) {
+      sorted_.erase(std::lower_bound(sorted_.begin(), sorted_.end(), recent_.front()));
+      recent_.pop_front();
+    }
   }
 
   void Divergence(const StepContext& ctx, AlertSink& sink) {
@@ -180,8 +185,7 @@ class Loss final : public Detector {
       Report(ctx, sink, std::nan(""));
       return;
     }
-    scratch_.assign(recent_.begin(), recent_.end());
-    const double level = MedianOf(scratch_.data(), scratch_.size());
+    const double level = sorted_[sorted_.size() / 2];
     if (!(level > 0)) {
       Report(ctx, sink, level);
       return;
@@ -286,7 +290,7 @@ class Loss final : public Detector {
 
   size_t level_steps_;
   std::deque<double> recent_;  // the last level_steps finite losses
-  std::vector<double> scratch_;
+  std::vector<double> sorted_;  // the same, in order
   std::optional<Pending> pending_;
   std::optional<Best> best_;
   uint32_t rising_steps_ = 0;
