@@ -80,7 +80,9 @@ class Loss final : public Detector {
   // The run's best post-warmup level so far.
   struct Best {
     double level = 0.0;
-    double log_sd = 0.0;  // of the recent log losses, when it was set
+    // The level to reach: >= ratio x best and sigmas robust sd of the log
+    // losses (when the best was set) above it.
+    double rise_line = 0.0;
     uint64_t step = 0;
     uint64_t near_step = 0;  // the last step the level was near it
   };
@@ -202,12 +204,12 @@ class Loss final : public Detector {
     // A slow rise over the best post-warmup level.
     if (ctx.post_warmup) {
       if (!best_.has_value() || level < best_->level) {
-        best_ = Best{level, recent->log_sd, r.step(), r.step()};
+        // The rise's line in loss terms, once a best (no log a step).
+        best_ = Best{level, level * std::max(c.ratio, std::exp(c.sigmas * recent->log_sd)),
+                     r.step(), r.step()};
       }
-      const double up = std::log(level / best_->level);
-      if (up <= std::log(kNearBest)) best_->near_step = r.step();
-      const bool rising =
-          up >= std::log(c.ratio) && up >= c.sigmas * best_->log_sd;
+      if (level <= kNearBest * best_->level) best_->near_step = r.step();
+      const bool rising = level >= best_->rise_line;
       rising_steps_ = rising ? rising_steps_ + 1 : 0;
       if (rising_steps_ >= c.sustain_steps && !diverged_.has_value()) {
         if (pending_.has_value()) {
@@ -247,9 +249,10 @@ class Loss final : public Detector {
         level < c.resolve_ratio * diverged_->reference) {
       diverged_.reset();
     }
-    const bool holds = diverged_.has_value();
-    const double ratio = holds && std::isfinite(level) ? level / diverged_->reference : 0.0;
-    sink.Condition(AlertKind::kLossDivergence, r.step(), holds, ratio, [&] {
+    // A condition that does not hold says nothing to the tracker.
+    if (!diverged_.has_value()) return;
+    const double ratio = std::isfinite(level) ? level / diverged_->reference : 0.0;
+    sink.Condition(AlertKind::kLossDivergence, r.step(), true, ratio, [&] {
       const Diverged& d = *diverged_;
       std::string how =
           d.from_spike
