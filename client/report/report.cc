@@ -138,6 +138,7 @@ const std::map<std::string, std::vector<std::string>>& AlertCharts() {
       {"Fp8AmaxDesync", {"fp8_scaled"}},
       {"Fp8AmaxGrowth", {"fp8_scaled"}},
       {"LossSpike", {"grad_norm", "loss"}},
+      {"LossDivergence", {"loss"}},
       {"NonFiniteUpdate", {"grad_norm", "loss"}},
   };
   return *m;
