@@ -306,6 +306,24 @@ absl::Status ValidateStepRecord(const v1::StepRecord& r,
   return absl::OkStatus();
 }
 
+size_t RefuseBadRecords(v1::StepBatch* batch, const ValidationLimits& limits,
+                        const v1::MoeConfig& moe, absl::Status* first_refusal) {
+  auto* records = batch->mutable_records();
+  const int n = records->size();
+  int kept = 0;
+  for (int i = 0; i < n; ++i) {
+    absl::Status s = ValidateStepRecord(records->Get(i), limits, moe);
+    if (!s.ok()) {
+      if (first_refusal != nullptr && first_refusal->ok()) *first_refusal = std::move(s);
+      continue;
+    }
+    if (kept != i) records->SwapElements(kept, i);
+    ++kept;
+  }
+  if (kept < n) records->DeleteSubrange(kept, n - kept);
+  return static_cast<size_t>(n - kept);
+}
+
 absl::Status ValidateStepBatch(const v1::StepBatch& batch,
                                const ValidationLimits& limits) {
   if (absl::Status s = ValidateBatchShape(batch, limits); !s.ok()) return s;

@@ -55,6 +55,12 @@ absl::Status ValidateStepRecord(const v1::StepRecord& r,
                                 const ValidationLimits& limits,
                                 const v1::MoeConfig& moe = v1::MoeConfig());
 
+// Takes the records of `batch` that ValidateStepRecord refuses out of it,
+// in place, keeping the others in their order; returns how many it took
+// and sets *first_refusal (when non-null) to the first one's reason.
+size_t RefuseBadRecords(v1::StepBatch* batch, const ValidationLimits& limits,
+                        const v1::MoeConfig& moe, absl::Status* first_refusal);
+
 // The shape and every record; the first refusal.
 absl::Status ValidateStepBatch(const v1::StepBatch& batch,
                                const ValidationLimits& limits);

@@ -208,22 +208,13 @@ class ReportReactor final
   // alone, and the batch's good records are stored and acked.
   void RefuseBadRecordsLocked(v1::StepBatch* batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto* records = batch->mutable_records();
-    const int n = records->size();
-    int kept = 0;
-    for (int i = 0; i < n; ++i) {
-      absl::Status s = ValidateStepRecord(records->Get(i), ingest_->options_.limits, moe_);
-      if (!s.ok()) {
-        if (rejected_reason_.empty()) rejected_reason_ = std::string(InStream(s).message());
-        ++rejected_records_;
-        continue;
-      }
-      if (kept != i) records->SwapElements(kept, i);
-      ++kept;
-    }
-    if (kept == n) return;
-    records->DeleteSubrange(kept, n - kept);
-    ingest_->CountRejectedRecords(static_cast<uint64_t>(n - kept));
+    absl::Status first;
+    const size_t refused =
+        RefuseBadRecords(batch, ingest_->options_.limits, moe_, &first);
+    if (refused == 0) return;
+    if (rejected_reason_.empty()) rejected_reason_ = std::string(InStream(first).message());
+    rejected_records_ += refused;
+    ingest_->CountRejectedRecords(refused);
   }
 
   // From the engine's shard: a batch of `records` went through the
