@@ -546,16 +546,19 @@ absl::Status StoreWriter::ApplyDeleteRun(const WriteOp& op, WriteResult& result)
 
 void StoreWriter::AfterDelete() {
   deleted_run_ = false;
-  // What the caches knew of the run is gone with it: reload lazily from
-  // what is committed, as after a failed transaction.
+  // What the caches knew of the run is gone with it, as after a failed
+  // transaction. The freed pages stay on SQLite's free list, which new
+  // records fill before the file grows (store.cc: no auto_vacuum).
+  ForgetCaches();
+}
+
+void StoreWriter::ForgetCaches() {
   run_keys_.clear();
   lead_ranks_.clear();
   streams_.clear();
-  tails_loaded_ = false;
+  tails_loaded_ = false;  // the digests in memory: read back from the file
   small_.clear();
   ready_.clear();
-  // The freed pages stay on SQLite's free list, which new records fill
-  // before the file grows (store.cc: no auto_vacuum).
 }
 
 absl::Status StoreWriter::Apply(const std::vector<WriteOp>& ops,
@@ -607,14 +610,8 @@ absl::Status StoreWriter::Apply(const std::vector<WriteOp>& ops,
     if (!sqlite3_get_autocommit(db_.get())) {
       sqlite::Exec(db_.get(), "ROLLBACK").IgnoreError();
     }
-    // The caches may hold state of the rolled-back transaction: reload lazily
-    // from what is committed.
-    run_keys_.clear();
-    lead_ranks_.clear();
-    streams_.clear();
-    tails_loaded_ = false;  // the digests in memory: read back from the file
-    small_.clear();
-    ready_.clear();
+    // The caches may hold state of the rolled-back transaction.
+    ForgetCaches();
     for (WriteResult& r : results) r = WriteResult{.status = status};
     return status;
   }

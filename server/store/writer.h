@@ -132,6 +132,8 @@ class StoreWriter {
   absl::Status ApplyDeleteRun(const WriteOp& op, WriteResult& result);
   // After a commit that deleted a run: the caches forget it.
   void AfterDelete();
+  // Empties the caches of what is committed; they reload lazily.
+  void ForgetCaches();
   // The stream's state, FAILED_PRECONDITION if its RunStart is not stored.
   absl::StatusOr<StreamState*> StartedStream(const StreamKey& key);
   // The run's key, FAILED_PRECONDITION if no RunStart of it is stored.

@@ -31,12 +31,6 @@ namespace trainwatch {
 // The kind a name implies (never LAYER_KIND_UNSPECIFIED).
 v1::LayerKind InferLayerKind(std::string_view name);
 
-// The kind the client said, or the one the name implies.
-inline v1::LayerKind LayerKindOf(std::string_view name, const v1::LayerStats& stats) {
-  return stats.kind() != v1::LAYER_KIND_UNSPECIFIED ? stats.kind()
-                                                     : InferLayerKind(name);
-}
-
 // Embeddings and the output head: a row per token, so a rare token's row
 // sees a gradient now and then against a second moment that decayed.
 inline bool IsTokenRowLayer(v1::LayerKind kind) {
