@@ -90,8 +90,14 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Lower beta2 (e.g. 0.95), or clip the update (update clipping).",
      AlertScope::kLead, {K::kLossSpike, K::kGradNormSpike}},
     {K::kLayerUpdateStall, "LayerUpdateStall", v1::SEVERITY_WARNING,
-     "A layer's gradient RMS is near Adam's eps: its updates vanish.",
-     "Use a smaller eps (e.g. 1e-15 for large models)."},
+     "Updates vanish: a layer's gradient RMS is near Adam's eps, or the "
+     "whole model's updates collapsed far below where they started (an LR "
+     "schedule gone to ~0 mid-run, gradients that died); the description "
+     "says which.",
+     "Near eps: use a smaller eps (e.g. 1e-15 for large models). Collapsed "
+     "with the LR: check the schedule's length, decay and min_lr against the "
+     "run's steps. Collapsed without it: look for frozen or dead layers and a "
+     "loss that stopped moving."},
     {K::kLossSpike, "LossSpike", v1::SEVERITY_INFO,
      "The loss jumped far above its recent level for a few steps: the PaLM / "
      "BLOOM kind of loss spike (hard or bad batches meeting an out-of-date "

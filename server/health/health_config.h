@@ -162,6 +162,10 @@ struct HealthConfig {
     double nats = 5.0;  // |level - baseline level| >= nats
     // or the trend forecasts moving that far within this many steps.
     uint32_t horizon_steps = 2000;
+    // Its baseline: the median of log Z over this many post-warmup steps
+    // (not W: held-out lab runs drift within their first 300 post-warmup
+    // steps, and a healthy run's log Z settles within ~200).
+    uint32_t baseline_steps = 200;
   } log_z;
 
   struct {
@@ -231,6 +235,15 @@ struct HealthConfig {
     uint32_t min_reports = 3;
     double eps_multiple = 10.0;  // a layer's grad RMS at most this * adam_eps ...
     uint32_t stall_reports = 3;  // ... on this many reports in a row
+    // LayerUpdateStall's collapse rule (any optimizer): the median layer's
+    // update_rms_ratio (the median of its last 10 reports) at least
+    // collapse_ratio x below its median over the first 50 post-warmup
+    // reports, for at least collapse_fraction of the post-warmup steps so
+    // far (and 20 steps): the end of a schedule that takes the LR to 0 is
+    // shorter than that (cosine: the last 6% of the run under 1/100, 11%
+    // with weights that grow 3x; a linear decay: the last 1%).
+    double collapse_ratio = 100.0;
+    double collapse_fraction = 0.2;
   } adam;
 
   // SpikeHazard (detectors_hazard.cc): a layer statistic's jump over its

@@ -60,6 +60,7 @@ void ExpectSameConfig(const HealthConfig& a, const HealthConfig& b) {
   EXPECT_EQ(a.log_z.nats, b.log_z.nats);
   EXPECT_EQ(a.attention.horizon_steps, b.attention.horizon_steps);
   EXPECT_EQ(a.log_z.horizon_steps, b.log_z.horizon_steps);
+  EXPECT_EQ(a.log_z.baseline_steps, b.log_z.baseline_steps);
   EXPECT_EQ(a.loss_spike.sigmas, b.loss_spike.sigmas);
   EXPECT_EQ(a.loss_spike.min_ratio, b.loss_spike.min_ratio);
   EXPECT_EQ(a.loss_spike.stay_steps, b.loss_spike.stay_steps);
@@ -158,6 +159,8 @@ std::vector<Override> AllOverrides() {
        [](HealthConfig& c) { c.attention.horizon_steps = 500; }},
       {"log_z", "horizon_steps", "800",
        [](HealthConfig& c) { c.log_z.horizon_steps = 800; }},
+      {"log_z", "baseline_steps", "500",
+       [](HealthConfig& c) { c.log_z.baseline_steps = 500; }},
       {"loss_spike", "sigmas", "8", [](HealthConfig& c) { c.loss_spike.sigmas = 8; }},
       {"loss_spike", "min_ratio", "1.5",
        [](HealthConfig& c) { c.loss_spike.min_ratio = 1.5; }},

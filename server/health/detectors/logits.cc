@@ -109,10 +109,15 @@ class AttentionLogitGrowth final : public Detector {
 // z-loss sits near log V. A move toward 0 is what z-loss does on purpose (it
 // pulls log Z from ~log V to 0), not a drift.
 class LogZDrift final : public Detector {
+  static LevelShiftDetector::Options LogZLevelOptions(const HealthConfig& config) {
+    LevelShiftDetector::Options options = LevelOptions(config, config.log_z.nats, true);
+    options.baseline_steps = config.log_z.baseline_steps;
+    return options;
+  }
+
  public:
   explicit LogZDrift(const HealthConfig& config)
-      : shift_(LevelOptions(config, config.log_z.nats, true)),
-        hysteresis_(config.resolve_after_steps) {}
+      : shift_(LogZLevelOptions(config)), hysteresis_(config.resolve_after_steps) {}
 
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     const v1::StepRecord& r = ctx.record;
@@ -127,19 +132,9 @@ class LogZDrift final : public Detector {
     const double base = shift_.baseline()->median;
     // Away from 0: up from a positive baseline, down from a negative one.
     const auto outward = [&](double level) { return base >= 0 ? level > base : level < base; };
-    // The trend's crossing of base +- nats on the side away from 0.
     const TrendForecaster& trend = ctx.trends.log_z;
-    // Only a trend already a third of the way out and still moving out: a
-    // trend fitted across a drop back to the baseline points nowhere.
-    std::optional<uint64_t> until;
-    if (trend.trend().has_value()) {
-      const double away = trend.trend()->level - base;
-      if (std::abs(away) >= cfg.nats / 3 && outward(trend.trend()->level) &&
-          (away > 0) == (trend.trend()->slope > 0)) {
-        const double target = base + (away > 0 ? cfg.nats : -cfg.nats);
-        until = StepsUntil(trend.StepReaching(target), step);
-      }
-    }
+    const std::optional<uint64_t> until =
+        StepsUntil(OutwardCrossing(trend, base, cfg.nats), step);
     // A level shift toward 0 (z-loss at work) does not count.
     if (!outward(level->level)) {
       level->fired_now = false;

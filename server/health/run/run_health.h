@@ -76,10 +76,13 @@ class RunHealth {
   std::optional<double> RecommendedMaxNorm() const;
 
  private:
+  void TakeLogZBaseline(const v1::StepRecord& r);
+
   RunInfo info_;
   const HealthConfig& config_;
   RunWindow window_;
   Baselines baselines_;
+  std::vector<double> log_z_baseline_values_;  // until log_z.baseline_steps
   Trends trends_;
   uint64_t post_warmup_seen_ = 0;
   uint64_t records_seen_ = 0;

@@ -295,11 +295,8 @@ HealthSnapshot RunPipeline::Snapshot() const {
   if (auto at = t.max_attn_logit.StepReaching(config_.attention.cap)) {
     ws.set_max_attn_logit_forecast_step(*at);
   }
-  if (h.baselines().log_z_median.has_value() && t.log_z.trend().has_value()) {
-    const double base = *h.baselines().log_z_median;
-    const double nats = t.log_z.trend()->slope > 0 ? config_.log_z.nats
-                                                   : -config_.log_z.nats;
-    if (auto at = t.log_z.StepReaching(base + nats)) {
+  if (h.baselines().log_z_median.has_value()) {
+    if (auto at = OutwardCrossing(t.log_z, *h.baselines().log_z_median, config_.log_z.nats)) {
       ws.set_log_z_forecast_step(*at);
     }
   }

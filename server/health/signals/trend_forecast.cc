@@ -207,4 +207,16 @@ void TrendForecaster::RewindTo(uint64_t step) {
   Fit();
 }
 
+std::optional<uint64_t> OutwardCrossing(const TrendForecaster& trend, double base,
+                                        double distance) {
+  if (!trend.trend().has_value()) return std::nullopt;
+  const TrendForecaster::Trend& t = *trend.trend();
+  const double away = t.level - base;
+  const bool outward = base >= 0 ? t.level > base : t.level < base;
+  if (3 * std::abs(away) < 2 * distance || !outward || (away > 0) != (t.slope > 0)) {
+    return std::nullopt;
+  }
+  return trend.StepReaching(base + (away > 0 ? distance : -distance));
+}
+
 }  // namespace trainwatch

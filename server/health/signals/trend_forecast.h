@@ -79,6 +79,15 @@ class TrendForecaster {
   uint64_t bracketed_fits_ = 0;
 };
 
+// The step at which `trend` is forecast to be `distance` away from `base`
+// on the side away from 0 (LogZDrift's forecast rule, and what `health`
+// shows): only a trend already two thirds of that way out and still moving
+// out (a trend fitted across a drop back to the baseline points nowhere; a
+// healthy run's log Z still settling, 1-3 nats above a baseline taken early,
+// is not on its way out: the lab's healthy SGD runs, 2.7 nats at step 561).
+std::optional<uint64_t> OutwardCrossing(const TrendForecaster& trend, double base,
+                                        double distance);
+
 }  // namespace trainwatch
 
 #endif  // TRAINWATCH_SERVER_HEALTH_SIGNALS_TREND_FORECAST_H_

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <numbers>
 #include <random>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
@@ -184,6 +186,93 @@ TEST_F(LayerUpdateStallTest, ForgetsTheReportsOfRewoundSteps) {
         if (r.step() < short_of_firing) Stall(r);
       });
   EXPECT_THAT(h.transitions, IsEmpty());
+}
+
+// The collapse rule: a run whose layers report every step, their update/
+// weight RMS `update(step)` (with 10% noise) and the LR `lr(step)` (none
+// when it returns NaN), warmup 100.
+std::vector<::trainwatch::testing::Transition> FeedUpdates(
+    HealthHarness& h, uint64_t steps, const std::function<double(uint64_t)>& lr,
+    const std::function<double(uint64_t)>& update) {
+  std::mt19937_64 rng(11);
+  std::lognormal_distribution<double> norm(std::log(0.4), 0.25);
+  std::lognormal_distribution<double> noise(0.0, 0.1);
+  for (uint64_t step = 0; step < steps; ++step) {
+    v1::StepRecord r = Rec(step, norm(rng));
+    if (std::isfinite(lr(step))) r.set_lr(lr(step));
+    for (const char* layer : {"model.layers.0.self_attn.q_proj.weight",
+                              "model.layers.0.mlp.up_proj.weight",
+                              "model.layers.1.mlp.down_proj.weight",
+                              "model.embed_tokens.weight", "model.norm.weight"}) {
+      v1::LayerStats& stats = (*r.mutable_layer_stats())[layer];
+      stats.set_grad_rms(1e-3 * noise(rng));
+      stats.set_g_over_sqrt_v_rms(noise(rng));
+      stats.set_update_rms_ratio(update(step) * noise(rng));
+    }
+    h.Lead(r);
+  }
+  return h.Fired(AlertKind::kLayerUpdateStall);
+}
+
+RunInfo CollapseInfo(std::optional<double> adam_eps) {
+  RunInfo info = AdamInfo(adam_eps);
+  info.warmup_steps = 100;
+  return info;
+}
+
+// The lab's held-out LR-decay stall: the LR 10x lower every 50 steps from
+// step 200 (1e-8 of its peak by step 600), the updates with it.
+TEST(LayerUpdateCollapse, FiresWhenTheScheduleTakesTheLrToZeroMidRun) {
+  HealthHarness h(CollapseInfo(1e-8));
+  const auto lr = [](uint64_t step) {
+    return step < 200 ? 1e-3 : 1e-3 * std::pow(0.1, (step - 200) / 50 + 1);
+  };
+  const auto fired = FeedUpdates(h, 700, lr, [&](uint64_t step) { return 10 * lr(step); });
+  ASSERT_EQ(fired.size(), 1u);
+  // 100x below the start from step 250 (at the line: its last 10 reports'
+  // median under it by ~300), held for 20% of the post-warmup steps and 20
+  // steps.
+  EXPECT_GE(fired[0].step, 270u);
+  EXPECT_LE(fired[0].step, 380u);
+  EXPECT_THAT(fired[0].description, HasSubstr("the schedule took it to ~0"));
+}
+
+// Without an LR or Adam (SGD): the updates collapse 1000x at step 400 while
+// nothing else changes.
+TEST(LayerUpdateCollapse, FiresOnUpdatesThatCollapseWithoutTheLr) {
+  HealthHarness h(CollapseInfo(std::nullopt));
+  const auto fired = FeedUpdates(
+      h, 900, [](uint64_t) { return std::nan(""); },
+      [](uint64_t step) { return step < 400 ? 1e-2 : 1e-5; });
+  ASSERT_EQ(fired.size(), 1u);
+  EXPECT_GE(fired[0].step, 470u);
+  EXPECT_LE(fired[0].step, 500u);
+  EXPECT_THAT(fired[0].description, HasSubstr("the LR has not fallen as far"));
+}
+
+// A healthy run: cosine from the peak to exactly 0 at its last step, and a
+// linear decay to 0, the updates with the LR and falling 3x more as the
+// weights grow. The end of a schedule is not a collapse.
+TEST(LayerUpdateCollapse, SilentThroughSchedulesThatEndAtZero) {
+  constexpr uint64_t kSteps = 5000;
+  const auto cosine = [](uint64_t step) {
+    if (step < 100) return 1e-3 * (step + 1) / 100.0;
+    const double t = (step - 100) / double(kSteps - 1 - 100);
+    return 1e-3 * 0.5 * (1 + std::cos(std::numbers::pi * t));
+  };
+  const auto linear = [](uint64_t step) {
+    if (step < 100) return 1e-3 * (step + 1) / 100.0;
+    return 1e-3 * (1 - (step - 100) / double(kSteps - 1 - 100));
+  };
+  for (const auto& lr : {std::function<double(uint64_t)>(cosine),
+                         std::function<double(uint64_t)>(linear)}) {
+    HealthHarness h(CollapseInfo(1e-8));
+    const auto fired = FeedUpdates(h, kSteps, lr, [&](uint64_t step) {
+      return 10 * lr(step) / (1 + 2.0 * step / kSteps);
+    });
+    EXPECT_THAT(fired, IsEmpty());
+    for (const auto& f : fired) ADD_FAILURE() << f.step << ": " << f.description;
+  }
 }
 
 }  // namespace

@@ -626,6 +626,31 @@ TEST(LogZDrift, FiresOnAnEightNatDriftAwayFromZeroAndResolves) {
   }
 }
 
+// A short run, as in the lab: warmup 100, log Z's baseline its first 200
+// post-warmup steps. A healthy run's log Z climbs from log V (5.5) to ~11
+// over its first 300 steps and settles: silent. A drift from 20 to 35 from
+// step 300 on: named within 150 steps of crossing 5 nats.
+TEST(LogZDrift, NamesADriftWithinAShortRunAndNotASettlingLogZ) {
+  constexpr uint64_t kWarmup = 100, kSteps = 3000;
+  {
+    HealthHarness h(Bf16Run(kWarmup));
+    Noise noise(55);
+    FeedLogZ(h, kSteps, [&](uint64_t step) {
+      return 5.5 + 5.5 * (1 - std::exp(-double(step) / 100)) + noise.Normal(0, 0.3);
+    });
+    EXPECT_THAT(h.Fired(AlertKind::kLogZDrift), IsEmpty());
+  }
+  HealthHarness h(Bf16Run(kWarmup));
+  Noise noise(56);
+  FeedLogZ(h, 700, [&](uint64_t step) {
+    return 20 + (step < 300 ? 0.0 : 0.05 * double(step - 300)) + noise.Normal(0, 1.0);
+  });
+  const auto fired = h.Fired(AlertKind::kLogZDrift);
+  ASSERT_EQ(fired.size(), 1u);
+  EXPECT_GT(fired[0].step, 300u);
+  EXPECT_LE(fired[0].step, 550u);  // 5 nats out at step 400
+}
+
 // A z-loss switched on pulls log Z from log V toward 0 (8 nats): what it is
 // for, not a drift (docs/detectors.md).
 TEST(LogZDrift, SilentWhileZLossPullsLogZTowardZero) {
