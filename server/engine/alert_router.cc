@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "health/run/convert.h"
+#include "health/signals/moe_load.h"
 #include "trainwatch/v1/alert_names.h"
 #include "trainwatch/v1/fp8_format.h"
 
@@ -102,6 +103,14 @@ void AlertRouter::OnLeadRecord(const v1::StepRecord& r) {
   if (r.has_loss()) m.loss.Set(r.loss());
   if (r.has_lr()) m.learning_rate.Set(r.lr());
   if (!r.fp8().empty()) SetFp8Worst(r, m);
+  if (r.has_moe() && !r.moe().layers().empty()) {
+    const MoeReportSummary moe = Summarize(r.moe());
+    if (moe.load_max_over_mean) m.moe_load_max_over_mean.Set(*moe.load_max_over_mean);
+    if (moe.dead_experts) m.moe_dead_experts.Set(*moe.dead_experts);
+    if (moe.dropped_fraction) m.moe_dropped_fraction.Set(*moe.dropped_fraction);
+    if (moe.aux_loss) m.moe_aux_loss.Set(*moe.aux_loss);
+    if (moe.router_z_loss) m.moe_router_z_loss.Set(*moe.router_z_loss);
+  }
 }
 
 void AlertRouter::SetFp8Worst(const v1::StepRecord& r, RunMetrics& m) {

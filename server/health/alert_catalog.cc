@@ -120,7 +120,8 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Look at the named host (nvidia-smi clocks and temperature, dmesg, "
      "DCGM diagnostics); drain it and restart the run without it if it stays "
      "slow.",
-     AlertScope::kAcrossRanks, {}, /*implicates_host=*/true},
+     AlertScope::kAcrossRanks, {K::kMoeExpertParallelImbalance},
+     /*implicates_host=*/true},
     {K::kInputPipelineStall, "InputPipelineStall", v1::SEVERITY_WARNING,
      "The training loop waits for its input pipeline: too few loader "
      "workers, slow storage or network reads, heavy preprocessing on the "
@@ -195,6 +196,65 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "(or beta2); if it diverges again without those batches, the LR or the "
      "optimizer state is the cause, not the data.",
      AlertScope::kLead, {K::kLossSpike}},
+    {K::kMoeRouterCollapse, "MoeRouterCollapse", v1::SEVERITY_CRITICAL,
+     "An MoE layer's router sends (almost) every token to the same few "
+     "experts: the rest stop learning and the layer is a dense one of their "
+     "size. The load-balancing loss is off or too weak, an aux-free bias is "
+     "disabled, or an LR spike pushed the router into a corner.",
+     "Restart from a checkpoint before the onset with the balancing on (aux "
+     "loss coefficient 1e-2, or the aux-free bias with its update on) and a "
+     "lower LR for the router; check the router's init (small, not zero).",
+     AlertScope::kLead, {}},
+    {K::kMoeDeadExpert, "MoeDeadExpert", v1::SEVERITY_WARNING,
+     "An expert gets no token in the global batch for a long stretch: its "
+     "router logit fell behind the others' and it no longer learns (a "
+     "collapse's precursor).",
+     "Check the balancing (aux loss coefficient, aux-free bias update); "
+     "re-initialise the dead expert's router row or restart from a "
+     "checkpoint before it died.",
+     AlertScope::kLead, {K::kMoeRouterCollapse}},
+    {K::kMoeImbalanceHigh, "MoeImbalanceHigh", v1::SEVERITY_WARNING,
+     "An MoE layer's load is uneven: its hottest expert takes twice the mean "
+     "or more, sustained. The hot expert's rank runs slower and its memory "
+     "grows (tokens over capacity are dropped).",
+     "Raise the load-balancing loss coefficient (or the aux-free bias "
+     "update rate); if the data is one domain, some skew is expected.",
+     AlertScope::kLead, {K::kMoeRouterCollapse}},
+    {K::kMoeAuxLossOffBalance, "MoeAuxLossOffBalance", v1::SEVERITY_WARNING,
+     "The normalised load-balancing loss stays away from 1.0 (balance): "
+     "above it, the balancing is losing to the router; below 0.9, the router "
+     "games the loss (sigmoid scores under too large a normaliser epsilon).",
+     "Above: raise its coefficient or check it is applied. Below: check the "
+     "score function and the normaliser's epsilon, and that the loss is "
+     "computed over the global batch.",
+     AlertScope::kLead, {K::kMoeRouterCollapse}},
+    {K::kMoeRouterZLossGrowth, "MoeRouterZLossGrowth", v1::SEVERITY_WARNING,
+     "The router's logits keep growing (z-loss or max router logit 2x its "
+     "baseline): bf16 round-off in the router's softmax, then unstable "
+     "routing.",
+     "Add a router z-loss (coefficient 1e-3) and keep the router in fp32.",
+     AlertScope::kLead, {}},
+    {K::kMoeExpertBiasDrift, "MoeExpertBiasDrift", v1::SEVERITY_WARNING,
+     "The aux-loss-free balancing bias drifts: its mean moves away from 0 "
+     "(the update is not re-centred) or it flips sign report after report "
+     "while the load does not even out (the update rate is too high).",
+     "Re-centre the bias after each update (subtract its mean) and lower "
+     "the bias update rate (1e-3).",
+     AlertScope::kLead, {}},
+    {K::kMoeTokensDropped, "MoeTokensDropped", v1::SEVERITY_WARNING,
+     "More than 1% of the routed assignments go over their expert's capacity "
+     "and are dropped (Switch: typically < 1%); those tokens skip the layer.",
+     "Raise the capacity factor (1.25 for training, 2.0 for eval) or go "
+     "dropless; if the load is uneven (MoeImbalanceHigh), balance it first.",
+     AlertScope::kLead, {K::kMoeRouterCollapse, K::kMoeImbalanceHigh}},
+    {K::kMoeExpertParallelImbalance, "MoeExpertParallelImbalance",
+     v1::SEVERITY_WARNING,
+     "One expert-parallel rank's block of experts carries far more tokens "
+     "than the mean rank's: that rank is the slowest every step (and the "
+     "first out of memory).",
+     "Balance the experts (see MoeImbalanceHigh), or place the hot experts "
+     "on different EP ranks.",
+     AlertScope::kLead, {K::kMoeRouterCollapse}},
 }};
 
 // The table is in the enum's order, so that Spec() is an index.

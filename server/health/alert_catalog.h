@@ -50,6 +50,15 @@ enum class AlertKind {
   kSpikeHazard,
   // The loss did not come back (detectors/loss.cc).
   kLossDivergence,
+  // Mixture-of-experts routing (detectors/moe.cc).
+  kMoeRouterCollapse,
+  kMoeDeadExpert,
+  kMoeImbalanceHigh,
+  kMoeAuxLossOffBalance,
+  kMoeRouterZLossGrowth,
+  kMoeExpertBiasDrift,
+  kMoeTokensDropped,
+  kMoeExpertParallelImbalance,
   // Not an alert: the count of those above.
   kCount,
 };

@@ -41,6 +41,8 @@ struct RunInfo {
   std::optional<double> adam_eps;
   std::optional<double> adam_beta2;
   std::string host;  // the lead rank's machine ("" = not said)
+  // A mixture-of-experts run's routing (RunStart.moe); nullopt otherwise.
+  std::optional<v1::MoeConfig> moe;
 };
 
 // What a detector says about one alert transition: the human text

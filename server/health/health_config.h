@@ -246,6 +246,33 @@ struct HealthConfig {
     double collapse_fraction = 0.2;
   } adam;
 
+  // The MoE routing rules (detectors/moe.cc), on MoeStats reports. A
+  // layer's level is the median of its last level_reports reports; none is
+  // judged in the first settle_steps post-warmup steps (a router balances
+  // its load in ~150 steps: Megatron's balancing loss goes 1.44 -> 1.01).
+  struct {
+    uint32_t settle_steps = 200;
+    uint32_t level_reports = 10;
+    // MoeRouterCollapse: effective experts <= collapse_top_k_multiple x
+    // top_k, or at top_k 1 one expert's share >= collapse_share.
+    double collapse_top_k_multiple = 2.0;
+    double collapse_share = 0.5;
+    uint32_t dead_steps = 100;       // MoeDeadExpert: no assignment this long
+    uint32_t dead_min_reports = 3;   // ... over at least this many reports
+    double imbalance = 2.0;          // MoeImbalanceHigh: max/mean level
+    uint32_t horizon_steps = 2000;   // ... or its trend gets there this soon
+    double aux_high = 1.2;           // MoeAuxLossOffBalance: >= aux_high ...
+    double aux_low = 0.9;            // ... or < aux_low
+    double z_ratio = 2.0;            // MoeRouterZLossGrowth: level / baseline
+    double dropped_fraction = 0.01;  // MoeTokensDropped
+    double ep_ratio = 1.5;           // MoeExpertParallelImbalance: max / mean block
+    // MoeExpertBiasDrift: |mean bias| >= bias_mean_sd x the bias's spread
+    // across experts (and > 0.05 in absolute terms), or the bias's update
+    // flips sign on >= bias_flip_share of the experts report after report.
+    double bias_mean_sd = 2.0;
+    double bias_flip_share = 0.75;
+  } moe;
+
   // SpikeHazard (detectors_hazard.cc): a layer statistic's jump over its
   // median of the last `window` reports, ln(x / median) - alpha ln(B) with
   // B = sqrt(1/(1-beta2)), >= theta in >= min_layers layers.

@@ -79,6 +79,11 @@ RunMetrics::RunMetrics(
       fp8_overflow_fraction(&m.fp8_overflow_fraction, run_id_),
       fp8_underflow_fraction(&m.fp8_underflow_fraction, run_id_),
       fp8_scaled_amax_ratio(&m.fp8_scaled_amax_ratio, run_id_),
+      moe_load_max_over_mean(&m.moe_load_max_over_mean, run_id_),
+      moe_dead_experts(&m.moe_dead_experts, run_id_),
+      moe_dropped_fraction(&m.moe_dropped_fraction, run_id_),
+      moe_aux_loss(&m.moe_aux_loss, run_id_),
+      moe_router_z_loss(&m.moe_router_z_loss, run_id_),
       metrics_(m) {
   alerts_fired.reserve(alerts_.size());
   alert_active.reserve(alerts_.size());
@@ -110,7 +115,9 @@ RunMetrics::~RunMetrics() {
         &grad_norm_p90, &grad_norm_p99, &clip_fraction, &skip_fraction,
         &recommended_clip_threshold, &step_seconds_median, &step_seconds_max,
         &straggler_lost_fraction, &data_wait_fraction, &goodput_ratio,
-        &fp8_overflow_fraction, &fp8_underflow_fraction, &fp8_scaled_amax_ratio}) {
+        &fp8_overflow_fraction, &fp8_underflow_fraction, &fp8_scaled_amax_ratio,
+        &moe_load_max_over_mean, &moe_dead_experts, &moe_dropped_fraction,
+        &moe_aux_loss, &moe_router_z_loss}) {
     g->Remove();
   }
   lost_steps_skipped.Remove();
@@ -239,6 +246,22 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
                             "FP8: the largest amax x scale / format max over "
                             "the tensors of the last fp8 report (above 1: "
                             "values saturate)."),
+      moe_load_max_over_mean("trainwatch_moe_load_max_over_mean",
+                             "MoE: the largest load max/mean (hottest expert "
+                             "over the mean) over the layers of the last moe "
+                             "report (1 = even)."),
+      moe_dead_experts("trainwatch_moe_dead_experts",
+                       "MoE: experts with no assignment in the last moe "
+                       "report, summed over layers."),
+      moe_dropped_fraction("trainwatch_moe_dropped_fraction",
+                           "MoE: dropped / routed assignments over the "
+                           "layers of the last moe report."),
+      moe_aux_loss("trainwatch_moe_aux_loss",
+                   "MoE: the largest normalised load-balancing loss (1.0 = "
+                   "balanced) over the layers of the last moe report."),
+      moe_router_z_loss("trainwatch_moe_router_z_loss",
+                        "MoE: the largest router z-loss (without its "
+                        "coefficient) over the layers of the last moe report."),
       alert_active("trainwatch_alert_active",
                    "1 while the alert is firing for the run."),
       alerts_fired_total("trainwatch_alerts_fired_total",
@@ -303,7 +326,8 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
         &skip_fraction, &recommended_clip_threshold, &step_seconds,
         &straggler_lost_fraction, &data_wait_fraction, &goodput_ratio,
         &fp8_overflow_fraction, &fp8_underflow_fraction, &fp8_scaled_amax_ratio,
-        &alert_active}) {
+        &moe_load_max_over_mean, &moe_dead_experts, &moe_dropped_fraction,
+        &moe_aux_loss, &moe_router_z_loss, &alert_active}) {
     f->Collect(&all);
   }
   all.insert(all.end(), std::make_move_iterator(next),

@@ -104,6 +104,9 @@ class RunMetrics {
   // series: a model has thousands of FP8 tensors).
   LazyGauge fp8_overflow_fraction, fp8_underflow_fraction,
       fp8_scaled_amax_ratio;
+  // MoE: the lead's last moe report, its worst layer (no per-expert series).
+  LazyGauge moe_load_max_over_mean, moe_dead_experts, moe_dropped_fraction,
+      moe_aux_loss, moe_router_z_loss;
   // Per alertname, indexed like AllAlertSpecs(): 1 while firing.
   std::vector<LazyGauge> alert_active;
   std::vector<LazyCounter> alerts_fired;
@@ -189,6 +192,11 @@ class Metrics {
   RunFamily<RunGauge> fp8_overflow_fraction;
   RunFamily<RunGauge> fp8_underflow_fraction;
   RunFamily<RunGauge> fp8_scaled_amax_ratio;
+  RunFamily<RunGauge> moe_load_max_over_mean;
+  RunFamily<RunGauge> moe_dead_experts;
+  RunFamily<RunGauge> moe_dropped_fraction;
+  RunFamily<RunGauge> moe_aux_loss;
+  RunFamily<RunGauge> moe_router_z_loss;
   RunFamily<RunGauge> alert_active;          // {alertname,severity}
   RunFamily<RunCounter> alerts_fired_total;  // {alertname}
 

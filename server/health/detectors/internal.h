@@ -44,6 +44,7 @@ std::unique_ptr<Detector> MakeNonFiniteUpdate(const HealthConfig& config);
 // detectors_layers.cc: AdamStaleSecondMoment, LayerUpdateStall.
 void AddRankDetectors(const HealthConfig& config, Detectors* out);
 void AddLayerDetectors(const HealthConfig& config, Detectors* out);
+void AddMoeDetectors(const HealthConfig& config, Detectors* out);
 
 // detectors_fp8.cc: Fp8ScaleMismatch, Fp8AmaxGrowth, Fp8Overflow,
 // Fp8Underflow (lead), Fp8AmaxDesync (across ranks).

@@ -21,6 +21,7 @@ std::vector<std::unique_ptr<Detector>> MakeDetectors(const HealthConfig& config)
   AddLayerDetectors(config, &out);
   out.push_back(MakeSpikeHazard(config));
   AddFp8Detectors(config, &out);
+  AddMoeDetectors(config, &out);
   out.push_back(MakeInputPipelineStall(config));
   return out;
 }

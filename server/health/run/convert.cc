@@ -17,6 +17,7 @@ RunInfo InfoFrom(const v1::RunStart& s) {
   if (s.has_adam_eps()) info.adam_eps = s.adam_eps();
   if (s.has_adam_beta2()) info.adam_beta2 = s.adam_beta2();
   info.host = s.host();
+  if (s.has_moe()) info.moe = s.moe();
   return info;
 }
 

@@ -1,0 +1,72 @@
+#include "health/signals/moe_load.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace trainwatch {
+
+std::optional<MoeLayerLoad> LoadOf(const v1::MoeLayerStats& layer) {
+  const auto& counts = layer.tokens_per_expert();
+  if (counts.empty()) return std::nullopt;
+  MoeLayerLoad out;
+  uint64_t max = 0;
+  for (int i = 0; i < counts.size(); ++i) {
+    out.total += counts[i];
+    if (counts[i] == 0) ++out.dead;
+    if (counts[i] > max) {
+      max = counts[i];
+      out.hottest = static_cast<uint32_t>(i);
+    }
+  }
+  if (out.total == 0) return std::nullopt;
+  const double total = static_cast<double>(out.total);
+  const double mean = total / counts.size();
+  out.max_over_mean = max / mean;
+  out.max_share = max / total;
+  double entropy = 0.0;
+  for (uint64_t c : counts) {
+    if (c == 0) continue;
+    const double p = c / total;
+    entropy -= p * std::log(p);
+  }
+  out.effective_experts = std::exp(entropy);
+  return out;
+}
+
+std::vector<uint64_t> BlockLoads(const v1::MoeLayerStats& layer, uint32_t ep_size) {
+  const auto& counts = layer.tokens_per_expert();
+  if (ep_size < 2 || counts.empty() || counts.size() % ep_size != 0) return {};
+  const size_t per = counts.size() / ep_size;
+  std::vector<uint64_t> blocks(ep_size, 0);
+  for (int i = 0; i < counts.size(); ++i) blocks[i / per] += counts[i];
+  return blocks;
+}
+
+MoeReportSummary Summarize(const v1::MoeStats& moe) {
+  MoeReportSummary s;
+  uint64_t assigned = 0, dropped = 0;
+  bool any_dropped = false;
+  const auto take_max = [](std::optional<double>& worst, double v) {
+    if (!std::isfinite(v)) return;
+    if (!worst.has_value() || v > *worst) worst = v;
+  };
+  for (const v1::MoeLayerStats& layer : moe.layers()) {
+    if (std::optional<MoeLayerLoad> load = LoadOf(layer)) {
+      take_max(s.load_max_over_mean, load->max_over_mean);
+      s.dead_experts = s.dead_experts.value_or(0) + load->dead;
+      assigned += load->total;
+      if (layer.has_dropped()) {
+        any_dropped = true;
+        dropped += layer.dropped();
+      }
+    }
+    if (layer.has_aux_loss()) take_max(s.aux_loss, layer.aux_loss());
+    if (layer.has_z_loss()) take_max(s.router_z_loss, layer.z_loss());
+  }
+  if (any_dropped && assigned > 0) {
+    s.dropped_fraction = static_cast<double>(dropped) / static_cast<double>(assigned);
+  }
+  return s;
+}
+
+}  // namespace trainwatch

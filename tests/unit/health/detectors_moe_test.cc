@@ -1,0 +1,299 @@
+// The MoE routing rules (detectors/moe.cc) on synthetic routers: a healthy
+// run with its early imbalance and natural skew pages nothing, every
+// step or every 50; each fault names its alert, and only its alert.
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "health/signals/moe_load.h"
+#include "health_test_util.h"
+
+namespace trainwatch {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::trainwatch::testing::HealthHarness;
+using ::trainwatch::testing::Rec;
+
+constexpr uint32_t kExperts = 8, kTopK = 2, kLayers = 4;
+constexpr uint64_t kWarmup = 100, kTokens = 4096;  // tokens a step
+
+RunInfo MoeInfo(uint32_t ep_size = 1,
+                v1::MoeBalancing balancing = v1::AUX_LOSS) {
+  RunInfo info;
+  info.run_id = "moe-run";
+  info.precision = v1::BF16;
+  info.max_norm = 1.0;
+  info.warmup_steps = kWarmup;
+  v1::MoeConfig moe;
+  moe.set_num_experts(kExperts);
+  moe.set_top_k(kTopK);
+  moe.set_ep_size(ep_size);
+  moe.set_balancing(balancing);
+  moe.set_aux_loss_coeff(0.01);
+  moe.set_bias_update_rate(1e-3);
+  moe.set_capacity_factor(1.25);
+  info.moe = moe;
+  return info;
+}
+
+// A layer's routing at a step: the expected share of each expert (summing
+// to 1) and the scalars; Feed() draws the counts (multinomial, kTokens x
+// top_k assignments).
+struct Routing {
+  std::vector<double> share = std::vector<double>(kExperts, 1.0 / kExperts);
+  double aux_loss = 1.01, z_loss = 2.5, logit_max = 8.0;
+  double dropped_fraction = 0.002;
+  std::vector<float> bias;  // empty: no aux-free bias
+};
+using RoutingAt = std::function<Routing(uint64_t step, uint32_t layer)>;
+
+// Healthy: the first 150 steps balance from an uneven start (expert 0 with
+// 3x the mean, aux loss 1.44) to a natural skew (max/mean ~1.5, aux 1.01).
+Routing Healthy(uint64_t step, uint32_t layer) {
+  Routing r;
+  const double t = std::min(1.0, step / 150.0);
+  const double hot = 3.0 * (1 - t) + 1.5 * t;  // expert (layer)'s load over the mean
+  double rest = (kExperts - hot) / (kExperts - 1);
+  for (uint32_t e = 0; e < kExperts; ++e) r.share[e] = (e == layer % kExperts ? hot : rest) / kExperts;
+  r.aux_loss = 1.44 * (1 - t) + 1.01 * t;
+  return r;
+}
+
+std::vector<::trainwatch::testing::Transition> Feed(HealthHarness& h, uint64_t steps,
+                                                    const RoutingAt& routing,
+                                                    uint64_t every = 1, uint64_t seed = 3,
+                                                    uint64_t first = 0) {
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> norm(std::log(0.4), 0.25);
+  std::normal_distribution<double> jitter(0.0, 1.0);
+  for (uint64_t step = first; step < steps; ++step) {
+    v1::StepRecord r = Rec(step, norm(rng));
+    if (step % every == 0) {
+      for (uint32_t l = 0; l < kLayers; ++l) {
+        const Routing ro = routing(step, l);
+        v1::MoeLayerStats* layer = r.mutable_moe()->add_layers();
+        layer->set_layer(std::to_string(l));
+        uint64_t total = 0;
+        for (uint32_t e = 0; e < kExperts; ++e) {
+          const double mean = ro.share[e] * kTokens * kTopK;
+          const double c = std::max(0.0, std::round(mean + std::sqrt(mean) * jitter(rng)));
+          layer->add_tokens_per_expert(static_cast<uint64_t>(c));
+          total += static_cast<uint64_t>(c);
+        }
+        layer->set_dropped(static_cast<uint64_t>(ro.dropped_fraction * total));
+        layer->set_aux_loss(ro.aux_loss * (1 + 0.01 * jitter(rng)));
+        layer->set_z_loss(ro.z_loss * (1 + 0.05 * jitter(rng)));
+        layer->set_router_logit_max(ro.logit_max * (1 + 0.05 * jitter(rng)));
+        for (float b : ro.bias) layer->add_expert_bias(b);
+      }
+    }
+    h.Lead(r);
+  }
+  return h.transitions;
+}
+
+std::vector<std::string> MoeFired(const HealthHarness& h) {
+  std::vector<std::string> out;
+  for (const std::string& n : h.FiredNames()) {
+    if (n.rfind("Moe", 0) == 0) out.push_back(n);
+  }
+  return out;
+}
+
+TEST(MoeLoad, EffectiveExpertsAndMaxOverMean) {
+  v1::MoeLayerStats even, collapsed;
+  for (int e = 0; e < 8; ++e) even.add_tokens_per_expert(100);
+  for (int e = 0; e < 8; ++e) collapsed.add_tokens_per_expert(e < 2 ? 400 : 0);
+  EXPECT_NEAR(LoadOf(even)->effective_experts, 8.0, 1e-9);
+  EXPECT_NEAR(LoadOf(even)->max_over_mean, 1.0, 1e-9);
+  EXPECT_NEAR(LoadOf(collapsed)->effective_experts, 2.0, 1e-9);
+  EXPECT_EQ(LoadOf(collapsed)->dead, 6u);
+  EXPECT_NEAR(LoadOf(collapsed)->max_over_mean, 4.0, 1e-9);
+  EXPECT_THAT(BlockLoads(collapsed, 4), ElementsAre(800, 0, 0, 0));
+  EXPECT_FALSE(LoadOf(v1::MoeLayerStats{}).has_value());
+}
+
+TEST(MoeRouting, HealthyRunWithEarlyImbalanceAndSkewPagesNothing) {
+  for (uint64_t every : {1, 50}) {
+    SCOPED_TRACE(every);
+    HealthHarness h(MoeInfo(/*ep_size=*/4));
+    Feed(h, 3000, Healthy, every);
+    EXPECT_THAT(MoeFired(h), IsEmpty());
+  }
+}
+
+TEST(MoeRouting, CollapseOntoTopKExpertsIsCritical) {
+  HealthHarness h(MoeInfo());
+  Feed(h, 1200, [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    if (layer == 1 && step >= 600) {
+      for (uint32_t e = 0; e < kExperts; ++e) r.share[e] = e < 2 ? 0.49 : 0.02 / 6;
+    }
+    return r;
+  });
+  const auto fired = h.Fired(AlertKind::kMoeRouterCollapse);
+  ASSERT_EQ(fired.size(), 1u);
+  EXPECT_GE(fired[0].step, 600u);
+  EXPECT_LE(fired[0].step, 620u);
+  EXPECT_THAT(fired[0].description, HasSubstr("layer 1 "));
+  EXPECT_EQ(Spec(AlertKind::kMoeRouterCollapse).severity, v1::SEVERITY_CRITICAL);
+}
+
+TEST(MoeRouting, DeadExpertIsNamedWithItsLayer) {
+  for (uint64_t every : {1, 50}) {
+    SCOPED_TRACE(every);
+    HealthHarness h(MoeInfo());
+    Feed(h, 1500, [](uint64_t step, uint32_t layer) {
+      Routing r = Healthy(step, layer);
+      if (layer == 2 && step >= 500) {
+        r.share[5] = 0;
+        for (uint32_t e = 0; e < kExperts; ++e) {
+          if (e != 5) r.share[e] *= kExperts / (kExperts - 1.0);
+        }
+      }
+      return r;
+    }, every);
+    const auto fired = h.Fired(AlertKind::kMoeDeadExpert);
+    ASSERT_EQ(fired.size(), 1u);
+    EXPECT_GE(fired[0].step, 600u);
+    EXPECT_LE(fired[0].step, every == 1 ? 610u : 700u);
+    EXPECT_THAT(fired[0].description, HasSubstr("layer 2: expert 5"));
+    EXPECT_THAT(h.Fired(AlertKind::kMoeRouterCollapse), IsEmpty());
+  }
+}
+
+TEST(MoeRouting, RisingImbalanceIsForecastThenNamed) {
+  HealthHarness h(MoeInfo());
+  Feed(h, 3000, [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    if (layer == 3 && step >= 500) {
+      const double hot = std::min(3.0, 1.5 + (step - 500) / 1000.0);
+      for (uint32_t e = 0; e < kExperts; ++e) {
+        r.share[e] = (e == 3 ? hot : (kExperts - hot) / (kExperts - 1)) / kExperts;
+      }
+    }
+    return r;
+  });
+  const auto fired = h.Fired(AlertKind::kMoeImbalanceHigh);
+  ASSERT_GE(fired.size(), 1u);
+  // 2x at step 1000; the forecast names it before.
+  EXPECT_GE(fired[0].step, 700u);
+  EXPECT_LE(fired[0].step, 1020u);
+  EXPECT_THAT(MoeFired(h), ElementsAre("MoeImbalanceHigh"));
+}
+
+TEST(MoeRouting, AuxLossAboveAndBelowBalance) {
+  for (double aux : {1.3, 0.85}) {
+    SCOPED_TRACE(aux);
+    HealthHarness h(MoeInfo());
+    Feed(h, 1000, [&](uint64_t step, uint32_t layer) {
+      Routing r = Healthy(step, layer);
+      if (step >= 400 && layer == 0) r.aux_loss = aux;
+      return r;
+    });
+    const auto fired = h.Fired(AlertKind::kMoeAuxLossOffBalance);
+    ASSERT_EQ(fired.size(), 1u);
+    EXPECT_LE(fired[0].step, 420u);
+    EXPECT_THAT(fired[0].description, HasSubstr(aux > 1 ? ">= 1.2" : "< 0.9"));
+  }
+}
+
+TEST(MoeRouting, RouterLogitGrowthWithoutZLoss) {
+  HealthHarness h(MoeInfo());
+  Feed(h, 2000, [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    // Without z-loss the max router logit climbs 14 -> 24 -> 34.
+    r.logit_max = 14 + (step > 400 ? (step - 400) / 80.0 : 0.0);
+    return r;
+  });
+  const auto fired = h.Fired(AlertKind::kMoeRouterZLossGrowth);
+  ASSERT_EQ(fired.size(), 1u);
+  // 2x the settled level (~14, the median of 10 noisy reports) at ~1500.
+  EXPECT_GE(fired[0].step, 1400u) << fired[0].description;
+  EXPECT_LE(fired[0].step, 1600u);
+}
+
+TEST(MoeRouting, ExpertBiasThatIsNotRecentredDrifts) {
+  HealthHarness h(MoeInfo(1, v1::AUX_FREE_BIAS));
+  Feed(h, 1500, [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    // Sign updates at 1e-3 with 1 expert over the mean and 7 under: the mean
+    // rises by 0.75e-3 a step; the spread across experts stays ~0.01.
+    r.bias.resize(kExperts);
+    for (uint32_t e = 0; e < kExperts; ++e) {
+      r.bias[e] = static_cast<float>(0.75e-3 * step + 0.01 * (e % 2 ? 1 : -1));
+    }
+    return r;
+  });
+  const auto fired = h.Fired(AlertKind::kMoeExpertBiasDrift);
+  ASSERT_EQ(fired.size(), 1u);
+  EXPECT_THAT(fired[0].description, HasSubstr("not re-centred"));
+}
+
+TEST(MoeRouting, ReCentredBiasDoesNotDrift) {
+  HealthHarness h(MoeInfo(1, v1::AUX_FREE_BIAS));
+  Feed(h, 1500, [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    r.bias.resize(kExperts);
+    for (uint32_t e = 0; e < kExperts; ++e) r.bias[e] = 0.01f * (e % 2 ? 1 : -1);
+    return r;
+  });
+  EXPECT_THAT(MoeFired(h), IsEmpty());
+}
+
+TEST(MoeRouting, TokensDroppedAboveOnePercent) {
+  HealthHarness h(MoeInfo());
+  Feed(h, 1000, [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    if (step >= 400) r.dropped_fraction = 0.04;
+    return r;
+  });
+  const auto fired = h.Fired(AlertKind::kMoeTokensDropped);
+  ASSERT_EQ(fired.size(), 1u);
+  EXPECT_LE(fired[0].step, 410u);
+}
+
+TEST(MoeRouting, HotExpertParallelRankIsNamed) {
+  HealthHarness h(MoeInfo(/*ep_size=*/4));
+  Feed(h, 1000, [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    if (step >= 400) {
+      // Experts 4-5 (EP rank 2) take 2.2x the mean rank's share.
+      for (uint32_t e = 0; e < kExperts; ++e) r.share[e] = (e / 2 == 2) ? 0.275 : 0.075;
+    }
+    return r;
+  });
+  const auto fired = h.Fired(AlertKind::kMoeExpertParallelImbalance);
+  ASSERT_EQ(fired.size(), 1u);
+  EXPECT_THAT(fired[0].description, HasSubstr("EP rank 2"));
+}
+
+TEST(MoeRouting, ARewindForgetsTheReports) {
+  HealthHarness h(MoeInfo());
+  const auto dead = [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    if (layer == 2 && step >= 500) r.share[5] = 0;
+    return r;
+  };
+  Feed(h, 590, dead);
+  // The job restarts from the checkpoint of step 500 and the expert lives:
+  // the empty reports before the rewind do not count.
+  h.health().Rewind(500);
+  Feed(h, 800, Healthy, 1, 4, /*first=*/500);
+  EXPECT_THAT(h.Fired(AlertKind::kMoeDeadExpert), IsEmpty());
+  // Without the rewind the same reports name it.
+  HealthHarness g(MoeInfo());
+  Feed(g, 620, dead);
+  EXPECT_EQ(g.Fired(AlertKind::kMoeDeadExpert).size(), 1u);
+}
+
+}  // namespace
+}  // namespace trainwatch
