@@ -79,6 +79,17 @@ constexpr TagEntry kTags[] = {
     {"log_z", LogField::kLogZ, 1, LogSource::kUnknown},
     {"train/log_z", LogField::kLogZ, 1, LogSource::kUnknown},
     {"skipped", LogField::kSkipped, 1, LogSource::kUnknown},
+    // MoE aggregates: Megatron-Core (console and TensorBoard), OLMo-core,
+    // fairseq (its gate loss is E x sum f_i P_i: 1.0 at balance).
+    {"load_balancing_loss", LogField::kMoeAuxLoss, 1, LogSource::kMegatron},
+    {"z_loss", LogField::kMoeZLoss, 1, LogSource::kMegatron},
+    {"train/load balancing loss unscaled", LogField::kMoeAuxLoss, 1, LogSource::kUnknown},
+    {"load balancing loss unscaled", LogField::kMoeAuxLoss, 1, LogSource::kUnknown},
+    {"train/router z loss unscaled", LogField::kMoeZLoss, 1, LogSource::kUnknown},
+    {"router z loss unscaled", LogField::kMoeZLoss, 1, LogSource::kUnknown},
+    {"moe_gate_loss", LogField::kMoeAuxLoss, 1, LogSource::kUnknown},
+    {"moe_aux_loss", LogField::kMoeAuxLoss, 1, LogSource::kUnknown},
+    {"moe_z_loss", LogField::kMoeZLoss, 1, LogSource::kUnknown},
 };
 
 constexpr struct {
@@ -93,6 +104,8 @@ constexpr struct {
     {LogField::kMaxAttnLogit, "max_attn_logit"},
     {LogField::kLogZ, "log_z"},
     {LogField::kSkipped, "skipped"},
+    {LogField::kMoeAuxLoss, "moe_aux_loss"},
+    {LogField::kMoeZLoss, "moe_z_loss"},
 };
 
 // A run of non-finite norms longer than this (in steps) is not a scaler
@@ -328,6 +341,14 @@ void NoteRecordCounts(const RecordCounts& counts, ImportPlan* plan) {
     plan->notes.push_back(absl::StrCat(
         "fp8: ", counts.fp8_bad_shares, " overflow/underflow values outside [0, 1] left out"));
   }
+  if (counts.moe_reports > 0) {
+    plan->notes.push_back(absl::StrCat(
+        "moe: ", counts.moe_reports,
+        " layer reports of the balancing loss and router z-loss only (no "
+        "per-expert counts): MoeAuxLossOffBalance and MoeRouterZLossGrowth "
+        "judge them; collapse, dead experts, imbalance, drops and the EP "
+        "ranks need tokens_per_expert, which the log does not carry"));
+  }
   if (counts.no_norm > 0) {
     plan->notes.push_back(absl::StrCat(
         "left out: ", counts.no_norm,
@@ -426,6 +447,19 @@ std::optional<TagTarget> LookUpTag(absl::string_view tag, const TagMap& user) {
     }
     return std::nullopt;
   }
+  // Megatron-Core's per-layer MoE series: moe/<name>_layer_<i>.
+  if (absl::StartsWith(key, "moe/")) {
+    const size_t at = key.rfind("_layer_");
+    if (at == std::string::npos || at <= 4) return std::nullopt;
+    const std::string name = key.substr(4, at - 4);
+    const std::string layer = key.substr(at + 7);
+    if (layer.empty() || !std::all_of(layer.begin(), layer.end(), [](char c) { return absl::ascii_isdigit(c); })) return std::nullopt;
+    if (name == "load_balancing_loss") {
+      return TagTarget{.field = LogField::kMoeAuxLoss, .moe_layer = layer};
+    }
+    if (name == "z_loss") return TagTarget{.field = LogField::kMoeZLoss, .moe_layer = layer};
+    return std::nullopt;
+  }
   // Megatron writes each series again against consumed samples (and
   // tokens): the step of those copies is not an iteration.
   if (absl::EndsWith(key, " vs samples") || absl::EndsWith(key, " vs tokens")) {
@@ -446,6 +480,13 @@ LogSource SourceOfTag(absl::string_view tag) {
 }
 
 void LoggedRun::Set(uint64_t step, const TagTarget& target, double value) {
+  if (!target.moe_layer.empty()) {
+    v1::MoeLayerStats& layer = steps[step].moe[target.moe_layer];
+    layer.set_layer(target.moe_layer);
+    if (target.field == LogField::kMoeAuxLoss) layer.set_aux_loss(value);
+    if (target.field == LogField::kMoeZLoss) layer.set_z_loss(value);
+    return;
+  }
   if (!target.fp8.has_value()) return Set(step, target.field, value * target.scale);
   v1::Fp8TensorStats& f = steps[step].fp8[target.fp8->tensor];
   const std::string& stat = target.fp8->stat;
@@ -497,6 +538,19 @@ void LoggedRun::Set(uint64_t step, LogField field, double value) {
                       ? static_cast<uint32_t>(std::min(value, 1e9))
                       : 0;
       return;
+    case LogField::kMoeAuxLoss:
+    case LogField::kMoeZLoss: {
+      v1::MoeLayerStats& layer = s.moe[""];
+      layer.set_layer("all");
+      if (field == LogField::kMoeAuxLoss) {
+        if (layer.has_aux_loss()) ++overwritten;
+        layer.set_aux_loss(value);
+      } else {
+        if (layer.has_z_loss()) ++overwritten;
+        layer.set_z_loss(value);
+      }
+      return;
+    }
   }
 }
 
@@ -594,6 +648,13 @@ std::optional<v1::StepRecord> MakeRecord(uint64_t step, const LoggedStep& logged
   if (logged.log_z.has_value()) r.set_log_z(*logged.log_z);
   for (const auto& [tensor, stats] : logged.fp8) {
     (*r.mutable_fp8())[tensor] = Fp8Record(tensor, stats, counts);
+  }
+  // Per-layer series when the log has them, else the aggregate.
+  const bool per_layer = logged.moe.size() > (logged.moe.count("") ? 1u : 0u);
+  for (const auto& [name, layer] : logged.moe) {
+    if (per_layer && name.empty()) continue;
+    *r.mutable_moe()->add_layers() = layer;
+    ++counts->moe_reports;
   }
   return r;
 }

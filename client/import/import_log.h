@@ -32,10 +32,14 @@ enum class LogField {
   kMaxAttnLogit,
   kLogZ,
   kSkipped,  // a count of skipped iterations (> 0: the step was skipped)
+  // MoE aggregates (no per-expert counts): the load-balancing loss without
+  // its coefficient (1.0 = balanced) and the router z-loss, over the layers.
+  kMoeAuxLoss,
+  kMoeZLoss,
 };
 
 // "grad_norm", "loss", "lr", "loss_scale", "step_time_s", "max_attn_logit",
-// "log_z", "skipped": the names --map takes.
+// "log_z", "skipped", "moe_aux_loss", "moe_z_loss": the names --map takes.
 absl::string_view LogFieldName(LogField field);
 std::optional<LogField> LogFieldFromName(absl::string_view name);
 
@@ -56,6 +60,9 @@ struct TagTarget {
     std::string stat;
   };
   std::optional<Fp8Column> fp8;
+  // A per-layer MoE series (Megatron-Core's moe/<name>_layer_<i>): the
+  // layer it belongs to ("" = over the layers).
+  std::string moe_layer;
 };
 
 // Names a user maps with --map TAG=field, checked before the table.
@@ -89,6 +96,8 @@ struct LoggedStep {
   // FP8 tensor stats from fp8/<tensor>/<stat> columns (format 0 until a
   // format column says).
   std::map<std::string, v1::Fp8TensorStats> fp8;
+  // MoE aggregates by layer ("" = over the layers): aux_loss and z_loss.
+  std::map<std::string, v1::MoeLayerStats> moe;
 };
 
 // Everything read from one run's files. Thread-compatible.
@@ -162,6 +171,7 @@ struct RecordCounts {
   uint64_t no_norm = 0;          // steps left out: no norm
   uint64_t fp8_unformatted = 0;  // FP8 tensors given the HYBRID format
   uint64_t fp8_bad_shares = 0;   // overflow/underflow shares left out
+  uint64_t moe_reports = 0;      // MoE layer entries sent (aggregates only)
 };
 
 // The record of one logged step, or nullopt when it has no usable norm (and

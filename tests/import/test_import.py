@@ -269,3 +269,60 @@ def test_bad_hf_file_names_the_line(server, tmp_path):
     r = ctl(server, "import", str(path), "--run", "hf-bad", check=False)
     assert r.returncode == 1
     assert f"{path}:3:" in r.stderr
+
+
+MOE_DIR = SHARED_DIR / "testdata" / "moe-logs"
+
+
+def test_real_megatron_moe_runs_import_their_balancing_loss_and_page_nothing(server, tmp_path):
+    """The three 64-expert Megatron-Core runs of the shared MoE logs (their
+    balancing loss 1.44 -> 1.01 in ~150 iterations): the loss arrives as
+    the aggregate MoE layer, and nothing pages."""
+    path = MOE_DIR / "megatron_seunghyunseo_lbl.csv"
+    if not path.exists():
+        pytest.skip(f"needs the shared MoE logs ({path}), which this checkout "
+                    "does not have beside it (or set TRAINWATCH_SHARED_DIR)")
+    import csv
+    runs = {}
+    for row in csv.DictReader(path.open()):
+        if row["load_balancing_loss"]:
+            runs.setdefault(row["run"], []).append(row)
+    assert len(runs) >= 2, runs.keys()
+    for i, (name, rows) in enumerate(runs.items()):
+        text = "iteration,lr,lm_loss,load_balancing_loss,grad_norm\n" + "".join(
+            f"{r['iteration']},{r['lr']},{r['lm_loss']},{r['load_balancing_loss']},{r['grad_norm']}\n"
+            for r in rows)
+        log = write(tmp_path, f"moe{i}.csv", text)
+        out = ctl(server, "import", str(log), "--run", f"mega-moe-{i}").stdout
+        assert "moe: " in out and "MoeAuxLossOffBalance" in out, out
+        records = {r["step"]: r for r in steps_of(server, f"mega-moe-{i}")}
+        for r in rows:
+            layers = records[int(r["iteration"])]["moe"]["layers"]
+            assert layers[0]["aux_loss"] == pytest.approx(float(r["load_balancing_loss"])), name
+        assert paging(alerts_of(server, f"mega-moe-{i}")) == [], name
+
+
+def megatron_moe_log(balancing):
+    """Megatron-Core console lines with its load_balancing_loss."""
+    lines = []
+    for i in range(1, 801):
+        lines.append(f" iteration      {i}/    1000 | consumed samples: {i * 512} | elapsed "
+                     f"time per iteration (ms): 900.0 | learning rate: {3e-4 * min(1, i / 50):.3E} "
+                     f"| global batch size:   512 | lm loss: {8 - i / 200:.6E} | "
+                     f"load_balancing_loss: {balancing(i):.6E} | z_loss: {2.5 + 0.01 * (i % 5):.6E} "
+                     f"| grad norm: {0.8 + 0.01 * (i % 7):.3f} | number of skipped "
+                     "iterations:   0 | number of nan iterations:   0 |")
+    return "\n".join(lines) + "\n"
+
+
+def test_megatron_moe_console_balancing_judged(server, tmp_path):
+    healthy = write(tmp_path, "healthy.log", megatron_moe_log(
+        lambda i: 1.44 - 0.43 * min(1, i / 150) + 0.005 * (i % 3)))
+    ctl(server, "import", str(healthy), "--run", "moe-healthy")
+    records = {r["step"]: r for r in steps_of(server, "moe-healthy")}
+    assert records[10]["moe"]["layers"][0]["z_loss"] == pytest.approx(2.5)
+    assert paging(alerts_of(server, "moe-healthy")) == []
+    stuck = write(tmp_path, "stuck.log", megatron_moe_log(lambda i: 1.35 + 0.005 * (i % 3)))
+    ctl(server, "import", str(stuck), "--run", "moe-stuck")
+    names = {a["alertname"] for a in paging(alerts_of(server, "moe-stuck"))}
+    assert names == {"MoeAuxLossOffBalance"}, names
