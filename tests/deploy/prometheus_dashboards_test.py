@@ -70,6 +70,9 @@ def step_line(rng, step, clipped):
         rec["fp8"] = {"l0.fc1:input": {"format": "E4M3", "amax": 3.0 * math.exp(rng.gauss(0, 0.05)),
                                        "scale": 448 / 3.3, "amax_history_len": 16, "margin": 0,
                                        "overflow_fraction": 0, "underflow_fraction": 0.001}}
+        # and a healthy MoE routing report, for the MoE panels.
+        rec["moe"] = {"layers": [{"layer": str(l), "tokens_per_expert": [rng.randint(900, 1100) for _ in range(8)],
+                                  "dropped": 2, "aux_loss": 1.01, "z_loss": 2.5} for l in range(2)]}
     return json.dumps(rec)
 
 def main():
@@ -107,7 +110,8 @@ def main():
         # 3. Part 1: a healthy-looking fp16 start (every gauge set, no clipping).
         rng = random.Random(4)
         start_line = json.dumps({"run_start": {"run_id": RUN, "world_size": 1, "precision": "FP16",
-                                               "max_norm": 1.0, "warmup_steps": 10, "labels": {"model": "test"}}})
+                                               "max_norm": 1.0, "warmup_steps": 10, "labels": {"model": "test"},
+                                               "moe": {"num_experts": 8, "top_k": 2}}})
         with open(f"{tmp}/part1.jsonl", "w") as f:
             print(start_line, file=f)
             for s in range(1, 201): print(step_line(rng, s, False), file=f)
