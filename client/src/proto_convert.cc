@@ -40,6 +40,10 @@ constexpr double kClipEpsilon = 1e-6;
 
 }  // namespace
 
+static_assert(static_cast<int>(MoeBalancing::kAuxFreeBias) == v1::AUX_FREE_BIAS &&
+                  static_cast<int>(MoeBalancing::kNone) == v1::NO_BALANCING,
+              "MoeBalancing follows the proto's MoeBalancing");
+
 v1::RunStart MakeRunStart(const ClientOptions& options) {
   v1::RunStart start;
   start.set_run_id(options.run_id);
@@ -54,6 +58,17 @@ v1::RunStart MakeRunStart(const ClientOptions& options) {
   if (options.adam_beta2) start.set_adam_beta2(*options.adam_beta2);
   start.mutable_labels()->insert(options.labels.begin(), options.labels.end());
   start.set_host(options.host);
+  if (options.moe) {
+    v1::MoeConfig& moe = *start.mutable_moe();
+    moe.set_num_experts(options.moe->num_experts);
+    moe.set_top_k(options.moe->top_k);
+    moe.set_ep_size(options.moe->ep_size);
+    moe.set_balancing(static_cast<v1::MoeBalancing>(options.moe->balancing));
+    moe.set_aux_loss_coeff(options.moe->aux_loss_coeff);
+    moe.set_z_loss_coeff(options.moe->z_loss_coeff);
+    moe.set_bias_update_rate(options.moe->bias_update_rate);
+    moe.set_capacity_factor(options.moe->capacity_factor);
+  }
   return start;
 }
 
@@ -105,6 +120,17 @@ void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out) {
     if (stat.overflow_fraction) proto.set_overflow_fraction(*stat.overflow_fraction);
     if (stat.underflow_fraction) proto.set_underflow_fraction(*stat.underflow_fraction);
     proto.set_amax_group(stat.amax_group);
+  }
+  for (const MoeLayerStat& stat : step.moe) {
+    v1::MoeLayerStats& proto = *out->mutable_moe()->add_layers();
+    proto.set_layer(stat.layer);
+    proto.mutable_tokens_per_expert()->Add(stat.tokens_per_expert.begin(),
+                                           stat.tokens_per_expert.end());
+    if (stat.dropped) proto.set_dropped(*stat.dropped);
+    if (stat.aux_loss) proto.set_aux_loss(*stat.aux_loss);
+    if (stat.z_loss) proto.set_z_loss(*stat.z_loss);
+    proto.mutable_expert_bias()->Add(stat.expert_bias.begin(), stat.expert_bias.end());
+    if (stat.router_logit_max) proto.set_router_logit_max(*stat.router_logit_max);
   }
   DeriveClipping(max_norm, out);
 }

@@ -227,7 +227,8 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Above: raise its coefficient or check it is applied. Below: check the "
      "score function and the normaliser's epsilon, and that the loss is "
      "computed over the global batch.",
-     AlertScope::kLead, {K::kMoeRouterCollapse}},
+     AlertScope::kLead,
+     {K::kMoeRouterCollapse, K::kMoeDeadExpert, K::kMoeRouterZLossGrowth}},
     {K::kMoeRouterZLossGrowth, "MoeRouterZLossGrowth", v1::SEVERITY_WARNING,
      "The router's logits keep growing (z-loss or max router logit 2x its "
      "baseline): bf16 round-off in the router's softmax, then unstable "

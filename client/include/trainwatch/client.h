@@ -65,6 +65,23 @@ struct ConnectionSecurity {
   }
 };
 
+// How a mixture-of-experts run routes (RunStart.moe, docs/contracts.md):
+// the proto's MoeBalancing values.
+enum class MoeBalancing {
+  kUnspecified = 0, kAuxLoss = 1, kSeqAuxLoss = 2, kGlobalAuxLoss = 3,
+  kAuxFreeBias = 4, kNone = 5
+};
+struct MoeConfig {
+  uint32_t num_experts = 0;  // 0: unknown
+  uint32_t top_k = 0;
+  uint32_t ep_size = 0;      // expert-parallel ranks (experts in contiguous blocks)
+  MoeBalancing balancing = MoeBalancing::kUnspecified;
+  double aux_loss_coeff = 0.0;
+  double z_loss_coeff = 0.0;
+  double bias_update_rate = 0.0;
+  double capacity_factor = 0.0;  // 0: dropless
+};
+
 struct ClientOptions {
   // Server address, host:port.
   std::string address = "127.0.0.1:50051";
@@ -85,6 +102,8 @@ struct ClientOptions {
   std::optional<double> adam_eps;
   std::optional<double> adam_beta2;
   std::map<std::string, std::string> labels;
+  // A mixture-of-experts run's routing; absent for a dense model.
+  std::optional<MoeConfig> moe;
   // The machine this rank runs on (RunStart.host). Empty: this machine's
   // hostname, when measure_locally is on.
   std::string host;
@@ -148,6 +167,22 @@ struct Fp8Stat {
   std::string amax_group;
 };
 
+// One MoE layer's routing in a step's global batch (MoeLayerStats of
+// docs/contracts.md): routed assignments per expert before any capacity
+// drop (num_experts long, or empty with aggregates only), the assignments
+// dropped (absent when dropless), the load-balancing loss without its
+// coefficient normalised to 1.0 at balance, the router z-loss, the
+// aux-loss-free bias (num_experts long or empty), the largest router logit.
+struct MoeLayerStat {
+  std::string layer;
+  std::vector<uint64_t> tokens_per_expert;
+  std::optional<uint64_t> dropped;
+  std::optional<double> aux_loss;
+  std::optional<double> z_loss;
+  std::vector<float> expert_bias;
+  std::optional<double> router_logit_max;
+};
+
 // One optimizer step (StepRecord of docs/contracts.md). Floats may be NaN or Inf.
 struct Step {
   uint64_t step = 0;
@@ -166,6 +201,8 @@ struct Step {
   std::map<std::string, LayerStat> layer_stats;
   // FP8 tensor name -> its scaling state (every N steps, FP8 runs only).
   std::map<std::string, Fp8Stat> fp8;
+  // MoE routing, one entry a layer (every N steps, MoE runs only).
+  std::vector<MoeLayerStat> moe;
   // Wall seconds since this rank's previous optimizer step (measured by the
   // client when absent, see ClientOptions::measure_locally), and the part of
   // it spent waiting for the input pipeline.

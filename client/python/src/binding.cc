@@ -23,6 +23,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -176,6 +178,60 @@ bool Fp8StatEntry(PyObject* value, Fp8Stat* stat) {
   return true;
 }
 
+// A list or tuple of plain numbers into `out` (ints for counts).
+template <typename T>
+bool PlainNumbers(PyObject* o, std::vector<T>* out) {
+  if (!PyList_Check(o) && !PyTuple_Check(o)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+  PyObject** items = PySequence_Fast_ITEMS(o);
+  out->reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if constexpr (std::is_integral_v<T>) {
+      if (!PyLong_Check(items[i])) return false;
+      const unsigned long long v = PyLong_AsUnsignedLongLong(items[i]);
+      if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+      }
+      out->push_back(static_cast<T>(v));
+    } else {
+      double d;
+      if (!PlainDouble(items[i], &d)) return false;
+      out->push_back(static_cast<T>(d));
+    }
+  }
+  return true;
+}
+
+// None, or a list of the Python layer's MoE layer tuples (layer, counts,
+// dropped, aux_loss, z_loss, bias, router_logit_max), counts and bias lists
+// of plain numbers, the scalars numbers or None.
+bool MoeEntries(PyObject* o, std::vector<MoeLayerStat>* out) {
+  if (o == Py_None) return true;
+  if (!PyList_Check(o)) return false;
+  const Py_ssize_t n = PyList_GET_SIZE(o);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* t = PyList_GET_ITEM(o, i);
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) return false;
+    PyObject** items = PySequence_Fast_ITEMS(t);
+    MoeLayerStat stat;
+    std::optional<double> dropped;
+    if (!KeyString(items[0], &stat.layer) ||
+        !PlainNumbers(items[1], &stat.tokens_per_expert) ||
+        !OptionalDouble(items[2], &dropped) || !OptionalDouble(items[3], &stat.aux_loss) ||
+        !OptionalDouble(items[4], &stat.z_loss) || !PlainNumbers(items[5], &stat.expert_bias) ||
+        !OptionalDouble(items[6], &stat.router_logit_max)) {
+      return false;
+    }
+    if (dropped) {
+      if (!(*dropped >= 0 && *dropped <= 1.8e19)) return false;
+      stat.dropped = static_cast<uint64_t>(*dropped);
+    }
+    out->push_back(std::move(stat));
+  }
+  return true;
+}
+
 // Raises the Python exception a user expects: ValueError for bad arguments,
 // TimeoutError for a deadline, RuntimeError otherwise.
 void ThrowIfError(const absl::Status& status) {
@@ -224,7 +280,8 @@ class PyClient {
              py::handle clip_coef, py::handle max_attn_logit, py::handle log_z,
              py::handle lr, py::handle step_time_s, py::handle data_wait_s,
              py::handle batch_ids, py::handle shard_sq_sum,
-             py::handle layer_stats, py::handle fp8, int64_t time_unix_nanos) {
+             py::handle layer_stats, py::handle fp8, py::handle moe,
+             int64_t time_unix_nanos) {
     Step s;
     PyObject* step_obj = step.ptr();
     if (!PyLong_Check(step_obj)) return kDeferred;
@@ -253,7 +310,7 @@ class PyClient {
     }
     if (!BatchIds(batch_ids.ptr(), &s.batch_ids) ||
         !NamedEntries(layer_stats.ptr(), &s.layer_stats, LayerStatEntry) ||
-        !NamedEntries(fp8.ptr(), &s.fp8, Fp8StatEntry)) {
+        !NamedEntries(fp8.ptr(), &s.fp8, Fp8StatEntry) || !MoeEntries(moe.ptr(), &s.moe)) {
       return kDeferred;
     }
     if (!layer_kinds_.empty()) {
@@ -331,7 +388,7 @@ class PyClient {
 // pybind11's dispatcher (argument vectors, overload loop, casts) cost more
 // than the rest of record() together. The capsule's context holds a
 // reference to the pybind11 object, so the function keeps its client alive.
-constexpr int kRecordArgs = 17;
+constexpr int kRecordArgs = 18;
 
 PyObject* FastRecord(PyObject* capsule, PyObject* const* args,
                      Py_ssize_t nargs) {
@@ -347,7 +404,7 @@ PyObject* FastRecord(PyObject* capsule, PyObject* const* args,
   const int r = client->Record(args[0], args[1], args[2], args[3], args[4],
                                args[5], args[6], args[7], args[8], args[9],
                                args[10], args[11], args[12], args[13], args[14],
-                               args[15], stamp);
+                               args[15], args[16], stamp);
   return PyLong_FromLong(r);  // a cached small int
 }
 
@@ -380,8 +437,18 @@ std::unique_ptr<PyClient> CreateClient(
     std::optional<double> adam_eps, std::optional<double> adam_beta2,
     std::map<std::string, std::string> labels, size_t capacity,
     std::string auth_token, bool tls, std::string tls_ca_file,
-    std::string tls_cert_file, std::string tls_key_file, std::string host) {
+    std::string tls_cert_file, std::string tls_key_file, std::string host,
+    std::optional<std::tuple<uint32_t, uint32_t, uint32_t, int, double, double, double,
+                             double>> moe) {
   ClientOptions options;
+  if (moe) {
+    const auto& [experts, top_k, ep_size, balancing, aux, z, rate, capacity] = *moe;
+    if (balancing < 0 || balancing > 5) throw py::value_error("unknown MoE balancing");
+    options.moe = MoeConfig{.num_experts = experts, .top_k = top_k, .ep_size = ep_size,
+                            .balancing = static_cast<MoeBalancing>(balancing),
+                            .aux_loss_coeff = aux, .z_loss_coeff = z,
+                            .bias_update_rate = rate, .capacity_factor = capacity};
+  }
   options.host = std::move(host);  // "": this machine's hostname
   options.address = std::move(address);
   options.security.auth_token = std::move(auth_token);
@@ -479,7 +546,7 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("adam_eps"), py::arg("adam_beta2"), py::arg("labels"),
            py::arg("capacity"), py::arg("auth_token"), py::arg("tls"),
            py::arg("tls_ca_file"), py::arg("tls_cert_file"),
-           py::arg("tls_key_file"), py::arg("host"))
+           py::arg("tls_key_file"), py::arg("host"), py::arg("moe") = py::none())
       // Positional only: keyword matching would cost more than Record().
       .def("record", &PyClient::Record)
       // The same, as a builtin that skips pybind11's dispatcher (hot path).

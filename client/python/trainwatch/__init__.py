@@ -47,7 +47,7 @@ EVENT_KINDS = {"checkpoint_saved": 1, "run_finished": 2, "run_failed": 3}
 # StepRecord fields record() takes after step, in the binding's order.
 _FIELDS = ("grad_norm", "loss", "loss_scale", "skipped", "clipped", "clip_coef",
            "max_attn_logit", "log_z", "lr", "step_time_s", "data_wait_s",
-           "batch_ids", "shard_sq_sum", "layer_stats", "fp8")
+           "batch_ids", "shard_sq_sum", "layer_stats", "fp8", "moe")
 # The step record's optional floats, from the C++ field table
 # (step_fields.h): a field added there and not here is caught at import.
 _missing = set(_trainwatch.STEP_OPTIONAL_DOUBLES) - set(_FIELDS)
@@ -134,7 +134,7 @@ class Client:
                  adam_eps=None, adam_beta2=None, capacity=100000,
                  scaler_growth_interval=0, auth_token=None, tls=False,
                  tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
-                 host=None):
+                 host=None, moe=None):
         if not isinstance(address, str) or not address:
             raise ValueError("address must be a non-empty 'host:port' string")
         if not isinstance(run, str):
@@ -176,7 +176,8 @@ class Client:
                                      scaler_growth_interval, adam_eps, adam_beta2,
                                      labels, capacity, auth_token, bool(tls),
                                      files["tls_ca_file"], files["tls_cert_file"],
-                                     files["tls_key_file"], host or "")
+                                     files["tls_key_file"], host or "",
+                                     _moe_config(moe))
         self._record = self._c.fast_record()
         self.run = run
         self.rank = rank
@@ -193,7 +194,7 @@ class Client:
     def record(self, step, grad_norm, loss=None, loss_scale=None, skipped=False,
                clipped=None, clip_coef=None, max_attn_logit=None, log_z=None,
                lr=None, batch_ids=None, shard_sq_sum=None, layer_stats=None,
-               step_time_s=None, data_wait_s=None, fp8=None):
+               step_time_s=None, data_wait_s=None, fp8=None, moe=None):
         """Records one optimizer step; never blocks.
 
         Every value may be a float/int/bool, a numpy scalar or a torch tensor
@@ -209,7 +210,13 @@ class Client:
         which syncs a GPU: send fp8 every N steps). step_time_s: seconds
         since the previous optimizer step (default: measured, the time since
         the previous record()); data_wait_s: the part of it spent waiting for
-        the input pipeline (trainwatch.torch.StepHook measures it).
+        the input pipeline (trainwatch.torch.StepHook measures it). moe: an
+        MoE run's routing, a list of dicts (or a dict of layer name -> dict)
+        {layer, tokens_per_expert (the routed assignments per expert in the
+        global batch, a list or a tensor: trainwatch.torch.route_counts
+        counts them on the device), dropped, aux_loss (without its
+        coefficient, 1.0 = balanced), z_loss, expert_bias, router_logit_max},
+        each optional but the counts; CUDA tensors are copied without a sync.
 
         Returns False when the step was dropped (buffer full, or the client
         is closed); True otherwise, including a step queued behind a CUDA copy.
@@ -217,7 +224,7 @@ class Client:
         if not self._pending:
             r = self._record(step, grad_norm, loss, loss_scale, skipped, clipped,
                              clip_coef, max_attn_logit, log_z, lr, step_time_s,
-                             data_wait_s, batch_ids, shard_sq_sum, layer_stats, fp8, 0)
+                             data_wait_s, batch_ids, shard_sq_sum, layer_stats, fp8, moe, 0)
             if r != _DEFERRED:
                 if r == _RECORDED:
                     self._last_step = step
@@ -225,7 +232,7 @@ class Client:
         return self._record_slow(step, (grad_norm, loss, loss_scale, skipped,
                                         clipped, clip_coef, max_attn_logit,
                                         log_z, lr, step_time_s, data_wait_s,
-                                        batch_ids, shard_sq_sum, layer_stats, fp8))
+                                        batch_ids, shard_sq_sum, layer_stats, fp8, moe))
 
     # -- events, flush, close -------------------------------------------------
 
@@ -501,6 +508,8 @@ def _host_value(name, value, torch, devices, pos, key=None):
         return out
     if name == "fp8":
         return _fp8_entries(value)
+    if name == "moe":
+        return _moe_entries(value, torch, devices, pos)
     if name in _BOOL_FIELDS:
         try:
             return bool(value)  # numpy.bool_
@@ -550,6 +559,92 @@ def _fp8_entries(value):
     return out
 
 
+# MoeBalancing values (docs/contracts.md RunStart.moe), by the names a user passes.
+MOE_BALANCING = {"UNSPECIFIED": 0, "AUX_LOSS": 1, "SEQ_AUX_LOSS": 2, "GLOBAL_AUX_LOSS": 3,
+                 "AUX_FREE_BIAS": 4, "NO_BALANCING": 5}
+_MOE_CONFIG_KEYS = ("num_experts", "top_k", "ep_size", "balancing", "aux_loss_coeff",
+                    "z_loss_coeff", "bias_update_rate", "capacity_factor")
+_MOE_KEYS = ("layer", "tokens_per_expert", "dropped", "aux_loss", "z_loss", "expert_bias",
+             "router_logit_max")
+
+
+def _moe_config(moe):
+    """Client(moe=...) as the binding's tuple, or None."""
+    if moe is None:
+        return None
+    if not isinstance(moe, dict):
+        raise ValueError(f"moe must be a dict with keys {_MOE_CONFIG_KEYS}")
+    unknown = set(moe) - set(_MOE_CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"moe has unknown keys {sorted(unknown)}")
+    balancing = moe.get("balancing", "UNSPECIFIED")
+    code = MOE_BALANCING.get(str(balancing).upper())
+    if code is None:
+        raise ValueError(f"moe balancing must be one of {sorted(MOE_BALANCING)}, got {balancing!r}")
+    ints = []
+    for k in ("num_experts", "top_k", "ep_size"):
+        v = moe.get(k, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"moe {k} must be a non-negative int, got {v!r}")
+        ints.append(v)
+    try:
+        floats = [float(moe.get(k, 0.0)) for k in ("aux_loss_coeff", "z_loss_coeff",
+                                                   "bias_update_rate", "capacity_factor")]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"moe: {e}") from None
+    return (*ints, code, *floats)
+
+
+def _moe_entries(value, torch, devices, pos):
+    """record(moe=...) as the binding's tuples (see MoeEntries in binding.cc);
+    CUDA tensors are noted in `devices` with key ("moe", layer index, field)."""
+    if isinstance(value, dict) and "tokens_per_expert" not in value:
+        value = [dict(stat, layer=str(layer)) for layer, stat in value.items()]
+    elif isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError("record(): moe must be a list of layer dicts (or a dict of layer -> dict)")
+    out = []
+    for i, stat in enumerate(value):
+        if not isinstance(stat, dict):
+            raise TypeError(f"record(): moe[{i}] must be a dict with keys {_MOE_KEYS}")
+        unknown = set(stat) - set(_MOE_KEYS)
+        if unknown:
+            raise ValueError(f"record(): moe[{i}] has unknown keys {sorted(unknown)}")
+        entry = [str(stat.get("layer", i))]
+        for j, key in enumerate(_MOE_KEYS[1:], start=1):
+            v = stat.get(key)
+            if key in ("tokens_per_expert", "expert_bias"):
+                if v is None:
+                    entry.append([])
+                elif torch is not None and isinstance(v, torch.Tensor):
+                    if v.is_cuda:
+                        devices.append(((pos, ("moe", i, j)), v.reshape(-1)))
+                        entry.append([])
+                    else:
+                        v = v.detach().cpu().reshape(-1).tolist()
+                        entry.append([int(x) for x in v] if j == 1 else [float(x) for x in v])
+                else:
+                    try:
+                        entry.append([int(x) for x in v] if j == 1 else [float(x) for x in v])
+                    except (TypeError, ValueError):
+                        raise TypeError(f"record(): moe[{i}].{key} must be a list of numbers") from None
+                    if j == 1 and any(x < 0 for x in entry[-1]):
+                        raise ValueError(f"record(): moe[{i}].tokens_per_expert must be >= 0")
+            elif v is None:
+                entry.append(None)
+            elif torch is not None and isinstance(v, torch.Tensor) and v.is_cuda:
+                devices.append(((pos, ("moe", i, j)), v.reshape(-1)[:1]))
+                entry.append(None)
+            else:
+                try:
+                    entry.append(int(v) if key == "dropped" else float(v))
+                except (TypeError, ValueError):
+                    raise TypeError(f"record(): moe[{i}].{key} must be a number") from None
+        out.append(tuple(entry))
+    return out
+
+
 def _fill_from_host(values, buffers):
     """Puts the copied values (now in pinned host memory) into `values`."""
     host_f, host_i, layout = buffers
@@ -571,6 +666,14 @@ def _fill_from_host(values, buffers):
                 values[pos] = float(chunk[0])
         elif isinstance(key, str):  # a layer's 3-element tensor
             values[pos][key] = tuple(float(x) for x in chunk)
+        elif len(key) == 3:  # an MoE layer's field (counts, bias or a scalar)
+            _, i, j = key
+            entry = list(values[pos][i])
+            if j in (1, 5):
+                entry[j] = [int(x) for x in chunk] if j == 1 else [float(x) for x in chunk]
+            else:
+                entry[j] = int(chunk[0]) if j == 2 else float(chunk[0])
+            values[pos][i] = tuple(entry)
         else:  # one element of a layer's tuple
             layer, j = key
             stat = list(values[pos][layer])

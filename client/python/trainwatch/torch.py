@@ -74,6 +74,23 @@ def max_attention_logit(q, k, scale=None, mask=None):
         return logits.amax()
 
 
+def route_counts(topk_indices, num_experts):
+    """The routed assignments per expert of one MoE layer in this step, from
+    the router's top-k expert indices (any shape, e.g. [tokens, top_k]):
+    torch.bincount on the tensor's device, no GPU sync. Pass it as
+    record(moe=[{"layer": name, "tokens_per_expert": counts, ...}]); the
+    client copies it to the host without a sync. Sum it over data-parallel
+    ranks first (all_reduce) for the global batch's counts."""
+    return torch.bincount(topk_indices.detach().reshape(-1).to(torch.int64),
+                          minlength=num_experts)[:num_experts]
+
+
+def router_z_loss(router_logits):
+    """The router z-loss without its coefficient (mean logsumexp^2 of the
+    router logits over the tokens), a 0-dim tensor on their device."""
+    return torch.logsumexp(router_logits.detach().float(), dim=-1).square().mean()
+
+
 class AttentionLogitProbe:
     """Max attention logit of nn.MultiheadAttention modules, by recomputation.
 
