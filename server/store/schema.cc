@@ -135,15 +135,15 @@ ALTER TABLE step_chunks_v6 RENAME TO step_chunks;
 )sql";
 
 // Version 7: step_chunks.records may hold the columnar encoding of
-// store/step_codec.h (its first byte, 0x07, never starts a serialized
+// store/codec/step_codec.h (its first byte, 0x07, never starts a serialized
 // StepBatch); chunks written before keep their StepBatch and read as they are,
 // so nothing is rewritten: a migration that re-encoded every chunk would hold
 // the write lock and need the file's size again in the WAL for as long as it
 // takes, for a one-time saving on old runs. The version tells a server of
 // version 6, which cannot read the new chunks, to refuse the file.
 
-// Version 8: the digests of non-lead ranks (store/rank_digest.h) not yet in
-// a chunk. A trainer at a step a second sends a record a batch, so a row a
+// Version 8: the digests of non-lead ranks (store/ranks/rank_digest.h) not yet
+// in a chunk. A trainer at a step a second sends a record a batch, so a row a
 // record would cost ~100 bytes and a b-tree cell each, and merging a stream's
 // rows later would touch a page per row (its rows lie among every other
 // rank's). Instead each transaction appends one row per run holding that

@@ -3,7 +3,7 @@
 //
 // Layout. Step records are stored in chunks: one row per accepted batch of a
 // stream (run, rank, attempt), holding the records (columnar, see
-// store/step_codec.h) and the step range they cover. A row per step tops out near 240k rows/s on a 2-core
+// store/codec/step_codec.h) and the step range they cover. A row per step tops out near 240k rows/s on a 2-core
 // machine; a chunk row carries up to thousands of records for about the cost
 // of one row, and QuerySteps reads a range with one index seek.
 //
@@ -126,7 +126,7 @@ struct StoreOptions {
   // What is kept of the records of a rank other than its run's lead (the
   // lowest rank seen; docs/architecture.md, "What is kept per rank"):
   // kDigest keeps the step, time, norms, step time and data wait, rounded
-  // (store/rank_digest.h); kFull every field, as the lead's.
+  // (store/ranks/rank_digest.h); kFull every field, as the lead's.
   enum class RankRecords { kFull, kDigest };
   RankRecords rank_records = RankRecords::kDigest;
   // Non-lead ranks' records more than this many steps behind their stream's

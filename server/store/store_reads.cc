@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "store/rank_tail.h"
-#include "store/step_codec.h"
+#include "store/codec/step_codec.h"
+#include "store/ranks/rank_tail.h"
 #include "store/store.h"
 #include "trainwatch/v1/alert_names.h"
 
@@ -57,7 +57,7 @@ void UnpackIds(std::string_view blob, Repeated* out) {
   out->Resize(static_cast<int>(n), 0);
   if (n > 0) std::memcpy(out->mutable_data(), blob.data(), n * sizeof(int64_t));
 }
-// The open digests of a run's non-lead ranks (store/rank_tail.h), in step
+// The open digests of a run's non-lead ranks (store/ranks/rank_tail.h), in step
 // order by (rank, attempt): rank_tail rows (writer.h) less what a chunk of
 // the stream holds (a stream's chunks hold its digests up to their last
 // step), with step in [from, to] (to 0: no bound).

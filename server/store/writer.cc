@@ -6,9 +6,9 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "store/rank_digest.h"
-#include "store/rank_tail.h"
-#include "store/step_codec.h"
+#include "store/codec/step_codec.h"
+#include "store/ranks/rank_digest.h"
+#include "store/ranks/rank_tail.h"
 #include "trainwatch/v1/alert_names.h"
 
 namespace trainwatch {

@@ -16,7 +16,7 @@
 #include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "store/rank_digest.h"
+#include "store/ranks/rank_digest.h"
 #include "store/sqlite.h"
 #include "store/store.h"
 
@@ -47,7 +47,7 @@ class StoreWriter {
   // those of streams written before a restart stay as they are.
   static constexpr size_t kSmallChunk = 512;       // records; fewer is small
   static constexpr size_t kCompactRecords = 2048;  // records in a merged chunk
-  // A non-lead rank's digests (store/rank_digest.h) are not written as
+  // A non-lead rank's digests (store/ranks/rank_digest.h) are not written as
   // chunks of their batches: each transaction appends the run's new digests
   // as one rank_tail row, the writer holds each stream's open digests in
   // memory, and writes them as one chunk of kRankCompactRecords (schema.cc,

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "store/step_codec.h"
+#include "store/codec/step_codec.h"
 #include "store/store.h"
 
 namespace {
@@ -166,7 +166,7 @@ void BM_StoreCommitPipelined(benchmark::State& state) { StoreBench(state, 64); }
 BENCHMARK(BM_StoreCommitPipelined)->Apply(PageSizes);
 
 // A chunk of 1,024 records encoded and decoded, as the columnar format of
-// store/step_codec.h (format:1) and as the serialized StepBatch before it
+// store/codec/step_codec.h (format:1) and as the serialized StepBatch before it
 // (format:0), side by side; bytes_per_record is the blob's size.
 google::protobuf::RepeatedPtrField<v1::StepRecord> ChunkRecords() {
   const std::vector<v1::StepRecord> templ = Records(1024);

@@ -1,11 +1,11 @@
-// The step chunk codec (server/store/step_codec.h) on any bytes: decoding
+// The step chunk codec (server/store/codec/step_codec.h) on any bytes: decoding
 // never crashes, reads out of bounds or allocates past what the blob's size
 // implies, and whatever decodes (a columnar chunk, or a StepBatch of the
 // format before it: records from arbitrary protobuf) re-encodes to a chunk
 // that decodes to the same records, bit for bit (compared as their
 // deterministic serializations, which keep every double's bits, NaN
 // payloads and -0.0 included, and the unknown fields). The same bytes are
-// also read as a rank_tail row (store/rank_digest.h).
+// also read as a rank_tail row (store/ranks/rank_digest.h).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "proto_bytes.h"
-#include "store/rank_digest.h"
-#include "store/step_codec.h"
+#include "store/codec/step_codec.h"
+#include "store/ranks/rank_digest.h"
 
 namespace {
 
@@ -23,7 +23,7 @@ using Records = google::protobuf::RepeatedPtrField<trainwatch::v1::StepRecord>;
 
 using trainwatch::testing::DeterministicBytes;
 
-// The same input as a rank_tail row (store/rank_digest.h): what decodes
+// The same input as a rank_tail row (store/ranks/rank_digest.h): what decodes
 // re-encodes to rows that decode to the same ranks and records.
 void RankTail(std::string_view blob) {
   std::vector<trainwatch::RankTailEntry> streams, streams_back;

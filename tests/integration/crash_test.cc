@@ -38,7 +38,7 @@
 
 #include "gtest/gtest.h"
 #include "harness.h"
-#include "store/rank_digest.h"
+#include "store/ranks/rank_digest.h"
 #include "stored_data.h"
 #include "trainwatch/client.h"
 
@@ -115,7 +115,7 @@ struct Trainer {
   std::thread thread;
 
   // What the store keeps: rank 0 (the lead) whole, the others' digests
-  // (store/rank_digest.h: the norm rounded, no loss).
+  // (store/ranks/rank_digest.h: the norm rounded, no loss).
   uint64_t ExpectedChecksum(uint64_t steps) const {
     uint64_t sum = 0;
     v1::StepRecord sent, kept;

@@ -16,7 +16,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "harness.h"
-#include "store/rank_digest.h"
+#include "store/ranks/rank_digest.h"
 #include "stored_data.h"
 #include "trainwatch/client.h"
 #include "trainwatch/v1/trainwatch.grpc.pb.h"
@@ -108,7 +108,7 @@ TEST(IngestIntegration, ReplayOfTwoRanksIsStoredExactlyAndExported) {
   EXPECT_EQ(stored.overlapping_chunks, 0);
 
   // trainwatchctl steps --json returns them: the lead's values intact, the
-  // other rank's digest (store/rank_digest.h: the norm to 16 significant
+  // other rank's digest (store/ranks/rank_digest.h: the norm to 16 significant
   // bits, no batch ids).
   json steps = StepsJson(server.grpc_address(), run);
   ASSERT_TRUE(steps.is_array());

@@ -7,8 +7,8 @@
 #include <tuple>
 
 #include "gtest/gtest.h"
-#include "store/rank_digest.h"
-#include "store/step_codec.h"
+#include "store/codec/step_codec.h"
+#include "store/ranks/rank_digest.h"
 
 namespace trainwatch::testing {
 namespace {
@@ -85,7 +85,8 @@ std::map<RunRank, std::vector<v1::StepRecord>> ReadStoredRecords(
         "SELECT r.run_id, c.rank, c.n, c.records FROM step_chunks c JOIN runs r "
         "USING (run_key) ORDER BY r.run_id, c.rank, c.attempt, c.first_step",
         [&](sqlite3_stmt* stmt) {
-          // A chunk as store/step_codec.h encodes it (or a StepBatch, before).
+          // A chunk as store/codec/step_codec.h encodes it (or a StepBatch,
+          // before).
           google::protobuf::RepeatedPtrField<v1::StepRecord> chunk;
           const absl::Status decoded = DecodeStepChunk(
               std::string_view(static_cast<const char*>(sqlite3_column_blob(stmt, 3)),

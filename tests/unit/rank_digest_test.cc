@@ -1,5 +1,5 @@
 // Tests of what the store keeps of a non-lead rank's record.
-#include "store/rank_digest.h"
+#include "store/ranks/rank_digest.h"
 
 #include <bit>
 #include <cmath>

@@ -1,7 +1,7 @@
 // The step chunk codec: every value back bit for bit, fields the columns do
 // not know kept, chunks of the format before it read, and a bad blob an
 // error, never a crash.
-#include "store/step_codec.h"
+#include "store/codec/step_codec.h"
 
 #include <bit>
 #include <cmath>

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "store/step_codec.h"
+#include "store/codec/step_codec.h"
 #include "eventually.h"
 #include "test_records.h"
 

@@ -12,8 +12,8 @@
 // that the chunk codec does not store, so a digest costs a few bytes.
 //
 // Thread-safe: pure functions.
-#ifndef TRAINWATCH_SERVER_STORE_RANK_DIGEST_H_
-#define TRAINWATCH_SERVER_STORE_RANK_DIGEST_H_
+#ifndef TRAINWATCH_SERVER_STORE_RANKS_RANK_DIGEST_H_
+#define TRAINWATCH_SERVER_STORE_RANKS_RANK_DIGEST_H_
 
 #include <cstdint>
 #include <string>
@@ -59,7 +59,7 @@ void DigestRecord(const v1::StepRecord& in, v1::StepRecord* out);
 // One rank_tail row: the digests one transaction stored of one run, with
 // the rank and attempt of each. Encoded as the count (varint), the ranks and
 // the attempts (a varint each), then the records as a step chunk
-// (store/step_codec.h).
+// (store/codec/step_codec.h).
 struct RankTailEntry {
   uint32_t rank = 0;
   uint32_t attempt = 0;
@@ -73,4 +73,4 @@ absl::Status DecodeRankTail(std::string_view blob, std::vector<RankTailEntry>* s
 
 }  // namespace trainwatch
 
-#endif  // TRAINWATCH_SERVER_STORE_RANK_DIGEST_H_
+#endif  // TRAINWATCH_SERVER_STORE_RANKS_RANK_DIGEST_H_

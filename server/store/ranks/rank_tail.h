@@ -4,8 +4,8 @@
 // digest up to their last step and a digest above it is open. The writer
 // reads them back at a start or after a rolled-back transaction, QuerySteps
 // to return them after a stream's chunks: both walk them here.
-#ifndef TRAINWATCH_SERVER_STORE_RANK_TAIL_H_
-#define TRAINWATCH_SERVER_STORE_RANK_TAIL_H_
+#ifndef TRAINWATCH_SERVER_STORE_RANKS_RANK_TAIL_H_
+#define TRAINWATCH_SERVER_STORE_RANKS_RANK_TAIL_H_
 
 #include <sqlite3.h>
 
@@ -14,7 +14,7 @@
 #include <optional>
 
 #include "absl/status/status.h"
-#include "store/rank_digest.h"
+#include "store/ranks/rank_digest.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {
@@ -36,4 +36,4 @@ absl::Status ForEachOpenDigest(sqlite3* db, std::optional<int64_t> run_key,
 
 }  // namespace trainwatch
 
-#endif  // TRAINWATCH_SERVER_STORE_RANK_TAIL_H_
+#endif  // TRAINWATCH_SERVER_STORE_RANKS_RANK_TAIL_H_

@@ -1,4 +1,4 @@
-#include "store/rank_tail.h"
+#include "store/ranks/rank_tail.h"
 
 #include <tuple>
 #include <vector>

@@ -1,11 +1,11 @@
-#include "store/rank_digest.h"
+#include "store/ranks/rank_digest.h"
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "store/step_codec.h"
+#include "store/codec/step_codec.h"
 
 namespace trainwatch {
 

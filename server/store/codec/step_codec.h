@@ -19,9 +19,13 @@
 // this encoding (a serialized StepBatch) is told apart by its first byte;
 // DecodeStepChunk reads both. The byte layout is in docs/architecture.md.
 //
+// The codec's layers, each on the one below: bits.h (the bit writer and
+// reader), golomb.h (Exp-Golomb and zigzag codes), series.h and bitmap.h
+// (a column's values and flags), and step_codec.cc (a chunk's columns).
+//
 // Thread-safe: pure functions.
-#ifndef TRAINWATCH_SERVER_STORE_STEP_CODEC_H_
-#define TRAINWATCH_SERVER_STORE_STEP_CODEC_H_
+#ifndef TRAINWATCH_SERVER_STORE_CODEC_STEP_CODEC_H_
+#define TRAINWATCH_SERVER_STORE_CODEC_STEP_CODEC_H_
 
 #include <string>
 #include <string_view>
@@ -57,4 +61,4 @@ absl::Status DecodeStepChunk(
 
 }  // namespace trainwatch
 
-#endif  // TRAINWATCH_SERVER_STORE_STEP_CODEC_H_
+#endif  // TRAINWATCH_SERVER_STORE_CODEC_STEP_CODEC_H_

@@ -1,0 +1,282 @@
+#include "server_flags.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "alerting/notifier.h"
+
+namespace trainwatch {
+namespace {
+
+using Value = const std::string&;
+
+absl::Status UsageError(absl::string_view message) {
+  return absl::InvalidArgumentError(message);
+}
+
+absl::Status Wants(absl::string_view flag, absl::string_view what,
+                   Value value) {
+  return UsageError(
+      absl::StrCat(flag, " wants ", what, ", got \"", value, "\""));
+}
+
+absl::Status Text(Value value, std::string& field) {
+  field = value;
+  return absl::OkStatus();
+}
+
+// A whole number into `field` (unsigned: "-1" does not parse either).
+template <typename T>
+absl::Status Integer(absl::string_view flag, absl::string_view what,
+                     Value value, T& field) {
+  T n = 0;
+  if (!absl::SimpleAtoi(value, &n)) return Wants(flag, what, value);
+  field = n;
+  return absl::OkStatus();
+}
+
+absl::Status Count(absl::string_view flag, Value value, size_t& field) {
+  size_t n = 0;
+  if (!absl::SimpleAtoi(value, &n) || n == 0) {
+    return Wants(flag, "a positive integer", value);
+  }
+  field = n;
+  return absl::OkStatus();
+}
+
+absl::Status Seconds(absl::string_view flag, Value value,
+                     std::chrono::milliseconds& field) {
+  double seconds = 0;
+  if (!absl::SimpleAtod(value, &seconds) || !(seconds >= 0.001) ||
+      seconds > 86400) {
+    return Wants(flag, "seconds in [0.001, 86400]", value);
+  }
+  field = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  return absl::OkStatus();
+}
+
+absl::Status RankRecords(absl::string_view flag, Value value,
+                         StoreOptions::RankRecords& field) {
+  if (value == "digest") {
+    field = StoreOptions::RankRecords::kDigest;
+  } else if (value == "full") {
+    field = StoreOptions::RankRecords::kFull;
+  } else {
+    return UsageError(
+        absl::StrCat(flag, " must be digest or full, got \"", value, "\""));
+  }
+  return absl::OkStatus();
+}
+
+constexpr ServerFlag kFlags[] = {
+    {"--listen", "ADDR",
+     "gRPC address (default 127.0.0.1:50051; port 0 = any free port)",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.options.grpc.listen);
+     }},
+    {"--metrics-listen", "ADDR",
+     "Prometheus /metrics address (default 127.0.0.1:9464)",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.options.metrics.listen);
+     }},
+    {"--web-config-file", "FILE",
+     "TLS and basic auth for /metrics, in the Prometheus\n"
+     "exporters' web config format (tls_server_config,\n"
+     "basic_auth_users; docs/fleet.md)",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.options.metrics.web_config_file);
+     }},
+    {"--db", "PATH", "SQLite database (default ./trainwatch.db)",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.options.store.db);
+     }},
+    {"--synchronous", "MODE", "SQLite synchronous: NORMAL (default) or FULL",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.options.store.synchronous);
+     }},
+    {"--rank-records", "MODE",
+     "what is stored of ranks other than a run's lead:\n"
+     "digest (default: step, time, norms, step time, data\n"
+     "wait, to 5 significant digits) or full (every field)",
+     [](absl::string_view flag, Value v, ServerFlags& f) {
+       return RankRecords(flag, v, f.options.store.rank_records);
+     }},
+    {"--rank-retention-steps", "N",
+     "keep those ranks' records for the last N steps of\n"
+     "each (default 0: as long as the run)",
+     [](absl::string_view flag, Value v, ServerFlags& f) {
+       return Integer(flag, "a step count (0 = as long as the run)", v,
+                      f.options.store.rank_retention_steps);
+     }},
+    {"--engine-threads", "N", "health-engine threads (default 2)",
+     [](absl::string_view flag, Value v, ServerFlags& f) {
+       return Count(flag, v, f.options.engine.threads);
+     }},
+    {"--max-active-runs", "N",
+     "runs that have not finished, at most (default 10000)",
+     [](absl::string_view flag, Value v, ServerFlags& f) {
+       return Count(flag, v, f.options.engine.max_active_runs);
+     }},
+    {"--run-idle-timeout", "SECONDS",
+     "a run with no step this long leaves the active runs\n"
+     "(its history stays; it can come back; default 3600)",
+     [](absl::string_view flag, Value v, ServerFlags& f) {
+       return Seconds(flag, v, f.options.engine.run_idle_timeout);
+     }},
+    {"--retention-days", "N",
+     "delete runs whose last record is N days old, with\n"
+     "their records, alerts and spikes, giving the space\n"
+     "back (default 0: keep everything)",
+     [](absl::string_view flag, Value v, ServerFlags& f) {
+       return Integer(flag, "a number of days (0 = keep everything)", v,
+                      f.options.engine.retention_days);
+     }},
+    {"--config", "FILE",
+     "YAML detector thresholds (see deploy/trainwatch.yaml)",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.config_path);
+     }},
+    {"--alertmanager-url", "URL",
+     "send alerts to Alertmanager (POST URL/api/v2/alerts)",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.options.alerts.alertmanager_url);
+     }},
+    {"--alertmanager-resend-interval", "SECONDS",
+     "re-send firing alerts this often (default 60)",
+     [](absl::string_view flag, Value v, ServerFlags& f) {
+       return Seconds(flag, v, f.options.alerts.resend_interval);
+     }},
+    {"--webhook-url", "URL", "POST each alert fire and resolve as JSON to URL",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.options.alerts.webhook_url);
+     }},
+    {"--keepalive-time", "SECONDS",
+     "ping a connection quiet this long (default 30)",
+     [](absl::string_view flag, Value v, ServerFlags& f) {
+       return Seconds(flag, v, f.options.grpc.keepalive_time);
+     }},
+    {"--keepalive-timeout", "SECONDS",
+     "drop it (ending its streams) when the ping is not\n"
+     "answered this fast (default 10): a dead or stopped\n"
+     "trainer's stream ends; an idle live one stays",
+     [](absl::string_view flag, Value v, ServerFlags& f) {
+       return Seconds(flag, v, f.options.grpc.keepalive_timeout);
+     }},
+    {"--auth-token-file", "FILE",
+     "require bearer tokens: lines \"TOKEN SCOPE[,SCOPE...]\",\n"
+     "scopes read, write:PREFIX, write:*, runs:N\n"
+     "(docs/security.md)",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.options.grpc.auth_token_file);
+     }},
+    {"--tls-cert", "FILE",
+     "serve gRPC over TLS with this PEM certificate chain",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.options.grpc.tls.cert_file);
+     }},
+    {"--tls-key", "FILE", "... and this PEM private key (both or neither)",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.options.grpc.tls.key_file);
+     }},
+    {"--tls-client-ca", "FILE",
+     "also require client certificates signed by these\n"
+     "PEM CAs (mutual TLS; needs --tls-cert/--tls-key)",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.options.grpc.tls.client_ca_file);
+     }},
+    {"--help", "", "this text", nullptr},
+};
+
+const ServerFlag* FindFlag(absl::string_view name) {
+  auto it = std::find_if(std::begin(kFlags), std::end(kFlags),
+                         [&](const ServerFlag& f) { return f.name == name; });
+  return it == std::end(kFlags) ? nullptr : &*it;
+}
+
+// The checks made once every flag is in, in this order: with several wrong,
+// the first here is the one reported.
+absl::Status CheckParsed(const ServerOptions& options) {
+  const TlsFiles& tls = options.grpc.tls;
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return UsageError(
+        "--tls-cert and --tls-key go together: give both or neither");
+  }
+  if (!tls.client_ca_file.empty() && tls.cert_file.empty()) {
+    return UsageError("--tls-client-ca needs --tls-cert and --tls-key");
+  }
+  if (options.store.synchronous != "NORMAL" &&
+      options.store.synchronous != "FULL") {
+    return UsageError("--synchronous must be NORMAL or FULL");
+  }
+  for (const auto& [flag, url] :
+       {std::pair{"--alertmanager-url", &options.alerts.alertmanager_url},
+        std::pair{"--webhook-url", &options.alerts.webhook_url}}) {
+    if (url->empty()) continue;
+    if (absl::Status s = Notifier::CheckUrl(flag, *url); !s.ok()) {
+      return UsageError(s.message());
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::span<const ServerFlag> ServerFlagTable() { return kFlags; }
+
+absl::StatusOr<ServerFlags> ParseServerFlags(
+    const std::vector<std::string>& args) {
+  ServerFlags flags;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string arg = args[i];
+    if (arg == "--help" || arg == "-h") {
+      flags.help = true;
+      return flags;
+    }
+    // Every other flag takes a value, inline or as the next argument.
+    std::string value;
+    if (size_t eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg.resize(eq);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return UsageError(arg + " needs a value");
+    }
+    const ServerFlag* flag = FindFlag(arg);
+    if (flag == nullptr || flag->set == nullptr) {
+      return UsageError("unknown flag " + arg);
+    }
+    if (absl::Status s = flag->set(flag->name, value, flags); !s.ok()) return s;
+  }
+  if (absl::Status s = CheckParsed(flags.options); !s.ok()) return s;
+  return flags;
+}
+
+std::string ServerUsage() {
+  // Help text starts in this column, on the flag's line when it fits there.
+  constexpr size_t kHelpColumn = 27;
+  std::string usage = "usage: trainwatch-server [flags]\n\n";
+  for (const ServerFlag& flag : kFlags) {
+    std::string margin =
+        absl::StrCat("  ", flag.name, flag.placeholder.empty() ? "" : " ",
+                     flag.placeholder, " ");
+    if (margin.size() > kHelpColumn) {
+      margin.pop_back();
+      absl::StrAppend(&usage, margin, "\n");
+      margin.clear();
+    }
+    margin.resize(kHelpColumn, ' ');
+    for (absl::string_view line : absl::StrSplit(flag.help, '\n')) {
+      absl::StrAppend(&usage, margin, line, "\n");
+      margin.assign(kHelpColumn, ' ');
+    }
+  }
+  return usage;
+}
+
+}  // namespace trainwatch

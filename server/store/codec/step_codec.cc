@@ -1,0 +1,470 @@
+#include "store/codec/step_codec.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/descriptor.h"
+#include "store/codec/bitmap.h"
+#include "store/codec/bits.h"
+#include "store/codec/series.h"
+
+namespace trainwatch {
+namespace {
+
+using codec::BitReader;
+using codec::BitWriter;
+using codec::GetBitmap;
+using codec::GetDoubles;
+using codec::GetSeries;
+using codec::PutBitmap;
+using codec::PutDoubles;
+using codec::PutSeries;
+using codec::SeriesKind;
+using enum codec::Predictor;
+using google::protobuf::RepeatedPtrField;
+using v1::StepRecord;
+
+// The record's columns.
+
+uint64_t Bits(double d) { return std::bit_cast<uint64_t>(d); }
+
+// A field the client often derives from others, as its formula gives it:
+// the prediction kPredicted codes against.
+enum class Derived {
+  kNone,
+  // min(1, max_norm / (grad_norm + 1e-6)), clip_grad_norm_'s coefficient,
+  // for the max_norm the chunk's first clipped record implies.
+  kClipCoef,
+  // The client's own measure when the trainer gives none: the time since
+  // the previous record, (time_unix_nanos - previous) * 1e-9.
+  kStepTime,
+};
+
+struct OptionalDouble {
+  const char* name;
+  bool (*has)(const StepRecord&);
+  double (*get)(const StepRecord&);
+  void (*set)(StepRecord&, double);
+  Derived derived = Derived::kNone;
+};
+
+#define TW_OPTIONAL_DOUBLE(field, ...)                              \
+  OptionalDouble {                                                  \
+    #field, [](const StepRecord& r) { return r.has_##field(); },    \
+        [](const StepRecord& r) { return r.field(); },              \
+        [](StepRecord& r, double v) { r.set_##field(v); }, __VA_ARGS__ \
+  }
+// The order of the columns in a blob: never reorder, only append (with a new
+// format byte).
+constexpr std::array<OptionalDouble, 9> kOptionalDoubles = {
+    TW_OPTIONAL_DOUBLE(clip_coef, Derived::kClipCoef),
+    TW_OPTIONAL_DOUBLE(loss_scale),
+    TW_OPTIONAL_DOUBLE(max_attn_logit),
+    TW_OPTIONAL_DOUBLE(log_z),
+    TW_OPTIONAL_DOUBLE(loss),
+    TW_OPTIONAL_DOUBLE(lr),
+    TW_OPTIONAL_DOUBLE(shard_sq_sum),
+    TW_OPTIONAL_DOUBLE(step_time_s, Derived::kStepTime),
+    TW_OPTIONAL_DOUBLE(data_wait_s),
+};
+#undef TW_OPTIONAL_DOUBLE
+
+constexpr double kClipEpsilon = 1e-6;  // as the client and clip_grad_norm_
+
+double ClipCoef(double max_norm, double grad_norm) {
+  return std::min(1.0, max_norm / (grad_norm + kClipEpsilon));
+}
+
+// The max_norm that gives the first record with 0 < clip_coef < 1 its
+// coefficient exactly: the shortest decimal near clip_coef * (norm + 1e-6)
+// that does (a max_norm is a number someone typed). nullopt if none.
+std::optional<double> ImpliedMaxNorm(absl::Span<const uint64_t> norms,
+                                     absl::Span<const uint8_t> present,
+                                     absl::Span<const uint64_t> coefs) {
+  for (size_t i = 0, j = 0; i < norms.size(); ++i) {
+    if (!present[i]) continue;
+    const double coef = std::bit_cast<double>(coefs[j++]);
+    const double norm = std::bit_cast<double>(norms[i]);
+    if (!(coef > 0 && coef < 1) || !std::isfinite(norm)) continue;
+    const double estimate = coef * (norm + kClipEpsilon);
+    for (int digits = 1; digits <= 17; ++digits) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%.*g", digits, estimate);
+      const double m = std::strtod(buf, nullptr);
+      if (Bits(ClipCoef(m, norm)) == coefs[j - 1]) return m;
+    }
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// kPredicted's predictions for the present values of field f (raw bits, one
+// per present value).
+std::vector<uint64_t> Predictions(Derived derived, double max_norm,
+                                  absl::Span<const uint8_t> present,
+                                  absl::Span<const uint64_t> norms,
+                                  absl::Span<const uint64_t> times) {
+  std::vector<uint64_t> out;
+  for (size_t i = 0; i < present.size(); ++i) {
+    if (!present[i]) continue;
+    double p = 0;
+    if (derived == Derived::kClipCoef) {
+      p = ClipCoef(max_norm, std::bit_cast<double>(norms[i]));
+    } else if (derived == Derived::kStepTime && i > 0) {
+      p = static_cast<double>(static_cast<int64_t>(times[i] - times[i - 1])) * 1e-9;
+    }
+    out.push_back(Bits(p));
+  }
+  return out;
+}
+
+// The field numbers of StepRecord the columns hold.
+constexpr int kColumnFields[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16};
+
+// StepRecord's fields that no column holds, besides layer_stats (checked
+// directly, as it is the one such field today): fields added to the proto
+// after this codec land here and are kept in the residue.
+const std::vector<const google::protobuf::FieldDescriptor*>& OtherFields() {
+  static const auto* fields = [] {
+    auto* out = new std::vector<const google::protobuf::FieldDescriptor*>;
+    const google::protobuf::Descriptor* d = StepRecord::descriptor();
+    for (int i = 0; i < d->field_count(); ++i) {
+      const google::protobuf::FieldDescriptor* f = d->field(i);
+      if (f->number() == StepRecord::kLayerStatsFieldNumber) continue;
+      if (std::find(std::begin(kColumnFields), std::end(kColumnFields),
+                    f->number()) == std::end(kColumnFields)) {
+        out->push_back(f);
+      }
+    }
+    return out;
+  }();
+  return *fields;
+}
+
+bool HasResidue(const StepRecord& r) {
+  if (r.layer_stats_size() > 0) return true;
+  // Once: GetReflection() per record checks the descriptors are built.
+  static const google::protobuf::Reflection* const refl = StepRecord::GetReflection();
+  if (!refl->GetUnknownFields(r).empty()) return true;
+  const std::vector<const google::protobuf::FieldDescriptor*>& others =
+      OtherFields();
+  for (const google::protobuf::FieldDescriptor* f : others) {
+    if (f->is_repeated() ? refl->FieldSize(r, f) > 0 : refl->HasField(r, f)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The record less what the columns hold, serialized.
+std::string Residue(const StepRecord& r) {
+  StepRecord rest = r;
+  for (int number : kColumnFields) {
+    rest.GetReflection()->ClearField(
+        &rest, StepRecord::descriptor()->FindFieldByNumber(number));
+  }
+  return rest.SerializeAsString();
+}
+
+
+// A chunk's columns, gathered from its records in one pass. Reused by the
+// thread's next chunk (Reset keeps the vectors' memory): a chunk of one
+// record made ~25 allocations, most of its encoding time.
+struct Columns {
+  void Reset(size_t n) {
+    for (auto* v : {&steps, &times, &norms, &counts, &first_ids, &inner}) {
+      v->clear();
+      v->reserve(n);
+    }
+    for (auto& p : present) p.assign(n, 0);
+    for (auto& v : values) v.clear();
+    for (auto* f : {&clipped_present, &skipped, &has_residue}) f->assign(n, 0);
+    clipped.clear();
+    residues.clear();
+  }
+  std::vector<uint64_t> steps, times, norms, counts, first_ids, inner;
+  std::array<std::vector<uint8_t>, kOptionalDoubles.size()> present;
+  std::array<std::vector<uint64_t>, kOptionalDoubles.size()> values;
+  std::vector<uint8_t> clipped_present, clipped, skipped, has_residue;
+  std::vector<std::string> residues;
+};
+
+// Written out rather than through kOptionalDoubles' function pointers: the
+// indirect calls were a tenth of the encoder's time.
+#define TW_GATHER(index, field)                                                 \
+  static_assert(std::string_view(kOptionalDoubles[index].name) == #field);     \
+  c.present[index][i] = r.has_##field();                                       \
+  if (r.has_##field()) c.values[index].push_back(Bits(r.field()));
+
+template <typename Get>
+void Gather(size_t n, Get& at, Columns& c) {
+  for (size_t i = 0; i < n; ++i) {
+    const StepRecord& r = at(i);
+    c.steps.push_back(r.step());
+    c.times.push_back(static_cast<uint64_t>(r.time_unix_nanos()));
+    c.norms.push_back(Bits(r.grad_norm()));
+    TW_GATHER(0, clip_coef);
+    TW_GATHER(1, loss_scale);
+    TW_GATHER(2, max_attn_logit);
+    TW_GATHER(3, log_z);
+    TW_GATHER(4, loss);
+    TW_GATHER(5, lr);
+    TW_GATHER(6, shard_sq_sum);
+    TW_GATHER(7, step_time_s);
+    TW_GATHER(8, data_wait_s);
+    c.clipped_present[i] = r.has_clipped();
+    if (r.has_clipped()) c.clipped.push_back(r.clipped());
+    c.skipped[i] = r.skipped();
+    const auto& ids = r.batch_ids();
+    c.counts.push_back(static_cast<uint64_t>(ids.size()));
+    if (!ids.empty()) {
+      c.first_ids.push_back(static_cast<uint64_t>(ids[0]));
+      for (int j = 1; j < ids.size(); ++j) {
+        c.inner.push_back(static_cast<uint64_t>(ids[j]) - static_cast<uint64_t>(ids[j - 1]));
+      }
+    }
+    c.has_residue[i] = HasResidue(r);
+    if (c.has_residue[i]) c.residues.push_back(Residue(r));
+  }
+}
+#undef TW_GATHER
+
+template <typename Get>
+std::string Encode(size_t n, Get&& at) {
+  std::string out;
+  out.reserve(16 + n * 48);
+  out.push_back(static_cast<char>(kStepChunkColumnarV1));
+  PutVarint(out, n);
+  if (n == 0) return out;
+  thread_local Columns c;
+  c.Reset(n);
+  Gather(n, at, c);
+  BitWriter w(&out);
+  constexpr auto kInt = SeriesKind::kInteger;
+
+  // Steps: one code per record, even when every one is zero, so a blob of B
+  // bytes holds at most 8B + 1 records (the decoder's bound on a count).
+  PutSeries(w, c.steps.data(), n, kInt, {kDelta, kDeltaOfDelta}, false);
+  PutSeries(w, c.times.data(), n, kInt, {kDelta, kDeltaOfDelta});
+  PutDoubles(w, c.norms.data(), n, {kXor, kDelta, kDeltaOfDelta, kCentered});
+  // Each optional double: presence, then (clip_coef) a bit and the implied
+  // max_norm, then the values present.
+  for (size_t f = 0; f < kOptionalDoubles.size(); ++f) {
+    const Derived derived = kOptionalDoubles[f].derived;
+    const std::vector<uint64_t>& col = c.values[f];
+    PutBitmap(w, c.present[f]);
+    std::optional<double> max_norm;
+    if (derived == Derived::kClipCoef) {
+      max_norm = ImpliedMaxNorm(c.norms, c.present[f], col);
+      w.Put(max_norm.has_value(), 1);
+      if (max_norm.has_value()) w.Put(Bits(*max_norm), 64);
+    }
+    if (derived == Derived::kNone || (derived == Derived::kClipCoef && !max_norm.has_value())) {
+      PutDoubles(w, col.data(), col.size(), {kXor, kDelta, kDeltaOfDelta, kDelta3, kCentered});
+    } else {
+      const std::vector<uint64_t> pred =
+          Predictions(derived, max_norm.value_or(0), c.present[f], c.norms, c.times);
+      PutDoubles(w, col.data(), col.size(),
+                 {kXor, kDelta, kDeltaOfDelta, kDelta3, kCentered, kPredicted}, pred.data());
+    }
+  }
+  // clipped: presence, then the values present.
+  PutBitmap(w, c.clipped_present);
+  PutBitmap(w, c.clipped);
+  PutBitmap(w, c.skipped);
+
+  // Batch ids: the count of each record, the first id of each record that
+  // has one (by delta against the previous record's), and each further id
+  // as its difference from the id before it in the record.
+  PutSeries(w, c.counts.data(), n, kInt, {kRaw, kDelta});
+  PutSeries(w, c.first_ids.data(), c.first_ids.size(), kInt, {kRaw, kDelta, kDeltaOfDelta});
+  // One code per id, as for the steps: the decoder's bound on the ids.
+  PutSeries(w, c.inner.data(), c.inner.size(), kInt, {kRaw, kDelta}, false);
+
+  // Residues: which records have one, their lengths, then (after the bits,
+  // byte-aligned) their bytes.
+  PutBitmap(w, c.has_residue);
+  std::vector<uint64_t> lengths;
+  for (const std::string& r : c.residues) lengths.push_back(r.size());
+  PutSeries(w, lengths.data(), lengths.size(), kInt, {kRaw, kDelta});
+  w.Finish();
+  for (const std::string& r : c.residues) out.append(r);
+  return out;
+}
+
+absl::Status Corrupt(std::string_view what, const BitReader& r) {
+  return absl::DataLossError(absl::StrFormat(
+      "step chunk: %s does not decode (at bit %d of %d)", what, r.bit_pos(),
+      r.size_bits()));
+}
+
+absl::Status DecodeColumnar(std::string_view blob, RepeatedPtrField<StepRecord>* out) {
+  const auto* data = reinterpret_cast<const unsigned char*>(blob.data());
+  size_t pos = 1;
+  uint64_t n = 0;
+  for (int shift = 0;; shift += 7) {
+    if (pos >= blob.size() || shift > 63) {
+      return absl::DataLossError("step chunk: the record count is cut short");
+    }
+    const unsigned char b = data[pos++];
+    n |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if (b < 0x80) break;
+  }
+  const size_t bytes = blob.size() - pos;
+  if (n == 0) {
+    if (bytes != 0) return absl::DataLossError("step chunk: bytes after an empty chunk");
+    return absl::OkStatus();
+  }
+  if (n > 8 * bytes + 1) {
+    return absl::DataLossError(absl::StrCat(
+        "step chunk: ", n, " records cannot fit in ", blob.size(), " bytes"));
+  }
+  BitReader r(data + pos, bytes);
+  constexpr auto kInt = SeriesKind::kInteger;
+
+  std::vector<uint64_t> steps, times, norms, counts, first_ids, inner, lengths;
+  std::array<std::vector<uint8_t>, kOptionalDoubles.size()> present;
+  std::array<std::vector<uint64_t>, kOptionalDoubles.size()> values;
+  std::vector<uint8_t> clipped_present, clipped, skipped, has_residue;
+  if (!GetSeries(r, n, kInt, steps)) return Corrupt("the steps", r);
+  if (!GetSeries(r, n, kInt, times)) return Corrupt("time_unix_nanos", r);
+  if (!GetDoubles(r, n, norms)) return Corrupt("grad_norm", r);
+  for (size_t f = 0; f < kOptionalDoubles.size(); ++f) {
+    const OptionalDouble& field = kOptionalDoubles[f];
+    if (!GetBitmap(r, n, present[f])) {
+      return Corrupt(absl::StrCat("the presence of ", field.name), r);
+    }
+    const size_t m = std::count(present[f].begin(), present[f].end(), 1);
+    bool predicted = field.derived == Derived::kStepTime;
+    double max_norm = 0;
+    if (field.derived == Derived::kClipCoef && r.Get(1) != 0) {
+      predicted = true;
+      max_norm = std::bit_cast<double>(r.Get(64));
+    }
+    std::vector<uint64_t> pred;
+    if (predicted) pred = Predictions(field.derived, max_norm, present[f], norms, times);
+    if (!GetDoubles(r, m, values[f], predicted ? pred.data() : nullptr)) {
+      return Corrupt(field.name, r);
+    }
+  }
+  if (!GetBitmap(r, n, clipped_present)) return Corrupt("the presence of clipped", r);
+  const size_t clipped_n = std::count(clipped_present.begin(), clipped_present.end(), 1);
+  if (!GetBitmap(r, clipped_n, clipped)) return Corrupt("clipped", r);
+  if (!GetBitmap(r, n, skipped)) return Corrupt("skipped", r);
+  if (!GetSeries(r, n, kInt, counts)) return Corrupt("the batch id counts", r);
+  // Every id after a record's first costs at least a bit, so a count that
+  // asks for more cannot be right (and cannot ask for more memory).
+  const uint64_t max_ids = n + 8 * bytes;
+  uint64_t with_ids = 0, total_ids = 0;
+  for (uint64_t c : counts) {
+    if (c > max_ids - total_ids) return Corrupt("the batch id counts", r);
+    with_ids += c > 0;
+    total_ids += c;
+  }
+  if (!GetSeries(r, with_ids, kInt, first_ids)) return Corrupt("the first batch ids", r);
+  if (!GetSeries(r, total_ids - with_ids, kInt, inner)) return Corrupt("the batch ids", r);
+  if (!GetBitmap(r, n, has_residue)) return Corrupt("the residue bitmap", r);
+  const size_t residue_n = std::count(has_residue.begin(), has_residue.end(), 1);
+  if (!GetSeries(r, residue_n, kInt, lengths)) return Corrupt("the residue lengths", r);
+  size_t at = r.AlignToByte();
+  uint64_t residue_bytes = 0;
+  for (uint64_t len : lengths) {
+    residue_bytes += len;
+    if (len > bytes || residue_bytes > bytes) return Corrupt("the residue lengths", r);
+  }
+  if (at + residue_bytes != bytes) {
+    return absl::DataLossError(absl::StrCat(
+        "step chunk: ", bytes - at, " bytes after the columns, ", residue_bytes,
+        " expected"));
+  }
+
+  out->Reserve(static_cast<int>(n));
+  std::array<size_t, kOptionalDoubles.size()> next{};
+  size_t next_clipped = 0, next_first = 0, next_inner = 0, next_residue = 0;
+  for (size_t i = 0; i < n; ++i) {
+    StepRecord& rec = *out->Add();
+    if (has_residue[i]) {
+      const uint64_t len = lengths[next_residue++];
+      if (!rec.ParseFromArray(data + pos + at, static_cast<int>(len))) {
+        return absl::DataLossError(absl::StrCat(
+            "step chunk: the residue of record ", i, " does not parse"));
+      }
+      at += len;
+    }
+    rec.set_step(steps[i]);
+    rec.set_time_unix_nanos(static_cast<int64_t>(times[i]));
+    rec.set_grad_norm(std::bit_cast<double>(norms[i]));
+    for (size_t f = 0; f < kOptionalDoubles.size(); ++f) {
+      if (present[f][i]) {
+        kOptionalDoubles[f].set(rec, std::bit_cast<double>(values[f][next[f]++]));
+      }
+    }
+    if (clipped_present[i]) rec.set_clipped(clipped[next_clipped++] != 0);
+    rec.set_skipped(skipped[i] != 0);
+    if (counts[i] > 0) {
+      auto* ids = rec.mutable_batch_ids();
+      ids->Reserve(static_cast<int>(counts[i]));
+      uint64_t id = first_ids[next_first++];
+      ids->Add(static_cast<int64_t>(id));
+      for (uint64_t j = 1; j < counts[i]; ++j) {
+        id += inner[next_inner++];
+        ids->Add(static_cast<int64_t>(id));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void PutVarint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+std::string EncodeStepChunk(const RepeatedPtrField<StepRecord>& records) {
+  return Encode(static_cast<size_t>(records.size()),
+                [&](size_t i) -> const StepRecord& { return records[static_cast<int>(i)]; });
+}
+
+std::string EncodeStepChunk(const RepeatedPtrField<StepRecord>& records,
+                            absl::Span<const size_t> indices) {
+  return Encode(indices.size(), [&](size_t i) -> const StepRecord& {
+    return records[static_cast<int>(indices[i])];
+  });
+}
+
+absl::Status DecodeStepChunk(std::string_view blob,
+                             RepeatedPtrField<StepRecord>* out) {
+  out->Clear();
+  if (!blob.empty() && static_cast<unsigned char>(blob[0]) == kStepChunkColumnarV1) {
+    return DecodeColumnar(blob, out);
+  }
+  if (!blob.empty() && (blob[0] & 7) >= 6) {
+    return absl::DataLossError(absl::StrFormat(
+        "step chunk: unknown format byte 0x%02x (written by a newer server?)",
+        static_cast<unsigned char>(blob[0])));
+  }
+  // Written before the columnar format: a serialized StepBatch.
+  v1::StepBatch batch;
+  if (!batch.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
+    return absl::DataLossError("step chunk: a StepBatch chunk does not parse");
+  }
+  out->Swap(batch.mutable_records());
+  return absl::OkStatus();
+}
+
+}  // namespace trainwatch

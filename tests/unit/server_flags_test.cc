@@ -1,0 +1,174 @@
+#include "server_flags.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace trainwatch {
+namespace {
+
+using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+
+std::string ErrorOf(const std::vector<std::string>& args) {
+  absl::StatusOr<ServerFlags> flags = ParseServerFlags(args);
+  EXPECT_FALSE(flags.ok());
+  if (flags.ok()) return "";
+  EXPECT_EQ(flags.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(flags.status().message());
+}
+
+TEST(ServerFlags, NoFlagsKeepTheOptionsDefaults) {
+  absl::StatusOr<ServerFlags> flags = ParseServerFlags({});
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  const ServerOptions defaults;
+  EXPECT_EQ(flags->options.grpc.listen, defaults.grpc.listen);
+  EXPECT_EQ(flags->options.store.db, defaults.store.db);
+  EXPECT_EQ(flags->options.engine.threads, defaults.engine.threads);
+  EXPECT_EQ(flags->options.alerts.resend_interval,
+            defaults.alerts.resend_interval);
+  EXPECT_EQ(flags->config_path, "");
+  EXPECT_FALSE(flags->help);
+}
+
+TEST(ServerFlags, EveryFlagSetsItsOption) {
+  // A flag and its value on a line.
+  // clang-format off
+  absl::StatusOr<ServerFlags> flags = ParseServerFlags({
+      "--listen", "0.0.0.0:1",
+      "--metrics-listen=127.0.0.1:2",
+      "--web-config-file", "web.yml",
+      "--db", "x.db",
+      "--synchronous", "FULL",
+      "--rank-records", "full",
+      "--rank-retention-steps", "5",
+      "--engine-threads", "3",
+      "--max-active-runs", "7",
+      "--run-idle-timeout", "2.5",
+      "--retention-days", "4",
+      "--config", "t.yaml",
+      "--alertmanager-url", "http://am:9093",
+      "--alertmanager-resend-interval", "0.5",
+      "--webhook-url", "https://hook/x",
+      "--keepalive-time", "3",
+      "--keepalive-timeout", "0.25",
+      "--auth-token-file", "tokens",
+      "--tls-cert", "c.pem",
+      "--tls-key", "k.pem",
+      "--tls-client-ca", "ca.pem",
+  });
+  // clang-format on
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  const ServerOptions& o = flags->options;
+  EXPECT_EQ(o.grpc.listen, "0.0.0.0:1");
+  EXPECT_EQ(o.metrics.listen, "127.0.0.1:2");
+  EXPECT_EQ(o.metrics.web_config_file, "web.yml");
+  EXPECT_EQ(o.store.db, "x.db");
+  EXPECT_EQ(o.store.synchronous, "FULL");
+  EXPECT_EQ(o.store.rank_records, StoreOptions::RankRecords::kFull);
+  EXPECT_EQ(o.store.rank_retention_steps, 5u);
+  EXPECT_EQ(o.engine.threads, 3u);
+  EXPECT_EQ(o.engine.max_active_runs, 7u);
+  EXPECT_EQ(o.engine.run_idle_timeout, milliseconds(2500));
+  EXPECT_EQ(o.engine.retention_days, 4u);
+  EXPECT_EQ(flags->config_path, "t.yaml");
+  EXPECT_EQ(o.alerts.alertmanager_url, "http://am:9093");
+  EXPECT_EQ(o.alerts.resend_interval, milliseconds(500));
+  EXPECT_EQ(o.alerts.webhook_url, "https://hook/x");
+  EXPECT_EQ(o.grpc.keepalive_time, milliseconds(3000));
+  EXPECT_EQ(o.grpc.keepalive_timeout, milliseconds(250));
+  EXPECT_EQ(o.grpc.auth_token_file, "tokens");
+  EXPECT_EQ(o.grpc.tls.cert_file, "c.pem");
+  EXPECT_EQ(o.grpc.tls.key_file, "k.pem");
+  EXPECT_EQ(o.grpc.tls.client_ca_file, "ca.pem");
+}
+
+TEST(ServerFlags, GivenTwiceTheLastWins) {
+  absl::StatusOr<ServerFlags> flags =
+      ParseServerFlags({"--engine-threads", "1", "--engine-threads=4"});
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->options.engine.threads, 4u);
+}
+
+TEST(ServerFlags, HelpStopsTheParse) {
+  for (const char* help : {"--help", "-h"}) {
+    absl::StatusOr<ServerFlags> flags =
+        ParseServerFlags({"--db", "x.db", help, "--bogus"});
+    ASSERT_TRUE(flags.ok()) << flags.status();
+    EXPECT_TRUE(flags->help);
+  }
+  EXPECT_EQ(ErrorOf({"--help=yes"}), "unknown flag --help");
+}
+
+TEST(ServerFlags, ErrorsNameTheFlag) {
+  EXPECT_EQ(ErrorOf({"--bogus=1"}), "unknown flag --bogus");
+  EXPECT_EQ(ErrorOf({"-listen", "x"}), "unknown flag -listen");
+  EXPECT_EQ(ErrorOf({"--db"}), "--db needs a value");
+  EXPECT_EQ(ErrorOf({"--engine-threads", "0"}),
+            "--engine-threads wants a positive integer, got \"0\"");
+  EXPECT_EQ(ErrorOf({"--max-active-runs=-1"}),
+            "--max-active-runs wants a positive integer, got \"-1\"");
+  EXPECT_EQ(ErrorOf({"--keepalive-time", "1e9"}),
+            "--keepalive-time wants seconds in [0.001, 86400], got \"1e9\"");
+  EXPECT_EQ(ErrorOf({"--alertmanager-resend-interval", "nan"}),
+            "--alertmanager-resend-interval wants seconds in [0.001, 86400], "
+            "got \"nan\"");
+  EXPECT_EQ(ErrorOf({"--rank-records", "FULL"}),
+            "--rank-records must be digest or full, got \"FULL\"");
+  EXPECT_EQ(ErrorOf({"--rank-retention-steps", "-3"}),
+            "--rank-retention-steps wants a step count (0 = as long as the "
+            "run), got \"-3\"");
+  EXPECT_EQ(ErrorOf({"--retention-days", "1.5"}),
+            "--retention-days wants a number of days (0 = keep everything), "
+            "got \"1.5\"");
+  EXPECT_EQ(ErrorOf({"--synchronous", "normal"}),
+            "--synchronous must be NORMAL or FULL");
+  EXPECT_THAT(ErrorOf({"--webhook-url", "notaurl"}),
+              HasSubstr("--webhook-url wants an http:// or https:// URL"));
+}
+
+TEST(ServerFlags, TheFirstBadFlagIsTheOneReported) {
+  EXPECT_EQ(ErrorOf({"--engine-threads", "0", "--bogus", "x"}),
+            "--engine-threads wants a positive integer, got \"0\"");
+  EXPECT_EQ(ErrorOf({"--bogus", "x", "--engine-threads", "0"}),
+            "unknown flag --bogus");
+  // Checks that need every flag come after every flag's own.
+  EXPECT_EQ(ErrorOf({"--synchronous", "OFF", "--bogus", "x"}),
+            "unknown flag --bogus");
+  EXPECT_EQ(ErrorOf({"--synchronous", "OFF", "--tls-cert", "c.pem"}),
+            "--tls-cert and --tls-key go together: give both or neither");
+}
+
+TEST(ServerFlags, TlsFilesGoTogether) {
+  EXPECT_EQ(ErrorOf({"--tls-key", "k.pem"}),
+            "--tls-cert and --tls-key go together: give both or neither");
+  EXPECT_EQ(ErrorOf({"--tls-client-ca", "ca.pem"}),
+            "--tls-client-ca needs --tls-cert and --tls-key");
+}
+
+TEST(ServerFlags, UsageListsEveryFlagOfTheTable) {
+  const std::string usage = ServerUsage();
+  EXPECT_EQ(usage.rfind("usage: trainwatch-server [flags]\n\n", 0), 0u);
+  for (const ServerFlag& flag : ServerFlagTable()) {
+    std::string line = "\n  " + std::string(flag.name);
+    if (!flag.placeholder.empty()) line += " " + std::string(flag.placeholder);
+    EXPECT_THAT(usage, HasSubstr(line)) << flag.name;
+  }
+  // The help text's column, and its continuation lines under it.
+  EXPECT_THAT(usage, HasSubstr("\n  --db PATH                SQLite database "
+                               "(default ./trainwatch.db)\n"));
+  EXPECT_THAT(usage, HasSubstr("\n  --rank-retention-steps N keep those ranks' "
+                               "records for the last N steps of\n"
+                               "                           each (default 0: "
+                               "as long as the run)\n"));
+  EXPECT_THAT(usage, HasSubstr("\n  --run-idle-timeout SECONDS\n"
+                               "                           a run with no "
+                               "step this long leaves the active runs\n"));
+  EXPECT_THAT(usage, HasSubstr("\n  --help                   this text\n"));
+}
+
+}  // namespace
+}  // namespace trainwatch
