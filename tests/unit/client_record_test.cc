@@ -3,6 +3,7 @@
 #include <memory>
 #include <optional>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto_convert.h"
 
@@ -178,6 +179,39 @@ TEST(MakeRunStart, CopiesOptions) {
   EXPECT_FALSE(start.has_adam_eps());
   EXPECT_EQ(start.adam_beta2(), 0.95);
   EXPECT_EQ(start.labels().at("model"), "llama");
+  EXPECT_FALSE(start.has_moe());
+
+  options.moe = MoeConfig{.num_experts = 64, .top_k = 8, .ep_size = 4,
+                          .balancing = MoeBalancing::kAuxFreeBias,
+                          .bias_update_rate = 1e-3, .capacity_factor = 1.25};
+  const v1::MoeConfig moe = MakeRunStart(options).moe();
+  EXPECT_EQ(moe.num_experts(), 64u);
+  EXPECT_EQ(moe.top_k(), 8u);
+  EXPECT_EQ(moe.ep_size(), 4u);
+  EXPECT_EQ(moe.balancing(), v1::AUX_FREE_BIAS);
+  EXPECT_EQ(moe.bias_update_rate(), 1e-3);
+  EXPECT_EQ(moe.capacity_factor(), 1.25);
+}
+
+TEST(Convert, CarriesEachMoeLayerAsGiven) {
+  const Step step{.step = 3, .grad_norm = 0.5,
+                  .moe = {{.layer = "blocks.3.moe", .tokens_per_expert = {812, 790, 0, 901},
+                           .dropped = 4, .aux_loss = 1.01, .expert_bias = {0.5f, -0.5f, 0, 0}},
+                          {.layer = "blocks.4.moe", .z_loss = 2.4, .router_logit_max = 7.5}}};
+  const v1::StepRecord record = Convert(step, 0.0);
+  ASSERT_EQ(record.moe().layers_size(), 2);
+  const v1::MoeLayerStats& a = record.moe().layers(0);
+  EXPECT_EQ(a.layer(), "blocks.3.moe");
+  EXPECT_THAT(a.tokens_per_expert(), ::testing::ElementsAre(812, 790, 0, 901));
+  EXPECT_EQ(a.dropped(), 4u);
+  EXPECT_EQ(a.aux_loss(), 1.01);
+  EXPECT_FALSE(a.has_z_loss());
+  EXPECT_THAT(a.expert_bias(), ::testing::ElementsAre(0.5f, -0.5f, 0.0f, 0.0f));
+  const v1::MoeLayerStats& b = record.moe().layers(1);
+  EXPECT_TRUE(b.tokens_per_expert().empty());
+  EXPECT_FALSE(b.has_dropped());
+  EXPECT_EQ(b.z_loss(), 2.4);
+  EXPECT_EQ(b.router_logit_max(), 7.5);
 }
 
 }  // namespace
