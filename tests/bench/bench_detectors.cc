@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "health/detectors/internal.h"
@@ -78,6 +79,55 @@ void BM_RunHealthAllDetectors(benchmark::State& state) {
   state.counters["alert_transitions"] = static_cast<double>(transitions);
 }
 BENCHMARK(BM_RunHealthAllDetectors)->Arg(1000)->Arg(10000)->ArgName("W");
+
+// The same with an MoE routing report on every record: `layers` x 128
+// experts of global-batch counts (~2M assignments a layer, a healthy skew),
+// the balancing and z-loss (0 layers: none, the side-by-side reference).
+void BM_RunHealthMoeReport(benchmark::State& state) {
+  const int layers = static_cast<int>(state.range(0));
+  constexpr int kExperts = 128;
+  constexpr size_t kReports = 64;  // distinct reports, cycled
+  HealthConfig config;
+  std::vector<v1::StepRecord> stream = Stream();
+  std::mt19937_64 rng(2);
+  std::normal_distribution<double> noise(0.0, 1.0);
+  std::vector<v1::MoeStats> reports(kReports);
+  for (v1::MoeStats& m : reports) {
+    for (int l = 0; l < layers; ++l) {
+      v1::MoeLayerStats* layer = m.add_layers();
+      layer->set_layer(std::to_string(l));
+      for (int e = 0; e < kExperts; ++e) {
+        layer->add_tokens_per_expert(
+            static_cast<uint64_t>(16384 * std::exp(0.2 * noise(rng))));
+      }
+      layer->set_aux_loss(1.01 + 0.005 * noise(rng));
+      layer->set_z_loss(2.5 + 0.05 * noise(rng));
+    }
+  }
+  RunInfo info = Info();
+  v1::MoeConfig moe;
+  moe.set_num_experts(kExperts);
+  moe.set_top_k(8);
+  info.moe = moe;
+  RunHealth health(info, config, [](const AlertEpisode&) {}, [](const SpikeInfo&) {});
+  uint64_t step = 0;
+  int64_t now = 1'700'000'000'000'000'000;
+  auto feed = [&] {
+    v1::StepRecord& r = stream[step % kStream];
+    r.set_step(step);
+    r.set_time_unix_nanos(now);
+    if (layers > 0) r.mutable_moe()->Swap(&reports[step % kReports]);
+    health.OnRankRecord(0, 0, r);
+    health.OnLeadRecord(r, now);
+    if (layers > 0) r.mutable_moe()->Swap(&reports[step % kReports]);
+    ++step;
+    now += 1'000'000;
+  };
+  while (step < 2ull * config.window_steps + 400) feed();
+  for (auto _ : state) feed();
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_RunHealthMoeReport)->Arg(0)->Arg(8)->Arg(48)->ArgName("layers");
 
 // A sink that only counts calls (the detector's own cost, no tracker).
 class NullSink final : public AlertSink {

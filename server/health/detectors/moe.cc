@@ -30,7 +30,8 @@ constexpr size_t kMaxLayers = 1024;
 // Layers named in a description, at most.
 constexpr size_t kNamed = 4;
 
-// The last `n` values of one signal of one layer, and their median.
+// The last `n` values of one signal of one layer, and their median (taken
+// once a value, when the ring is full).
 class Level {
  public:
   void Add(double v, uint32_t n) {
@@ -41,11 +42,12 @@ class Level {
       values_[next_] = v;
       next_ = (next_ + 1) % n;
     }
+    if (values_.size() >= n) median_ = MedianOf(values_.data(), values_.size());
   }
   // The median once `n` values are in.
   std::optional<double> Of(uint32_t n) const {
     if (values_.empty() || values_.size() < n) return std::nullopt;
-    return MedianOf(values_.data(), values_.size());
+    return median_;
   }
   void Clear() {
     values_.clear();
@@ -55,6 +57,7 @@ class Level {
  private:
   std::vector<double> values_;
   size_t next_ = 0;
+  double median_ = 0.0;
 };
 
 struct LayerState {
@@ -113,6 +116,8 @@ class MoeRouting final : public Detector {
 
     Named collapsed, dead, imbalanced, aux_high, aux_low, z_grown, bias_drift,
         bias_flip, ep_hot;
+    uint64_t assigned = 0, dropped_total = 0;
+    bool any_dropped = false;
     std::string dead_experts;
     double worst_imbalance = 0.0;
     for (const v1::MoeLayerStats& layer : r.moe().layers()) {
@@ -124,6 +129,11 @@ class MoeRouting final : public Detector {
       LayerState& s = it->second;
       const std::string& name = layer.layer();
       if (std::optional<MoeLayerLoad> load = LoadOf(layer)) {
+        assigned += load->total;
+        if (layer.has_dropped()) {
+          any_dropped = true;
+          dropped_total += layer.dropped();
+        }
         s.effective.Add(load->effective_experts, n);
         s.share.Add(load->max_share, n);
         s.max_over_mean.Add(load->max_over_mean, n);
@@ -190,9 +200,11 @@ class MoeRouting final : public Detector {
       }
     }
 
-    // The report's share of dropped assignments, over every layer.
-    const MoeReportSummary summary = Summarize(r.moe());
-    if (summary.dropped_fraction) dropped_.Add(*summary.dropped_fraction, n);
+    // The report's share of dropped assignments, over every layer (as
+    // Summarize() gives /metrics).
+    if (any_dropped && assigned > 0) {
+      dropped_.Add(static_cast<double>(dropped_total) / static_cast<double>(assigned), n);
+    }
     const auto dropped = settled ? dropped_.Of(n) : std::nullopt;
 
     // The worst layer's imbalance trend, forecast to cross the line: only

@@ -112,9 +112,10 @@ TEST(MoeLoad, EffectiveExpertsAndMaxOverMean) {
   v1::MoeLayerStats even, collapsed;
   for (int e = 0; e < 8; ++e) even.add_tokens_per_expert(100);
   for (int e = 0; e < 8; ++e) collapsed.add_tokens_per_expert(e < 2 ? 400 : 0);
-  EXPECT_NEAR(LoadOf(even)->effective_experts, 8.0, 1e-9);
+  // logf inside: three digits are what the rules need.
+  EXPECT_NEAR(LoadOf(even)->effective_experts, 8.0, 1e-4);
   EXPECT_NEAR(LoadOf(even)->max_over_mean, 1.0, 1e-9);
-  EXPECT_NEAR(LoadOf(collapsed)->effective_experts, 2.0, 1e-9);
+  EXPECT_NEAR(LoadOf(collapsed)->effective_experts, 2.0, 1e-4);
   EXPECT_EQ(LoadOf(collapsed)->dead, 6u);
   EXPECT_NEAR(LoadOf(collapsed)->max_over_mean, 4.0, 1e-9);
   EXPECT_THAT(BlockLoads(collapsed, 4), ElementsAre(800, 0, 0, 0));
