@@ -36,11 +36,47 @@ void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
                    .text = std::move(text)};
   e.batch_ids.assign(batch_ids.begin(),
                      batch_ids.begin() + std::min(batch_ids.size(), kMaxBatchIds));
-  e.caused_by = CauseOf(kind, step);
   if (e.text.rank.has_value()) e.rank = *e.text.rank;
   s.last_true_step = step;
+  if (deferring_) {
+    held_.push_back(kind);
+    return;
+  }
+  Report(s, kind);
+}
+
+void AlertTracker::Report(State& s, AlertKind kind) {
+  AlertEpisode& e = s.episode;
+  e.caused_by = CauseOf(kind, e.started_step);
   if (on_transition_) on_transition_(e);
-  MarkConsequences(kind, e.text.onset_step > 0 ? e.text.onset_step : step);
+  MarkConsequences(kind, e.text.onset_step > 0 ? e.text.onset_step : e.started_step);
+}
+
+void AlertTracker::ReportFires(std::optional<AlertKind> only) {
+  std::vector<AlertKind> now;
+  std::vector<AlertKind> held;
+  held.swap(held_);
+  for (AlertKind kind : held) {
+    if (only.has_value() && kind != *only) {
+      held_.push_back(kind);
+    } else if (states_[static_cast<size_t>(kind)].episode.firing) {
+      now.push_back(kind);
+    }
+  }
+  // Every cause first (all of the step's fires are firing by now), then the
+  // reports, then the marks of earlier consequences: no update goes out
+  // before its episode's fire.
+  for (AlertKind kind : now) {
+    AlertEpisode& e = states_[static_cast<size_t>(kind)].episode;
+    e.caused_by = CauseOf(kind, e.started_step);
+  }
+  for (AlertKind kind : now) {
+    if (on_transition_) on_transition_(states_[static_cast<size_t>(kind)].episode);
+  }
+  for (AlertKind kind : now) {
+    const AlertEpisode& e = states_[static_cast<size_t>(kind)].episode;
+    MarkConsequences(kind, e.text.onset_step > 0 ? e.text.onset_step : e.started_step);
+  }
 }
 
 namespace {
@@ -73,7 +109,8 @@ void AlertTracker::MarkConsequences(AlertKind cause, uint64_t onset_step) {
     State& s = states_[i];
     const AlertKind kind = static_cast<AlertKind>(i);
     if (!s.episode.firing || s.episode.caused_by.has_value() || kind == cause ||
-        s.episode.started_step < from) {
+        s.episode.started_step < from ||
+        std::find(held_.begin(), held_.end(), kind) != held_.end()) {  // not reported yet
       continue;
     }
     for (AlertKind c : Spec(kind).causes) {
@@ -136,15 +173,24 @@ void AlertTracker::Fire(AlertKind kind, uint64_t step, double value,
 void AlertTracker::Resolve(AlertKind kind, uint64_t step) {
   State& s = states_[static_cast<size_t>(kind)];
   if (!s.episode.firing || muted_) return;
+  ReportFires(kind);  // a fire held this step goes out before its resolve
   s.episode.firing = false;
   s.episode.resolved_step = step;
   s.episode.resolved_unix_nanos = now_unix_nanos_;
   if (on_transition_) on_transition_(s.episode);
 }
 
-void AlertTracker::EndStep(uint64_t step) { ResolveQuiet(step, false); }
+void AlertTracker::EndStep(uint64_t step) {
+  deferring_ = false;
+  ReportFires();
+  ResolveQuiet(step, false);
+}
 
-void AlertTracker::EndRanksStep(uint64_t step) { ResolveQuiet(step, true); }
+void AlertTracker::EndRanksStep(uint64_t step) {
+  deferring_ = false;
+  ReportFires();
+  ResolveQuiet(step, true);
+}
 
 void AlertTracker::ResolveQuiet(uint64_t step, bool across_ranks) {
   if (muted_) return;
@@ -164,6 +210,7 @@ void AlertTracker::ResolveQuiet(uint64_t step, bool across_ranks) {
 void AlertTracker::Amend(AlertKind kind, AlertText text, v1::Severity severity) {
   State& s = states_[static_cast<size_t>(kind)];
   if (!s.episode.firing || muted_) return;
+  ReportFires(kind);
   s.episode.text = std::move(text);
   if (severity != v1::SEVERITY_UNSPECIFIED) s.episode.severity = severity;
   // The same episode again, not a new fire (found by ingest_fuzzer: it was

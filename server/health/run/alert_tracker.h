@@ -52,7 +52,13 @@ class AlertTracker final : public AlertSink {
   // The time stamped on the transitions that follow (of the lead step, or
   // of the cross-rank steps, being processed).
   void SetNow(int64_t now_unix_nanos) { now_unix_nanos_ = now_unix_nanos; }
-  // Resolves the lead's alerts whose condition has been false long enough.
+  // Opens a step's judging: the alerts that fire until EndStep() or
+  // EndRanksStep() are reported there, after every detector ran, each with
+  // its caused_by found among all that fire at the step (whatever order the
+  // detectors ran in). Fires outside it are reported at once.
+  void BeginStep() { deferring_ = true; }
+  // Reports the step's fires, then resolves the lead's alerts whose
+  // condition has been false long enough.
   void EndStep(uint64_t step);
   // The same for the cross-rank alerts, which count steps of their own: the
   // steps judged across ranks (RankProgress), which may trail the lead's or
@@ -115,9 +121,14 @@ class AlertTracker final : public AlertSink {
   SpikeListener on_spike_;
   std::array<State, kAlertKindCount> states_;
   void ResolveQuiet(uint64_t step, bool across_ranks);
+  // Reports the fires held since BeginStep() (all of them, or `only`).
+  void ReportFires(std::optional<AlertKind> only = std::nullopt);
+  void Report(State& s, AlertKind kind);
 
   int64_t now_unix_nanos_ = 0;
   bool muted_ = false;
+  bool deferring_ = false;
+  std::vector<AlertKind> held_;  // fired since BeginStep(), not yet reported
 };
 
 }  // namespace trainwatch

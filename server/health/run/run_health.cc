@@ -58,6 +58,7 @@ void RunHealth::OnLeadRecord(const v1::StepRecord& r, int64_t now_unix_nanos) {
                   .post_warmup = post_warmup,
                   .records_seen = records_seen_,
                   .timing = timing_};
+  tracker_.BeginStep();
   for (auto& d : detectors_) d->OnStep(ctx, tracker_);
   tracker_.EndStep(r.step());
 }
@@ -107,6 +108,7 @@ void RunHealth::JudgeRanks(int64_t now_unix_nanos, uint64_t limit) {
                           .run = info_,
                           .config = config_,
                           .timing = timing_};
+  tracker_.BeginStep();
   for (auto& d : rank_detectors_) d->OnRanksThrough(ctx, tracker_);
   tracker_.EndRanksStep(*through);
 }
