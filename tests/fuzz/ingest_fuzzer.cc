@@ -616,9 +616,11 @@ HealthConfig ConsumeConfig(FuzzedDataProvider& in) {
   c.adam.stall_reports = count(4);
   c.spike.ema_beta = in.ConsumeBool() ? 0.5 : 0.99;
   // Some alerts switched off: they must never fire.
-  const uint32_t disabled = in.ConsumeIntegral<uint32_t>();
+  // Bit 63 switches the mask on; bits 0..62 are the alert kinds.
+  static_assert(kAlertKindCount <= 63, "one bit an alert kind");
+  const uint64_t disabled = in.ConsumeIntegral<uint64_t>();
   for (const AlertSpec& spec : AllAlertSpecs()) {
-    if (((disabled >> 31) & 1) != 0 &&
+    if (((disabled >> 63) & 1) != 0 &&
         ((disabled >> static_cast<size_t>(spec.kind)) & 1) != 0) {
       c.disabled.insert(std::string(spec.name));
     }
