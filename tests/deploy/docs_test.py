@@ -8,7 +8,8 @@ a comment names (`README "Section"`) is a heading of the README; no comment
 points at a design file outside the repository ("DESIGN.md") or at a
 tracker's issue by number; and every
 series the server registers (a "trainwatch_..." name in server/metrics/) is
-listed in docs/metrics.md."""
+listed in docs/metrics.md; and every flag of the server's flag table
+(server/server_flags.cc) is named in the README."""
 import os
 import re
 import sys
@@ -17,6 +18,17 @@ root = os.path.abspath(sys.argv[1])
 failures = []
 
 readme = os.path.join(root, "README.md")
+flags_cc = os.path.join(root, "server", "server_flags.cc")
+if os.path.exists(flags_cc):
+    readme_text = open(readme, encoding="utf-8").read()
+    flags = re.findall(r'^\s*\{"(--[a-z-]+)"', open(flags_cc, encoding="utf-8").read(), re.M)
+    if len(flags) < 15:
+        failures.append(f"server/server_flags.cc: only {len(flags)} flags parsed from its table")
+    for flag in flags:
+        if flag != "--help" and not re.search(re.escape(flag) + r"(?![a-z-])", readme_text):
+            failures.append(f"README.md does not name the server flag {flag} (server/server_flags.cc)")
+else:
+    failures.append("server/server_flags.cc is missing: the server's flag table")
 n = sum(1 for _ in open(readme, encoding="utf-8"))
 if n > 250:
     failures.append(f"README.md has {n} lines; keep it under 250 (longer material goes to docs/)")
