@@ -80,3 +80,18 @@ def test_moe_stats_come_back_as_sent(server):
     assert layer["aux_loss"] == pytest.approx(1.01)
     assert layer["expert_bias"] == pytest.approx([0.1, -0.1, 0.0, 0.0])
     assert steps[1]["moe"]["layers"][0] == {"layer": "3", "tokens_per_expert": [1, 2, 3, 0]}
+
+
+def test_sparse_reports_name_a_collapse_and_its_consequences_carry_it(server):
+    # Every 25 steps: the dead-expert rule (3 reports, 100 steps) names the
+    # dead experts before the collapse's level (10 reports) is in; the
+    # collapse's onset is its level's first report, so they become its
+    # consequences all the same.
+    alerts = train(server, "moe/sparse-collapse", "--fault", "collapse", "--every", "25",
+                   "--steps", "800")
+    by = {a["alertname"]: a for a in alerts}
+    assert by["MoeRouterCollapse"]["severity"] == "critical", alerts
+    assert by["MoeRouterCollapse"]["onset_step"] <= by["MoeDeadExpert"]["started_step"]
+    for name, a in by.items():
+        if name != "MoeRouterCollapse":
+            assert a["caused_by"] == "MoeRouterCollapse", (name, alerts)

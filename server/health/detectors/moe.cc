@@ -34,16 +34,20 @@ constexpr size_t kNamed = 4;
 // once a value, when the ring is full).
 class Level {
  public:
-  void Add(double v, uint32_t n) {
+  void Add(double v, uint32_t n, uint64_t step = 0) {
     if (!std::isfinite(v)) return;
     if (values_.size() < n) {
       values_.push_back(v);
+      steps_.push_back(step);
     } else {
       values_[next_] = v;
+      steps_[next_] = step;
       next_ = (next_ + 1) % n;
     }
     if (values_.size() >= n) median_ = MedianOf(values_.data(), values_.size());
   }
+  // The step of the oldest report in the level: where what it says began.
+  uint64_t since() const { return steps_.empty() ? 0 : steps_[next_ % steps_.size()]; }
   // The median once `n` values are in.
   std::optional<double> Of(uint32_t n) const {
     if (values_.empty() || values_.size() < n) return std::nullopt;
@@ -51,11 +55,13 @@ class Level {
   }
   void Clear() {
     values_.clear();
+    steps_.clear();
     next_ = 0;
   }
 
  private:
   std::vector<double> values_;
+  std::vector<uint64_t> steps_;
   size_t next_ = 0;
   double median_ = 0.0;
 };
@@ -117,6 +123,9 @@ class MoeRouting final : public Detector {
     Named collapsed, dead, imbalanced, aux_high, aux_low, z_grown, bias_drift,
         bias_flip, ep_hot;
     uint64_t assigned = 0, dropped_total = 0;
+    // Where each cause's condition began (the oldest report of its level):
+    // a consequence that fired since then is its (AlertText::onset_step).
+    uint64_t collapse_onset = step, dead_onset = step, z_onset = step;
     bool any_dropped = false;
     std::string dead_experts;
     double worst_imbalance = 0.0;
@@ -134,8 +143,8 @@ class MoeRouting final : public Detector {
           any_dropped = true;
           dropped_total += layer.dropped();
         }
-        s.effective.Add(load->effective_experts, n);
-        s.share.Add(load->max_share, n);
+        s.effective.Add(load->effective_experts, n, step);
+        s.share.Add(load->max_share, n, step);
         s.max_over_mean.Add(load->max_over_mean, n);
         s.hottest = load->hottest;
         s.last_max_over_mean = load->max_over_mean;
@@ -150,10 +159,12 @@ class MoeRouting final : public Detector {
           const auto share = s.share.Of(n);
           if (eff && *eff <= limit) {
             collapsed.emplace_back(name, *eff);
+            collapse_onset = std::min(collapse_onset, s.effective.since());
           } else if (top_k == 1 && share && *share >= cfg.collapse_share) {
             collapsed.emplace_back(name, *share * experts);
+            collapse_onset = std::min(collapse_onset, s.share.since());
           }
-          const uint32_t dead_now = DeadExperts(s, step, cfg, &dead_experts, name);
+          const uint32_t dead_now = DeadExperts(s, step, cfg, &dead_experts, name, &dead_onset);
           if (dead_now > 0) dead.emplace_back(name, dead_now);
           if (auto m = s.max_over_mean.Of(n)) {
             worst_imbalance = std::max(worst_imbalance, *m);
@@ -174,8 +185,8 @@ class MoeRouting final : public Detector {
         }
       }
       if (layer.has_aux_loss()) s.aux.Add(layer.aux_loss(), n);
-      if (layer.has_z_loss()) s.z.Add(layer.z_loss(), n);
-      if (layer.has_router_logit_max()) s.logit.Add(layer.router_logit_max(), n);
+      if (layer.has_z_loss()) s.z.Add(layer.z_loss(), n, step);
+      if (layer.has_router_logit_max()) s.logit.Add(layer.router_logit_max(), n, step);
       TrackBias(layer, step, s, n, cfg.bias_flip_share);
       if (!settled) continue;
       if (auto a = s.aux.Of(n)) {
@@ -189,6 +200,8 @@ class MoeRouting final : public Detector {
                               ? *s.logit.Of(n) / *s.logit_base
                               : 0.0;
         z_grown.emplace_back(name, std::max(zr, lr));
+        z_onset = std::min(z_onset, std::min(s.z.since() ? s.z.since() : step,
+                                             s.logit.since() ? s.logit.since() : step));
       }
       if (auto d = s.bias_mean_over_sd.Of(n);
           d && *d >= cfg.bias_mean_sd && std::abs(s.bias_mean) >= 20 * bias_rate) {
@@ -229,14 +242,16 @@ class MoeRouting final : public Detector {
                              step, n,
                              cfg.collapse_top_k_multiple * top_k,
                              cfg.collapse_top_k_multiple, top_k,
-                             NameLayers(collapsed))};
+                             NameLayers(collapsed)),
+                         collapse_onset};
                    });
     sink.Condition(AlertKind::kMoeDeadExpert, step, !dead.empty(), Worst(dead), [&] {
       return AlertText{
           absl::StrFormat("%g dead expert(s) in %d layer(s)", Worst(dead), dead.size()),
           absl::StrFormat("step %d: experts with no assignment in the global "
                           "batch for >= %d steps (%d+ reports): %s",
-                          step, cfg.dead_steps, cfg.dead_min_reports, dead_experts)};
+                          step, cfg.dead_steps, cfg.dead_min_reports, dead_experts),
+          dead_onset};
     });
     sink.Condition(
         AlertKind::kMoeImbalanceHigh, step, !imbalanced.empty() || imbalance_at.has_value(),
@@ -289,7 +304,8 @@ class MoeRouting final : public Detector {
                              "step %d: the router z-loss or max router logit "
                              "(median of the last %d reports) >= %g x its "
                              "level after settling: %s",
-                             step, n, cfg.z_ratio, NameLayers(z_grown))};
+                             step, n, cfg.z_ratio, NameLayers(z_grown)),
+                         z_onset};
                    });
     const bool bias_off = !bias_drift.empty() || !bias_flip.empty();
     sink.Condition(
@@ -370,12 +386,13 @@ class MoeRouting final : public Detector {
   // Experts of this layer dead at `step`; appends "layer L: experts a, b".
   static uint32_t DeadExperts(const LayerState& s, uint64_t step,
                               const decltype(HealthConfig::moe)& cfg,
-                              std::string* out, const std::string& name) {
+                              std::string* out, const std::string& name, uint64_t* onset) {
     std::vector<size_t> dead;
     for (size_t e = 0; e < s.empty_reports.size(); ++e) {
       if (s.empty_reports[e] >= cfg.dead_min_reports &&
           step - s.empty_since[e] >= cfg.dead_steps) {
         dead.push_back(e);
+        *onset = std::min(*onset, s.empty_since[e]);
       }
     }
     if (dead.empty()) return 0;
