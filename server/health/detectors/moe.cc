@@ -75,12 +75,11 @@ struct LayerState {
   std::vector<uint32_t> empty_reports;
   // The aux-free bias: the last report's and its change.
   std::vector<float> bias, bias_delta;
-  uint64_t bias_step = 0;
   uint32_t flip_reports = 0;          // reports in a row that flipped
   double flip_start_imbalance = 0.0;  // max/mean when that run began
   Level bias_mean_over_sd;
   double bias_mean = 0.0, bias_sd = 0.0;
-  uint32_t hottest = 0, hottest_block = 0;
+  uint32_t hottest_block = 0;  // the EP rank with the most assignments
   double last_max_over_mean = 0.0;
 };
 
@@ -146,7 +145,6 @@ class MoeRouting final : public Detector {
         s.effective.Add(load->effective_experts, n, step);
         s.share.Add(load->max_share, n, step);
         s.max_over_mean.Add(load->max_over_mean, n);
-        s.hottest = load->hottest;
         s.last_max_over_mean = load->max_over_mean;
         TrackEmpty(layer, step, s);
         const size_t experts = layer.tokens_per_expert_size();
@@ -187,7 +185,7 @@ class MoeRouting final : public Detector {
       if (layer.has_aux_loss()) s.aux.Add(layer.aux_loss(), n);
       if (layer.has_z_loss()) s.z.Add(layer.z_loss(), n, step);
       if (layer.has_router_logit_max()) s.logit.Add(layer.router_logit_max(), n, step);
-      TrackBias(layer, step, s, n, cfg.bias_flip_share);
+      TrackBias(layer, s, n, cfg.bias_flip_share);
       if (!settled) continue;
       if (auto a = s.aux.Of(n)) {
         if (*a >= cfg.aux_high) aux_high.emplace_back(name, *a);
@@ -417,7 +415,7 @@ class MoeRouting final : public Detector {
     return *base > 0 && *now >= ratio * *base;
   }
 
-  static void TrackBias(const v1::MoeLayerStats& layer, uint64_t step, LayerState& s,
+  static void TrackBias(const v1::MoeLayerStats& layer, LayerState& s,
                         uint32_t n, double flip_share) {
     const auto& bias = layer.expert_bias();
     if (bias.empty()) return;
@@ -447,7 +445,6 @@ class MoeRouting final : public Detector {
       s.bias_delta = std::move(delta);
     }
     s.bias.assign(bias.begin(), bias.end());
-    s.bias_step = step;
   }
 
   std::map<std::string, LayerState> layers_;
