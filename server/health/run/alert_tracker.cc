@@ -38,18 +38,8 @@ void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
                      batch_ids.begin() + std::min(batch_ids.size(), kMaxBatchIds));
   if (e.text.rank.has_value()) e.rank = *e.text.rank;
   s.last_true_step = step;
-  if (deferring_) {
-    held_.push_back(kind);
-    return;
-  }
-  Report(s, kind);
-}
-
-void AlertTracker::Report(State& s, AlertKind kind) {
-  AlertEpisode& e = s.episode;
-  e.caused_by = CauseOf(kind, e.started_step);
-  if (on_transition_) on_transition_(e);
-  MarkConsequences(kind, e.text.onset_step > 0 ? e.text.onset_step : e.started_step);
+  held_.push_back(kind);
+  if (!deferring_) ReportFires(kind);  // outside a step: at once
 }
 
 void AlertTracker::ReportFires(std::optional<AlertKind> only) {

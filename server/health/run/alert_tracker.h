@@ -123,7 +123,6 @@ class AlertTracker final : public AlertSink {
   void ResolveQuiet(uint64_t step, bool across_ranks);
   // Reports the fires held since BeginStep() (all of them, or `only`).
   void ReportFires(std::optional<AlertKind> only = std::nullopt);
-  void Report(State& s, AlertKind kind);
 
   int64_t now_unix_nanos_ = 0;
   bool muted_ = false;
