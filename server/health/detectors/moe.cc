@@ -46,8 +46,11 @@ class Level {
     }
     if (values_.size() >= n) median_ = MedianOf(values_.data(), values_.size());
   }
-  // The step of the oldest report in the level: where what it says began.
-  uint64_t since() const { return steps_.empty() ? 0 : steps_[next_ % steps_.size()]; }
+  // The step of the oldest report in the level: where what it says began
+  // (`otherwise` while empty).
+  uint64_t since(uint64_t otherwise) const {
+    return steps_.empty() ? otherwise : steps_[next_ % steps_.size()];
+  }
   // The median once `n` values are in.
   std::optional<double> Of(uint32_t n) const {
     if (values_.empty() || values_.size() < n) return std::nullopt;
@@ -121,11 +124,10 @@ class MoeRouting final : public Detector {
 
     Named collapsed, dead, imbalanced, aux_high, aux_low, z_grown, bias_drift,
         bias_flip, ep_hot;
-    uint64_t assigned = 0, dropped_total = 0;
+    MoeDrops report_drops;
     // Where each cause's condition began (the oldest report of its level):
     // a consequence that fired since then is its (AlertText::onset_step).
     uint64_t collapse_onset = step, dead_onset = step, z_onset = step;
-    bool any_dropped = false;
     std::string dead_experts;
     double worst_imbalance = 0.0;
     for (const v1::MoeLayerStats& layer : r.moe().layers()) {
@@ -137,11 +139,7 @@ class MoeRouting final : public Detector {
       LayerState& s = it->second;
       const std::string& name = layer.layer();
       if (std::optional<MoeLayerLoad> load = LoadOf(layer)) {
-        assigned += load->total;
-        if (layer.has_dropped()) {
-          any_dropped = true;
-          dropped_total += layer.dropped();
-        }
+        report_drops.Add(layer, *load);
         s.effective.Add(load->effective_experts, n, step);
         s.share.Add(load->max_share, n, step);
         s.max_over_mean.Add(load->max_over_mean, n);
@@ -157,10 +155,10 @@ class MoeRouting final : public Detector {
           const auto share = s.share.Of(n);
           if (eff && *eff <= limit) {
             collapsed.emplace_back(name, *eff);
-            collapse_onset = std::min(collapse_onset, s.effective.since());
+            collapse_onset = std::min(collapse_onset, s.effective.since(step));
           } else if (top_k == 1 && share && *share >= cfg.collapse_share) {
             collapsed.emplace_back(name, *share * experts);
-            collapse_onset = std::min(collapse_onset, s.share.since());
+            collapse_onset = std::min(collapse_onset, s.share.since(step));
           }
           const uint32_t dead_now = DeadExperts(s, step, cfg, &dead_experts, name, &dead_onset);
           if (dead_now > 0) dead.emplace_back(name, dead_now);
@@ -198,8 +196,7 @@ class MoeRouting final : public Detector {
                               ? *s.logit.Of(n) / *s.logit_base
                               : 0.0;
         z_grown.emplace_back(name, std::max(zr, lr));
-        z_onset = std::min(z_onset, std::min(s.z.since() ? s.z.since() : step,
-                                             s.logit.since() ? s.logit.since() : step));
+        z_onset = std::min({z_onset, s.z.since(step), s.logit.since(step)});
       }
       if (auto d = s.bias_mean_over_sd.Of(n);
           d && *d >= cfg.bias_mean_sd && std::abs(s.bias_mean) >= 20 * bias_rate) {
@@ -211,11 +208,9 @@ class MoeRouting final : public Detector {
       }
     }
 
-    // The report's share of dropped assignments, over every layer (as
+    // The report's share of dropped assignments, over every layer (what
     // Summarize() gives /metrics).
-    if (any_dropped && assigned > 0) {
-      dropped_.Add(static_cast<double>(dropped_total) / static_cast<double>(assigned), n);
-    }
+    if (const std::optional<double> share = report_drops.fraction()) dropped_.Add(*share, n);
     const auto dropped = settled ? dropped_.Of(n) : std::nullopt;
 
     // The worst layer's imbalance trend, forecast to cross the line: only

@@ -44,8 +44,7 @@ std::vector<uint64_t> BlockLoads(const v1::MoeLayerStats& layer, uint32_t ep_siz
 
 MoeReportSummary Summarize(const v1::MoeStats& moe) {
   MoeReportSummary s;
-  uint64_t assigned = 0, dropped = 0;
-  bool any_dropped = false;
+  MoeDrops drops;
   const auto take_max = [](std::optional<double>& worst, double v) {
     if (!std::isfinite(v)) return;
     if (!worst.has_value() || v > *worst) worst = v;
@@ -54,18 +53,12 @@ MoeReportSummary Summarize(const v1::MoeStats& moe) {
     if (std::optional<MoeLayerLoad> load = LoadOf(layer)) {
       take_max(s.load_max_over_mean, load->max_over_mean);
       s.dead_experts = s.dead_experts.value_or(0) + load->dead;
-      assigned += load->total;
-      if (layer.has_dropped()) {
-        any_dropped = true;
-        dropped += layer.dropped();
-      }
+      drops.Add(layer, *load);
     }
     if (layer.has_aux_loss()) take_max(s.aux_loss, layer.aux_loss());
     if (layer.has_z_loss()) take_max(s.router_z_loss, layer.z_loss());
   }
-  if (any_dropped && assigned > 0) {
-    s.dropped_fraction = static_cast<double>(dropped) / static_cast<double>(assigned);
-  }
+  s.dropped_fraction = drops.fraction();
   return s;
 }
 

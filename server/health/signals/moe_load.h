@@ -35,6 +35,27 @@ std::optional<MoeLayerLoad> LoadOf(const v1::MoeLayerStats& layer);
 // num_experts / ep_size); empty when the counts do not divide evenly.
 std::vector<uint64_t> BlockLoads(const v1::MoeLayerStats& layer, uint32_t ep_size);
 
+// The share of a report's routed assignments dropped over capacity, over
+// the layers with counts that say what they dropped (nullopt: none said).
+class MoeDrops {
+ public:
+  void Add(const v1::MoeLayerStats& layer, const MoeLayerLoad& load) {
+    assigned_ += load.total;
+    if (layer.has_dropped()) {
+      any_ = true;
+      dropped_ += layer.dropped();
+    }
+  }
+  std::optional<double> fraction() const {
+    if (!any_ || assigned_ == 0) return std::nullopt;
+    return static_cast<double>(dropped_) / static_cast<double>(assigned_);
+  }
+
+ private:
+  uint64_t assigned_ = 0, dropped_ = 0;
+  bool any_ = false;
+};
+
 // The report's worst layer for each series (trainwatch_moe_*): nullopt where
 // no layer said.
 struct MoeReportSummary {
