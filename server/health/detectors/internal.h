@@ -8,6 +8,9 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "health/detector.h"
@@ -134,6 +137,11 @@ class LrAllowance {
  private:
   double peak_lr_ = 0.0;
 };
+
+// "<prefix>name value, ..." for the first `most` named values, then "and N
+// more": the layers (or tensors) a description names.
+std::string NameLayers(const std::vector<std::pair<std::string, double>>& layers,
+                       size_t most, std::string_view prefix = "");
 
 // The options of a LevelShiftDetector for a shift of `shift` (in the
 // signal's units), from the config's change-detection parameters.

@@ -23,21 +23,6 @@ namespace {
 // Layers named in a description, at most.
 constexpr size_t kLayersNamed = 5;
 
-// "name value, name value, ..." for the first kLayersNamed layers, then
-// "and N more".
-std::string NameLayers(
-    const std::vector<std::pair<std::string, double>>& layers) {
-  std::string out;
-  for (size_t i = 0; i < layers.size() && i < kLayersNamed; ++i) {
-    if (i > 0) out += ", ";
-    out += absl::StrFormat("%s %.3g", layers[i].first, layers[i].second);
-  }
-  if (layers.size() > kLayersNamed) {
-    out += absl::StrFormat(" and %d more", layers.size() - kLayersNamed);
-  }
-  return out;
-}
-
 // Catches a layer whose Adam second moment is out of date: its gradient is
 // far above what v has seen (RMS of g/sqrt(v) >= adam.g_over_sqrt_v, ~1 in
 // steady state), and a loss spike tends to follow within a few steps. A layer
@@ -99,7 +84,7 @@ class AdamStaleSecondMoment final : public Detector {
               absl::StrFormat("step %d: g/sqrt(v) RMS >= %g and >= %gx the "
                               "layer's recent median in %d layer(s): %s",
                               r.step(), cfg.g_over_sqrt_v, cfg.jump_ratio,
-                              stale.size(), NameLayers(stale))};
+                              stale.size(), NameLayers(stale, kLayersNamed))};
         });
   }
 
@@ -189,7 +174,7 @@ class LayerUpdateStall final : public Detector {
                                 "adam_eps (%g) on %d reports in a row: %s",
                                 r.step(), stalled.size(), cfg.eps_multiple,
                                 *ctx.run.adam_eps, cfg.stall_reports,
-                                NameLayers(stalled))};
+                                NameLayers(stalled, kLayersNamed))};
           }
           return CollapseText(r, ctx);
         });

@@ -89,16 +89,6 @@ struct LayerState {
 // A layer that holds a rule, with the number the description names.
 using Named = std::vector<std::pair<std::string, double>>;
 
-std::string NameLayers(const Named& layers) {
-  std::string out;
-  for (size_t i = 0; i < layers.size() && i < kNamed; ++i) {
-    if (i > 0) out += ", ";
-    absl::StrAppendFormat(&out, "layer %s %.3g", layers[i].first, layers[i].second);
-  }
-  if (layers.size() > kNamed) out += absl::StrFormat(" and %d more", layers.size() - kNamed);
-  return out;
-}
-
 double Worst(const Named& layers, bool largest = true) {
   double w = largest ? 0.0 : INFINITY;
   for (const auto& [name, v] : layers) w = largest ? std::max(w, v) : std::min(w, v);
@@ -235,7 +225,7 @@ class MoeRouting final : public Detector {
                              step, n,
                              cfg.collapse_top_k_multiple * top_k,
                              cfg.collapse_top_k_multiple, top_k,
-                             NameLayers(collapsed)),
+                             NameLayers(collapsed, kNamed, "layer ")),
                          collapse_onset};
                    });
     sink.Condition(AlertKind::kMoeDeadExpert, step, !dead.empty(), Worst(dead), [&] {
@@ -256,7 +246,7 @@ class MoeRouting final : public Detector {
                 absl::StrFormat("step %d: the hottest expert's load over the "
                                 "mean (median of the last %d reports) >= %g: %s",
                                 step, n, cfg.imbalance,
-                                NameLayers(imbalanced))};
+                                NameLayers(imbalanced, kNamed, "layer "))};
           }
           return AlertText{
               absl::StrFormat("MoE load imbalance forecast to reach %gx by step %d",
@@ -279,7 +269,7 @@ class MoeRouting final : public Detector {
                 absl::StrFormat("step %d: the normalised load-balancing loss "
                                 "(1.0 = balanced; median of the last %d "
                                 "reports) >= %g: %s",
-                                step, n, cfg.aux_high, NameLayers(aux_high))};
+                                step, n, cfg.aux_high, NameLayers(aux_high, kNamed, "layer "))};
           }
           return AlertText{
               absl::StrFormat("MoE balancing loss %.3g, below %g: gamed",
@@ -287,7 +277,7 @@ class MoeRouting final : public Detector {
               absl::StrFormat("step %d: the normalised load-balancing loss "
                               "(median of the last %d reports) < %g, below "
                               "what balance gives: %s",
-                              step, n, cfg.aux_low, NameLayers(aux_low))};
+                              step, n, cfg.aux_low, NameLayers(aux_low, kNamed, "layer "))};
         });
     sink.Condition(AlertKind::kMoeRouterZLossGrowth, step, !z_grown.empty(), Worst(z_grown),
                    [&] {
@@ -297,7 +287,7 @@ class MoeRouting final : public Detector {
                              "step %d: the router z-loss or max router logit "
                              "(median of the last %d reports) >= %g x its "
                              "level after settling: %s",
-                             step, n, cfg.z_ratio, NameLayers(z_grown)),
+                             step, n, cfg.z_ratio, NameLayers(z_grown, kNamed, "layer ")),
                          z_onset};
                    });
     const bool bias_off = !bias_drift.empty() || !bias_flip.empty();
@@ -312,7 +302,7 @@ class MoeRouting final : public Detector {
                                 "the update rate): the update is not "
                                 "re-centred: %s",
                                 step, cfg.bias_mean_sd, 20 * bias_rate,
-                                NameLayers(bias_drift))};
+                                NameLayers(bias_drift, kNamed, "layer "))};
           }
           return AlertText{
               "MoE expert bias flips without balancing",
@@ -321,7 +311,7 @@ class MoeRouting final : public Detector {
                               "row while the load's max/mean did not improve: "
                               "the update rate is too high: %s",
                               step, 100 * cfg.bias_flip_share, n,
-                              NameLayers(bias_flip))};
+                              NameLayers(bias_flip, kNamed, "layer "))};
         });
     const bool drops = dropped.has_value() && *dropped > cfg.dropped_fraction;
     sink.Condition(AlertKind::kMoeTokensDropped, step, drops, dropped.value_or(0.0), [&] {
@@ -347,7 +337,7 @@ class MoeRouting final : public Detector {
                               "carries >= %g x the mean rank's (median of the "
                               "last %d reports); the hottest: EP rank %d: %s",
                               step, ep_size, cfg.ep_ratio, n, worst.hottest_block,
-                              NameLayers(ep_hot))};
+                              NameLayers(ep_hot, kNamed, "layer "))};
         });
   }
 

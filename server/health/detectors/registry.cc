@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_format.h"
 #include "health/detector.h"
 #include "health/detectors/internal.h"
 
@@ -87,6 +88,17 @@ double LrAllowance::Update(const v1::StepRecord& r, double fraction) {
   peak_lr_ = std::max(peak_lr_, r.lr());
   const double floor_lr = fraction * peak_lr_;
   return r.lr() < floor_lr ? 0.5 * std::log(floor_lr / r.lr()) : 0.0;
+}
+
+std::string NameLayers(const std::vector<std::pair<std::string, double>>& layers,
+                       size_t most, std::string_view prefix) {
+  std::string out;
+  for (size_t i = 0; i < layers.size() && i < most; ++i) {
+    if (i > 0) out += ", ";
+    absl::StrAppendFormat(&out, "%s%s %.3g", prefix, layers[i].first, layers[i].second);
+  }
+  if (layers.size() > most) absl::StrAppendFormat(&out, " and %d more", layers.size() - most);
+  return out;
 }
 
 LevelShiftDetector::Options LevelOptions(const HealthConfig& config,
