@@ -256,6 +256,38 @@ TEST(StepCodec, ChunksOfTheFormatBeforeReadBack) {
   EXPECT_EQ(EncodeStepChunk(old.records())[0], static_cast<char>(kStepChunkColumnarV1));
 }
 
+// The records of kOldMoeChunk: MoE reports of a few shapes (a count of
+// 2^64-1, a layer with no counts, a layer whose experts change), a record
+// without one and one with layer_stats.
+Records OldMoeRecords() {
+  Records in;
+  for (int i = 0; i < 4; ++i) {
+    v1::StepRecord& r = *in.Add();
+    r.set_step(100 + i);
+    r.set_time_unix_nanos(1'700'000'000'000'000'000 + i * 1'000'000'000LL);
+    r.set_grad_norm(0.5 + 0.125 * i);
+    r.set_loss(2.5);
+    if (i == 2) {
+      (*r.mutable_layer_stats())["layers.0.mlp"].set_grad_norm(0.25);
+      continue;
+    }
+    for (int l = 0; l < 2; ++l) {
+      v1::MoeLayerStats& layer = *r.mutable_moe()->add_layers();
+      layer.set_layer(std::to_string(l));
+      const int experts = l == 1 && i == 3 ? 3 : 4;
+      for (int e = 0; e < experts; ++e) {
+        layer.add_tokens_per_expert(65536 + 1000 * e - 300 * i + l);
+      }
+      layer.set_aux_loss(1.0 + 0.01 * i);
+      if (l == 0) layer.set_dropped(7);
+      if (l == 1) layer.add_expert_bias(-0.5f);
+    }
+    if (i == 1) r.mutable_moe()->mutable_layers(0)->set_tokens_per_expert(2, ~uint64_t{0});
+    if (i == 3) r.mutable_moe()->add_layers()->set_layer("empty");
+  }
+  return in;
+}
+
 TEST(StepCodec, SmallerThanProtobufOnATypicalRun) {
   Records in;
   for (int i = 0; i < 1024; ++i) {
@@ -345,6 +377,42 @@ TEST(StepCodec, CorruptOrCutShortBlobsAreErrorsNotCrashes) {
   s = DecodeStepChunk(std::string("\x0f\x01", 2), &out);
   EXPECT_TRUE(absl::IsDataLoss(s));
   EXPECT_NE(s.message().find("0x0f"), std::string::npos) << s;
+}
+
+// OldMoeRecords() as the encoder wrote them before MoE counts had a section
+// of their own (format byte 0x07, the counts inside each record's residue):
+// chunks of that format in existing databases read back as they were.
+const char kOldMoeChunk[] =
+    "\x07\x04\x0f\x91\x00\x80\xef\x6f\x2f\x39\xfc\x6c\x54\x00\x00\x92"
+    "\x94\xbb\x9a\xca\x1f\x7f\xc0\x00\x00\x00\x00\x00\x00\x8c\xc0\x70"
+    "\x02\x7f\x00\x10\x00\x00\x00\x00\x00\x01\xc0\x00\x00\xa1\xe1\x80"
+    "\x11\x92\xad\xa4\x80\x92\x01\x40\x0a\x1c\x0a\x01\x30\x12\x0c\x80"
+    "\x80\x04\xe8\x87\x04\xd0\x8f\x04\xb8\x97\x04\x18\x07\x21\x00\x00"
+    "\x00\x00\x00\x00\xf0\x3f\x0a\x20\x0a\x01\x31\x12\x0c\x81\x80\x04"
+    "\xe9\x87\x04\xd1\x8f\x04\xb9\x97\x04\x21\x00\x00\x00\x00\x00\x00"
+    "\xf0\x3f\x32\x04\x00\x00\x00\xbf\x92\x01\x47\x0a\x23\x0a\x01\x30"
+    "\x12\x13\xd4\xfd\x03\xbc\x85\x04\xff\xff\xff\xff\xff\xff\xff\xff"
+    "\xff\x01\x8c\x95\x04\x18\x07\x21\x29\x5c\x8f\xc2\xf5\x28\xf0\x3f"
+    "\x0a\x20\x0a\x01\x31\x12\x0c\xd5\xfd\x03\xbd\x85\x04\xa5\x8d\x04"
+    "\x8d\x95\x04\x21\x29\x5c\x8f\xc2\xf5\x28\xf0\x3f\x32\x04\x00\x00"
+    "\x00\xbf\x72\x19\x0a\x0c\x6c\x61\x79\x65\x72\x73\x2e\x30\x2e\x6d"
+    "\x6c\x70\x12\x09\x09\x00\x00\x00\x00\x00\x00\xd0\x3f\x92\x01\x46"
+    "\x0a\x1c\x0a\x01\x30\x12\x0c\xfc\xf8\x03\xe4\x80\x04\xcc\x88\x04"
+    "\xb4\x90\x04\x18\x07\x21\x7b\x14\xae\x47\xe1\x7a\xf0\x3f\x0a\x1d"
+    "\x0a\x01\x31\x12\x09\xfd\xf8\x03\xe5\x80\x04\xcd\x88\x04\x21\x7b"
+    "\x14\xae\x47\xe1\x7a\xf0\x3f\x32\x04\x00\x00\x00\xbf\x0a\x07\x0a"
+    "\x05\x65\x6d\x70\x74\x79";
+
+TEST(StepCodec, MoeChunksOfTheFormatBeforeReadBack) {
+  const std::string blob(kOldMoeChunk, sizeof(kOldMoeChunk) - 1);
+  ASSERT_EQ(static_cast<unsigned char>(blob[0]), kStepChunkColumnarV1);
+  Records out;
+  absl::Status s = DecodeStepChunk(blob, &out);
+  ASSERT_TRUE(s.ok()) << s;
+  const Records in = OldMoeRecords();
+  ASSERT_EQ(out.size(), in.size());
+  for (int i = 0; i < in.size(); ++i) ExpectSame(in[i], out[i], i);
+  EXPECT_EQ(out[1].moe().layers(0).tokens_per_expert(2), ~uint64_t{0});
 }
 
 }  // namespace
