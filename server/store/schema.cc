@@ -159,6 +159,12 @@ CREATE TABLE IF NOT EXISTS rank_tail (
 );
 )sql";
 
+// Version 9: a chunk with MoE routing counts may hold format 2 of
+// store/codec/step_codec.h (first byte 0x0f: the counts coded after the
+// residues); chunks of format 1 read as they are, so nothing is rewritten.
+// The version tells a server of version 8, which cannot read those chunks,
+// to refuse the file.
+
 absl::StatusOr<int> UserVersion(sqlite3* db) {
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
   if (!s.ok()) return s.status();

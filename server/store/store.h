@@ -283,7 +283,7 @@ class Store {
   // connection of its own, a snapshot of what was committed when it began.
   absl::Status Backup(const std::string& path) const;
 
-  static constexpr int kSchemaVersion = 8;
+  static constexpr int kSchemaVersion = 9;
 
  private:
   // A statement on a read-only connection of its own (store_reads.cc);

@@ -374,9 +374,9 @@ TEST(StepCodec, CorruptOrCutShortBlobsAreErrorsNotCrashes) {
   EXPECT_TRUE(absl::IsDataLoss(s)) << s;
   EXPECT_NE(s.message().find("cannot fit"), std::string::npos) << s;
   // A format byte of a later version is named.
-  s = DecodeStepChunk(std::string("\x0f\x01", 2), &out);
+  s = DecodeStepChunk(std::string("\x17\x01", 2), &out);
   EXPECT_TRUE(absl::IsDataLoss(s));
-  EXPECT_NE(s.message().find("0x0f"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("0x17"), std::string::npos) << s;
 }
 
 // OldMoeRecords() as the encoder wrote them before MoE counts had a section
@@ -413,6 +413,185 @@ TEST(StepCodec, MoeChunksOfTheFormatBeforeReadBack) {
   ASSERT_EQ(out.size(), in.size());
   for (int i = 0; i < in.size(); ++i) ExpectSame(in[i], out[i], i);
   EXPECT_EQ(out[1].moe().layers(0).tokens_per_expert(2), ~uint64_t{0});
+}
+
+// A count drawn from shapes that stress the coder: near a typical count,
+// zero, the extremes of 64 bits, any bits at all.
+uint64_t Count(std::mt19937_64& rng, uint64_t typical) {
+  switch (rng() % 8) {
+    case 0:
+      return 0;
+    case 1:
+      return ~uint64_t{0} - rng() % 3;
+    case 2:
+      return rng();
+    case 3:
+      return rng() % 16;
+    default:
+      return typical + rng() % 2000 - 1000;
+  }
+}
+
+// Records with MoE reports of every shape: none, present but empty, layers
+// without counts, layers whose number of experts changes, repeated names,
+// other layer fields and unknown fields beside the counts.
+Records RandomMoeRecords(uint64_t seed, int n) {
+  std::mt19937_64 rng(seed);
+  Records out = RandomRecords(seed, n);
+  const char* names[] = {"0", "1", "layers.2.mlp.router", ""};
+  const int experts[] = {0, 1, 3, 8, 128};
+  for (v1::StepRecord& r : out) {
+    if (rng() % 5 == 0) continue;
+    v1::MoeStats& moe = *r.mutable_moe();
+    const int layers = static_cast<int>(rng() % 6);
+    for (int l = 0; l < layers; ++l) {
+      v1::MoeLayerStats& layer = *moe.add_layers();
+      layer.set_layer(names[rng() % 4 == 0 ? rng() % 4 : l % 4]);
+      const int e = rng() % 4 == 0 ? experts[rng() % 5] : 8;
+      const uint64_t typical = rng() % 3 == 0 ? rng() : 65536;
+      for (int j = 0; j < e; ++j) layer.add_tokens_per_expert(Count(rng, typical));
+      if (rng() % 2) layer.set_dropped(rng() % 100);
+      if (rng() % 2) layer.set_aux_loss(1.0 + 0.01 * static_cast<double>(rng() % 10));
+      if (rng() % 3 == 0) {
+        for (int j = 0; j < e; ++j) layer.add_expert_bias(0.01f * static_cast<float>(j));
+      }
+      if (rng() % 10 == 0) {
+        layer.GetReflection()->MutableUnknownFields(&layer)->AddVarint(50, rng() % 1000);
+      }
+    }
+  }
+  return out;
+}
+
+TEST(StepCodec, MoeCountsRoundTripBitForBit) {
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    ExpectRoundTrip(RandomMoeRecords(seed, static_cast<int>(seed % 5 == 0 ? 1 : seed * 7 % 300)));
+  }
+}
+
+TEST(StepCodec, AdversarialMoeCountsRoundTrip) {
+  const uint64_t kMax = ~uint64_t{0};
+  const std::vector<std::vector<std::vector<uint64_t>>> chunks = {
+      // Records of one layer each: the counts as they change.
+      {{kMax, 0, kMax, 0}, {0, kMax, 0, kMax}, {kMax, kMax, kMax, kMax},
+       {0, 0, 0, 0}, {kMax, 0, kMax, 0}, {1, 2, 3, 4}, {kMax - 1, 1, kMax, 0}},
+      {{kMax}},
+      {{5, 5, 5}, {5, 5, 5}, {5, 5, 5}, {5, 5, 5}, {5, 5, 5}},
+      {{}, {7}, {}, {7, 8}, {7}, {7, 8, 9}, {}, {7, 8}, {7}},
+      {{uint64_t{1} << 63, (uint64_t{1} << 63) - 1}, {0, kMax}, {kMax, 0}},
+  };
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    SCOPED_TRACE(::testing::Message() << "chunk " << c);
+    Records in;
+    for (const std::vector<uint64_t>& counts : chunks[c]) {
+      v1::MoeLayerStats& layer = *in.Add()->mutable_moe()->add_layers();
+      layer.set_layer("3");
+      for (uint64_t v : counts) layer.add_tokens_per_expert(v);
+    }
+    ExpectRoundTrip(in);
+    // One record a chunk, and each record a chunk of its own.
+    for (int i = 0; i < in.size(); ++i) {
+      Records one;
+      *one.Add() = in[i];
+      ExpectRoundTrip(one);
+    }
+  }
+}
+
+TEST(StepCodec, OnlyChunksWithMoeCountsTakeTheNewFormat) {
+  Records plain = RandomRecords(4, 50);
+  EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(plain)[0]), kStepChunkColumnarV1);
+  // MoE reports without counts (an imported log's balancing loss alone).
+  plain[3].mutable_moe()->add_layers()->set_aux_loss(1.2);
+  plain[4].mutable_moe();
+  EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(plain)[0]), kStepChunkColumnarV1);
+  ExpectRoundTrip(plain);
+  plain[9].mutable_moe()->add_layers()->add_tokens_per_expert(12);
+  EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(plain)[0]), kStepChunkColumnarV2);
+  ExpectRoundTrip(plain);
+  // The encoder of the chunk before writes what it wrote then.
+  EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(OldMoeRecords())[0]),
+            kStepChunkColumnarV2);
+}
+
+// A realistic large MoE run: 48 layers x 128 experts, 1M tokens a global
+// batch at top-8 (65,536 assignments an expert on average), each layer with
+// a persistent skew over its experts and each count moving a few percent
+// from step to step; 100 records a chunk, every record with its report.
+Records RealisticMoeRecords(uint64_t seed, int n, int layers = 48, int experts = 128) {
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> skew(0.0, 0.25);
+  std::normal_distribution<double> noise(0.0, 0.03);
+  std::vector<std::vector<double>> share(layers, std::vector<double>(experts));
+  for (auto& layer : share) {
+    for (double& s : layer) s = skew(rng);
+  }
+  const double mean = 1'048'576.0 * 8 / experts;
+  Records out;
+  for (int i = 0; i < n; ++i) {
+    v1::StepRecord& r = *out.Add();
+    r.set_step(1000 + i);
+    for (int l = 0; l < layers; ++l) {
+      v1::MoeLayerStats& layer = *r.mutable_moe()->add_layers();
+      layer.set_layer(std::to_string(l));
+      for (int e = 0; e < experts; ++e) {
+        layer.add_tokens_per_expert(static_cast<uint64_t>(
+            std::max(0.0, std::round(mean * share[l][e] * (1 + noise(rng))))));
+      }
+      layer.set_aux_loss(1.0 + 0.001 * l);
+    }
+  }
+  return out;
+}
+
+TEST(StepCodec, RealisticMoeCountsTakeUnderTwoBytesEach) {
+  const Records in = RealisticMoeRecords(1, 100);
+  Records without = in;
+  for (v1::StepRecord& r : without) {
+    for (v1::MoeLayerStats& layer : *r.mutable_moe()->mutable_layers()) {
+      layer.clear_tokens_per_expert();
+    }
+  }
+  const double counts = 100.0 * 48 * 128;
+  const double bytes = static_cast<double>(EncodeStepChunk(in).size()) -
+                       static_cast<double>(EncodeStepChunk(without).size());
+  EXPECT_LE(bytes / counts, 2.0);
+  // Protobuf's varints, the residue's coding before: 3 bytes a count.
+  v1::StepBatch batch;
+  *batch.mutable_records() = in;
+  v1::StepBatch batch_without;
+  *batch_without.mutable_records() = without;
+  EXPECT_GT(static_cast<double>(batch.ByteSizeLong() - batch_without.ByteSizeLong()) / counts,
+            2.9);
+  ExpectRoundTrip(in);
+}
+
+TEST(StepCodec, CorruptOrCutShortMoeChunksAreErrorsNotCrashes) {
+  const std::string blob = EncodeStepChunk(RandomMoeRecords(8, 60));
+  ASSERT_EQ(static_cast<unsigned char>(blob[0]), kStepChunkColumnarV2);
+  Records out;
+  for (size_t len = 1; len < blob.size(); ++len) {
+    absl::Status s = DecodeStepChunk(std::string_view(blob.data(), len), &out);
+    EXPECT_FALSE(s.ok()) << "cut at " << len;
+    EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  }
+  std::mt19937_64 rng(43);
+  int errors = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string bad = blob;
+    for (int flips = 1 + static_cast<int>(rng() % 3); flips > 0; --flips) {
+      bad[1 + rng() % (bad.size() - 1)] ^= static_cast<char>(1 << (rng() % 8));
+    }
+    absl::Status s = DecodeStepChunk(bad, &out);
+    if (!s.ok()) {
+      ++errors;
+      EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+    }
+  }
+  EXPECT_GT(errors, 0);
+  // Bytes after the counts.
+  EXPECT_TRUE(absl::IsDataLoss(DecodeStepChunk(blob + std::string(1, '\0'), &out)));
 }
 
 }  // namespace

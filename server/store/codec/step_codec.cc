@@ -16,6 +16,7 @@
 #include "google/protobuf/descriptor.h"
 #include "store/codec/bitmap.h"
 #include "store/codec/bits.h"
+#include "store/codec/moe_counts.h"
 #include "store/codec/series.h"
 
 namespace trainwatch {
@@ -166,12 +167,18 @@ bool HasResidue(const StepRecord& r) {
   return false;
 }
 
-// The record less what the columns hold, serialized.
-std::string Residue(const StepRecord& r) {
+// The record less what the columns hold (and, when `moe_counts`, less the
+// MoE counts, which moe_counts.h codes), serialized.
+std::string Residue(const StepRecord& r, bool moe_counts) {
   StepRecord rest = r;
   for (int number : kColumnFields) {
     rest.GetReflection()->ClearField(
         &rest, StepRecord::descriptor()->FindFieldByNumber(number));
+  }
+  if (moe_counts && rest.has_moe()) {
+    for (v1::MoeLayerStats& layer : *rest.mutable_moe()->mutable_layers()) {
+      layer.clear_tokens_per_expert();
+    }
   }
   return rest.SerializeAsString();
 }
@@ -191,12 +198,14 @@ struct Columns {
     for (auto* f : {&clipped_present, &skipped, &has_residue}) f->assign(n, 0);
     clipped.clear();
     residues.clear();
+    reports.clear();
   }
   std::vector<uint64_t> steps, times, norms, counts, first_ids, inner;
   std::array<std::vector<uint8_t>, kOptionalDoubles.size()> present;
   std::array<std::vector<uint64_t>, kOptionalDoubles.size()> values;
   std::vector<uint8_t> clipped_present, clipped, skipped, has_residue;
   std::vector<std::string> residues;
+  std::vector<const v1::MoeStats*> reports;  // of the records with one
 };
 
 // Written out rather than through kOptionalDoubles' function pointers: the
@@ -207,7 +216,7 @@ struct Columns {
   if (r.has_##field()) c.values[index].push_back(Bits(r.field()));
 
 template <typename Get>
-void Gather(size_t n, Get& at, Columns& c) {
+void Gather(size_t n, Get& at, bool moe_counts, Columns& c) {
   for (size_t i = 0; i < n; ++i) {
     const StepRecord& r = at(i);
     c.steps.push_back(r.step());
@@ -234,7 +243,8 @@ void Gather(size_t n, Get& at, Columns& c) {
       }
     }
     c.has_residue[i] = HasResidue(r);
-    if (c.has_residue[i]) c.residues.push_back(Residue(r));
+    if (c.has_residue[i]) c.residues.push_back(Residue(r, moe_counts));
+    if (r.has_moe()) c.reports.push_back(&r.moe());
   }
 }
 #undef TW_GATHER
@@ -243,12 +253,18 @@ template <typename Get>
 std::string Encode(size_t n, Get&& at) {
   std::string out;
   out.reserve(16 + n * 48);
-  out.push_back(static_cast<char>(kStepChunkColumnarV1));
+  // Format 2 only for a chunk with MoE counts: the others stay readable by
+  // a server that knows format 1 alone.
+  bool moe_counts = false;
+  for (size_t i = 0; i < n && !moe_counts; ++i) {
+    moe_counts = at(i).has_moe() && codec::HasMoeCounts(at(i).moe());
+  }
+  out.push_back(static_cast<char>(moe_counts ? kStepChunkColumnarV2 : kStepChunkColumnarV1));
   PutVarint(out, n);
   if (n == 0) return out;
   thread_local Columns c;
   c.Reset(n);
-  Gather(n, at, c);
+  Gather(n, at, moe_counts, c);
   BitWriter w(&out);
   constexpr auto kInt = SeriesKind::kInteger;
 
@@ -299,6 +315,13 @@ std::string Encode(size_t n, Get&& at) {
   PutSeries(w, lengths.data(), lengths.size(), kInt, {kRaw, kDelta});
   w.Finish();
   for (const std::string& r : c.residues) out.append(r);
+  // Format 2: the MoE counts, a bit stream of their own after the residues
+  // (the reader needs the layers' names, which the residues hold).
+  if (moe_counts) {
+    BitWriter moe(&out);
+    codec::PutMoeCounts(moe, c.reports);
+    moe.Finish();
+  }
   return out;
 }
 
@@ -308,7 +331,8 @@ absl::Status Corrupt(std::string_view what, const BitReader& r) {
       r.size_bits()));
 }
 
-absl::Status DecodeColumnar(std::string_view blob, RepeatedPtrField<StepRecord>* out) {
+absl::Status DecodeColumnar(std::string_view blob, bool moe_counts,
+                            RepeatedPtrField<StepRecord>* out) {
   const auto* data = reinterpret_cast<const unsigned char*>(blob.data());
   size_t pos = 1;
   uint64_t n = 0;
@@ -382,7 +406,7 @@ absl::Status DecodeColumnar(std::string_view blob, RepeatedPtrField<StepRecord>*
     residue_bytes += len;
     if (len > bytes || residue_bytes > bytes) return Corrupt("the residue lengths", r);
   }
-  if (at + residue_bytes != bytes) {
+  if (moe_counts ? at + residue_bytes > bytes : at + residue_bytes != bytes) {
     return absl::DataLossError(absl::StrCat(
         "step chunk: ", bytes - at, " bytes after the columns, ", residue_bytes,
         " expected"));
@@ -422,6 +446,17 @@ absl::Status DecodeColumnar(std::string_view blob, RepeatedPtrField<StepRecord>*
       }
     }
   }
+  if (!moe_counts) return absl::OkStatus();
+  std::vector<v1::MoeStats*> reports;
+  for (StepRecord& rec : *out) {
+    if (rec.has_moe()) reports.push_back(rec.mutable_moe());
+  }
+  BitReader moe(data + pos + at, bytes - at);
+  if (!codec::GetMoeCounts(moe, reports)) return Corrupt("the MoE counts", moe);
+  if (moe.AlignToByte() != bytes - at) {
+    return absl::DataLossError(absl::StrCat(
+        "step chunk: ", bytes - at - moe.AlignToByte(), " bytes after the MoE counts"));
+  }
   return absl::OkStatus();
 }
 
@@ -451,7 +486,10 @@ absl::Status DecodeStepChunk(std::string_view blob,
                              RepeatedPtrField<StepRecord>* out) {
   out->Clear();
   if (!blob.empty() && static_cast<unsigned char>(blob[0]) == kStepChunkColumnarV1) {
-    return DecodeColumnar(blob, out);
+    return DecodeColumnar(blob, false, out);
+  }
+  if (!blob.empty() && static_cast<unsigned char>(blob[0]) == kStepChunkColumnarV2) {
+    return DecodeColumnar(blob, true, out);
   }
   if (!blob.empty() && (blob[0] & 7) >= 6) {
     return absl::DataLossError(absl::StrFormat(

@@ -13,6 +13,10 @@
 // What the columns do not cover (layer_stats, unknown fields, and any field
 // added to StepRecord later) is kept per record as a serialized StepRecord of
 // those fields alone: a new proto field is stored without a codec change.
+// The MoE routing counts (moe.layers[].tokens_per_expert, ~6k a record in a
+// large MoE) are the exception: taken out of the residue, they are coded
+// against the same layer's counts in the chunk's earlier records
+// (moe_counts.h), ~2 bytes a count instead of protobuf's 3.
 //
 // The blob starts with a format byte whose low three bits are 7, which no
 // protobuf tag has (wire type 7 does not exist), so a chunk written before
@@ -21,7 +25,8 @@
 //
 // The codec's layers, each on the one below: bits.h (the bit writer and
 // reader), golomb.h (Exp-Golomb and zigzag codes), series.h and bitmap.h
-// (a column's values and flags), and step_codec.cc (a chunk's columns).
+// (a column's values and flags), moe_counts.h (the MoE counts), and
+// step_codec.cc (a chunk's columns).
 //
 // Thread-safe: pure functions.
 #ifndef TRAINWATCH_SERVER_STORE_CODEC_STEP_CODEC_H_
@@ -37,8 +42,11 @@
 
 namespace trainwatch {
 
-// The first byte of a columnar chunk (format version 1).
+// The first byte of a columnar chunk: format version 1, and version 2, which
+// adds the MoE counts after the residues (moe_counts.h) and is written only
+// for a chunk that has some.
 inline constexpr unsigned char kStepChunkColumnarV1 = 0x07;
+inline constexpr unsigned char kStepChunkColumnarV2 = 0x0f;
 
 // Encodes `records` in order (the writer passes only the ones it stores).
 std::string EncodeStepChunk(
