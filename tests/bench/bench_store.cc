@@ -9,6 +9,9 @@
 //  Both at the store's page size and at SQLite's default 4 KiB (page:P).
 //  - BM_ChunkEncode, BM_ChunkDecode: a chunk of 1,024 records, columnar
 //    (format:1) against a serialized StepBatch (format:0).
+//  - BM_MoeChunkEncode, BM_MoeChunkDecode: chunks of 100 records, each with
+//    (moe:1) or without (moe:0) a 48-layer x 128-expert MoE report of a
+//    realistic run; bytes_per_count is what the counts add to the chunk.
 //  - BM_RawSqliteRowPerStep: 1,024 rows a transaction, 14 columns, text run
 //    id, WAL, synchronous=NORMAL, a prepared INSERT, a unique index on
 //    (run, rank, attempt, step).
@@ -210,6 +213,86 @@ void BM_ChunkDecode(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * recs.size());
 }
 BENCHMARK(BM_ChunkDecode)->Arg(0)->Arg(1)->ArgName("format");
+
+// A 48-layer x 128-expert MoE report on every record: 1M tokens a global
+// batch at top-8 (65,536 assignments an expert on average), a persistent
+// skew over each layer's experts (lognormal, sigma 0.25) and each count
+// moving 3% (one sigma) from step to step, as step_codec_test's
+// RealisticMoeRecords.
+constexpr int kMoeLayers = 48, kMoeExperts = 128, kMoeChunk = 100;
+
+google::protobuf::RepeatedPtrField<v1::StepRecord> MoeChunkRecords(bool moe) {
+  const std::vector<v1::StepRecord> templ = Records(kMoeChunk);
+  google::protobuf::RepeatedPtrField<v1::StepRecord> recs(templ.begin(), templ.end());
+  std::mt19937_64 rng(5);
+  std::lognormal_distribution<double> skew(0.0, 0.25);
+  std::normal_distribution<double> noise(0.0, 0.03);
+  std::vector<double> share(kMoeLayers * kMoeExperts);
+  for (double& s : share) s = skew(rng);
+  const double mean = 1'048'576.0 * 8 / kMoeExperts;
+  uint64_t step = 1;
+  for (v1::StepRecord& r : recs) {
+    r.set_step(step++);
+    if (!moe) continue;
+    for (int l = 0; l < kMoeLayers; ++l) {
+      v1::MoeLayerStats& layer = *r.mutable_moe()->add_layers();
+      layer.set_layer(std::to_string(l));
+      for (int e = 0; e < kMoeExperts; ++e) {
+        layer.add_tokens_per_expert(static_cast<uint64_t>(std::max(
+            0.0, std::round(mean * share[l * kMoeExperts + e] * (1 + noise(rng))))));
+      }
+      layer.set_aux_loss(1.0 + 0.001 * l);
+    }
+  }
+  return recs;
+}
+
+// Without the counts: what the rest of a report costs.
+google::protobuf::RepeatedPtrField<v1::StepRecord> WithoutCounts(
+    google::protobuf::RepeatedPtrField<v1::StepRecord> recs) {
+  for (v1::StepRecord& r : recs) {
+    for (v1::MoeLayerStats& layer : *r.mutable_moe()->mutable_layers()) {
+      layer.clear_tokens_per_expert();
+    }
+  }
+  return recs;
+}
+
+void BM_MoeChunkEncode(benchmark::State& state) {
+  const bool moe = state.range(0) != 0;
+  const auto recs = MoeChunkRecords(moe);
+  size_t bytes = 0;
+  for (auto _ : state) {
+    std::string blob = EncodeStepChunk(recs);
+    bytes = blob.size();
+    benchmark::DoNotOptimize(blob);
+  }
+  state.SetItemsProcessed(state.iterations() * recs.size());
+  state.counters["bytes_per_record"] = static_cast<double>(bytes) / recs.size();
+  if (moe) {
+    const double counts = static_cast<double>(kMoeChunk) * kMoeLayers * kMoeExperts;
+    const double without = static_cast<double>(EncodeStepChunk(WithoutCounts(recs)).size());
+    v1::StepBatch batch, batch_without;
+    *batch.mutable_records() = recs;
+    *batch_without.mutable_records() = WithoutCounts(recs);
+    state.counters["bytes_per_count"] = (static_cast<double>(bytes) - without) / counts;
+    state.counters["protobuf_bytes_per_count"] =
+        static_cast<double>(batch.ByteSizeLong() - batch_without.ByteSizeLong()) / counts;
+  }
+}
+BENCHMARK(BM_MoeChunkEncode)->Arg(0)->Arg(1)->ArgName("moe");
+
+void BM_MoeChunkDecode(benchmark::State& state) {
+  const auto recs = MoeChunkRecords(state.range(0) != 0);
+  const std::string blob = EncodeStepChunk(recs);
+  google::protobuf::RepeatedPtrField<v1::StepRecord> out;
+  for (auto _ : state) {
+    if (!DecodeStepChunk(blob, &out).ok()) state.SkipWithError("does not decode");
+    benchmark::DoNotOptimize(out);
+  }
+  state.SetItemsProcessed(state.iterations() * recs.size());
+}
+BENCHMARK(BM_MoeChunkDecode)->Arg(0)->Arg(1)->ArgName("moe");
 
 bool Exec(sqlite3* db, const char* sql) {
   return sqlite3_exec(db, sql, nullptr, nullptr, nullptr) == SQLITE_OK;
