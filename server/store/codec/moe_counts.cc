@@ -17,33 +17,43 @@ namespace {
 
 // How a (layer, record)'s counts are predicted (2 bits).
 enum Mode : int {
-  kPrevious = 0,    // the layer's counts in its previous record
-  kRecentMean = 1,  // the mean of its last 2, 4 or 8 records
-  kOwnMean = 2,     // this record's own mean, stored
+  kPrevious = 0,  // the layer's counts in its previous record
+  kAverage = 1,   // their moving average over its earlier records
+  kOwnMean = 2,   // this record's own mean, stored
 };
 constexpr int kModes = 3;
 
-// The most records kRecentMean averages: its prediction's noise is 1/8 of
-// one record's, and counts that drift move little in 8 steps.
-constexpr size_t kHistory = 8;
+// The moving average's weight of the newest record, 2^-kAverageShift: its
+// noise is 1/7 of one record's (the previous record's is all of it), and
+// it follows a drift within ~4 records.
+constexpr int kAverageShift = 2;
 
-// The earlier counts of one layer (name and number of experts) in the chunk,
-// the newest kHistory of them.
+// The earlier counts of one layer (name and number of experts) in the
+// chunk: the newest, and the moving average of all (integer arithmetic
+// modulo 2^64, which the reader repeats exactly).
 class History {
  public:
-  void Add(const uint64_t* counts) { ring_[seen_++ % kHistory] = counts; }
-  bool Empty() const { return seen_ == 0; }
-  // How many records kRecentMean averages: a power of two, so the mean is a
-  // shift; 0 when fewer than 2.
-  size_t MeanOf() const {
-    const size_t h = std::bit_floor(std::min(seen_, kHistory));
-    return h >= 2 ? h : 0;
+  void Add(const uint64_t* counts, size_t n) {
+    if (seen_ == 0) {
+      average_.assign(counts, counts + n);
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        average_[i] += static_cast<uint64_t>(
+            static_cast<int64_t>(counts[i] - average_[i]) >> kAverageShift);
+      }
+    }
+    last_ = counts;
+    ++seen_;
   }
-  // The counts `back` records before the newest (0: the newest).
-  const uint64_t* Back(size_t back) const { return ring_[(seen_ - 1 - back) % kHistory]; }
+  bool Empty() const { return seen_ == 0; }
+  // kAverage differs from kPrevious from the third record on.
+  bool HasAverage() const { return seen_ >= 2; }
+  const uint64_t* last() const { return last_; }
+  const uint64_t* average() const { return average_.data(); }
 
  private:
-  std::array<const uint64_t*, kHistory> ring_{};
+  const uint64_t* last_ = nullptr;
+  std::vector<uint64_t> average_;
   size_t seen_ = 0;
 };
 
@@ -57,32 +67,14 @@ uint64_t OwnMean(const uint64_t* v, size_t n) {
   return static_cast<uint64_t>(sum / n);
 }
 
-// The prediction of each of n counts under `mode` (mean: kOwnMean's).
-void Predict(Mode mode, const History& h, uint64_t mean, size_t n,
-             std::vector<uint64_t>& pred) {
-  pred.resize(n);
-  if (mode == kOwnMean) {
-    std::fill(pred.begin(), pred.end(), mean);
-  } else if (mode == kPrevious) {
-    std::copy(h.Back(0), h.Back(0) + n, pred.begin());
-  } else {
-    // floor(sum / 2^shift) without 128-bit sums: the quotients of the
-    // parts above and below the shift, added (neither can overflow).
-    const size_t records = h.MeanOf();
-    const int shift = std::countr_zero(records);
-    const uint64_t mask = records - 1;
-    thread_local std::vector<uint64_t> low;
-    low.assign(n, 0);
-    std::fill(pred.begin(), pred.end(), 0);
-    for (size_t b = 0; b < records; ++b) {
-      const uint64_t* v = h.Back(b);
-      for (size_t i = 0; i < n; ++i) {
-        pred[i] += v[i] >> shift;
-        low[i] += v[i] & mask;
-      }
-    }
-    for (size_t i = 0; i < n; ++i) pred[i] += low[i] >> shift;
-  }
+// The prediction of each of n counts under `mode` (mean: kOwnMean's;
+// `own`: room for its n predictions).
+const uint64_t* Predict(Mode mode, const History& h, uint64_t mean, size_t n,
+                        std::vector<uint64_t>& own) {
+  if (mode == kPrevious) return h.last();
+  if (mode == kAverage) return h.average();
+  own.assign(n, mean);
+  return own.data();
 }
 
 struct Choice {
@@ -93,7 +85,7 @@ struct Choice {
 // The cheapest prediction of `counts` and its code; residuals[mode] holds
 // the zigzagged residuals under it.
 Choice Choose(const History& h, const uint64_t* counts, size_t n, uint64_t mean,
-              std::vector<uint64_t>& pred,
+              std::vector<uint64_t>& own,
               std::array<std::vector<uint64_t>, kModes>& residuals) {
   Choice best;
   uint64_t best_cost = ~uint64_t{0};
@@ -102,8 +94,8 @@ Choice Choose(const History& h, const uint64_t* counts, size_t n, uint64_t mean,
     // A layer seen before is predicted from its history, which the counts
     // of one record's noise rarely beat; its first record from its mean.
     if (h.Empty() != (mode == kOwnMean)) continue;
-    if (mode == kRecentMean && h.MeanOf() == 0) continue;
-    Predict(mode, h, mean, n, pred);
+    if (mode == kAverage && !h.HasAverage()) continue;
+    const uint64_t* pred = Predict(mode, h, mean, n, own);
     std::vector<uint64_t>& z = residuals[m];
     z.resize(n);
     for (size_t i = 0; i < n; ++i) z[i] = ZigZag(counts[i] - pred[i]);
@@ -147,7 +139,7 @@ void PutMoeCounts(BitWriter& w, absl::Span<const v1::MoeStats* const> reports) {
   }
   PutSeries(w, lengths.data(), lengths.size(), SeriesKind::kInteger, {kRaw, kDelta});
   Histories histories;
-  std::vector<uint64_t> pred;
+  std::vector<uint64_t> own;
   std::array<std::vector<uint64_t>, kModes> residuals;
   for (const v1::MoeStats* report : reports) {
     for (const v1::MoeLayerStats& layer : report->layers()) {
@@ -156,7 +148,7 @@ void PutMoeCounts(BitWriter& w, absl::Span<const v1::MoeStats* const> reports) {
       const uint64_t* counts = layer.tokens_per_expert().data();
       History& h = histories[{layer.layer(), n}];
       const uint64_t mean = h.Empty() ? OwnMean(counts, n) : 0;
-      const Choice c = Choose(h, counts, n, mean, pred, residuals);
+      const Choice c = Choose(h, counts, n, mean, own, residuals);
       w.Put(c.mode, 2);
       if (c.mode == kOwnMean) {
         w.Put(std::bit_width(mean), 7);
@@ -168,7 +160,7 @@ void PutMoeCounts(BitWriter& w, absl::Span<const v1::MoeStats* const> reports) {
         if (c.code.zero_flags) w.Put(z != 0, 1);
         if (!c.code.zero_flags || z != 0) PutGolomb(w, z, c.code.k);
       }
-      h.Add(counts);
+      h.Add(counts, n);
     }
   }
 }
@@ -186,7 +178,7 @@ bool GetMoeCounts(BitReader& r, absl::Span<v1::MoeStats* const> reports) {
     total += n;
   }
   Histories histories;
-  std::vector<uint64_t> pred;
+  std::vector<uint64_t> own;
   size_t next = 0;
   for (v1::MoeStats* report : reports) {
     for (v1::MoeLayerStats& layer : *report->mutable_layers()) {
@@ -195,7 +187,7 @@ bool GetMoeCounts(BitReader& r, absl::Span<v1::MoeStats* const> reports) {
       History& h = histories[{layer.layer(), n}];
       const int mode = static_cast<int>(r.Get(2));
       if (mode >= kModes || h.Empty() != (mode == kOwnMean) ||
-          (mode == kRecentMean && h.MeanOf() == 0)) {
+          (mode == kAverage && !h.HasAverage())) {
         return false;
       }
       uint64_t mean = 0;
@@ -207,7 +199,7 @@ bool GetMoeCounts(BitReader& r, absl::Span<v1::MoeStats* const> reports) {
       const bool zero_flags = r.Get(1) != 0;
       const int k = static_cast<int>(r.Get(6));
       if (r.failed()) return false;
-      Predict(static_cast<Mode>(mode), h, mean, n, pred);
+      const uint64_t* pred = Predict(static_cast<Mode>(mode), h, mean, n, own);
       google::protobuf::RepeatedField<uint64_t>& counts = *layer.mutable_tokens_per_expert();
       counts.Resize(static_cast<int>(n), 0);
       uint64_t* out = counts.mutable_data();
@@ -216,7 +208,7 @@ bool GetMoeCounts(BitReader& r, absl::Span<v1::MoeStats* const> reports) {
         out[i] = pred[i] + UnZigZag(z);
       }
       if (r.failed()) return false;
-      h.Add(out);
+      h.Add(out, n);
     }
   }
   return true;

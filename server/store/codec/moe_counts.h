@@ -6,10 +6,10 @@
 // T x k / E and moving by its noise from one step to the next, so a count
 // is coded as its difference from a prediction: the same layer's counts in
 // the previous record that has that layer (same name, same number of
-// experts), the mean of its last 2, 4 or 8 such records, or, for the
-// layer's first record in the chunk, the layer's own mean, stored. The
-// writer prices each (layer, record) under each prediction and keeps the
-// cheapest with its own Exp-Golomb k.
+// experts), their moving average over such records (each new one weighing
+// 1/4), or, for the layer's first record in the chunk, the layer's own
+// mean, stored. The writer prices each (layer, record) under each
+// prediction and keeps the cheapest with its own Exp-Golomb k.
 //
 // Bits, in order: the number of counts of every layer of the reports (a
 // series), then for each layer with counts, the prediction (2 bits), for the
