@@ -48,6 +48,9 @@ class History {
   bool Empty() const { return seen_ == 0; }
   // kAverage differs from kPrevious from the third record on.
   bool HasAverage() const { return seen_ >= 2; }
+  size_t seen() const { return seen_; }
+  // The writer's: the prediction that won when both were last priced.
+  Mode preferred = kAverage;
   const uint64_t* last() const { return last_; }
   const uint64_t* average() const { return average_.data(); }
 
@@ -82,11 +85,17 @@ struct Choice {
   GolombChoice code;
 };
 
+// Both histories are priced on a layer's third record and every 8th after;
+// between, the one that won then (a layer's noise and drift change slowly,
+// and pricing both took a third of the writer's time).
+constexpr size_t kReprice = 8;
+
 // The cheapest prediction of `counts` and its code; residuals[mode] holds
 // the zigzagged residuals under it.
-Choice Choose(const History& h, const uint64_t* counts, size_t n, uint64_t mean,
+Choice Choose(History& h, const uint64_t* counts, size_t n, uint64_t mean,
               std::vector<uint64_t>& own,
               std::array<std::vector<uint64_t>, kModes>& residuals) {
+  const bool reprice = h.seen() % kReprice == 2;
   Choice best;
   uint64_t best_cost = ~uint64_t{0};
   for (int m = 0; m < kModes; ++m) {
@@ -95,6 +104,7 @@ Choice Choose(const History& h, const uint64_t* counts, size_t n, uint64_t mean,
     // of one record's noise rarely beat; its first record from its mean.
     if (h.Empty() != (mode == kOwnMean)) continue;
     if (mode == kAverage && !h.HasAverage()) continue;
+    if (h.HasAverage() && !reprice && mode != h.preferred) continue;
     const uint64_t* pred = Predict(mode, h, mean, n, own);
     std::vector<uint64_t>& z = residuals[m];
     z.resize(n);
@@ -118,6 +128,7 @@ Choice Choose(const History& h, const uint64_t* counts, size_t n, uint64_t mean,
       best = {.mode = mode, .code = code};
     }
   }
+  if (reprice) h.preferred = best.mode;
   return best;
 }
 
