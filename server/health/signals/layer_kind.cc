@@ -50,23 +50,30 @@ v1::LayerKind InferLayerKind(std::string_view name) {
          IsIn(segments[first], {"module", "_orig_mod", "_fsdp_wrapped_module", "model"})) {
     ++first;
   }
-  for (size_t i = first; i < segments.size(); ++i) {
+  if (segments.size() <= first) return v1::DENSE;
+  // A norm inside an embedding block (BERT's embeddings.LayerNorm, BLOOM's
+  // word_embeddings_layernorm) is a norm: its own segment says so.
+  const std::string_view last = segments.back();
+  if (last.find("norm") != std::string_view::npos || IsLnSegment(last)) return v1::NORM;
+  const size_t n = segments.size();
+  for (size_t i = first; i < n; ++i) {
     const std::string_view s = segments[i];
+    const bool top = i <= first + 1 && i == n - 1;  // a model's own head, not a block's
     if (IsIn(s, {"lm_head", "output_layer", "embed_out", "unembed", "unembedding"}) ||
-        (s == "output" && i == first) || (s == "head" && i == segments.size() - 1 &&
-                                          i <= first + 1)) {
+        (s == "output" && i == first) ||
+        (top && IsIn(s, {"head", "fc_out", "to_logits", "logits", "generator"})) ||
+        // BERT's masked-LM head: cls.predictions.decoder.
+        (s == "decoder" && i == n - 1 && i > first && segments[i - 1] == "predictions")) {
       return v1::OUTPUT;
     }
     if (s.find("embed") != std::string_view::npos ||
-        IsIn(s, {"wte", "wpe", "emb", "tok_emb", "pos_emb", "tok", "pos"})) {
+        IsIn(s, {"wte", "wpe", "emb", "tok_emb", "pos_emb", "tok", "pos"}) ||
+        // T5 and BART share one embedding between encoder and decoder.
+        (s == "shared" && i == first)) {
       return v1::EMBEDDING;
     }
   }
-  if (segments.size() > first) {
-    const std::string_view last = segments.back();
-    if (last.find("norm") != std::string_view::npos || IsLnSegment(last)) return v1::NORM;
-    if (IsIn(last, {"router", "gate", "wg"})) return v1::ROUTER;
-  }
+  if (IsIn(last, {"router", "gate", "wg"})) return v1::ROUTER;
   return v1::DENSE;
 }
 

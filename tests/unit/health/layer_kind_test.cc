@@ -66,6 +66,22 @@ TEST(InferLayerKind, KnowsEveryCommonNamingFamily) {
       // An "output" inside a block is a dense projection (BERT).
       {"bert.encoder.layer.0.output.dense.weight", v1::DENSE},
       {"bert.encoder.layer.0.attention.output.LayerNorm.weight", v1::NORM},
+      // BERT's embedding norm and masked-LM head, BLOOM, T5 / BART, and a
+      // minimal transformer's head onto the vocabulary.
+      {"bert.embeddings.LayerNorm.weight", v1::NORM},
+      {"bert.embeddings.word_embeddings.weight", v1::EMBEDDING},
+      {"cls.predictions.decoder.weight", v1::OUTPUT},
+      {"cls.predictions.transform.dense.weight", v1::DENSE},
+      {"transformer.word_embeddings_layernorm.weight", v1::NORM},
+      {"shared.weight", v1::EMBEDDING},
+      {"model.shared.weight", v1::EMBEDDING},
+      {"encoder.block.0.layer.0.SelfAttention.q.weight", v1::DENSE},
+      {"fc_out.weight", v1::OUTPUT},
+      {"decoder.fc_out.weight", v1::OUTPUT},
+      {"decoder.layers.0.fc_out.weight", v1::DENSE},
+      {"model.decoder.final_layer_norm.weight", v1::NORM},
+      {"backbone.embedding.weight", v1::EMBEDDING},
+      {"backbone.norm_f.weight", v1::NORM},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(InferLayerKind(c.name), c.kind)
