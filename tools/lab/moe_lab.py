@@ -370,7 +370,8 @@ def main(argv=None):
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tw-moe-lab-") as tmp:
         by_run = replay(args.build, jobs, runs_dir, tmp)
-    cmd = "PYTHONPATH=build/python /usr/bin/python3 tools/lab/moe_lab.py --build build"
+    cmd = ("PYTHONPATH=build/python /usr/bin/python3 tools/lab/moe_lab.py --build build"
+           f" --seeds {args.seeds}")
     print(f"# The MoE lab held out by family\n\n`{cmd}` ({len(jobs)} runs: {len(fams)} "
           f"families x seeds {','.join(map(str, seeds))}, {STEPS} steps; replayed in "
           f"{time.monotonic() - t0:.0f} s)\n")
