@@ -103,6 +103,13 @@ struct HealthConfig {
   struct {
     double threshold = 0.05;   // clipped fraction over W
     uint32_t min_steps = 100;  // steps in W before it may fire
+    // ... and over the last recent_steps post-warmup steps, and either
+    // > rise_ratio x the share over the first baseline_steps post-warmup
+    // steps or >= settle_steps post-warmup steps seen.
+    uint32_t recent_steps = 100;
+    uint32_t baseline_steps = 100;
+    double rise_ratio = 2.0;
+    uint32_t settle_steps = 1000;
   } clip_fraction;
 
   struct {

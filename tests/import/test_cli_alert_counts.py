@@ -10,9 +10,11 @@ def two_alert_run(path):
     lines = [json.dumps({"run_start": {"run_id": "two-alerts", "precision": "BF16",
                                        "max_norm": 1.0}})]
     for s in range(1, 301):
-        # Clipped on every step (ClipFractionHigh) and an attention logit past
-        # the cap of 100 (AttentionLogitGrowth); no RUN_FINISHED: both fire on.
-        lines.append(json.dumps({"step": s, "grad_norm": 2.0 + 0.01 * (s % 5), "loss": 3.0,
+        # Clipped on every step from step 101 (ClipFractionHigh: a rise; the
+        # norm's level 1.6x, not a drift) and an attention logit past the cap
+        # of 100 (AttentionLogitGrowth); no RUN_FINISHED: both fire on.
+        norm = (0.9 if s <= 100 else 1.5) + 0.01 * (s % 5)
+        lines.append(json.dumps({"step": s, "grad_norm": norm, "loss": 3.0,
                                  "max_attn_logit": 120.0}))
     path.write_text("\n".join(lines) + "\n")
 

@@ -314,7 +314,8 @@ TEST(HealthConfigFile, UnknownKeyIsNamedWithItsLine) {
                       "  treshold: 0.1\n"),
               StartsWith("trainwatch.yaml:4: unknown key "
                          "'clip_fraction.treshold' (clip_fraction has: "
-                         "threshold, min_steps)"));
+                         "threshold, min_steps, recent_steps, baseline_steps, "
+                         "rise_ratio, settle_steps)"));
   EXPECT_THAT(ErrorOf("\nwindow_step: 1000\n"),
               StartsWith("trainwatch.yaml:2: unknown key 'window_step' (known: "
                          "window_steps,"));

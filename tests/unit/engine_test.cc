@@ -336,7 +336,8 @@ bool Firing(const HealthSnapshot& s, const std::string& alertname) {
 TEST_F(EngineTest, AFinishedRunIsForgottenAfterItsRetentionOnceNoStreamHoldsIt) {
   const std::string active = "trainwatch_alert_active{alertname=\"ClipFractionHigh\",run=\"r\",severity=\"warning\"}";
   StreamHandle h = OpenStream(Start("r"));
-  Submit(h, Batch(0, 200, 2.0));  // every step clipped
+  Submit(h, Batch(0, 100, 0.5));
+  Submit(h, Batch(100, 200, 2.0));  // every step clipped from step 100: a rise
   ASSERT_TRUE(Firing(Health("r"), "ClipFractionHigh"));
   EXPECT_EQ(Value(*metrics_, "trainwatch_run_finished{run=\"r\"}"), 0);
   Event(h, v1::RUN_FINISHED, 199);
@@ -398,10 +399,12 @@ TEST_F(EngineTest, ARestartResolvesTheFiringAlertsOfRunsThatFinished) {
   std::remove(path.c_str());
   Open(path);
   StreamHandle done = OpenStream(Start("done"));
-  Submit(done, Batch(0, 200, 2.0));  // ClipFractionHigh fires
+  Submit(done, Batch(0, 100, 0.5));
+  Submit(done, Batch(100, 200, 2.0));  // ClipFractionHigh fires: clipping from step 100
   Event(done, v1::RUN_FINISHED, 199);
   StreamHandle live = OpenStream(Start("live"));
-  Submit(live, Batch(0, 150, 2.0));
+  Submit(live, Batch(0, 100, 0.5));
+  Submit(live, Batch(100, 150, 2.0));
   ASSERT_TRUE(Firing(Health("done"), "ClipFractionHigh"));
   ASSERT_TRUE(Firing(Health("live"), "ClipFractionHigh"));
   done.reset();

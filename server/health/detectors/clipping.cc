@@ -7,6 +7,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "health/detectors/internal.h"
@@ -22,10 +24,21 @@ namespace {
 // (LrAllowance) does not count, and the windowed rule waits. Above it,
 // every clip counts: a norm creeping past max_norm mid-schedule is this
 // alert's to name.
+//
+// A run settles after its warmup: its norm is still falling, and hard
+// batches clip on the way (held-out healthy lab runs clip 9% of their first
+// 100 post-warmup steps, or half of them on a noisy language, then stop).
+// So the alert names clipping that is the run's now (the last recent_steps
+// post-warmup steps clip above the threshold too) and that is either a
+// rise (above rise_ratio x the run's own share over its first
+// baseline_steps post-warmup records) or still there once the run has
+// settled (settle_steps post-warmup steps). Clipping on every step from the
+// start is named then, not before: the clip is acting as the LR.
 class ClipFractionHigh final : public Detector {
  public:
   explicit ClipFractionHigh(const HealthConfig& config)
-      : rate_(config, config.clip_fraction.threshold) {}
+      : rate_(config, config.clip_fraction.threshold),
+        recent_(std::max<uint32_t>(1, config.clip_fraction.recent_steps)) {}
 
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     const v1::StepRecord& r = ctx.record;
@@ -43,8 +56,29 @@ class ClipFractionHigh final : public Detector {
     const RateAlert::State s = rate_.Add(r.step(), flag, clipped,
                                          allowance > 0 ? kNever : cfg.min_steps);
     const double fraction = clipped.fraction();
+    recent_.Push(r.step(), flag);
+    ++judged_;
+    if (!first_step_.has_value()) first_step_ = r.step();
+    // In steps, not records: a sparsely logged run settles as fast.
+    const bool settled = r.step() >= *first_step_ + cfg.settle_steps - 1;
+    if (early_.size() < cfg.baseline_steps) early_.push_back({r.step(), flag});
+    const double now = recent_.fraction();
+    const Share baseline = EarlyShare(~uint64_t{0});
+    // Clipping now: the last recent_steps clip above the threshold too.
+    const bool current = now > cfg.threshold;
+    bool rise = current && judged_ > cfg.baseline_steps &&
+                now > cfg.rise_ratio * baseline.fraction();
+    if (s.holds && s.by_change) {
+      // A jump: against the run's own share before its change point (none
+      // before it: clipping since the start, not a rise).
+      const Share before = EarlyShare(s.onset_step);
+      rise |= before.steps >= kMinBefore && s.rate_since > cfg.rise_ratio * before.fraction();
+    }
+    // Named (fired) once, it holds by the rate's own hysteresis.
+    const bool named = s.holds && (firing_ || rise || (settled && current));
+    firing_ = named;
     sink.Condition(
-        AlertKind::kClipFractionHigh, r.step(), s.holds,
+        AlertKind::kClipFractionHigh, r.step(), named,
         std::max(fraction, s.rate_since), [&] {
           std::string description;
           if (s.by_change) {
@@ -67,6 +101,10 @@ class ClipFractionHigh final : public Detector {
             absl::StrAppendFormat(&description,
                                   "; recommended max_norm (p98) %.3g", *p98);
           }
+          absl::StrAppendFormat(
+              &description,
+              "; %.1f%% of the last %d, %.1f%% of the first %d post-warmup steps",
+              100 * now, recent_.size(), 100 * baseline.fraction(), baseline.steps);
           const double shown = s.by_change ? s.rate_since : fraction;
           return AlertText{
               s.by_change ? absl::StrFormat("Clipping on %.1f%% of steps since "
@@ -78,15 +116,46 @@ class ClipFractionHigh final : public Detector {
         });
   }
 
-  void OnRewind(uint64_t step) override { rate_.Reset(); }
+  // The baseline and the settling count are the run's, which a restart
+  // does not change.
+  void OnRewind(uint64_t step) override {
+    rate_.Reset();
+    recent_.RewindTo(step);
+    firing_ = false;
+  }
 
  private:
+  struct Share {
+    uint64_t clipped = 0;
+    uint64_t steps = 0;
+    double fraction() const { return steps > 0 ? double(clipped) / steps : 0.0; }
+  };
+  // The clipped share of the first baseline_steps post-warmup steps before
+  // `step`.
+  Share EarlyShare(uint64_t step) const {
+    Share out;
+    for (const auto& [at, clipped] : early_) {
+      if (at >= step) break;
+      ++out.steps;
+      out.clipped += clipped ? 1 : 0;
+    }
+    return out;
+  }
+
   static constexpr double kLrFloor = 0.1;
+  // A change point needs this many post-warmup steps before it to be a rise.
+  static constexpr uint64_t kMinBefore = 10;
   // No windowed rule while the allowance applies.
   static constexpr uint32_t kNever = ~uint32_t{0};
 
   RateAlert rate_;
   LrAllowance lr_;
+  FlagWindow recent_;          // the last recent_steps post-warmup flags
+  uint64_t judged_ = 0;        // post-warmup records seen
+  std::optional<uint64_t> first_step_;  // the first post-warmup step
+  // The first baseline_steps post-warmup steps and their flags.
+  std::vector<std::pair<uint64_t, bool>> early_;
+  bool firing_ = false;
 };
 
 // Catches a trainer that logs the post-clip norm: over at least

@@ -87,6 +87,51 @@ TEST(ClipFractionHigh, NamesAJumpTo20PercentInTensOfStepsAndHoversAsOneAlert) {
   EXPECT_NEAR(static_cast<double>(fired[0].onset_step), 2000.0, 30.0);
 }
 
+// The held-out lab's healthy runs clip while they settle after warmup:
+// hard batches on 9% of the first 100 post-warmup steps, or half of the
+// steps of a noisy language's first hundred, then rarely. Not a page.
+TEST(ClipFractionHigh, ASettlingRunsEarlyClippingIsNotNamed) {
+  for (double early : {0.09, 0.5}) {
+    HealthHarness h(Bf16());
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    for (uint64_t s = 1; s <= 3000; ++s) {
+      // Warmup clips most steps; the settling stretch fades out by step 300.
+      const double p = s <= 100 ? 0.8 : s <= 200 ? early : s <= 300 ? early / 4 : 0.01;
+      h.Lead(Rec(s, u(rng) < p ? 1.5 : 0.4));
+    }
+    EXPECT_THAT(h.Fired(AlertKind::kClipFractionHigh), IsEmpty()) << early;
+  }
+}
+
+// Clipping on every step since the start is the clip acting as the LR:
+// named once the run has settled (clip_fraction.settle_steps), not before.
+TEST(ClipFractionHigh, ClippingSinceTheStartIsNamedOnceTheRunHasSettled) {
+  HealthHarness h(Bf16());
+  for (uint64_t s = 1; s <= 1500; ++s) h.Lead(Rec(s, 2.0));
+  auto fired = h.Fired(AlertKind::kClipFractionHigh);
+  ASSERT_THAT(fired, SizeIs(1));
+  // Post-warmup from step 100: its 1000th step.
+  EXPECT_EQ(fired[0].step, 100u + 999u);
+  EXPECT_THAT(fired[0].description, HasSubstr("of the first 100 post-warmup steps"));
+}
+
+// A rise over the run's own early share is named at once, settled or not:
+// 9% early, then 30% from post-warmup step 150.
+TEST(ClipFractionHigh, ARiseOverTheRunsOwnEarlyShareIsNamedBeforeItSettles) {
+  HealthHarness h(Bf16());
+  std::mt19937_64 rng(8);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (uint64_t s = 1; s <= 600; ++s) {
+    const double p = s <= 100 ? 0.8 : s <= 250 ? 0.09 : 0.3;
+    h.Lead(Rec(s, u(rng) < p ? 1.5 : 0.4));
+  }
+  auto fired = h.Fired(AlertKind::kClipFractionHigh);
+  ASSERT_THAT(fired, SizeIs(1));
+  EXPECT_GE(fired[0].step, 250u);
+  EXPECT_LE(fired[0].step, 350u);
+}
+
 TEST(AttentionLogitGrowth, ForecastsTheCapWellBeforeTheCrossing) {
   HealthHarness h(Bf16());
   Norms n(4);

@@ -235,15 +235,18 @@ TEST_F(RunPipelineTest, OnlyFinishedOrFailedEndsTheRunAndResolvesRunSilent) {
 
 TEST_F(RunPipelineTest, ClippingFiresAndResolveAllResolvesAtTheLastStep) {
   pipeline_.OnStreamStarted(0, 0, std::nullopt);
-  Send(Start(0), Steps(0, 150, /*norm=*/2.0));  // every step clipped
+  // Clean, then every step clipped: a rise, named at once (the norm's own
+  // level rises 1.5x: not GradNormDrift's).
+  Send(Start(0), Steps(0, 100, /*norm=*/0.99));
+  Send(Start(0), Steps(100, 150, /*norm=*/1.5));
   EXPECT_THAT(seen_.alerts, ElementsAre("fire ClipFractionHigh"));
   HealthSnapshot snap = pipeline_.Snapshot();
   ASSERT_EQ(snap.active_alerts.size(), 1u);
   EXPECT_EQ(snap.active_alerts[0].alertname(), "ClipFractionHigh");
-  EXPECT_EQ(snap.window.clip_fraction(), 1.0);
+  EXPECT_EQ(snap.window.clip_fraction(), 0.5);
   EXPECT_EQ(snap.window.steps(), 100u);
   ASSERT_TRUE(snap.recommended_max_norm.has_value());
-  EXPECT_EQ(*snap.recommended_max_norm, 2.0);
+  EXPECT_EQ(*snap.recommended_max_norm, 1.5);
   pipeline_.ResolveAll(now_);
   EXPECT_THAT(seen_.alerts, ElementsAre("fire ClipFractionHigh", "resolve ClipFractionHigh"));
   EXPECT_THAT(pipeline_.Snapshot().active_alerts, IsEmpty());
