@@ -173,6 +173,51 @@ def check_fleet(docs, kinds):
               "k8s: the ServiceMonitor scrapes with https, tlsConfig and basicAuth")
     check("--web-config-file" in args, "k8s: the servers serve /metrics with --web-config-file")
 
+SEVERITY_RANK = {"INFO": 0, "WARNING": 1, "CRITICAL": 2}
+
+
+def catalog_causes():
+    """{alertname: (severity, [cause alertnames])} from the server's catalog."""
+    text = open(D("server/health/alert_catalog.cc")).read()
+    starts = list(re.finditer(r'\{K::k\w+, "(\w+)",\s*v1::SEVERITY_(\w+)', text))
+    names = {m.group(0).split(",")[0][4:]: m.group(1) for m in starts}  # kX -> X
+    out = {}
+    for i, m in enumerate(starts):
+        body = text[m.end():starts[i + 1].start() if i + 1 < len(starts) else len(text)]
+        c = re.search(r"AlertScope::\w+,\s*\{([^}]*)\}", body)
+        causes = re.findall(r"K::(k\w+)", c.group(1)) if c else []
+        out[m.group(1)] = (m.group(2), [names[k] for k in causes])
+    return out
+
+
+def check_inhibitions():
+    """One cause, one page: every consequence the catalog names (caused_by)
+    is muted by a shipped inhibit rule while its cause fires, unless it is
+    the more severe of the two (a critical LossDivergence grown from an info
+    LossSpike is the page)."""
+    am = yaml.safe_load(open(D("deploy/alertmanager/alertmanager.yml")))
+
+    def names(matchers):
+        """Which alertnames one matcher selects: by name, or by severity."""
+        m = re.fullmatch(r'(alertname|severity)(=~|=)"(.*)"', matchers[0]) if len(matchers) == 1 else None
+        if m is None:
+            return lambda n: False
+        if m.group(1) == "severity":
+            return lambda n: re.fullmatch(m.group(3), catalog[n][0].lower()) is not None
+        return lambda n: re.fullmatch(m.group(3), n) is not None
+
+    catalog = catalog_causes()
+    rules = [(names(r["source_matchers"]), names(r["target_matchers"]), r.get("equal"))
+             for r in am.get("inhibit_rules", [])]
+    check(len(catalog) >= 30, f"alert catalog parsed ({len(catalog)} alerts)")
+    for alert, (severity, causes) in sorted(catalog.items()):
+        for cause in causes:
+            if SEVERITY_RANK[severity] > SEVERITY_RANK[catalog[cause][0]]:
+                continue
+            check(any(src(cause) and dst(alert) and eq == ["run"] for src, dst, eq in rules),
+                  f"alertmanager inhibits {alert} while its cause {cause} fires (equal: [run])")
+
+
 def main():
     if "--write-prometheusrule" in sys.argv:
         write_prometheusrule(); return 0
@@ -207,6 +252,8 @@ def main():
                                cwd=D("deploy/alertmanager"), capture_output=True, text=True)
             check(r.stdout.strip() == receiver,
                   f"alertmanager routes {' '.join(labels)} to {receiver} (got {r.stdout.strip()!r} {r.stderr.strip()})")
+
+    check_inhibitions()
 
     # Every YAML and JSON file parses.
     ymls = [p for pat in ("deploy/**/*.yml", "deploy/**/*.yaml", "dashboards/**/*.yml", "dashboards/**/*.yaml")
