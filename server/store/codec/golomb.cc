@@ -12,15 +12,18 @@ GolombChoice BestGolomb(const WidthHistogram& hist, int shift,
   // Only the widths present: those below the shift are empty (a value of
   // the column has at least `shift` trailing zeros), and indexing them would
   // leave the array (found by step_codec_fuzzer).
+  int top = 0;  // the largest width present after the shift
   for (int b = 0; b <= 64; ++b) {
     if (hist[b] == 0) continue;
-    h[b == 0 ? 0 : std::max(0, b - shift)] += hist[b];
+    const int to = b == 0 ? 0 : std::max(0, b - shift);
+    h[to] += hist[b];
+    top = std::max(top, to);
   }
   // Plain: cost(k) = count*k + #(width <= k) + 2 * sum over width > k of
   // (width - k). Zero-flagged: a bit per value, then the nonzero ones plainly.
   auto best_k = [&](uint64_t zeros) {
     uint64_t count = zeros, width_sum = 0;
-    for (int b = 1; b <= 64; ++b) {
+    for (int b = 1; b <= top; ++b) {
       count += h[b];
       width_sum += h[b] * b;
     }

@@ -108,15 +108,13 @@ Choice Choose(History& h, const uint64_t* counts, size_t n, uint64_t mean,
     const uint64_t* pred = Predict(mode, h, mean, n, own);
     std::vector<uint64_t>& z = residuals[m];
     z.resize(n);
-    for (size_t i = 0; i < n; ++i) z[i] = ZigZag(counts[i] - pred[i]);
     // Four histograms, so that increments of one width do not wait on
     // each other.
     std::array<WidthHistogram, 4> part{};
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-      for (size_t j = 0; j < 4; ++j) ++part[j][std::bit_width(z[i + j])];
+    for (size_t i = 0; i < n; ++i) {
+      z[i] = ZigZag(counts[i] - pred[i]);
+      ++part[i % 4][std::bit_width(z[i])];
     }
-    for (; i < n; ++i) ++part[0][std::bit_width(z[i])];
     WidthHistogram hist{};
     for (size_t b = 0; b < hist.size(); ++b) {
       hist[b] = part[0][b] + part[1][b] + part[2][b] + part[3][b];
