@@ -44,6 +44,10 @@ import time
 # OpenBLAS's own threads spin against the other processes on a shared
 # machine (10x slower matmuls here); torch.set_num_threads does not reach them.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# One kernel on every x86-64 machine: OpenBLAS picks its kernels by CPU
+# (SkylakeX on AVX-512 Intel, Haswell on AMD EPYC), and the sums' order, so
+# a run's trajectory (where it spikes or diverges), would follow the machine.
+os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 
 import torch  # noqa: E402
 from torch import nn
