@@ -4,8 +4,12 @@
 #include <cmath>
 
 namespace trainwatch {
+namespace {
 
-std::optional<MoeLayerLoad> LoadOf(const v1::MoeLayerStats& layer) {
+// LoadOf less effective_experts (left 0): its logs are most of LoadOf's
+// cost, and Summarize(), which runs on every report besides the detector's
+// LoadOf, needs the rest alone.
+std::optional<MoeLayerLoad> SpreadOf(const v1::MoeLayerStats& layer) {
   const auto& counts = layer.tokens_per_expert();
   if (counts.empty()) return std::nullopt;
   MoeLayerLoad out;
@@ -23,13 +27,23 @@ std::optional<MoeLayerLoad> LoadOf(const v1::MoeLayerStats& layer) {
   const double mean = total / counts.size();
   out.max_over_mean = max / mean;
   out.max_share = max / total;
+  return out;
+}
+
+}  // namespace
+
+std::optional<MoeLayerLoad> LoadOf(const v1::MoeLayerStats& layer) {
+  std::optional<MoeLayerLoad> out = SpreadOf(layer);
+  if (!out.has_value()) return out;
+  const auto& counts = layer.tokens_per_expert();
+  const double total = static_cast<double>(out->total);
   // H = log T - sum(c log c) / T; logf: a 48 x 128 report takes 6k logs,
   // and the effective number needs three digits, not sixteen.
   double sum_c_log_c = 0.0;
   for (uint64_t c : counts) {
     if (c > 1) sum_c_log_c += static_cast<double>(c) * std::log(static_cast<float>(c));
   }
-  out.effective_experts = std::exp(std::log(total) - sum_c_log_c / total);
+  out->effective_experts = std::exp(std::log(total) - sum_c_log_c / total);
   return out;
 }
 
@@ -50,7 +64,7 @@ MoeReportSummary Summarize(const v1::MoeStats& moe) {
     if (!worst.has_value() || v > *worst) worst = v;
   };
   for (const v1::MoeLayerStats& layer : moe.layers()) {
-    if (std::optional<MoeLayerLoad> load = LoadOf(layer)) {
+    if (std::optional<MoeLayerLoad> load = SpreadOf(layer)) {
       take_max(s.load_max_over_mean, load->max_over_mean);
       s.dead_experts = s.dead_experts.value_or(0) + load->dead;
       drops.Add(layer, *load);
