@@ -29,6 +29,10 @@
 // its batches to R / N records/s), e.g. for a soak at half the peak.
 // --run-header sends x-trainwatch-run: RUN on every stream, as trainwatch's
 // clients do, so that the load can go through a fleet's proxy (docs/fleet.md).
+// --moe LxE puts an MoE report of L layers x E experts on every record (the
+// RunStart says top-8 of E): 1M tokens a global batch, each layer with a
+// persistent skew over its experts and each count moving 3% from step to
+// step, for what a large MoE's report costs the server (docs/performance.md).
 // With --json the last line of stdout is one JSON object.
 //
 // --ranks N instead streams one run of N ranks, a stream a rank, every rank's
@@ -84,6 +88,8 @@ struct Options {
   int populate_runs = 0;
   int records_per_run = 1200;
   bool run_header = false;  // x-trainwatch-run on every stream
+  int moe_layers = 0;       // --moe LxE: an MoE report on every record
+  int moe_experts = 0;
   trainwatch::loadgen::RanksOptions ranks;  // --ranks N: ranks.cc
 };
 
@@ -96,7 +102,7 @@ void AddRunHeader(const Options& o, const std::string& run,
 const char kUsage[] =
     "usage: trainwatch-loadgen --server HOST:PORT [--streams N] [--runs M]\n"
     "         [--batch B] [--seconds S] [--inflight K] [--metrics URL]\n"
-    "         [--alert-probes P] [--rate R] [--run-header] [--json]\n"
+    "         [--alert-probes P] [--rate R] [--run-header] [--moe LxE] [--json]\n"
     "       trainwatch-loadgen --server HOST:PORT --populate-runs M\n"
     "         [--records-per-run R] [--streams N] [--batch B]\n"
     "       trainwatch-loadgen --server HOST:PORT --ranks N [--steps S]\n"
@@ -124,6 +130,13 @@ bool ParseArgs(int argc, char** argv, Options* o) {
     else if (a == "--alert-probes") o->alert_probes = atoi(value());
     else if (a == "--json") o->json = true;
     else if (a == "--run-header") o->run_header = true;
+    else if (a == "--moe") {
+      if (sscanf(value(), "%dx%d", &o->moe_layers, &o->moe_experts) != 2 ||
+          o->moe_layers < 1 || o->moe_experts < 1) {
+        fprintf(stderr, "--moe takes LAYERSxEXPERTS, e.g. 48x128\n");
+        return false;
+      }
+    }
     else if (a == "--rate") o->rate = atof(value());
     else if (a == "--populate-runs") o->populate_runs = atoi(value());
     else if (a == "--records-per-run") o->records_per_run = atoi(value());
@@ -176,6 +189,29 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& server) {
   return grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args);
 }
 
+// An MoE report on each record of `batch` (--moe).
+void AddMoe(v1::StepBatch* batch, int layers, int experts, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> skew(0.0, 0.25);
+  std::normal_distribution<double> noise(0.0, 0.03);
+  std::vector<double> share(static_cast<size_t>(layers) * experts);
+  for (double& s : share) s = skew(rng);
+  const double mean = 1'048'576.0 * 8 / experts;
+  for (v1::StepRecord& r : *batch->mutable_records()) {
+    for (int l = 0; l < layers; ++l) {
+      v1::MoeLayerStats* layer = r.mutable_moe()->add_layers();
+      layer->set_layer(std::to_string(l));
+      for (int e = 0; e < experts; ++e) {
+        layer->add_tokens_per_expert(static_cast<uint64_t>(std::max(
+            0.0, std::round(mean * share[static_cast<size_t>(l) * experts + e] *
+                            (1 + noise(rng))))));
+      }
+      layer->set_aux_loss(1.0 + 0.01 * noise(rng));
+      layer->set_z_loss(2.0 + 0.01 * noise(rng));
+    }
+  }
+}
+
 // `n` records of an ordinary bf16 run: lognormal norms around 0.5 (max_norm
 // 1: ~1% clipped), attention logit, log Z, loss, lr.
 void FillBatch(v1::StepBatch* batch, int n, uint64_t seed) {
@@ -202,9 +238,14 @@ int64_t NowUnixNanos() {
       .count();
 }
 
-v1::ReportRequest Start(const std::string& run, uint32_t rank, uint32_t world) {
+v1::ReportRequest Start(const std::string& run, uint32_t rank, uint32_t world,
+                        int moe_experts = 0) {
   v1::ReportRequest req;
   v1::RunStart* s = req.mutable_start();
+  if (moe_experts > 0) {
+    s->mutable_moe()->set_num_experts(static_cast<uint32_t>(moe_experts));
+    s->mutable_moe()->set_top_k(8);
+  }
   s->set_run_id(run);
   s->set_rank(rank);
   s->set_world_size(world);
@@ -228,7 +269,7 @@ class LoadStream {
     grpc::ClientContext ctx;
     AddRunHeader(o_, run_, &ctx);
     auto rw = stub->Report(&ctx);
-    if (!rw->Write(Start(run_, rank_, world_))) {
+    if (!rw->Write(Start(run_, rank_, world_, o_.moe_experts))) {
       Fail(rw->Finish());
       return;
     }
@@ -236,6 +277,7 @@ class LoadStream {
     v1::ReportRequest req;
     v1::StepBatch* batch = req.mutable_batch();
     FillBatch(batch, o_.batch, seed_);
+    if (o_.moe_layers > 0) AddMoe(batch, o_.moe_layers, o_.moe_experts, seed_);
     uint64_t step = 0;
     uint64_t seq = 0;
     // With --rate: batch k is due at start + k * interval.
