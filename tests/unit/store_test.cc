@@ -591,6 +591,63 @@ TEST(StoreFileTest, SmallChunksAreMergedWhenTheWriterIsIdle) {
   EXPECT_EQ((*store)->GetRun("r1")->steps(), step + 1);
 }
 
+// MoE reports (their counts coded by store/codec/moe_counts.h) read back
+// exactly after the writer stored them in small batches and merged those.
+TEST(StoreFileTest, MoeCountsReadBackExactlyAfterMerges) {
+  const std::string path = FreshDb("store_moe.db");
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto write = [&](WriteOp op) {
+    std::promise<WriteResult> p;
+    op.done = [&p](WriteResult r) { p.set_value(std::move(r)); };
+    (*store)->Submit(std::move(op));
+    return p.get_future().get();
+  };
+  ASSERT_TRUE(write({.key = {"r1", 0, 0}, .body = WriteOp::Start{Start("r1")}})
+                  .status.ok());
+  StepRecords want = OddRecords(0, 2100);
+  for (v1::StepRecord& r : want) {
+    if (r.step() % 7 == 3) continue;  // records without a report among them
+    for (int l = 0; l < 3; ++l) {
+      v1::MoeLayerStats& layer = *r.mutable_moe()->add_layers();
+      layer.set_layer(std::to_string(l));
+      const int experts = l == 2 && r.step() >= 600 ? 4 : 8;  // a layer that changes
+      for (int e = 0; e < experts; ++e) {
+        layer.add_tokens_per_expert(65536 + 1000 * e + (r.step() * 7919 + e) % 700);
+      }
+      layer.set_aux_loss(1.01);
+    }
+  }
+  for (int from = 0; from < want.size(); from += 100) {
+    StepRecords batch(want.begin() + from, want.begin() + from + 100);
+    ASSERT_EQ(write({.key = {"r1", 0, 0}, .body = WriteOp::Batch{std::move(batch)}}).stored,
+              100u);
+  }
+  // 20 x 100 make a merged chunk (the next would pass 2,048); the last waits.
+  std::string chunks;
+  for (int i = 0; i < 500 && chunks != "2"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    chunks = Sql(path, "SELECT count(*) FROM step_chunks");
+  }
+  EXPECT_EQ(chunks, "2");
+  EXPECT_EQ(Sql(path, "SELECT group_concat(n || ':' || hex(substr(records, 1, 1)), ',') FROM "
+                      "(SELECT * FROM step_chunks ORDER BY first_step)"),
+            "2000:0F,100:0F");
+  int next = 0;
+  ASSERT_TRUE((*store)->ReadSteps("r1", 0, 0, std::nullopt, 1000,
+                                  [&](v1::StepRecords& chunk) {
+                                    for (const auto& item : chunk.items()) {
+                                      const v1::StepRecord& w = want[next++];
+                                      EXPECT_EQ(item.record().step(), w.step());
+                                      EXPECT_EQ(item.record().moe().SerializeAsString(),
+                                                w.moe().SerializeAsString())
+                                          << "step " << w.step();
+                                    }
+                                    return true;
+                                  }).ok());
+  EXPECT_EQ(next, want.size());
+}
+
 // A stream of one-record batches: each idle merge takes the 256 chunks a
 // scan reads, so it progresses (and stops) rather than waiting for 2,048
 // records that one scan never sees.
