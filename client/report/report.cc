@@ -2,99 +2,25 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <map>
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "output/json_out.h"
 #include "output/text_out.h"
+#include "report/columns.h"
+#include "report/moe_heatmap.h"
 #include "trainwatch/v1/alert_names.h"
 #include "trainwatch/v1/fp8_format.h"
 #include "trainwatch/v1/quantile.h"
 
 namespace trainwatch::cli {
 namespace {
-
-struct Point {
-  uint64_t step;
-  double value;
-};
-
-// One chart's series, downsampled to columns of min/max over the step range.
-struct Columns {
-  std::vector<uint64_t> x;  // the step of each column's first point
-  std::vector<double> lo, hi;
-  uint64_t points = 0;  // finite points represented
-};
-
-class Downsampler {
- public:
-  Downsampler(uint64_t first, uint64_t last, size_t columns)
-      : first_(first),
-        span_(std::max<uint64_t>(last - first + 1, 1)),
-        columns_(std::max<size_t>(columns, 1)) {}
-
-  size_t Column(uint64_t step) const {
-    const double at = static_cast<double>(step - first_) / span_;
-    return std::min(columns_ - 1, static_cast<size_t>(at * columns_));
-  }
-
-  // Finite values only; points must come in ascending steps.
-  Columns MinMax(const std::vector<Point>& points) const {
-    Columns c;
-    size_t current = std::numeric_limits<size_t>::max();
-    for (const Point& p : points) {
-      if (!std::isfinite(p.value)) continue;
-      const size_t col = Column(p.step);
-      if (col != current) {
-        current = col;
-        c.x.push_back(p.step);
-        c.lo.push_back(p.value);
-        c.hi.push_back(p.value);
-      } else {
-        c.lo.back() = std::min(c.lo.back(), p.value);
-        c.hi.back() = std::max(c.hi.back(), p.value);
-      }
-      ++c.points;
-    }
-    return c;
-  }
-
-  // The steps of `steps` (ascending), one per column that holds any.
-  std::vector<uint64_t> Marks(const std::vector<uint64_t>& steps) const {
-    std::vector<uint64_t> out;
-    size_t current = std::numeric_limits<size_t>::max();
-    for (uint64_t s : steps) {
-      const size_t col = Column(s);
-      if (col == current) continue;
-      current = col;
-      out.push_back(s);
-    }
-    return out;
-  }
-
-  // Indices (into points) of each column's last point.
-  std::vector<size_t> ColumnEnds(const std::vector<Point>& points) const {
-    std::vector<size_t> ends;
-    for (size_t i = 0; i < points.size(); ++i) {
-      if (i + 1 == points.size() ||
-          Column(points[i + 1].step) != Column(points[i].step)) {
-        ends.push_back(i);
-      }
-    }
-    return ends;
-  }
-
- private:
-  uint64_t first_;
-  uint64_t span_;
-  size_t columns_;
-};
 
 struct Line {
   std::string name;
@@ -144,10 +70,34 @@ const std::map<std::string, std::vector<std::string>>& AlertCharts() {
   return *m;
 }
 
-std::vector<std::string> ChartsOf(const std::string& alertname) {
+// The MoE heatmap's id, as a chart's for the alert-to-chart mapping.
+constexpr char kMoeHeatmapId[] = "moe_load";
+
+// Moe* alerts are marked over the MoE heatmap when the run has one; without
+// per-expert counts (an import with aggregates only) on the norm chart.
+std::vector<std::string> ChartsOf(const std::string& alertname,
+                                  bool moe_heatmap) {
+  if (moe_heatmap && absl::StartsWith(alertname, "Moe")) {
+    return {kMoeHeatmapId};
+  }
   auto it = AlertCharts().find(alertname);
   if (it == AlertCharts().end()) return {"grad_norm"};
   return it->second;
+}
+
+// The names of the alerts marked on the chart `id`, each once.
+std::vector<std::string> AlertsOn(absl::string_view id,
+                                  const std::vector<v1::Alert>& alerts,
+                                  bool moe_heatmap) {
+  std::vector<std::string> names;
+  for (const v1::Alert& a : alerts) {
+    const std::vector<std::string> on = ChartsOf(a.alertname(), moe_heatmap);
+    if (std::find(on.begin(), on.end(), id) != on.end() &&
+        std::find(names.begin(), names.end(), a.alertname()) == names.end()) {
+      names.push_back(a.alertname());
+    }
+  }
+  return names;
 }
 
 bool Clipped(const v1::StepRecord& r, double max_norm) {
@@ -325,7 +275,8 @@ std::vector<Chart> Fp8Charts(const std::vector<v1::StepRecord>& records,
 }
 
 std::vector<Chart> BuildCharts(const ReportInput& in,
-                               const std::vector<v1::StepRecord>& records) {
+                               const std::vector<v1::StepRecord>& records,
+                               bool moe_heatmap) {
   const v1::RunSummary& run = in.health.run();
   const uint64_t first = records.empty() ? 0 : records.front().step();
   const uint64_t last = records.empty() ? 0 : records.back().step();
@@ -445,16 +396,7 @@ std::vector<Chart> BuildCharts(const ReportInput& in,
     for (Chart& c : Fp8Charts(records, ds)) charts.push_back(std::move(c));
   }
 
-  for (Chart& c : charts) {
-    for (const v1::Alert& a : in.alerts) {
-      const std::vector<std::string> on = ChartsOf(a.alertname());
-      if (std::find(on.begin(), on.end(), c.id) != on.end() &&
-          std::find(c.alerts.begin(), c.alerts.end(), a.alertname()) ==
-              c.alerts.end()) {
-        c.alerts.push_back(a.alertname());
-      }
-    }
-  }
+  for (Chart& c : charts) c.alerts = AlertsOn(c.id, in.alerts, moe_heatmap);
   return charts;
 }
 
@@ -627,7 +569,10 @@ std::vector<std::string> ReportVerdict(const ReportInput& in) {
 std::string RenderReport(const ReportInput& in) {
   const v1::RunSummary& run = in.health.run();
   const std::vector<v1::StepRecord> records = SortedRecords(in);
-  const std::vector<Chart> charts = BuildCharts(in, records);
+  const uint64_t first = records.empty() ? 0 : records.front().step();
+  const uint64_t last = records.empty() ? 0 : records.back().step();
+  const std::optional<MoeHeatmap> moe = BuildMoeHeatmap(records, first, last);
+  const std::vector<Chart> charts = BuildCharts(in, records, moe.has_value());
 
   std::string data;
   {
@@ -636,18 +581,21 @@ std::string RenderReport(const ReportInput& in) {
     w.Key("run");
     w.String(run.run_id());
     w.Key("first_step");
-    w.Uint(records.empty() ? 0 : records.front().step());
+    w.Uint(first);
     w.Key("last_step");
-    w.Uint(records.empty() ? 0 : records.back().step());
+    w.Uint(last);
     w.Key("warmup_steps");
     w.Uint(run.warmup_steps());
     w.Key("charts");
     w.BeginArray();
     for (const Chart& c : charts) WriteChart(w, c);
     w.EndArray();
+    if (moe.has_value()) {
+      w.Key("moe");
+      WriteMoeHeatmap(w, *moe, AlertsOn(kMoeHeatmapId, in.alerts, true));
+    }
     w.Key("alerts");
     w.BeginArray();
-    const uint64_t last = records.empty() ? 0 : records.back().step();
     for (const v1::Alert& a : in.alerts) {
       w.BeginObject();
       w.Key("name");
@@ -710,7 +658,26 @@ std::string RenderReport(const ReportInput& in) {
                     "\" data-chart=\"", c.id, "\"><h3>", HtmlEscape(c.title),
                     "</h3></div>\n");
   }
-  absl::StrAppend(&out, "</section>\n<section id=\"alerts\">\n<h2>Alerts</h2>\n",
+  absl::StrAppend(&out, "</section>\n");
+  if (moe.has_value()) {
+    absl::StrAppend(
+        &out,
+        "<section id=\"moe\">\n<h2>MoE routing: load per expert</h2>\n"
+        "<p class=\"legend\">One panel per MoE layer, one row per expert, "
+        "columns over steps: each cell is the expert's share of its layer's "
+        "routed assignments over the column's steps, against an even share "
+        "(1/E). An even layer is pale; hot experts are yellow to red, cold "
+        "ones blue, and an expert with no assignment at all is black. A "
+        "collapse shows as a few hot rows over black ones. Layers with more "
+        "than ",
+        kMoeExpertRows,
+        " experts show the ones furthest from an even share. The MoE alerts "
+        "are the bars above the heatmap, from the detector's onset to the "
+        "resolve, with lines down through the panels.</p>\n"
+        "<div class=\"heatmap\" id=\"moe-heatmap\" data-chart-id=\"",
+        kMoeHeatmapId, "\"></div>\n</section>\n");
+  }
+  absl::StrAppend(&out, "<section id=\"alerts\">\n<h2>Alerts</h2>\n",
                   AlertsHtml(in.alerts),
                   "</section>\n<section id=\"spikes\">\n<h2>Spikes and restart "
                   "plans</h2>\n",

@@ -1,7 +1,8 @@
 // `trainwatchctl report`: one self-contained HTML page about a run, readable
 // offline (docs/import-and-report.md). The verdict comes first, in plain
 // words; then charts over steps with the alerts shaded; then the spikes with
-// their batch ids and restart plans.
+// their batch ids and restart plans. An MoE run also gets a heatmap of each
+// layer's load per expert over the run, its Moe* alerts marked above it.
 //
 // The page carries its data as JSON and draws the charts as SVG with its own
 // script (report/report.js, embedded in the binary at build time): no CDN,
@@ -22,6 +23,14 @@
 namespace trainwatch::cli {
 
 inline constexpr size_t kReportColumns = 2000;
+
+// The MoE load heatmap (runs whose records carry tokens_per_expert): at most
+// this many experts drawn per layer, the ones furthest from an even share;
+// at most this many columns of steps, fewer when the layers x rows would
+// pass the cell budget, which keeps a 48-layer x 128-expert run's page small.
+inline constexpr size_t kMoeExpertRows = 16;
+inline constexpr size_t kMoeHeatmapColumns = 240;
+inline constexpr size_t kMoeHeatmapCells = 60'000;
 
 // A section another part adds to the report (goodput, stragglers): a title
 // and its HTML body, placed after the charts.
