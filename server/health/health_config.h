@@ -199,6 +199,12 @@ struct HealthConfig {
     double ratio = 2.0;
     double sigmas = 4.0;
     uint32_t sustain_steps = 20;
+    // A rise still under way, named before it doubles: the level >=
+    // early_ratio x the best (and the sigmas above it) and >= early_rise x
+    // the level level_steps steps before, on early_sustain_steps in a row.
+    double early_ratio = 1.5;
+    double early_rise = 1.05;
+    uint32_t early_sustain_steps = 10;
     // Holds until the level is back under resolve_ratio x its reference.
     double resolve_ratio = 1.25;
   } loss_divergence;

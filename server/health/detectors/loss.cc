@@ -25,13 +25,17 @@ namespace {
 // GradNormSpike's. Any loss convention: a loss near 0 or below (an RL
 // policy loss) is judged in linear terms, never on one printed quantum.
 //
-// LossDivergence catches a run that left its loss level for good, two
+// LossDivergence catches a run that left its loss level for good, three
 // ways: a spike whose level (the median of the last level_steps losses)
 // is still >= spike_ratio x the level before it check_after_steps after
-// its onset; and a slow rise, no single step a spike (an LR too high, a
+// its onset; a slow rise, no single step a spike (an LR too high, a
 // constant schedule), of the level to >= ratio x the run's best
-// post-warmup level on sustain_steps steps in a row. Judged in log space
-// only: a loss that reaches 0 or below has no level to be a multiple of.
+// post-warmup level on sustain_steps steps in a row; and the same rise
+// while it is under way, before it doubles: the level >= early_ratio x the
+// best and still climbing (>= early_rise x the level level_steps steps
+// before) on early_sustain_steps steps in a row (a loss that climbs 3x in
+// 150 steps doubles only ~90 steps in). Judged in log space only: a loss
+// that reaches 0 or below has no level to be a multiple of.
 class Loss final : public Detector {
  public:
   explicit Loss(const HealthConfig& config)
@@ -66,6 +70,8 @@ class Loss final : public Detector {
     diverged_.reset();
     best_.reset();
     rising_steps_ = 0;
+    climbing_steps_ = 0;
+    past_levels_.clear();
   }
 
  private:
@@ -83,6 +89,7 @@ class Loss final : public Detector {
     // The level to reach: >= ratio x best and sigmas robust sd of the log
     // losses (when the best was set) above it.
     double rise_line = 0.0;
+    double early_line = 0.0;  // the same with early_ratio: a rise under way
     uint64_t step = 0;
     uint64_t near_step = 0;  // the last step the level was near it
   };
@@ -91,6 +98,7 @@ class Loss final : public Detector {
     double reference = 0.0;
     uint64_t onset = 0;
     bool from_spike = false;
+    bool climbing = false;  // named while the rise is under way
   };
 
   void Spike(const StepContext& ctx, const LossSpikeRule::Result& s, AlertSink& sink) {
@@ -183,6 +191,8 @@ class Loss final : public Detector {
         pending_.reset();
         best_.reset();
         rising_steps_ = 0;
+        climbing_steps_ = 0;
+        past_levels_.clear();
       }
       Report(ctx, sink, std::nan(""));
       return;
@@ -205,22 +215,39 @@ class Loss final : public Detector {
     if (ctx.post_warmup) {
       if (!best_.has_value() || level < best_->level) {
         // The rise's line in loss terms, once a best (no log a step).
-        best_ = Best{level, level * std::max(c.ratio, std::exp(c.sigmas * recent->log_sd)),
-                     r.step(), r.step()};
+        const double noise = std::exp(c.sigmas * recent->log_sd);
+        best_ = Best{level, level * std::max(c.ratio, noise),
+                     level * std::max(c.early_ratio, noise), r.step(), r.step()};
       }
       if (level <= kNearBest * best_->level) best_->near_step = r.step();
       const bool rising = level >= best_->rise_line;
       rising_steps_ = rising ? rising_steps_ + 1 : 0;
-      if (rising_steps_ >= c.sustain_steps && !diverged_.has_value()) {
-        if (pending_.has_value()) {
+      // The level level_steps steps ago (post-warmup levels only).
+      past_levels_.push_back(level);
+      const double before = past_levels_.front();
+      if (past_levels_.size() > c.level_steps) past_levels_.pop_front();
+      const bool climbing = past_levels_.size() > c.level_steps - 1 &&
+                            level >= best_->early_line && level >= c.early_rise * before;
+      climbing_steps_ = climbing ? climbing_steps_ + 1 : 0;
+      // A spike under way has its own verdict, check_after_steps after its
+      // onset (a spike of 10-20 steps lifts the level as a climb would),
+      // unless the level was climbing well before it: the spike rule saw
+      // the climb itself, late.
+      const bool climbed =
+          climbing_steps_ >= c.early_sustain_steps &&
+          (!pending_.has_value() || RiseOnset(c) + c.level_steps < pending_->onset);
+      const bool doubled = rising_steps_ >= c.sustain_steps;
+      if ((doubled || climbed) && !diverged_.has_value()) {
+        if (pending_.has_value() && doubled) {
           // A spike under way that the level confirms: it did not come back.
           diverged_ = Diverged{pending_->level_before, SpikeOnset(c), true};
           spike_ids_ = pending_->batch_ids;
-          pending_.reset();
         } else {
-          diverged_ = Diverged{best_->level, RiseOnset(c), false};
+          // A rise (a spike under way, if any, is the climb seen late).
+          diverged_ = Diverged{best_->level, RiseOnset(c), false, !doubled};
           spike_ids_.clear();
         }
+        pending_.reset();
       }
     }
     Report(ctx, sink, level);
@@ -262,6 +289,15 @@ class Loss final : public Detector {
                     "%.2fx the level %.4g before the spike",
                     d.onset, r.step() - d.onset, c.level_steps, level, ratio,
                     d.reference)
+              : d.climbing
+              ? absl::StrFormat(
+                    "the loss's level (median of the last %d losses) is %.4g at "
+                    "step %d, %.2fx the run's best post-warmup level %.4g, and "
+                    "still climbing: >= %gx the best and >= %gx its level %d "
+                    "steps before on %d steps in a row; it left the best level "
+                    "after step %d",
+                    c.level_steps, level, r.step(), ratio, d.reference, c.early_ratio,
+                    c.early_rise, c.level_steps, c.early_sustain_steps, d.onset)
               : absl::StrFormat(
                     "the loss's level (median of the last %d losses) is %.4g at "
                     "step %d, %.2fx the run's best post-warmup level %.4g, and "
@@ -297,6 +333,8 @@ class Loss final : public Detector {
   std::optional<Pending> pending_;
   std::optional<Best> best_;
   uint32_t rising_steps_ = 0;
+  uint32_t climbing_steps_ = 0;
+  std::deque<double> past_levels_;  // the last level_steps post-warmup levels
   std::optional<Diverged> diverged_;
   std::vector<int64_t> spike_ids_;  // of the spike that became the divergence
 };
