@@ -321,6 +321,43 @@ def families_table(runs, by_run, seconds):
     return "\n".join(out)
 
 
+# A divergence is confirmed by the loss not coming back: LossDivergence looks
+# check_after_steps (50) after a spike's onset. A run that ends sooner after
+# the onset cannot show it; such a label is listed, not scored.
+CONFIRM_STEPS = 50
+
+
+def divergences_table(runs, by_run):
+    """Every divergence label, the first critical alert after onset - 10, and
+    whether it lies in the bar's window [onset - 10, onset + 100]."""
+    out = ["| run | label | onset | 2x level at | run ends | first critical alert | "
+           "delay | in [onset - 10, onset + 100] |", "|---|---|---|---|---|---|---|---|"]
+    strict = judged = 0
+    for name, seed, lab in runs:
+        for e in lab["events"]:
+            if e["kind"] not in ("divergence", "slow_divergence"):
+                continue
+            onset = e.get("nonfinite_step", e["onset"]) if e["kind"] == "divergence" \
+                and "nonfinite_step" in e and e["nonfinite_step"] - e["onset"] < 10 else e["onset"]
+            crit = sorted((a for a in by_run.get(run_id(name, seed), [])
+                           if a["severity"] == "critical" and a["started_step"] >= onset - 10),
+                          key=lambda a: a["started_step"])
+            first = crit[0] if crit else None
+            cut = lab["steps"] - 1 - e["onset"] < CONFIRM_STEPS
+            ok = first is not None and first["started_step"] <= e["onset"] + 100
+            if not cut:
+                judged += 1
+                strict += ok
+            out.append(
+                f"| {run_id(name, seed)} | {e['kind']}"
+                f"{' (NaN at ' + str(e['nonfinite_step']) + ')' if 'nonfinite_step' in e else ''} | "
+                f"{e['onset']} | {e.get('crossed', '-')} | {lab['steps'] - 1} | "
+                f"{first['alertname'] + '@' + str(first['started_step']) if first else 'none'} | "
+                f"{first['started_step'] - e['onset'] if first else '-'} | "
+                f"{'cut off: the run ends ' + str(lab['steps'] - 1 - e['onset']) + ' steps after the onset' if cut else ('yes' if ok else 'no')} |")
+    return "\n".join(out), strict, judged
+
+
 def lofo(build, jobs, runs, runs_dir, base_yaml):
     """Leave-one-family-out for (loss_spike.log_sigmas, loss_spike.min_ratio)."""
     grid = list(itertools.product(GRID_LOG_SIGMAS, GRID_MIN_RATIO))
@@ -434,6 +471,11 @@ def main(argv=None):
                     hp.setdefault(a["alertname"], []).append(f"{name}/s{seed}@{a['started_step']}")
     print("\nEvery page on a healthy run (any alertname): " + ("; ".join(
         f"{k} x{len(v)} ({', '.join(v)})" for k, v in sorted(hp.items())) or "none") + ".")
+    div_table, strict, judged = divergences_table(held, by_run)
+    print(f"\n## Divergences of the held-out families: a critical alert within "
+          f"[onset - 10, onset + 100] on {strict} of {judged} (those the run's end does "
+          f"not cut off)\n")
+    print(div_table)
     print("\n## Families\n")
     print(families_table(runs, by_run, seconds))
     result = {"held_out_rows": score(held, by_run), "fit_rows": score(fitr, by_run),
