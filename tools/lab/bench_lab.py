@@ -233,6 +233,14 @@ def _is_page(alert):
                    for sk, sv, tk, tv in INHIBITS)
 
 
+def alerts_by_run(alerts):
+    """{run: [alert]} of `trainwatchctl alerts --json`'s list."""
+    out = {}
+    for a in alerts:
+        out.setdefault(a["run"], []).append(a)
+    return out
+
+
 def score(runs, alerts_by_run):
     """runs: [(config, seed, label dict)]. Returns (rows, totals)."""
     names = sorted({a["alertname"] for al in alerts_by_run.values() for a in al}
@@ -358,9 +366,7 @@ def main(argv=None):
             alerts = server.alerts()
         finally:
             server.stop()
-    by_run = {}
-    for a in alerts:
-        by_run.setdefault(a["run"], []).append(a)
+    by_run = alerts_by_run(alerts)
     runs = [(c, s, labeller.label_file(paths(runs_dir, c, s)[0])) for c, s in jobs_list]
     rows, totals = score(runs, by_run)
     held = [r for r in runs if r[1] in held_out]

@@ -56,7 +56,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import labeller  # noqa: E402
 import lab_lm  # noqa: E402
-from bench_lab import Server, _is_page  # noqa: E402
+from bench_lab import Server, _is_page, alerts_by_run  # noqa: E402
 # The label an alert's recall is measured on first, then the kinds it may
 # also name (a consequence at the same steps).
 MATCH = {
@@ -180,10 +180,7 @@ def replay(build, jobs, runs_dir, config_text=None):
             alerts = server.alerts()
         finally:
             server.stop()
-    by_run = {}
-    for a in alerts:
-        by_run.setdefault(a["run"], []).append(a)
-    return by_run
+    return alerts_by_run(alerts)
 
 
 # -- scoring --------------------------------------------------------------------

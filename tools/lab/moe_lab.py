@@ -44,7 +44,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 import moe_labeller  # noqa: E402
-from bench_lab import Server, _is_page  # noqa: E402
+from bench_lab import Server, _is_page, alerts_by_run  # noqa: E402
 
 EXAMPLE = REPO / "client" / "examples" / "train_tiny_moe.py"
 STEPS = 600
@@ -184,10 +184,7 @@ def replay(build, jobs, runs_dir, workdir):
         alerts = server.alerts()
     finally:
         server.stop()
-    by_run = {}
-    for a in alerts:
-        by_run.setdefault(a["run"], []).append(a)
-    return by_run
+    return alerts_by_run(alerts)
 
 
 # -- scoring --------------------------------------------------------------------
