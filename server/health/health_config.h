@@ -194,13 +194,15 @@ struct HealthConfig {
     uint32_t check_after_steps = 50;
     double spike_ratio = 1.5;
     // A slow rise: the level >= ratio x the run's best post-warmup level,
-    // and >= sigmas robust sd of the log losses (at the best) above it, on
-    // sustain_steps steps in a row.
+    // and >= sigmas standard errors of the level (the robust sd of the log
+    // losses at the best / sqrt(level_steps)) above it, on sustain_steps
+    // steps in a row.
     double ratio = 2.0;
     double sigmas = 4.0;
     uint32_t sustain_steps = 20;
     // A rise still under way, named before it doubles: the level >=
-    // early_ratio x the best (and the sigmas above it) and >= early_rise x
+    // early_ratio x the best (and sigmas robust sd of the log losses, a
+    // step's noise, above it) and >= early_rise x
     // the level level_steps steps before, on early_sustain_steps in a row.
     double early_ratio = 1.5;
     double early_rise = 1.05;

@@ -86,8 +86,9 @@ class Loss final : public Detector {
   // The run's best post-warmup level so far.
   struct Best {
     double level = 0.0;
-    // The level to reach: >= ratio x best and sigmas robust sd of the log
-    // losses (when the best was set) above it.
+    // The level to reach: >= ratio x best and sigmas standard errors of the
+    // level (the robust sd of the log losses when the best was set, over
+    // sqrt(level_steps)) above it.
     double rise_line = 0.0;
     double early_line = 0.0;  // the same with early_ratio: a rise under way
     uint64_t step = 0;
@@ -215,12 +216,26 @@ class Loss final : public Detector {
     if (ctx.post_warmup) {
       if (!best_.has_value() || level < best_->level) {
         // The rise's line in loss terms, once a best (no log a step).
-        const double noise = std::exp(c.sigmas * recent->log_sd);
-        best_ = Best{level, level * std::max(c.ratio, noise),
-                     level * std::max(c.early_ratio, noise), r.step(), r.step()};
+        // The level is a median of level_steps losses: its own noise is the
+        // losses' over sqrt(level_steps) (x1.25, a median's efficiency). A
+        // step's noise (hard batches: 0.3-0.6 in log on a small noisy run)
+        // put the 2x line far past 2x, and a falling loss's trend in the
+        // window inflated it further.
+        // A rise still under way is named on less evidence: its line keeps
+        // a step's noise (a heavy-tailed DPO loss's level wanders 1.6x).
+        const double level_noise =
+            std::exp(c.sigmas * recent->log_sd * kMedianSe /
+                     std::sqrt(static_cast<double>(c.level_steps)));
+        const double step_noise = std::exp(c.sigmas * recent->log_sd);
+        best_ = Best{level, level * std::max(c.ratio, level_noise),
+                     level * std::max(c.early_ratio, step_noise), r.step(), r.step()};
       }
       if (level <= kNearBest * best_->level) best_->near_step = r.step();
-      const bool rising = level >= best_->rise_line;
+      // Once over the line, a dip of the level (a noisy run's hard batches
+      // move a median of 20 too) does not restart the count unless it falls
+      // clearly back, under kSustainFloor of the line.
+      const bool rising = level >= best_->rise_line ||
+                          (rising_steps_ > 0 && level >= kSustainFloor * best_->rise_line);
       rising_steps_ = rising ? rising_steps_ + 1 : 0;
       // The level level_steps steps ago (post-warmup levels only).
       past_levels_.push_back(level);
@@ -321,6 +336,11 @@ class Loss final : public Detector {
 
   // The level counts as back at its best within this factor.
   static constexpr double kNearBest = 1.2;
+  // A slow rise's count survives a dip of its level down to this share of
+  // the line.
+  static constexpr double kSustainFloor = 0.8;
+  // A median's standard error over the mean's, for normal noise.
+  static constexpr double kMedianSe = 1.2533;
 
   LossSpikeRule rule_;
   std::vector<int64_t> high_batch_ids_;  // of the current episode's high steps
