@@ -325,8 +325,9 @@ CONFIRM_STEPS = 50
 
 
 def divergences_table(runs, by_run):
-    """Every divergence label, the first critical alert after onset - 10, and
-    whether it lies in the bar's window [onset - 10, onset + 100]."""
+    """Every divergence label, the first critical alert firing in the bar's
+    window [onset - 10, onset + 100] (fired in it, or still firing when it
+    opens), and whether there is one."""
     out = ["| run | label | onset | 2x level at | run ends | first critical alert | "
            "delay | in [onset - 10, onset + 100] |", "|---|---|---|---|---|---|---|---|"]
     strict = judged = 0
@@ -336,8 +337,12 @@ def divergences_table(runs, by_run):
                 continue
             onset = e.get("nonfinite_step", e["onset"]) if e["kind"] == "divergence" \
                 and "nonfinite_step" in e and e["nonfinite_step"] - e["onset"] < 10 else e["onset"]
+            # A critical alert that fired in the window, or one already
+            # firing when it opens (the run was paged and still is).
             crit = sorted((a for a in by_run.get(run_id(name, seed), [])
-                           if a["severity"] == "critical" and a["started_step"] >= onset - 10),
+                           if a["severity"] == "critical" and
+                           (a["started_step"] >= onset - 10 or
+                            a.get("resolved_step") is None or a["resolved_step"] >= onset - 10)),
                           key=lambda a: a["started_step"])
             first = crit[0] if crit else None
             cut = lab["steps"] - 1 - e["onset"] < CONFIRM_STEPS
@@ -349,7 +354,8 @@ def divergences_table(runs, by_run):
                 f"| {run_id(name, seed)} | {e['kind']}"
                 f"{' (NaN at ' + str(e['nonfinite_step']) + ')' if 'nonfinite_step' in e else ''} | "
                 f"{e['onset']} | {e.get('crossed', '-')} | {lab['steps'] - 1} | "
-                f"{first['alertname'] + '@' + str(first['started_step']) if first else 'none'} | "
+                f"{first['alertname'] + '@' + str(first['started_step']) if first else 'none'}"
+                f"{' (still firing at the onset)' if first and first['started_step'] < onset - 10 else ''} | "
                 f"{first['started_step'] - e['onset'] if first else '-'} | "
                 f"{'cut off: the run ends ' + str(lab['steps'] - 1 - e['onset']) + ' steps after the onset' if cut else ('yes' if ok else 'no')} |")
     return "\n".join(out), strict, judged
