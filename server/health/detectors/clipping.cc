@@ -61,14 +61,18 @@ class ClipFractionHigh final : public Detector {
     if (!first_step_.has_value()) first_step_ = r.step();
     // In steps, not records: a sparsely logged run settles as fast.
     const bool settled = r.step() >= *first_step_ + cfg.settle_steps - 1;
-    if (early_.size() < cfg.baseline_steps) early_.push_back({r.step(), flag});
+    if (early_.size() < cfg.baseline_steps) {
+      early_.push_back({r.step(), flag});
+      ++baseline_.steps;
+      baseline_.clipped += flag ? 1 : 0;
+    }
     const double now = recent_.fraction();
-    const Share baseline = EarlyShare(~uint64_t{0});
     // Clipping now: the last recent_steps clip above the threshold too.
     const bool current = now > cfg.threshold;
     bool rise = current && judged_ > cfg.baseline_steps &&
-                now > cfg.rise_ratio * baseline.fraction();
-    if (s.holds && s.by_change) {
+                now > cfg.rise_ratio * baseline_.fraction();
+    // Once named, the alert holds by the rate's hysteresis: no rise to find.
+    if (!firing_ && s.holds && s.by_change) {
       // A jump: against the run's own share before its change point (none
       // before it: clipping since the start, not a rise).
       const Share before = EarlyShare(s.onset_step);
@@ -104,7 +108,7 @@ class ClipFractionHigh final : public Detector {
           absl::StrAppendFormat(
               &description,
               "; %.1f%% of the last %d, %.1f%% of the first %d post-warmup steps",
-              100 * now, recent_.size(), 100 * baseline.fraction(), baseline.steps);
+              100 * now, recent_.size(), 100 * baseline_.fraction(), baseline_.steps);
           const double shown = s.by_change ? s.rate_since : fraction;
           return AlertText{
               s.by_change ? absl::StrFormat("Clipping on %.1f%% of steps since "
@@ -153,8 +157,10 @@ class ClipFractionHigh final : public Detector {
   FlagWindow recent_;          // the last recent_steps post-warmup flags
   uint64_t judged_ = 0;        // post-warmup records seen
   std::optional<uint64_t> first_step_;  // the first post-warmup step
-  // The first baseline_steps post-warmup steps and their flags.
+  // The first baseline_steps post-warmup steps and their flags (for the
+  // share before a change point), and their share.
   std::vector<std::pair<uint64_t, bool>> early_;
+  Share baseline_;
   bool firing_ = false;
 };
 
