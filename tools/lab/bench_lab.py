@@ -293,6 +293,19 @@ def _f(x, fmt="{:.2f}"):
     return "-" if x is None else fmt.format(x)
 
 
+def alert_table(rows):
+    """The per-alert table of holdout.py and moe_lab.py (score()'s rows)."""
+    out = ["| alertname | severity | judged on | fired | precision | events | recall | "
+           "median delay (steps) | false pages | pages on healthy runs |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['alertname']} | {r['severity']} | {r['judged_on']} | {r['fired']} | "
+                   f"{_f(r['precision'])} | {r['events']} | {_f(r['recall'])} | "
+                   f"{_f(r['median_delay'], '{:g}')} | {r['false_pages']} | "
+                   f"{r['healthy_pages']} (of {r['healthy_runs']} runs) |")
+    return "\n".join(out)
+
+
 def table(rows, totals):
     out = ["| alertname | severity | judged on | fired | precision | events | recall | "
            "median delay (steps) | false pages | per 10k healthy steps | pages on healthy runs |",

@@ -56,7 +56,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import labeller  # noqa: E402
 import lab_lm  # noqa: E402
-from bench_lab import Server, _is_page, alerts_by_run  # noqa: E402
+from bench_lab import Server, _f, _is_page, alert_table, alerts_by_run  # noqa: E402
 # The label an alert's recall is measured on first, then the kinds it may
 # also name (a consequence at the same steps).
 MATCH = {
@@ -274,22 +274,6 @@ def score(runs, alerts_by_run, names=SCORED):
     return rows
 
 
-def _f(x, fmt="{:.2f}"):
-    return "-" if x is None else fmt.format(x)
-
-
-def table(rows):
-    out = ["| alertname | severity | judged on | fired | precision | events | recall | "
-           "median delay (steps) | false pages | pages on healthy runs |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r['alertname']} | {r['severity']} | {r['judged_on']} | {r['fired']} | "
-                   f"{_f(r['precision'])} | {r['events']} | {_f(r['recall'])} | "
-                   f"{_f(r['median_delay'], '{:g}')} | {r['false_pages']} | "
-                   f"{r['healthy_pages']} (of {r['healthy_runs']} runs) |")
-    return "\n".join(out)
-
-
 def families_table(runs, by_run, seconds):
     out = ["| family | runs | labels (per seed: spikes and hard batches counted, others' "
            "onsets) | pages (alertname@started_step, all seeds) | s per run |",
@@ -462,10 +446,10 @@ def main(argv=None):
           f"{','.join(map(str, seeds))}; server config {pathlib.Path(args.server_config).name if args.server_config else 'built-in'}; "
           f"replayed in {time.monotonic() - t0:.0f} s)\n")
     print(f"## Held-out families ({len(held)} runs)\n")
-    print(table(score(held, by_run)))
+    print(alert_table(score(held, by_run)))
     if fitr:
         print(f"\n## Fit configurations ({len(fitr)} runs, {args.fit_steps} steps)\n")
-        print(table(score(fitr, by_run)))
+        print(alert_table(score(fitr, by_run)))
     hp = {}
     for name, seed, _ in held + fitr:
         if purpose(name) == "healthy":

@@ -44,7 +44,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 import moe_labeller  # noqa: E402
-from bench_lab import Server, _is_page, alerts_by_run  # noqa: E402
+from bench_lab import Server, _f, _is_page, alert_table, alerts_by_run  # noqa: E402
 
 EXAMPLE = REPO / "client" / "examples" / "train_tiny_moe.py"
 STEPS = 600
@@ -237,28 +237,6 @@ def score(runs, by_run, names=tuple(MATCH)):
     return rows
 
 
-def _f(x, fmt="{:.2f}"):
-    return "-" if x is None else fmt.format(x)
-
-
-def table(rows, healthy_column=True):
-    head = ("| alertname | severity | judged on | fired | precision | events | recall | "
-            "median delay (steps) | false pages |")
-    sep = "|---|---|---|---|---|---|---|---|---|"
-    if healthy_column:
-        head += " pages on healthy runs |"
-        sep += "---|"
-    out = [head, sep]
-    for r in rows:
-        line = (f"| {r['alertname']} | {r['severity']} | {r['judged_on']} | {r['fired']} | "
-                f"{_f(r['precision'])} | {r['events']} | {_f(r['recall'])} | "
-                f"{_f(r['median_delay'], '{:g}')} | {r['false_pages']} |")
-        if healthy_column:
-            line += f" {r['healthy_pages']} (of {r['healthy_runs']} runs) |"
-        out.append(line)
-    return "\n".join(out)
-
-
 def group_table(runs, by_run):
     """Per family group: each alert that fired there or had labels to name."""
     out = ["| family group | runs | alertname | fired | precision | events | recall | "
@@ -373,7 +351,7 @@ def main(argv=None):
           f"families x seeds {','.join(map(str, seeds))}, {STEPS} steps; replayed in "
           f"{time.monotonic() - t0:.0f} s)\n")
     rows = score(runs, by_run)
-    print(table(rows))
+    print(alert_table(rows))
     hp = {}
     for name, seed, _ in runs:
         if purpose(name) == "healthy":
