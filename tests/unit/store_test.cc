@@ -23,6 +23,14 @@ using testing::Start;
 using testing::StepRecords;
 using testing::Steps;
 
+// Submits an op and waits for its result.
+WriteResult SubmitAndWait(Store& store, WriteOp op) {
+  std::promise<WriteResult> p;
+  op.done = [&p](WriteResult r) { p.set_value(std::move(r)); };
+  store.Submit(std::move(op));
+  return p.get_future().get();
+}
+
 class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -31,13 +39,7 @@ class StoreTest : public ::testing::Test {
     store_ = std::move(*s);
   }
 
-  // Submits an op and waits for its result.
-  WriteResult Write(WriteOp op) {
-    std::promise<WriteResult> p;
-    op.done = [&p](WriteResult r) { p.set_value(std::move(r)); };
-    store_->Submit(std::move(op));
-    return p.get_future().get();
-  }
+  WriteResult Write(WriteOp op) { return SubmitAndWait(*store_, std::move(op)); }
   WriteResult StartStream(const v1::RunStart& s) {
     return Write({.key = {s.run_id(), s.rank(), s.attempt()},
                   .body = WriteOp::Start{s},
@@ -538,12 +540,7 @@ TEST(StoreFileTest, SmallChunksAreMergedWhenTheWriterIsIdle) {
   const std::string path = FreshDb("store_compact.db");
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
   ASSERT_TRUE(store.ok()) << store.status();
-  auto write = [&](WriteOp op) {
-    std::promise<WriteResult> p;
-    op.done = [&p](WriteResult r) { p.set_value(std::move(r)); };
-    (*store)->Submit(std::move(op));
-    return p.get_future().get();
-  };
+  auto write = [&](WriteOp op) { return SubmitAndWait(**store, std::move(op)); };
   ASSERT_TRUE(write({.key = {"r1", 0, 0}, .body = WriteOp::Start{Start("r1")}})
                   .status.ok());
   uint64_t step = 0;
@@ -597,12 +594,7 @@ TEST(StoreFileTest, MoeCountsReadBackExactlyAfterMerges) {
   const std::string path = FreshDb("store_moe.db");
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
   ASSERT_TRUE(store.ok()) << store.status();
-  auto write = [&](WriteOp op) {
-    std::promise<WriteResult> p;
-    op.done = [&p](WriteResult r) { p.set_value(std::move(r)); };
-    (*store)->Submit(std::move(op));
-    return p.get_future().get();
-  };
+  auto write = [&](WriteOp op) { return SubmitAndWait(**store, std::move(op)); };
   ASSERT_TRUE(write({.key = {"r1", 0, 0}, .body = WriteOp::Start{Start("r1")}})
                   .status.ok());
   StepRecords want = OddRecords(0, 2100);
