@@ -201,10 +201,11 @@ absl::Status ValidateMoe(const v1::StepRecord& r, const ValidationLimits& limits
   }
   for (int i = 0; i < moe.layers_size(); ++i) {
     const v1::MoeLayerStats& l = moe.layers(i);
-    const std::string where = absl::StrCat("step ", r.step(), ": moe.layers[", i, "]");
+    // Built only for a refusal: a valid report (48 layers a record) pays nothing.
+    const auto where = [&] { return absl::StrCat("step ", r.step(), ": moe.layers[", i, "]"); };
     if (l.layer().size() > limits.max_layer_name_chars) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ".layer has ", l.layer().size(), " characters; at most ",
+          where(), ".layer has ", l.layer().size(), " characters; at most ",
           limits.max_layer_name_chars));
     }
     for (const auto& [field, size] :
@@ -213,25 +214,25 @@ absl::Status ValidateMoe(const v1::StepRecord& r, const ValidationLimits& limits
       const size_t n = static_cast<size_t>(size);
       if (n > limits.max_experts) {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, ".", field, " has ", n, " entries; at most ", limits.max_experts));
+            where(), ".", field, " has ", n, " entries; at most ", limits.max_experts));
       }
       if (n > 0 && config.num_experts() > 0 && n != config.num_experts()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, ".", field, " has ", n, " entries; the run's RunStart.moe.num_experts is ",
+            where(), ".", field, " has ", n, " entries; the run's RunStart.moe.num_experts is ",
             config.num_experts()));
       }
     }
     for (uint64_t count : l.tokens_per_expert()) {
       if (count > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, ".tokens_per_expert has ", count,
+            where(), ".tokens_per_expert has ", count,
             ", not below 2^63 (a count of -1?)"));
       }
     }
     if (l.has_dropped() &&
         l.dropped() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ".dropped is ", l.dropped(), ", not below 2^63 (a count of -1?)"));
+          where(), ".dropped is ", l.dropped(), ", not below 2^63 (a count of -1?)"));
     }
     // Losses are >= 0 by definition; NaN and Inf are data.
     for (const auto& [field, has, v] :
@@ -239,7 +240,7 @@ absl::Status ValidateMoe(const v1::StepRecord& r, const ValidationLimits& limits
           std::tuple<const char*, bool, double>{"z_loss", l.has_z_loss(), l.z_loss()}}) {
       if (has && v < 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where, ".", field, " is ", v, "; a loss is >= 0"));
+            absl::StrCat(where(), ".", field, " is ", v, "; a loss is >= 0"));
       }
     }
   }
