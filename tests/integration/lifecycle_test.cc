@@ -170,7 +170,9 @@ uint64_t FileBytes(const std::string& path) {
 }
 
 // A deleted run's pages are reused: a run of the same size ingested after
-// it leaves the file about where it was, not twice that.
+// it leaves the file about where it was, not twice that. (How many pages a
+// run takes varies by +-15% from one ingest to the next: its chunks are
+// cut by time as well as size.)
 TEST(Lifecycle, ADeletedRunsSpaceIsReused) {
   TempDir dir;
   const std::string db = dir.File("tw.db");
@@ -200,7 +202,7 @@ TEST(Lifecycle, ADeletedRunsSpaceIsReused) {
               static_cast<unsigned long long>(after_delete),
               static_cast<unsigned long long>(with_b));
   EXPECT_LE(after_delete, with_a);
-  EXPECT_LT(with_b, with_a + with_a / 5);
+  EXPECT_LT(with_b, with_a + with_a / 2);
 }
 
 }  // namespace

@@ -207,7 +207,8 @@ TEST(ShardTest, PromptTasksRunBeforeQueuedNormalOnesEachLaneInOrder) {
 
 TEST(ShardTest, AChainOfPromptTasksDoesNotStarveNormalOnes) {
   Shard shard;
-  std::promise<void> chain_done;
+  std::promise<void> release, chain_done;
+  std::shared_future<void> released = release.get_future().share();
   int chain = 0, chain_at_normal = -1;  // touched by the shard's thread only
   std::function<void()> link = [&] {
     if (++chain < 100) {
@@ -216,8 +217,12 @@ TEST(ShardTest, AChainOfPromptTasksDoesNotStarveNormalOnes) {
       chain_done.set_value();
     }
   };
+  // Both are queued before the shard's thread starts on either (else it
+  // can run the whole chain before the normal task is posted).
+  shard.Post([released] { released.wait(); });
   shard.Post(link, Shard::Lane::kPrompt);
   shard.Post([&] { chain_at_normal = chain; });
+  release.set_value();
   chain_done.get_future().wait();
   shard.Stop();
   EXPECT_EQ(chain, 100);
