@@ -12,6 +12,11 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kMadToSd = 1.4826;  // a normal's sd / its MAD
 // A normal's sd / its 90th percentile absolute deviation (z at 0.95).
 constexpr double kQ90ToSd = 1.0 / 1.6449;
+// A step this far towards the line (a fraction of it) is judged on fresh
+// statistics; a spike's aftermath is calm under this fraction of it (in
+// log space 1.5x -> 1.31x, 3 sd -> 2 sd: the lab labeller's 1.2x / 2 sd).
+constexpr double kFreshFraction = 0.5;
+constexpr double kCalmFraction = 2.0 / 3.0;
 
 // The j-th smallest (from 0) of the absolute deviations of n sorted values
 // v(0) <= ... <= v(n - 1) from their upper median m = v(n / 2), for j >=
@@ -49,10 +54,13 @@ std::optional<LossSpikeRule::Result> LossSpikeRule::Add(uint64_t step,
     Push(x);
     return std::nullopt;
   }
+  // A step near the line is judged on the statistics of the history as it
+  // is now, not as it was at the last refresh: a loss that falls 10x in its
+  // window moves its median and spread within the refresh's few steps.
+  if (since_refresh_ > 0 && Above(x, kFreshFraction)) Refresh();
   const Recent& r = *recent_;
   Result out;
-  out.high = loss - r.median >= line_ &&
-             (!r.log_space || x.log_loss - r.log_median >= log_line_);
+  out.high = Above(x, 1.0);
   if (in_episode_ && !out.high) {
     // A spike ends with two steps in a row under the line; a hard batch
     // when its window passed without stay_steps high steps.
@@ -67,7 +75,10 @@ std::optional<LossSpikeRule::Result> LossSpikeRule::Add(uint64_t step,
     if (r.log_space) out.ratio = loss / r.median;
     out.sd = r.sd;
     out.resolution = r.resolution;
-    if (!in_episode_) {
+    if (!in_episode_ && calming_) {
+      // Up again before the loss calmed: the same spike, not a new one.
+      in_episode_ = true;
+    } else if (!in_episode_) {
       in_episode_ = true;
       episode_onset_ = step;
       episode_highs_ = 0;
@@ -77,15 +88,44 @@ std::optional<LossSpikeRule::Result> LossSpikeRule::Add(uint64_t step,
     last_high_ = step;
     out.fired_now = !episode_fired_ && episode_highs_ >= options_.stay_steps &&
                     step < episode_onset_ + options_.stay_window;
-    if (out.fired_now) episode_fired_ = true;
+    if (out.fired_now) {
+      // A spike and its aftermath stay out of the history until the loss
+      // has calmed: its recovery tail (1.5-3x for 10-50 steps) would widen
+      // the spread the next spike is judged against.
+      episode_fired_ = true;
+      calming_ = true;
+      calm_onset_ = episode_onset_;
+    }
+    calm_.clear();
     // Up for longer than the history holds: that is the new level.
     if (step - episode_onset_ >= options_.recent_steps) Push(x);
+  } else if (calming_) {
+    // Calm steps enter once calm_steps of them come in a row; a tail longer
+    // than the history is a new level and enters as it comes.
+    if (step - calm_onset_ >= options_.recent_steps) {
+      calming_ = false;
+      Push(x);
+    } else if (Above(x, kCalmFraction)) {
+      calm_.clear();
+    } else {
+      calm_.push_back(x);
+      if (calm_.size() >= options_.calm_steps) {
+        calming_ = false;
+        for (const Sample& c : calm_) Push(c);
+      }
+    }
   } else {
     Push(x);
   }
   out.in_episode = in_episode_;
   out.onset_step = episode_onset_;
   return out;
+}
+
+bool LossSpikeRule::Above(const Sample& x, double fraction) const {
+  const Recent& r = *recent_;
+  return x.loss - r.median >= fraction * line_ &&
+         (!r.log_space || x.log_loss - r.log_median >= fraction * log_line_);
 }
 
 void LossSpikeRule::Push(const Sample& sample) {
@@ -193,6 +233,8 @@ void LossSpikeRule::Reset() {
   since_refresh_ = 0;
   recent_.reset();
   in_episode_ = false;
+  calming_ = false;
+  calm_.clear();
 }
 
 }  // namespace trainwatch

@@ -25,10 +25,16 @@
 // the loss keeps coming back above the line, and ends with two steps in a
 // row under it. High steps do not enter the history (a spike cannot raise its own
 // reference), unless the loss stays up for longer than the history is long:
-// then it is the new level. The statistics are refreshed every
-// `refresh_steps` from a sorted copy of the history, brought up to date at
-// each refresh by merges; the median is read and each deviation quantile
-// found by a short binary search.
+// then it is the new level. Nor, once a spike is named, does its aftermath
+// until the loss is calm: calm_steps steps in a row under kCalmFraction of
+// the line, which then enter together (a recovery tail at 1.5-3x for 10-50
+// steps would widen the spread the next spike is judged against); a loss
+// up again before that is the same spike, not a new one. The statistics
+// are refreshed every `refresh_steps` from a sorted copy of the history,
+// brought up to date at each refresh by merges, and before judging a step
+// at least kFreshFraction of the way to the line (a loss falling 8x over
+// its history moves them within a few steps); the median is read and each
+// deviation quantile found by a short binary search.
 //
 // Pure and not thread-safe: one instance per run.
 #ifndef TRAINWATCH_SERVER_HEALTH_SIGNALS_LOSS_SPIKE_H_
@@ -57,6 +63,7 @@ class LossSpikeRule {
     uint32_t stay_window = 5;     // ... among this many from the first
     uint32_t refresh_steps = 8;   // the statistics are recomputed this often
     double min_sd = 0.005;        // floor on the robust sd of the log losses
+    uint32_t calm_steps = 5;      // a spike's aftermath ends after this many calm steps
   };
 
   // The recent losses at the last refresh.
@@ -98,6 +105,8 @@ class LossSpikeRule {
     double log_loss;  // -inf for a loss <= 0
   };
 
+  // x is at least `fraction` of the way from the level to the spike line.
+  bool Above(const Sample& x, double fraction) const;
   void Push(const Sample& sample);
   // Brings sorted_ up to date; returns the smallest positive gap between
   // two of its losses (0: all equal).
@@ -122,6 +131,12 @@ class LossSpikeRule {
   uint32_t episode_highs_ = 0;
   uint64_t last_high_ = 0;
   bool episode_fired_ = false;
+  // From a spike's naming: it and its aftermath are kept out of the
+  // history until calm_steps steps in a row (held in calm_) are under
+  // kCalmFraction of the line, or the history's length after its onset.
+  bool calming_ = false;
+  uint64_t calm_onset_ = 0;
+  std::vector<Sample> calm_;
 };
 
 }  // namespace trainwatch

@@ -342,6 +342,89 @@ TEST(LossSpikeRule, StatisticsAreExactlyThoseOfTheHistory) {
   ExpectExactStatistics(10, 25);  // values enter and leave in between
 }
 
+// The median and log statistics of a history of positive losses, as the
+// rule defines them.
+struct LogStatistics {
+  double median, log_median, log_sd;
+};
+LogStatistics ExactLogStatistics(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size() / 2;
+  std::vector<double> dev;
+  for (double x : v) dev.push_back(std::abs(std::log(x) - std::log(v[k])));
+  std::sort(dev.begin(), dev.end());
+  return {v[k], std::log(v[k]), 1.4826 * dev[k]};
+}
+
+void ExpectStatistics(const LossSpikeRule& rule, const std::vector<double>& history) {
+  ASSERT_TRUE(rule.recent().has_value());
+  const LogStatistics e = ExactLogStatistics(history);
+  EXPECT_EQ(rule.recent()->median, e.median);
+  EXPECT_EQ(rule.recent()->log_median, e.log_median);
+  EXPECT_EQ(rule.recent()->log_sd, e.log_sd);
+}
+
+// A loss that falls 10x over its 100-step history moves the median and the
+// spread within the 8 steps between refreshes: a step near the line (here
+// 1.3x the level, half-way to the 1.5x line) is judged on the statistics of
+// the history as it is, not as it was at the last refresh.
+TEST(LossSpikeRule, AStepNearTheLineIsJudgedOnTheHistoryAsItIsNow) {
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  std::mt19937 rng(5);
+  std::normal_distribution<double> noise(0.0, 0.02);
+  std::vector<double> history;  // the last 100 losses
+  const auto falling = [&](uint64_t s) {
+    return 5.0 * std::exp(-static_cast<double>(s) / 43.0) * std::exp(noise(rng));
+  };
+  for (uint64_t s = 1; s <= 203; ++s) {  // 203: 3 steps after a refresh
+    const double loss = falling(s);
+    rule.Add(s, loss);
+    history.push_back(loss);
+    if (history.size() > 100) history.erase(history.begin());
+  }
+  const LossSpikeRule::Recent stale = *rule.recent();
+  ASSERT_GT(stale.median, ExactLogStatistics(history).median);  // stale: higher
+  // 3/4 of the way to the line as it was.
+  const double line = std::max(std::log(1.5), 4.0 * stale.log_sd);
+  ASSERT_TRUE(rule.Add(204, stale.median * std::exp(0.75 * line)).has_value());
+  ExpectStatistics(rule, history);
+}
+
+// A spike's aftermath, the loss back under the spike line but still well
+// above its level (1.4x, past the calm line at 1.31x), stays out of the
+// history until calm_steps steps in a row are calm; then those enter. The
+// spike's recovery tail would otherwise widen the spread the next spike is
+// judged against.
+TEST(LossSpikeRule, ASpikesAftermathEntersTheHistoryOnlyOnceTheLossIsCalm) {
+  LossSpikeRule::Options o;
+  o.refresh_steps = 1;  // the statistics are those of the history at each step
+  LossSpikeRule rule(o);
+  std::mt19937 rng(9);
+  std::normal_distribution<double> noise(0.0, 0.01);
+  std::vector<double> all, calm;  // every loss; those that should enter
+  uint64_t s = 0;
+  const auto feed = [&](int steps, double factor, bool enters) {
+    for (int i = 0; i < steps; ++i) {
+      const double loss = factor * std::exp(noise(rng));
+      rule.Add(++s, loss);
+      all.push_back(loss);
+      if (enters) calm.push_back(loss);
+    }
+  };
+  feed(150, 1.0, true);
+  feed(4, 5.0, false);    // a spike, named on its third step
+  feed(30, 1.4, false);   // its aftermath
+  feed(4, 1.0, false);    // calm, held back ...
+  ExpectStatistics(rule, std::vector<double>(calm.end() - 100, calm.end()));
+  calm.insert(calm.end(), all.end() - 4, all.end());
+  feed(1, 1.0, true);     // ... until the fifth in a row: all five enter
+  const std::vector<double> history(calm.end() - 100, calm.end());
+  ExpectStatistics(rule, history);
+  // Had the aftermath entered, the spread would differ.
+  const std::vector<double> with_tail(all.end() - 100, all.end());
+  EXPECT_GT(ExactLogStatistics(with_tail).log_sd, 2 * ExactLogStatistics(history).log_sd);
+}
+
 // --- The detector, through RunHealth. ---
 
 RunInfo Bf16() {
