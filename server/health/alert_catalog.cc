@@ -195,7 +195,9 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "--run R), skip the spike's batches if it had any, and lower the LR "
      "(or beta2); if it diverges again without those batches, the LR or the "
      "optimizer state is the cause, not the data.",
-     AlertScope::kLead, {K::kLossSpike}},
+     // An MoE router gone wrong is the root of a loss that follows it; a
+     // spike under way, of one without.
+     AlertScope::kLead, {K::kMoeRouterCollapse, K::kMoeRouterZLossGrowth, K::kLossSpike}},
     {K::kMoeRouterCollapse, "MoeRouterCollapse", v1::SEVERITY_CRITICAL,
      "An MoE layer's router sends (almost) every token to the same few "
      "experts: the rest stop learning and the layer is a dense one of their "
