@@ -87,12 +87,14 @@ class Loss final : public Detector {
   struct Best {
     double level = 0.0;
     // The level to reach: >= ratio x best and sigmas standard errors of the
-    // level (the robust sd of the log losses when the best was set, over
+    // level (the loss's noise, a robust sd of the log losses, over
     // sqrt(level_steps)) above it.
     double rise_line = 0.0;
     double early_line = 0.0;  // the same with early_ratio: a rise under way
     uint64_t step = 0;
     uint64_t near_step = 0;  // the last step the level was near it
+    double log_sd_at_best = 0.0;  // the robust sd of the log losses then
+    double drawn_log_sd = -1.0;   // the noise the lines were drawn with
   };
   // What a divergence is judged against while it holds.
   struct Diverged {
@@ -213,9 +215,21 @@ class Loss final : public Detector {
       pending_.reset();
     }
     // A slow rise over the best post-warmup level.
-    if (ctx.post_warmup) {
+    // The best is a settled level's: early on the loss still falls fast and
+    // its level passes through lows a noisy run does not hold.
+    if (ctx.post_warmup && settle_steps_ <= kSettleSteps) ++settle_steps_;
+    if (ctx.post_warmup && settle_steps_ > kSettleSteps) {
       if (!best_.has_value() || level < best_->level) {
-        // The rise's line in loss terms, once a best (no log a step).
+        best_ = Best{level, 0.0, 0.0, r.step(), r.step(), recent->log_sd, -1.0};
+      }
+      // The loss's noise: the smaller of its spread when the best was set
+      // and now. A window's spread carries its trend: a steep fall early
+      // on (a log sd of 2: a 2x line at 4.6x the best for good), or the
+      // climb being judged.
+      const double noise = std::min(best_->log_sd_at_best, recent->log_sd);
+      if (noise != best_->drawn_log_sd) {
+        // The rise's lines in loss terms, when the best or the noise moves
+        // (no log a step).
         // The level is a median of level_steps losses: its own noise is the
         // losses' over sqrt(level_steps) (x1.25, a median's efficiency). A
         // step's noise (hard batches: 0.3-0.6 in log on a small noisy run)
@@ -223,12 +237,12 @@ class Loss final : public Detector {
         // window inflated it further.
         // A rise still under way is named on less evidence: its line keeps
         // a step's noise (a heavy-tailed DPO loss's level wanders 1.6x).
-        const double level_noise =
-            std::exp(c.sigmas * recent->log_sd * kMedianSe /
-                     std::sqrt(static_cast<double>(c.level_steps)));
-        const double step_noise = std::exp(c.sigmas * recent->log_sd);
-        best_ = Best{level, level * std::max(c.ratio, level_noise),
-                     level * std::max(c.early_ratio, step_noise), r.step(), r.step()};
+        const double level_noise = std::exp(
+            c.sigmas * noise * kMedianSe / std::sqrt(static_cast<double>(c.level_steps)));
+        const double step_noise = std::exp(c.sigmas * noise);
+        best_->rise_line = best_->level * std::max(c.ratio, level_noise);
+        best_->early_line = best_->level * std::max(c.early_ratio, step_noise);
+        best_->drawn_log_sd = noise;
       }
       if (level <= kNearBest * best_->level) best_->near_step = r.step();
       // Once over the line, a dip of the level (a noisy run's hard batches
@@ -341,6 +355,8 @@ class Loss final : public Detector {
   static constexpr double kSustainFloor = 0.8;
   // A median's standard error over the mean's, for normal noise.
   static constexpr double kMedianSe = 1.2533;
+  // Post-warmup steps before the run's best level counts.
+  static constexpr uint32_t kSettleSteps = 100;
 
   LossSpikeRule rule_;
   std::vector<int64_t> high_batch_ids_;  // of the current episode's high steps
@@ -352,6 +368,7 @@ class Loss final : public Detector {
   std::vector<double> sorted_;  // the same, in order
   std::optional<Pending> pending_;
   std::optional<Best> best_;
+  uint32_t settle_steps_ = 0;  // post-warmup steps judged, up to kSettleSteps + 1
   uint32_t rising_steps_ = 0;
   uint32_t climbing_steps_ = 0;
   std::deque<double> past_levels_;  // the last level_steps post-warmup levels

@@ -120,6 +120,29 @@ TEST(LossDivergence, ASmoothClimbIsNamedWhileItClimbs) {
   EXPECT_EQ(div[0].caused_by, "");
 }
 
+// A small run with no warmup and an LR a little too high: its loss falls
+// 30x in 60 steps, dips to its lowest there, settles on a level 1.25x
+// higher with 10% noise, and from step 300 drifts up to 3x that level in
+// 200 steps. Its best is the settled level's, not the dip's, and the lines
+// are drawn with the settled noise, not the spread of the steep fall (which
+// put the 1.5x line at 3.8x the dip for good).
+TEST(LossDivergence, ADriftAfterASteepStartIsJudgedOnTheSettledLevelAndNoise) {
+  HealthHarness h(RunInfo{.run_id = "r", .precision = v1::BF16, .max_norm = 1.0});
+  Feed(h, 700, [](std::mt19937& rng, uint64_t s) {
+    std::normal_distribution<double> g(0.0, 0.1);
+    const double t = static_cast<double>(s);
+    const double level = s < 60    ? 5.0 * std::exp(-t * std::log(5.0 / 0.16) / 60)
+                         : s < 300 ? 0.2
+                                   : 0.2 * std::exp(std::min(t - 300, 200.0) * std::log(3.0) / 200);
+    return level * std::exp(g(rng));
+  });
+  const auto div = h.Fired(AlertKind::kLossDivergence);
+  ASSERT_THAT(div, SizeIs(1));
+  EXPECT_GE(div[0].step, 300u);
+  EXPECT_LE(div[0].step, 400u);
+  EXPECT_THAT(div[0].description, HasSubstr("best post-warmup level 0.19"));
+}
+
 TEST(LossDivergence, AnEvenSlowerRiseIsJudgedAgainstTheBestLevel) {
   HealthHarness h(Lm());
   // 0.3% a step from step 800: 2x by ~1030, never 1.5x its last 100 steps.
