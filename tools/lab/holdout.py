@@ -32,10 +32,11 @@ level is >= 2x the best; a detector cannot name a 2x rise before it has
 happened); level labels (logit_growth, logz_drift, stall) [onset - 1000,
 end + 100] (forecasts may fire early), as bench_lab.py does.
 
-Leave-one-family-out for LossSpike (loss_spike.log_sigmas x
-loss_spike.min_ratio): for each held-out family, the grid value with the
-best F1 of LossSpike on spikes over all the OTHER families (held-out and
-fit) is chosen, and judged on the left-out family.
+Leave-one-family-out for each rule of LOFO_RULES (LossSpike's
+loss_spike.log_sigmas x min_ratio, LossDivergence's loss_divergence.sigmas
+x early_ratio): for each held-out family, the grid value with the best F1
+of the alert on its labels over all the OTHER families (held-out and fit)
+is chosen, and judged on the left-out family.
 
     PYTHONPATH=build/python /usr/bin/python3 tools/lab/holdout.py --build build
     # runs already cached: --replay-only (never trains); --train-only (no server)
@@ -79,24 +80,29 @@ WINDOWS = {"spike": (10, 50), "divergence": (10, 100), "nonfinite": (10, 100),
            "finite_divergence": (10, 100),
            "slow_divergence": (10, 100), "norm_spike": (10, 0), "hard_batch": (10, 0)}
 LEVEL_EARLY, LEVEL_LATE = 1000, 100
-GRID_LOG_SIGMAS = (3.0, 4.0, 5.0, 6.0)
-GRID_MIN_RATIO = (1.3, 1.5, 2.0)
-
-
-def shipped_loss_spike(path=HERE.parent.parent / "deploy" / "trainwatch.yaml"):
-    """(log_sigmas, min_ratio) of loss_spike in the shipped config."""
-    found, section = {}, False
+def shipped(section, keys, path=HERE.parent.parent / "deploy" / "trainwatch.yaml"):
+    """The values of section.keys in the shipped config (a tuple)."""
+    found, inside = {}, False
     for line in pathlib.Path(path).read_text().splitlines():
         if not line.startswith(" ") and line.strip():
-            section = line.split("#")[0].strip() == "loss_spike:"
+            inside = line.split("#")[0].strip() == f"{section}:"
             continue
         key, _, rest = line.split("#")[0].strip().partition(":")
-        if section and key in ("log_sigmas", "min_ratio"):
+        if inside and key in keys:
             found[key] = float(rest)
-    return found.get("log_sigmas"), found.get("min_ratio")
+    return tuple(found.get(k) for k in keys)
 
 
-SHIPPED = shipped_loss_spike()  # deploy/trainwatch.yaml's loss_spike.log_sigmas, min_ratio
+# The rules whose constants are chosen leave-one-family-out: two config
+# keys each, a grid of values, scored by the alert's F1 on its labels.
+LOFO_RULES = (
+    {"alert": "LossSpike", "section": "loss_spike", "keys": ("log_sigmas", "min_ratio"),
+     "grid": ((3.0, 4.0, 5.0, 6.0), (1.3, 1.5, 2.0))},
+    {"alert": "LossDivergence", "section": "loss_divergence", "keys": ("sigmas", "early_ratio"),
+     "grid": ((3.0, 4.0, 5.0), (1.3, 1.5, 1.75))},
+)
+for _rule in LOFO_RULES:
+    _rule["shipped"] = shipped(_rule["section"], _rule["keys"])
 
 
 def purpose(name):
@@ -345,50 +351,53 @@ def divergences_table(runs, by_run):
     return "\n".join(out), strict, judged
 
 
-def lofo(build, jobs, runs, runs_dir, base_yaml):
-    """Leave-one-family-out for (loss_spike.log_sigmas, loss_spike.min_ratio)."""
-    grid = list(itertools.product(GRID_LOG_SIGMAS, GRID_MIN_RATIO))
+def lofo(build, jobs, runs, runs_dir, base_yaml, rule):
+    """Leave-one-family-out for one rule's two config keys (LOFO_RULES)."""
+    alert, keys, shipped_point = rule["alert"], rule["keys"], rule["shipped"]
+    grid = list(itertools.product(*rule["grid"]))
     per_point = {}
-    for ls, mr in grid:
-        text = (base_yaml or "") + f"\nloss_spike:\n  log_sigmas: {ls}\n  min_ratio: {mr}\n"
-        per_point[(ls, mr)] = replay(build, jobs, runs_dir, text)
-        print(f"  grid log_sigmas {ls} min_ratio {mr}: replayed", file=sys.stderr, flush=True)
+    for pt in grid:
+        text = (base_yaml or "") + f"\n{rule['section']}:\n" + "".join(
+            f"  {k}: {v}\n" for k, v in zip(keys, pt))
+        per_point[pt] = replay(build, jobs, runs_dir, text)
+        print(f"  grid {rule['section']} {pt}: replayed", file=sys.stderr, flush=True)
 
     def f1(subset, point):
-        r = score(subset, per_point[point], names=("LossSpike",))[0]
+        r = score(subset, per_point[point], names=(alert,))[0]
         return r["f1"], r
 
-    out = ["| held-out family | spikes | chosen (log_sigmas, min_ratio) | shipped chosen? | "
-           "F1 on the others | left-out LossSpikes | left-out precision | left-out recall | "
+    def f1_text(r):
+        # No label and no alert: nothing to judge; alerts without a label:
+        # F1 0 (false alarms only).
+        return "-" if not r["events"] and not r["fired"] else f"{r['f1']:.2f}"
+
+    label = _kinds(alert, primary_only=True)
+    out = [f"| held-out family | {'+'.join(label)} labels | chosen {tuple(keys)} | shipped chosen? | "
+           f"F1 on the others | left-out {alert}s | left-out precision | left-out recall | "
            "left-out F1 | shipped's left-out F1 |", "|---|---|---|---|---|---|---|---|---|---|"]
     chosen_all = []
     for fam in lab_lm.HELD_OUT:
         left = [r for r in runs if r[0] == fam]
         others = [r for r in runs if r[0] != fam]
-        best = max(grid, key=lambda pt: (round(f1(others, pt)[0], 6), pt == SHIPPED))
+        best = max(grid, key=lambda pt: (round(f1(others, pt)[0], 6), pt == shipped_point))
         chosen_all.append(best)
         _, on_left = f1(left, best)
-        _, shipped_left = f1(left, SHIPPED)
-        def f1_text(r):
-            # No spike and no LossSpike: nothing to judge; LossSpikes without
-            # a spike: F1 0 (false alarms only).
-            return "-" if not r["events"] and not r["fired"] else f"{r['f1']:.2f}"
-
+        _, shipped_left = f1(left, shipped_point)
         out.append(f"| {fam} | {on_left['events']} | {best} | "
-                   f"{'yes' if best == SHIPPED else 'no'} | {f1(others, best)[0]:.2f} | "
+                   f"{'yes' if best == shipped_point else 'no'} | {f1(others, best)[0]:.2f} | "
                    f"{on_left['fired']} | {_f(on_left['precision'])} | "
                    f"{_f(on_left['recall'])} | {f1_text(on_left)} | {f1_text(shipped_left)} |")
     held = [r for r in runs if r[0] in lab_lm.HELD_OUT]
-    grid_rows = ["| log_sigmas | min_ratio | held-out P | held-out R | held-out F1 | fit F1 |",
+    grid_rows = [f"| {' | '.join(keys)} | held-out P | held-out R | held-out F1 | fit F1 |",
                  "|---|---|---|---|---|---|"]
     fit = [r for r in runs if r[0] in lab_lm.CONFIGS]
     for pt in grid:
-        h = score(held, per_point[pt], names=("LossSpike",))[0]
-        fr = score(fit, per_point[pt], names=("LossSpike",))[0] if fit else {"f1": None}
-        grid_rows.append(f"| {pt[0]} | {pt[1]} | {_f(h['precision'])} | {_f(h['recall'])} | "
-                         f"{h['f1']:.2f} | {_f(fr['f1'])} |")
-    n_shipped = sum(1 for c in chosen_all if c == SHIPPED)
-    summary = (f"The shipped default {SHIPPED} was chosen for {n_shipped} of "
+        h = score(held, per_point[pt], names=(alert,))[0]
+        fr = score(fit, per_point[pt], names=(alert,))[0] if fit else {"f1": None}
+        grid_rows.append(f"| {' | '.join(map(str, pt))} | {_f(h['precision'])} | "
+                         f"{_f(h['recall'])} | {h['f1']:.2f} | {_f(fr['f1'])} |")
+    n_shipped = sum(1 for c in chosen_all if c == shipped_point)
+    summary = (f"The shipped default {shipped_point} was chosen for {n_shipped} of "
                f"{len(chosen_all)} left-out families.")
     return "\n".join(out), "\n".join(grid_rows), summary
 
@@ -467,10 +476,11 @@ def main(argv=None):
     print(families_table(runs, by_run, seconds))
     result = {"held_out_rows": score(held, by_run), "fit_rows": score(fitr, by_run),
               "labels": {run_id(n, s): lab for n, s, lab in runs}, "alerts": by_run}
-    if not args.no_lofo:
+    for rule in () if args.no_lofo else LOFO_RULES:
         t1 = time.monotonic()
-        lofo_table, grid_table, summary = lofo(args.build, jobs, runs, runs_dir, base_yaml)
-        print(f"\n## LossSpike, leave one family out ({len(GRID_LOG_SIGMAS) * len(GRID_MIN_RATIO)}"
+        lofo_table, grid_table, summary = lofo(args.build, jobs, runs, runs_dir, base_yaml, rule)
+        points = len(list(itertools.product(*rule["grid"])))
+        print(f"\n## {rule['alert']}, leave one family out ({points}"
               f" grid points, {time.monotonic() - t1:.0f} s)\n")
         print(lofo_table)
         print(f"\n{summary}\n")
