@@ -30,7 +30,8 @@ namespace {
 // is still >= spike_ratio x the level before it check_after_steps after
 // its onset; a slow rise, no single step a spike (an LR too high, a
 // constant schedule), of the level to >= ratio x the run's best
-// post-warmup level on sustain_steps steps in a row; and the same rise
+// post-warmup level (counted from kSettleSteps after warmup) on
+// sustain_steps steps in a row; and the same rise
 // while it is under way, before it doubles: the level >= early_ratio x the
 // best and still climbing (>= early_rise x the level level_steps steps
 // before) on early_sustain_steps steps in a row (a loss that climbs 3x in
