@@ -4,7 +4,8 @@ against the labeller (tools/lab/labeller.py) through a real server.
 What trainwatch must do on the lab (docs/detectors.md, "Judged on the lab"):
 a healthy run pages nobody, whatever its layers are called; a loss spike
 that the labeller marks is named as a LossSpike within a few steps of its
-onset; a slow divergence gets a critical alert. About 3 minutes on one core.
+onset; a slow divergence gets a critical alert within 100 steps of its
+onset. About 3 minutes on one core.
 """
 
 import os
@@ -113,7 +114,10 @@ def test_slow_divergence_gets_a_critical_alert(server, tmp_path):
     assert slow, lab["events"]
     e = slow[0]
     alerts = server.alerts(run)
-    lo, hi = e["onset"] - 10, max(e["onset"], e["crossed"]) + 100
+    # Within 100 steps of where the climb began, not of where it doubled
+    # (a best set in the loss's steep early fall once put the 2x line at
+    # 4.6x it: named at 491).
+    lo, hi = e["onset"] - 10, e["onset"] + 100
     critical = [a for a in alerts if a["severity"] == "critical" and lo <= a["started_step"] <= hi]
     assert critical, (f"no critical alert in [{lo}, {hi}] for the slow divergence {e}; "
                       f"alerts: {describe(alerts)}")
