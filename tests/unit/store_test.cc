@@ -413,6 +413,17 @@ std::string Sql(const std::string& path, const std::string& sql) {
   return out;
 }
 
+// The file's chunk count once the writer's merges have made it `want`, or
+// what it is after 5 s of waiting for that.
+std::string ChunksOnceMerged(const std::string& path, const std::string& want) {
+  std::string chunks;
+  for (int i = 0; i < 500 && chunks != want; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    chunks = Sql(path, "SELECT count(*) FROM step_chunks");
+  }
+  return chunks;
+}
+
 // A database of schema version 5 kept step_chunks WITHOUT ROWID; version 6
 // makes it a rowid table and keeps every chunk.
 TEST(StoreFileTest, AVersion5DatabaseIsMigratedWithItsRecords) {
@@ -559,11 +570,7 @@ TEST(StoreFileTest, SmallChunksAreMergedWhenTheWriterIsIdle) {
   }
   // 5 x 100, 1,000 and 5 x 100 make the first merged chunk (the next would
   // pass 2,048); the last 15 chunks wait for more.
-  std::string chunks;
-  for (int i = 0; i < 500 && chunks != "16"; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    chunks = Sql(path, "SELECT count(*) FROM step_chunks");
-  }
+  const std::string chunks = ChunksOnceMerged(path, "16");
   ASSERT_EQ(chunks, "16");
   EXPECT_EQ(Sql(path, "SELECT n || ' ' || first_step || '-' || last_step FROM step_chunks "
                       "ORDER BY first_step LIMIT 1"),
@@ -616,11 +623,7 @@ TEST(StoreFileTest, MoeCountsReadBackExactlyAfterMerges) {
               100u);
   }
   // 20 x 100 make a merged chunk (the next would pass 2,048); the last waits.
-  std::string chunks;
-  for (int i = 0; i < 500 && chunks != "2"; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    chunks = Sql(path, "SELECT count(*) FROM step_chunks");
-  }
+  const std::string chunks = ChunksOnceMerged(path, "2");
   EXPECT_EQ(chunks, "2");
   EXPECT_EQ(Sql(path, "SELECT group_concat(n || ':' || hex(substr(records, 1, 1)), ',') FROM "
                       "(SELECT * FROM step_chunks ORDER BY first_step)"),
@@ -663,11 +666,7 @@ TEST(StoreFileTest, OneRecordBatchesAreMergedAScanAtATime) {
   last.get_future().wait();
   // Past 2,048 records: the first 256 chunks become one; the 1,844 records
   // after them wait for more.
-  std::string chunks;
-  for (int i = 0; i < 500 && chunks != "1845"; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    chunks = Sql(path, "SELECT count(*) FROM step_chunks");
-  }
+  const std::string chunks = ChunksOnceMerged(path, "1845");
   EXPECT_EQ(chunks, "1845");
   EXPECT_EQ(Sql(path, "SELECT n FROM step_chunks ORDER BY first_step LIMIT 1"), "256");
   EXPECT_EQ((*store)->GetRun("r1")->steps(), kSteps);
