@@ -241,6 +241,19 @@ def alerts_by_run(alerts):
     return out
 
 
+def healthy_pages_line(runs, by_run, purpose, run_id):
+    """The labs' line naming every page on a healthy run: runs are (name,
+    seed, ...) tuples, purpose(name) and run_id(name, seed) the lab's own."""
+    hp = {}
+    for name, seed, *_ in runs:
+        if purpose(name) == "healthy":
+            for a in by_run.get(run_id(name, seed), []):
+                if _is_page(a):
+                    hp.setdefault(a["alertname"], []).append(f"{name}/s{seed}@{a['started_step']}")
+    return "Every page on a healthy run (any alertname): " + ("; ".join(
+        f"{k} x{len(v)} ({', '.join(v)})" for k, v in sorted(hp.items())) or "none") + "."
+
+
 def score(runs, alerts_by_run):
     """runs: [(config, seed, label dict)]. Returns (rows, totals)."""
     names = sorted({a["alertname"] for al in alerts_by_run.values() for a in al}

@@ -57,7 +57,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import labeller  # noqa: E402
 import lab_lm  # noqa: E402
-from bench_lab import Server, _f, _is_page, alert_table, alerts_by_run  # noqa: E402
+from bench_lab import (Server, _f, _is_page, alert_table, alerts_by_run,  # noqa: E402
+                       healthy_pages_line)
 # The label an alert's recall is measured on first, then the kinds it may
 # also name (a consequence at the same steps).
 MATCH = {
@@ -459,14 +460,7 @@ def main(argv=None):
     if fitr:
         print(f"\n## Fit configurations ({len(fitr)} runs, {args.fit_steps} steps)\n")
         print(alert_table(score(fitr, by_run)))
-    hp = {}
-    for name, seed, _ in held + fitr:
-        if purpose(name) == "healthy":
-            for a in by_run.get(run_id(name, seed), []):
-                if _is_page(a):
-                    hp.setdefault(a["alertname"], []).append(f"{name}/s{seed}@{a['started_step']}")
-    print("\nEvery page on a healthy run (any alertname): " + ("; ".join(
-        f"{k} x{len(v)} ({', '.join(v)})" for k, v in sorted(hp.items())) or "none") + ".")
+    print("\n" + healthy_pages_line(held + fitr, by_run, purpose, run_id))
     div_table, strict, judged = divergences_table(held, by_run)
     print(f"\n## Divergences of the held-out families: a critical alert within "
           f"[onset - 10, onset + 100] on {strict} of {judged} (those the run's end does "

@@ -44,7 +44,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 import moe_labeller  # noqa: E402
-from bench_lab import Server, _f, _is_page, alert_table, alerts_by_run  # noqa: E402
+from bench_lab import (Server, _f, _is_page, alert_table, alerts_by_run,  # noqa: E402
+                       healthy_pages_line)
 
 EXAMPLE = REPO / "client" / "examples" / "train_tiny_moe.py"
 STEPS = 600
@@ -352,14 +353,7 @@ def main(argv=None):
           f"{time.monotonic() - t0:.0f} s)\n")
     rows = score(runs, by_run)
     print(alert_table(rows))
-    hp = {}
-    for name, seed, _ in runs:
-        if purpose(name) == "healthy":
-            for a in by_run.get(run_id(name, seed), []):
-                if _is_page(a):
-                    hp.setdefault(a["alertname"], []).append(f"{name}/s{seed}@{a['started_step']}")
-    print("\nEvery page on a healthy run (any alertname): " + ("; ".join(
-        f"{k} x{len(v)} ({', '.join(v)})" for k, v in sorted(hp.items())) or "none") + ".")
+    print("\n" + healthy_pages_line(runs, by_run, purpose, run_id))
     print("\n## Per family group\n")
     print(group_table(runs, by_run))
     print("\n## Families\n")
