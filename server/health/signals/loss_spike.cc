@@ -94,15 +94,15 @@ std::optional<LossSpikeRule::Result> LossSpikeRule::Add(uint64_t step,
       // the spread the next spike is judged against.
       episode_fired_ = true;
       calming_ = true;
-      calm_onset_ = episode_onset_;
     }
     calm_.clear();
     // Up for longer than the history holds: that is the new level.
     if (step - episode_onset_ >= options_.recent_steps) Push(x);
   } else if (calming_) {
     // Calm steps enter once calm_steps of them come in a row; a tail longer
-    // than the history is a new level and enters as it comes.
-    if (step - calm_onset_ >= options_.recent_steps) {
+    // than the history is a new level and enters as it comes. (While it
+    // calms no new episode starts: episode_onset_ is the spike's.)
+    if (step - episode_onset_ >= options_.recent_steps) {
       calming_ = false;
       Push(x);
     } else if (Above(x, kCalmFraction)) {

@@ -135,7 +135,6 @@ class LossSpikeRule {
   // history until calm_steps steps in a row (held in calm_) are under
   // kCalmFraction of the line, or the history's length after its onset.
   bool calming_ = false;
-  uint64_t calm_onset_ = 0;
   std::vector<Sample> calm_;
 };
 

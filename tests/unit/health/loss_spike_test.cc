@@ -250,6 +250,20 @@ TEST(LossSpikeRule, IgnoresNonFiniteLossesOnly) {
   EXPECT_FALSE(rule.recent()->log_space);
 }
 
+// The median and log statistics of a history of positive losses, as the
+// rule defines them.
+struct LogStatistics {
+  double median, log_median, log_sd;
+};
+LogStatistics ExactLogStatistics(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size() / 2;
+  std::vector<double> dev;
+  for (double x : v) dev.push_back(std::abs(std::log(x) - std::log(v[k])));
+  std::sort(dev.begin(), dev.end());
+  return {v[k], std::log(v[k]), 1.4826 * dev[k]};
+}
+
 // The statistics come from a sorted copy of the history, updated at each
 // refresh (the median read, each deviation quantile found by a binary
 // search): exactly those of the history then, with ties, heavy tails,
@@ -319,14 +333,9 @@ void ExpectExactStatistics(uint32_t recent_steps, uint32_t refresh_steps) {
     ASSERT_EQ(r.log_space, v[0] > 0) << s;
     if (!r.log_space) continue;
     ++log_space;
-    std::vector<double> lv;
-    for (double x : v) lv.push_back(std::log(x));
-    std::sort(lv.begin(), lv.end());
-    const double lm = lv[k];
-    for (double& x : lv) x = std::abs(x - lm);
-    std::sort(lv.begin(), lv.end());
-    ASSERT_EQ(r.log_median, lm) << s;
-    ASSERT_EQ(r.log_sd, 1.4826 * lv[k]) << s;
+    const LogStatistics e = ExactLogStatistics(v);
+    ASSERT_EQ(r.log_median, e.log_median) << s;
+    ASSERT_EQ(r.log_sd, e.log_sd) << s;
   }
   // Each kind of history came up.
   EXPECT_GT(log_space, 0u);
@@ -340,20 +349,6 @@ TEST(LossSpikeRule, StatisticsAreExactlyThoseOfTheHistory) {
   ExpectExactStatistics(100, 1);
   ExpectExactStatistics(7, 3);
   ExpectExactStatistics(10, 25);  // values enter and leave in between
-}
-
-// The median and log statistics of a history of positive losses, as the
-// rule defines them.
-struct LogStatistics {
-  double median, log_median, log_sd;
-};
-LogStatistics ExactLogStatistics(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size() / 2;
-  std::vector<double> dev;
-  for (double x : v) dev.push_back(std::abs(std::log(x) - std::log(v[k])));
-  std::sort(dev.begin(), dev.end());
-  return {v[k], std::log(v[k]), 1.4826 * dev[k]};
 }
 
 void ExpectStatistics(const LossSpikeRule& rule, const std::vector<double>& history) {
