@@ -15,6 +15,12 @@ namespace {
 
 using Value = const std::string&;
 
+// The flags' upper bounds (docs/errors-and-limits.md).
+constexpr uint64_t kMaxRetentionDays = 36'525;  // 100 years
+constexpr uint64_t kMaxStepCount = uint64_t{1} << 62;  // steps are below 2^63
+constexpr uint64_t kMaxEngineThreads = 1024;
+constexpr uint64_t kMaxActiveRuns = 10'000'000;
+
 absl::Status UsageError(absl::string_view message) {
   return absl::InvalidArgumentError(message);
 }
@@ -30,23 +36,22 @@ absl::Status Text(Value value, std::string& field) {
   return absl::OkStatus();
 }
 
-// A whole number into `field` (unsigned: "-1" does not parse either).
+// A whole number in [lo, hi] into `field`: every count and duration a flag
+// takes has a bound, so no arithmetic on it can overflow (a day count times
+// nanoseconds a day, a thread count the machine cannot start).
 template <typename T>
-absl::Status Integer(absl::string_view flag, absl::string_view what,
-                     Value value, T& field) {
-  T n = 0;
-  if (!absl::SimpleAtoi(value, &n)) return Wants(flag, what, value);
-  field = n;
+absl::Status Bounded(absl::string_view flag, absl::string_view what, Value value,
+                     uint64_t lo, uint64_t hi, T& field) {
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(value, &n) || n < lo || n > hi) {
+    return Wants(flag, absl::StrCat(what, " in [", lo, ", ", hi, "]"), value);
+  }
+  field = static_cast<T>(n);
   return absl::OkStatus();
 }
 
-absl::Status Count(absl::string_view flag, Value value, size_t& field) {
-  size_t n = 0;
-  if (!absl::SimpleAtoi(value, &n) || n == 0) {
-    return Wants(flag, "a positive integer", value);
-  }
-  field = n;
-  return absl::OkStatus();
+absl::Status Count(absl::string_view flag, Value value, uint64_t hi, size_t& field) {
+  return Bounded(flag, "an integer", value, 1, hi, field);
 }
 
 absl::Status Seconds(absl::string_view flag, Value value,
@@ -110,17 +115,17 @@ constexpr ServerFlag kFlags[] = {
      "keep those ranks' records for the last N steps of\n"
      "each (default 0: as long as the run)",
      [](absl::string_view flag, Value v, ServerFlags& f) {
-       return Integer(flag, "a step count (0 = as long as the run)", v,
-                      f.options.store.rank_retention_steps);
+       return Bounded(flag, "a step count (0 = as long as the run)", v, 0,
+                      kMaxStepCount, f.options.store.rank_retention_steps);
      }},
     {"--engine-threads", "N", "health-engine threads (default 2)",
      [](absl::string_view flag, Value v, ServerFlags& f) {
-       return Count(flag, v, f.options.engine.threads);
+       return Count(flag, v, kMaxEngineThreads, f.options.engine.threads);
      }},
     {"--max-active-runs", "N",
      "runs that have not finished, at most (default 10000)",
      [](absl::string_view flag, Value v, ServerFlags& f) {
-       return Count(flag, v, f.options.engine.max_active_runs);
+       return Count(flag, v, kMaxActiveRuns, f.options.engine.max_active_runs);
      }},
     {"--run-idle-timeout", "SECONDS",
      "a run with no step this long leaves the active runs\n"
@@ -131,10 +136,10 @@ constexpr ServerFlag kFlags[] = {
     {"--retention-days", "N",
      "delete runs whose last record is N days old, with\n"
      "their records, alerts and spikes, giving the space\n"
-     "back (default 0: keep everything)",
+     "back (default 0: keep everything; at most 36525)",
      [](absl::string_view flag, Value v, ServerFlags& f) {
-       return Integer(flag, "a number of days (0 = keep everything)", v,
-                      f.options.engine.retention_days);
+       return Bounded(flag, "a number of days (0 = keep everything)", v, 0,
+                      kMaxRetentionDays, f.options.engine.retention_days);
      }},
     {"--config", "FILE",
      "YAML detector thresholds (see deploy/trainwatch.yaml)",

@@ -6,7 +6,12 @@
 // DeleteRun, which trainwatchctl delete-run calls too).
 #include <pthread.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <limits>
+#include <thread>
 #include <memory>
 #include <string>
 #include <utility>
@@ -18,6 +23,13 @@
 #include "absl/strings/str_cat.h"
 
 namespace trainwatch {
+namespace {
+
+// Retention looks again this soon after a run it would delete had a stream
+// open (it may have been closing).
+constexpr std::chrono::seconds kRetentionRetry{30};
+
+}  // namespace
 
 void Engine::CheckSilence() {
   const int64_t now = clock_->NowUnixNanos();
@@ -78,6 +90,25 @@ void Engine::ForgetFinishedRuns() {
   // Destroying a run removes its series from /metrics.
 }
 
+namespace {
+
+// Whether `run` is held by nothing but the caller within a few seconds
+// (nothing can take a new hold: the caller took it out of the engine's map).
+bool WaitUntilSoleHolder(const std::shared_ptr<RunState>& run) {
+  constexpr auto kPoll = std::chrono::milliseconds(1);
+  constexpr int kPolls = 10'000;
+  for (int i = 0; i < kPolls; ++i) {
+    if (run.use_count() == 1) {
+      std::atomic_thread_fence(std::memory_order_acquire);
+      return true;
+    }
+    std::this_thread::sleep_for(kPoll);
+  }
+  return false;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::DeleteRunResponse> Engine::DeleteRun(const std::string& run_id) {
   std::shared_ptr<RunState> run;
   {
@@ -88,8 +119,7 @@ absl::StatusOr<v1::DeleteRunResponse> Engine::DeleteRun(const std::string& run_i
     }
     auto it = runs_.find(run_id);
     if (it != runs_.end()) {
-      // use_count 1: no stream, nor work queued on a shard, holds the run.
-      if (it->second.use_count() > 1) {
+      if (it->second->open_streams.load() > 0) {
         deleting_.erase(run_id);
         return absl::FailedPreconditionError(absl::StrCat(
             "run ", run_id,
@@ -101,12 +131,23 @@ absl::StatusOr<v1::DeleteRunResponse> Engine::DeleteRun(const std::string& run_i
       runs_.erase(it);
     }
   }
-  // Nothing else can reach the run now: its firing alerts resolve (sent and
-  // stored before the delete below), and destroying it removes its series.
+  // No one can take the run now (it is out of runs_, and deleting_ refuses
+  // new streams); work still queued for its closed streams, or a health read,
+  // may hold it for a moment: wait until they are done.
+  if (run != nullptr && !WaitUntilSoleHolder(run)) {
+    absl::MutexLock lock(&mu_);
+    runs_.emplace(run_id, std::move(run));
+    deleting_.erase(run_id);
+    return absl::UnavailableError(absl::StrCat(
+        "run ", run_id, " is still busy with its last batches; retry"));
+  }
+  // Its firing alerts resolve (sent and stored before the delete below),
+  // and destroying it removes its series.
   if (run != nullptr) {
     run->pipeline.ResolveAll(clock_->NowUnixNanos());
     run.reset();
   }
+  host_watch_.ForgetRun(run_id);
   absl::Notification committed;
   WriteResult result;
   store_->Submit(WriteOp{.key = StreamKey{.run_id = run_id},
@@ -136,7 +177,13 @@ void Engine::ApplyRetention() {
       now + std::chrono::duration_cast<std::chrono::nanoseconds>(
                 options_.retention_check_interval)
                 .count();
-  const int64_t cutoff = now - int64_t{options_.retention_days} * 86400 * 1'000'000'000;
+  // Saturating: a cutoff before the epoch keeps every run (the flag is at
+  // most 100 years, so this is the second line of defence, not the first).
+  constexpr int64_t kNanosPerDay = int64_t{86400} * 1'000'000'000;
+  const int64_t days = int64_t{options_.retention_days};
+  const int64_t cutoff =
+      days > now / kNanosPerDay ? std::numeric_limits<int64_t>::min()
+                                : now - days * kNanosPerDay;
   absl::StatusOr<std::vector<v1::RunSummary>> runs = store_->ListRuns();
   if (!runs.ok()) {
     std::fprintf(stderr, "trainwatch-server: retention: listing runs: %s\n",
@@ -146,7 +193,13 @@ void Engine::ApplyRetention() {
   for (const v1::RunSummary& r : *runs) {
     if (r.last_seen_unix_nanos() >= cutoff) continue;
     absl::StatusOr<v1::DeleteRunResponse> deleted = DeleteRun(r.run_id());
-    // A run with an open stream is kept: it is not over.
+    // A run with an open stream is kept: it is not over. Its stream may be
+    // closing as we look: look again soon rather than a whole interval on.
+    if (absl::IsFailedPrecondition(deleted.status())) {
+      next_retention_unix_nanos_ = std::min(
+          next_retention_unix_nanos_,
+          now + std::chrono::duration_cast<std::chrono::nanoseconds>(kRetentionRetry).count());
+    }
     if (deleted.ok()) {
       std::fprintf(stderr,
                    "trainwatch-server: retention: deleted run %s (last record %u "

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace trainwatch {
 namespace {
 
@@ -108,9 +110,9 @@ TEST(ServerFlags, ErrorsNameTheFlag) {
   EXPECT_EQ(ErrorOf({"-listen", "x"}), "unknown flag -listen");
   EXPECT_EQ(ErrorOf({"--db"}), "--db needs a value");
   EXPECT_EQ(ErrorOf({"--engine-threads", "0"}),
-            "--engine-threads wants a positive integer, got \"0\"");
+            "--engine-threads wants an integer in [1, 1024], got \"0\"");
   EXPECT_EQ(ErrorOf({"--max-active-runs=-1"}),
-            "--max-active-runs wants a positive integer, got \"-1\"");
+            "--max-active-runs wants an integer in [1, 10000000], got \"-1\"");
   EXPECT_EQ(ErrorOf({"--keepalive-time", "1e9"}),
             "--keepalive-time wants seconds in [0.001, 86400], got \"1e9\"");
   EXPECT_EQ(ErrorOf({"--alertmanager-resend-interval", "nan"}),
@@ -120,19 +122,46 @@ TEST(ServerFlags, ErrorsNameTheFlag) {
             "--rank-records must be digest or full, got \"FULL\"");
   EXPECT_EQ(ErrorOf({"--rank-retention-steps", "-3"}),
             "--rank-retention-steps wants a step count (0 = as long as the "
-            "run), got \"-3\"");
+            "run) in [0, 4611686018427387904], got \"-3\"");
   EXPECT_EQ(ErrorOf({"--retention-days", "1.5"}),
-            "--retention-days wants a number of days (0 = keep everything), "
-            "got \"1.5\"");
+            "--retention-days wants a number of days (0 = keep everything) "
+            "in [0, 36525], got \"1.5\"");
   EXPECT_EQ(ErrorOf({"--synchronous", "normal"}),
             "--synchronous must be NORMAL or FULL");
   EXPECT_THAT(ErrorOf({"--webhook-url", "notaurl"}),
               HasSubstr("--webhook-url wants an http:// or https:// URL"));
 }
 
+// Every count and day flag has an upper bound, so nothing computed from it
+// overflows: --retention-days 200000 once made the retention cutoff (days x
+// nanoseconds a day) wrap and delete every run.
+TEST(ServerFlags, CountsAndDaysAreBounded) {
+  const struct {
+    const char* flag;
+    const char* last_good;
+    const char* first_bad;
+  } kBounds[] = {
+      {"--retention-days", "36525", "36526"},
+      {"--retention-days", "36525", "200000"},
+      {"--rank-retention-steps", "4611686018427387904", "4611686018427387905"},
+      {"--engine-threads", "1024", "1025"},
+      {"--max-active-runs", "10000000", "10000001"},
+      {"--retention-days", "36525", "18446744073709551616"},  // 2^64
+  };
+  for (const auto& b : kBounds) {
+    EXPECT_TRUE(ParseServerFlags({b.flag, b.last_good}).ok()) << b.flag;
+    EXPECT_THAT(ErrorOf({b.flag, b.first_bad}),
+                HasSubstr(absl::StrCat(b.flag, " wants ")))
+        << b.flag << " " << b.first_bad;
+  }
+  absl::StatusOr<ServerFlags> flags = ParseServerFlags({"--retention-days", "36525"});
+  ASSERT_TRUE(flags.ok());
+  EXPECT_EQ(flags->options.engine.retention_days, 36525u);
+}
+
 TEST(ServerFlags, TheFirstBadFlagIsTheOneReported) {
   EXPECT_EQ(ErrorOf({"--engine-threads", "0", "--bogus", "x"}),
-            "--engine-threads wants a positive integer, got \"0\"");
+            "--engine-threads wants an integer in [1, 1024], got \"0\"");
   EXPECT_EQ(ErrorOf({"--bogus", "x", "--engine-threads", "0"}),
             "unknown flag --bogus");
   // Checks that need every flag come after every flag's own.
