@@ -33,7 +33,19 @@ struct ValidationLimits {
   size_t max_batch_ids = 65536;
   // detail of a RunEvent.
   size_t max_event_detail_chars = 4096;
+  // RunStart.host: a label of alerts and of trainwatch_host_incidents_total.
+  size_t max_host_chars = 253;  // a DNS name's longest
+  // What one ReportRequest may materialise when parsed: its records and
+  // every layer_stats, fp8 and moe layer entry of those records together
+  // (IngestBudget: counted on the wire, before the parse). A realistic entry
+  // is >= 32 bytes, so a 16 MiB message of real data stays under it; empty
+  // entries (2 bytes each on the wire, ~100 in memory) do not.
+  size_t max_message_entries = 524288;
 };
+
+// Characters of a UTF-8 string (code points; the parser has checked it is
+// UTF-8): every limit named in characters counts these, not bytes.
+size_t Utf8Chars(std::string_view s);
 
 // run_id: 1..128 chars of [A-Za-z0-9._:/-].
 absl::Status ValidateRunId(std::string_view run_id);

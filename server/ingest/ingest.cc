@@ -64,6 +64,9 @@ class ReportReactor final
   }
 
   void OnDone() override {
+    // The stream is over for the run (DeleteRun may go ahead) though work
+    // queued for it may still run.
+    if (stream_ != nullptr) stream_->Close();
     ingest_->metrics_->streams_active.Decrement();
     ingest_->Unregister(this);
     {
@@ -107,10 +110,20 @@ class ReportReactor final
   }
 
  private:
+  // The message's cost is judged on its bytes (WireBudget) before the parse
+  // materialises it.
   absl::Status ParseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    grpc::Status s = grpc::SerializationTraits<v1::ReportRequest>::Deserialize(
-        &request_bytes_, &request_);
-    if (s.ok()) return absl::OkStatus();
+    grpc::Slice slice;
+    if (!request_bytes_.TrySingleSlice(&slice).ok() &&
+        !request_bytes_.DumpToSingleSlice(&slice).ok()) {
+      return InStream(absl::InternalError("cannot read the ReportRequest's bytes"));
+    }
+    request_bytes_.Clear();
+    const std::string_view wire(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    if (absl::Status s = ingest_->budget_.Check(wire); !s.ok()) return InStream(s);
+    if (request_.ParseFromArray(wire.data(), static_cast<int>(wire.size()))) {
+      return absl::OkStatus();
+    }
     return InStream(absl::InvalidArgumentError(
         "cannot parse the ReportRequest: not a trainwatch.v1.ReportRequest, "
         "or a string field that is not valid UTF-8"));
@@ -291,6 +304,9 @@ class ReportReactor final
       next_io = kFinish;
     }
     grpc::Status finish_status = next_io == kFinish ? *end_status_ : grpc::Status();
+    // Nothing of the stream is pending: it is over for its run (DeleteRun
+    // may go ahead as soon as the client sees the status).
+    if (next_io == kFinish && stream_ != nullptr) stream_->Close();
     mu_.Unlock();
     if (next_read == kRead) StartRead(&request_bytes_);
     if (next_io == kWrite) StartWrite(&response_bytes_);

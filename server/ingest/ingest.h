@@ -32,6 +32,7 @@
 #include "common/clock.h"
 #include "common/validate.h"
 #include "engine/engine.h"
+#include "ingest/wire_budget.h"
 #include "metrics/metrics.h"
 #include "trainwatch/v1/trainwatch.grpc.pb.h"
 
@@ -100,6 +101,7 @@ class Ingest {
   void Processed(size_t records);
 
   const IngestOptions options_;
+  const WireBudget budget_{options_.limits};  // after options_
   Engine* const engine_;
   Metrics* const metrics_;
   // trainwatch_ingest_rejected_total's series, one per reason, added once.

@@ -627,6 +627,104 @@ TEST_F(BadInput, MessageOverTheSizeLimitIsRefusedByGrpc) {
   std::printf("gRPC's refusal: %s\n", status.error_message().c_str());
 }
 
+// The server's resident memory (VmRSS of /proc/PID/status), in bytes.
+uint64_t ResidentBytes(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  ADD_FAILURE() << "no VmRSS for pid " << pid;
+  return 0;
+}
+
+// A ReportRequest whose batch is `batch_bytes` verbatim (an unknown field 2
+// of an empty message is serialized as is, and field 2 is `batch` on the
+// server's side): the test never materialises the millions of records it
+// sends.
+v1::ReportRequest RawBatch(std::string batch_bytes) {
+  v1::ReportRequest r;
+  r.GetReflection()->MutableUnknownFields(&r)->AddLengthDelimited(
+      v1::ReportRequest::kBatchFieldNumber, std::move(batch_bytes));
+  return r;
+}
+
+void AppendVarint(uint64_t v, std::string& out) {
+  for (; v >= 0x80; v >>= 7) out += static_cast<char>((v & 0x7f) | 0x80);
+  out += static_cast<char>(v);
+}
+
+std::string Repeat(const std::string& bytes, size_t n) {
+  std::string out;
+  out.reserve(bytes.size() * n);
+  for (size_t i = 0; i < n; ++i) out += bytes;
+  return out;
+}
+
+// One message may not cost what its bytes do not: 8M empty StepRecords are
+// 16 MB on the wire and gigabytes once parsed. The record count is judged
+// on the wire, before the parse: refused with the usual message, the
+// server's memory stays bounded and it keeps serving (TearDown).
+TEST_F(BadInput, EightMillionEmptyRecordsAreRefusedBeforeTheyAreParsed) {
+  const uint64_t before = ResidentBytes(server_->pid());
+  // Field 1 (seq) = 2, then 8M empty records (field 2, length 0).
+  v1::ReportRequest bad = RawBatch("\x08\x02" + Repeat(std::string("\x12\x00", 2), 8'000'000));
+  ASSERT_LT(bad.ByteSizeLong(), 16u << 20);
+  ExpectRefused(SendAfterGood(bad), grpc::StatusCode::INVALID_ARGUMENT,
+                "run bad-run rank 0: batch seq 2 has 8000000 records; at most 16384");
+  const uint64_t after = ResidentBytes(server_->pid());
+  std::printf("server RSS: %.1f MB before, %.1f MB after the 8M-record message\n",
+              before / 1e6, after / 1e6);
+  EXPECT_LT(after, 256u << 20);
+}
+
+// The same bound for what hides inside one record: 8M empty MoE layers (and
+// the same in layer_stats entries, within every per-record limit but
+// spread over records) are refused as a whole before the parse.
+TEST_F(BadInput, MillionsOfEmptyEntriesInOneMessageAreRefusedBeforeTheyAreParsed) {
+  const uint64_t before = ResidentBytes(server_->pid());
+  // A record: step 1 (field 1), moe (field 18) of 7.9M empty layers.
+  const std::string layers = Repeat(std::string("\x0a\x00", 2), 7'900'000);
+  std::string moe;
+  {
+    v1::StepRecord r;
+    r.set_step(1);
+    r.GetReflection()->MutableUnknownFields(&r)->AddLengthDelimited(
+        v1::StepRecord::kMoeFieldNumber, layers);
+    moe = r.SerializeAsString();
+  }
+  v1::StepBatch head;
+  head.set_seq(2);
+  std::string batch = head.SerializeAsString();
+  batch += '\x12';  // records
+  AppendVarint(moe.size(), batch);
+  batch += moe;
+  ExpectRefused(SendAfterGood(RawBatch(batch)), grpc::StatusCode::INVALID_ARGUMENT,
+                "refused before parsing: send smaller batches");
+  // 1024 records of 4000 empty layer_stats each: every record within its
+  // limit (4096), 4M entries in the message.
+  std::string record_bytes;
+  {
+    v1::StepRecord r;
+    r.GetReflection()->MutableUnknownFields(&r)->AddLengthDelimited(
+        v1::StepRecord::kLayerStatsFieldNumber, "");
+    record_bytes = Repeat(r.SerializeAsString(), 4000);
+  }
+  std::string many = head.SerializeAsString();
+  for (int i = 0; i < 1024; ++i) {
+    many += '\x12';
+    AppendVarint(record_bytes.size() + 2, many);
+    many += std::string("\x08", 1) + static_cast<char>(i % 100 + 1) + record_bytes;
+  }
+  ExpectRefused(SendAfterGood(RawBatch(many), "bad-run-2"),
+                grpc::StatusCode::INVALID_ARGUMENT,
+                "refused before parsing: send smaller batches");
+  const uint64_t after = ResidentBytes(server_->pid());
+  std::printf("server RSS: %.1f MB before, %.1f MB after the 8M-entry messages\n",
+              before / 1e6, after / 1e6);
+  EXPECT_LT(after, 256u << 20);
+}
+
 TEST_F(BadInput, TooManyLayerStatsAreRefusedAlone) {
   v1::ReportRequest bad = Batch(2, {10, 11});
   auto* layers = bad.mutable_batch()->mutable_records(1)->mutable_layer_stats();

@@ -1,0 +1,189 @@
+#include "ingest/wire_budget.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "trainwatch/v1/trainwatch.pb.h"
+
+namespace trainwatch {
+
+namespace pb = google::protobuf;
+
+// A message type's fields by number: what the parser makes of each.
+struct WireBudget::Shape {
+  struct Slot {
+    bool known = false;
+    bool message = false;          // a sub-message or map entry: walked
+    const Shape* sub = nullptr;    // its shape
+  };
+  std::vector<Slot> slots;  // by field number; past the end: unknown
+  const Slot* Find(uint64_t number) const {
+    return number < slots.size() && slots[number].known ? &slots[number] : nullptr;
+  }
+};
+
+namespace {
+
+using Shape = WireBudget::Shape;
+
+constexpr int kWireVarint = 0, kWireFixed64 = 1, kWireLen = 2, kWireStartGroup = 3,
+              kWireEndGroup = 4, kWireFixed32 = 5;
+
+bool ReadVarint(const uint8_t*& p, const uint8_t* end, uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64 && p < end; shift += 7) {
+    const uint8_t b = *p++;
+    v |= uint64_t{b & 0x7fu} << shift;
+    if ((b & 0x80) == 0) return true;
+  }
+  return false;
+}
+
+enum class Walk { kOk, kMalformed, kGroup, kOverEntries };
+
+// One field's bytes after its tag: skips them; `len` is set for kWireLen.
+bool SkipValue(int wire_type, const uint8_t*& p, const uint8_t* end, uint64_t& len) {
+  uint64_t v = 0;
+  switch (wire_type) {
+    case kWireVarint:
+      return ReadVarint(p, end, v);
+    case kWireFixed64:
+      if (end - p < 8) return false;
+      p += 8;
+      return true;
+    case kWireFixed32:
+      if (end - p < 4) return false;
+      p += 4;
+      return true;
+    case kWireLen:
+      if (!ReadVarint(p, end, len) || len > static_cast<uint64_t>(end - p)) return false;
+      return true;  // the caller walks or skips the `len` bytes
+    default:
+      return false;
+  }
+}
+
+// Counts what parsing [p, end) as `shape` materialises into `entries`:
+// every length-delimited field (sub-message, string, packed run), every
+// unknown field, walking into sub-messages. Stops once over `max_entries`.
+Walk Count(const Shape& shape, const uint8_t* p, const uint8_t* end, size_t max_entries,
+           size_t& entries) {
+  while (p < end) {
+    uint64_t tag = 0;
+    if (!ReadVarint(p, end, tag)) return Walk::kMalformed;
+    const int wire_type = static_cast<int>(tag & 7);
+    if (wire_type == kWireStartGroup || wire_type == kWireEndGroup) return Walk::kGroup;
+    const Shape::Slot* slot = shape.Find(tag >> 3);
+    uint64_t len = 0;
+    if (!SkipValue(wire_type, p, end, len)) return Walk::kMalformed;
+    if (wire_type == kWireLen || slot == nullptr || slot->message) ++entries;
+    if (entries > max_entries) return Walk::kOverEntries;
+    if (wire_type != kWireLen) continue;
+    if (slot != nullptr && slot->message) {
+      if (Walk w = Count(*slot->sub, p, p + len, max_entries, entries); w != Walk::kOk) {
+        return w;
+      }
+    }
+    p += len;
+  }
+  return Walk::kOk;
+}
+
+// A StepBatch's records and seq, without walking the records.
+struct BatchShape {
+  uint64_t records = 0;
+  uint64_t seq = 0;
+};
+
+bool ShallowBatch(const uint8_t* p, const uint8_t* end, BatchShape& batch) {
+  const int records = v1::StepBatch::kRecordsFieldNumber;
+  const int seq = v1::StepBatch::kSeqFieldNumber;
+  while (p < end) {
+    uint64_t tag = 0, len = 0;
+    if (!ReadVarint(p, end, tag)) return false;
+    const int wire_type = static_cast<int>(tag & 7);
+    if ((tag >> 3) == static_cast<uint64_t>(seq) && wire_type == kWireVarint) {
+      if (!ReadVarint(p, end, batch.seq)) return false;
+      continue;
+    }
+    if (!SkipValue(wire_type, p, end, len)) return false;
+    if (wire_type == kWireLen) {
+      if ((tag >> 3) == static_cast<uint64_t>(records)) ++batch.records;
+      p += len;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+WireBudget::WireBudget(const ValidationLimits& limits)
+    : max_batch_records_(limits.max_batch_records),
+      max_entries_(limits.max_message_entries) {
+  request_ = ShapeOf(v1::ReportRequest::descriptor());
+}
+
+WireBudget::~WireBudget() = default;
+
+const WireBudget::Shape* WireBudget::ShapeOf(const pb::Descriptor* d) {
+  if (auto it = built_.find(d); it != built_.end()) return it->second;
+  Shape* shape = shapes_.emplace_back(std::make_unique<Shape>()).get();
+  built_[d] = shape;  // before the fields: a recursive type ends here
+  int max_number = 0;
+  for (int i = 0; i < d->field_count(); ++i) {
+    max_number = std::max(max_number, d->field(i)->number());
+  }
+  shape->slots.resize(static_cast<size_t>(max_number) + 1);
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    Shape::Slot& slot = shape->slots[static_cast<size_t>(f->number())];
+    slot.known = true;
+    if (f->type() == pb::FieldDescriptor::TYPE_MESSAGE) {
+      slot.message = true;
+      slot.sub = ShapeOf(f->message_type());
+    }
+  }
+  return shape;
+}
+
+absl::Status WireBudget::Check(std::string_view wire) const {
+  const auto* p = reinterpret_cast<const uint8_t*>(wire.data());
+  const uint8_t* end = p + wire.size();
+  // The batch's records first: their own limit, and the usual message.
+  for (const uint8_t* q = p; q < end;) {
+    uint64_t tag = 0, len = 0;
+    if (!ReadVarint(q, end, tag)) break;
+    const int wire_type = static_cast<int>(tag & 7);
+    if (wire_type == kWireStartGroup || wire_type == kWireEndGroup) break;
+    if (!SkipValue(wire_type, q, end, len)) break;
+    if (wire_type != kWireLen) continue;
+    if ((tag >> 3) == static_cast<uint64_t>(v1::ReportRequest::kBatchFieldNumber)) {
+      BatchShape batch;
+      if (ShallowBatch(q, q + len, batch) && batch.records > max_batch_records_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch seq ", batch.seq, " has ", batch.records,
+                         " records; at most ", max_batch_records_));
+      }
+    }
+    q += len;
+  }
+  size_t entries = 0;
+  switch (Count(*request_, p, end, max_entries_, entries)) {
+    case Walk::kOk:
+    case Walk::kMalformed:  // the parser says what is wrong
+      return absl::OkStatus();
+    case Walk::kGroup:
+      return absl::InvalidArgumentError(
+          "the ReportRequest has a group (wire type 3 or 4), which no "
+          "trainwatch.v1 message uses");
+    case Walk::kOverEntries:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the ReportRequest (", wire.size(), " bytes) holds more than ", max_entries_,
+      " records, layer_stats, fp8, moe entries, strings and unknown fields; "
+      "it was refused before parsing: send smaller batches"));
+}
+
+}  // namespace trainwatch
