@@ -34,7 +34,29 @@ bool IsLabelKey(std::string_view key) {
   return true;
 }
 
+// The first `chars` characters of `s`, cut on a character boundary (an
+// error message quoting a name stays valid UTF-8).
+absl::string_view Utf8Prefix(absl::string_view s, size_t chars) {
+  size_t i = 0;
+  for (size_t seen = 0; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80 && seen++ == chars) break;
+  }
+  return s.substr(0, i);
+}
+
+// Whether `s` has more than `limit` characters (bytes first: a string of at
+// most `limit` bytes is never counted).
+bool OverChars(std::string_view s, size_t limit) {
+  return s.size() > limit && Utf8Chars(s) > limit;
+}
+
 }  // namespace
+
+size_t Utf8Chars(std::string_view s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;  // not a continuation byte
+  return n;
+}
 
 absl::Status ValidateRunId(std::string_view run_id) {
   if (run_id.empty()) {
@@ -98,11 +120,16 @@ absl::Status ValidateRunStart(const v1::RunStart& start,
           "\" must match [A-Za-z_][A-Za-z0-9_]* and have at most ",
           limits.max_label_key_chars, " characters"));
     }
-    if (value.size() > limits.max_label_value_chars) {
+    if (OverChars(value, limits.max_label_value_chars)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "label \"", key, "\" has a value of ", value.size(),
+          "label \"", key, "\" has a value of ", Utf8Chars(value),
           " characters; at most ", limits.max_label_value_chars));
     }
+  }
+  if (OverChars(start.host(), limits.max_host_chars)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunStart.host has ", Utf8Chars(start.host()), " characters; at most ", limits.max_host_chars,
+        " (run ", start.run_id(), ")"));
   }
   if (start.has_moe()) {
     const v1::MoeConfig& m = start.moe();
@@ -112,6 +139,14 @@ absl::Status ValidateRunStart(const v1::RunStart& start,
     };
     if (m.num_experts() > limits.max_experts) {
       return bad("num_experts is ", m.num_experts(), "; at most ", limits.max_experts);
+    }
+    // Bounded with num_experts unknown (0) too: they size what the server
+    // allocates per report.
+    for (const auto& [field, v] : {std::pair<const char*, uint32_t>{"top_k", m.top_k()},
+                                   std::pair<const char*, uint32_t>{"ep_size", m.ep_size()}}) {
+      if (v > limits.max_experts) {
+        return bad(field, " is ", v, "; at most ", limits.max_experts);
+      }
     }
     if (m.num_experts() > 0 && m.top_k() > m.num_experts()) {
       return bad("top_k ", m.top_k(), " is above num_experts ", m.num_experts());
@@ -162,10 +197,10 @@ absl::Status ValidateFp8(const v1::StepRecord& r, const ValidationLimits& limits
         limits.max_fp8_tensors));
   }
   for (const auto& [name, f] : r.fp8()) {
-    if (name.empty() || name.size() > limits.max_layer_name_chars) {
+    if (name.empty() || OverChars(name, limits.max_layer_name_chars)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "step ", r.step(), ": fp8 tensor name \"", name.substr(0, 32), "\" has ",
-          name.size(), " characters; 1 to ", limits.max_layer_name_chars));
+          "step ", r.step(), ": fp8 tensor name \"", Utf8Prefix(name, 32), "\" has ",
+          Utf8Chars(name), " characters; 1 to ", limits.max_layer_name_chars));
     }
     if (f.format() == v1::FP8_FORMAT_UNSPECIFIED || !v1::Fp8Format_IsValid(f.format())) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -181,10 +216,10 @@ absl::Status ValidateFp8(const v1::StepRecord& r, const ValidationLimits& limits
           "\"] overflow_fraction and underflow_fraction must be in [0, 1], got ",
           f.overflow_fraction(), " and ", f.underflow_fraction()));
     }
-    if (f.amax_group().size() > limits.max_label_value_chars) {
+    if (OverChars(f.amax_group(), limits.max_label_value_chars)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "step ", r.step(), ": fp8[\"", name, "\"].amax_group has ",
-          f.amax_group().size(), " characters; at most ",
+          Utf8Chars(f.amax_group()), " characters; at most ",
           limits.max_label_value_chars));
     }
   }
@@ -203,9 +238,9 @@ absl::Status ValidateMoe(const v1::StepRecord& r, const ValidationLimits& limits
     const v1::MoeLayerStats& l = moe.layers(i);
     // Built only for a refusal: a valid report (48 layers a record) pays nothing.
     const auto where = [&] { return absl::StrCat("step ", r.step(), ": moe.layers[", i, "]"); };
-    if (l.layer().size() > limits.max_layer_name_chars) {
+    if (OverChars(l.layer(), limits.max_layer_name_chars)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where(), ".layer has ", l.layer().size(), " characters; at most ",
+          where(), ".layer has ", Utf8Chars(l.layer()), " characters; at most ",
           limits.max_layer_name_chars));
     }
     for (const auto& [field, size] :
@@ -274,10 +309,10 @@ absl::Status ValidateStepRecord(const v1::StepRecord& r,
         " layers; at most ", limits.max_layers));
   }
   for (const auto& [name, stats] : r.layer_stats()) {
-    if (name.size() > limits.max_layer_name_chars) {
+    if (OverChars(name, limits.max_layer_name_chars)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "step ", r.step(), ": layer name \"", name.substr(0, 32),
-          "...\" has ", name.size(), " characters; at most ",
+          "step ", r.step(), ": layer name \"", Utf8Prefix(name, 32),
+          "...\" has ", Utf8Chars(name), " characters; at most ",
           limits.max_layer_name_chars));
     }
     if (!v1::LayerKind_IsValid(stats.kind())) {
@@ -346,10 +381,10 @@ absl::Status ValidateRunEvent(const v1::RunEvent& event,
                      static_cast<int>(event.kind()),
                      "); use CHECKPOINT_SAVED, RUN_FINISHED or RUN_FAILED"));
   }
-  if (event.detail().size() > limits.max_event_detail_chars) {
+  if (OverChars(event.detail(), limits.max_event_detail_chars)) {
     return absl::InvalidArgumentError(
         absl::StrCat("event at step ", event.step(), ": detail has ",
-                     event.detail().size(), " characters; at most ",
+                     Utf8Chars(event.detail()), " characters; at most ",
                      limits.max_event_detail_chars));
   }
   return absl::OkStatus();

@@ -121,6 +121,7 @@ absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
           "another server"));
     }
     run = FindOrAddRunLocked(start.run_id());
+    run->open_streams.fetch_add(1);
     if (!known_active && quota.has_value()) {
       run->quota_token = quota->token;
       ++active_by_token_[quota->token];
@@ -141,6 +142,10 @@ absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
         done(status);
       }});
   return handle;
+}
+
+void Stream::Close() {
+  if (!closed_.exchange(true)) run->open_streams.fetch_sub(1);
 }
 
 void Engine::RunInOrder(const StreamHandle& stream,

@@ -117,6 +117,13 @@ struct Stream {
         start(std::move(start)),
         run(std::move(run)),
         shard(shard) {}
+  ~Stream() { Close(); }  // a stream no one holds is closed
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // The stream's reactor ended: the run no longer has this stream open,
+  // though work queued for it may still run. Idempotent.
+  void Close();
 
   const StreamKey key;
   const v1::RunStart start;
@@ -133,6 +140,9 @@ struct Stream {
   // the thread posting the stream's messages (one at a time) raises it; its
   // work may take the prompt lane only at zero, so it cannot overtake.
   std::atomic<uint32_t> normal_queued{0};
+
+ private:
+  std::atomic<bool> closed_{false};
 };
 using StreamHandle = std::shared_ptr<Stream>;
 using DoneCallback = std::function<void(absl::Status)>;
@@ -184,8 +194,10 @@ class Engine {
   void RetireIdleRuns();
 
   // Deletes one run: its live state and series (its firing alerts resolve
-  // first), then everything stored of it. FAILED_PRECONDITION while a stream
-  // of it is open; NOT_FOUND for a run not stored. Blocks until committed.
+  // first), its host incidents, then everything stored of it.
+  // FAILED_PRECONDITION while a stream of it is open (work queued for a
+  // stream that has closed is waited for); NOT_FOUND for a run not stored.
+  // Blocks until committed.
   absl::StatusOr<v1::DeleteRunResponse> DeleteRun(const std::string& run_id);
 
   // Deletes the runs retention_days no longer keeps. Called by the timer.

@@ -57,16 +57,16 @@ std::optional<v1::Alert> HostWatch::OnAlertFired(AlertKind kind,
   if (fired.host().empty() || !HostIncidents::Implicates(kind)) {
     return std::nullopt;
   }
-  metrics_->host_incidents_total
-      .Add({{"host", fired.host()}, {"alertname", fired.alertname()}})
-      .Increment();
   store_->Submit(WriteOp{.body = WriteOp::HostIncident{{.host = fired.host(),
                                       .alertname = fired.alertname(),
                                       .run_id = fired.run(),
                                       .unix_nanos = fired.started_unix_nanos()}}});
   FiredSink sink(fired.run(), fired.started_unix_nanos());
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&mu_);  // with ForgetRun's series edits
+    metrics_->host_incidents_total
+        .Add({{"host", fired.host()}, {"alertname", fired.alertname()}})
+        .Increment();
     detector_.OnAlertFired(FiredContext{.kind = kind,
                                         .run = fired.run(),
                                         .host = fired.host(),
@@ -77,6 +77,20 @@ std::optional<v1::Alert> HostWatch::OnAlertFired(AlertKind kind,
                            sink);
   }
   return std::move(sink.fired);
+}
+
+void HostWatch::ForgetRun(const std::string& run_id) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, count] : detector_.incidents().ForgetRun(run_id)) {
+    const auto& [host, alertname] = key;
+    const prometheus::Labels labels{{"host", host}, {"alertname", alertname}};
+    prometheus::Counter& series = metrics_->host_incidents_total.Add(labels);
+    const double left = series.Value() - static_cast<double>(count);
+    metrics_->host_incidents_total.Remove(&series);
+    // Other runs' incidents on the host stay counted (a counter reset, which
+    // rate() and increase() read as one).
+    if (left > 0) metrics_->host_incidents_total.Add(labels).Increment(left);
+  }
 }
 
 }  // namespace trainwatch

@@ -40,6 +40,11 @@ class HostWatch {
   // to route when it makes its host suspect.
   std::optional<v1::Alert> OnAlertFired(AlertKind kind, const v1::Alert& fired);
 
+  // A deleted run: its incidents are forgotten (no later HostSuspect names
+  // it) and taken off trainwatch_host_incidents_total; a series left at
+  // zero is removed. (The stored incidents go with the run's rows.)
+  void ForgetRun(const std::string& run_id);
+
  private:
   const int64_t window_nanos_;
   absl::Mutex mu_;

@@ -42,6 +42,10 @@ struct RunState {
   std::optional<int> quota_token;
   AlertRouter router;
   RunPipeline pipeline;
+  // Report streams of the run whose reactor has not ended (Stream::Close):
+  // DeleteRun refuses while one is open, and waits out the work queued for
+  // streams that have closed.
+  std::atomic<int> open_streams{0};
   // When a batch of the run last arrived (server clock), for
   // run_idle_timeout; written by any stream's thread, read by the timer.
   std::atomic<int64_t> last_batch_unix_nanos{0};

@@ -3,10 +3,12 @@
 // fresh server and holds every record acknowledged before it began;
 // delete-run makes a run vanish from runs, steps and /metrics; a deleted
 // run's space is reused (the file sizes are printed).
+#include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -20,7 +22,9 @@
 #include "gtest/gtest.h"
 #include "harness.h"
 #include "nlohmann/json.hpp"
+#include "eventually.h"
 #include "trainwatch/client.h"
+#include "trainwatch/v1/trainwatch.grpc.pb.h"
 
 namespace trainwatch::testing {
 namespace {
@@ -163,6 +167,90 @@ TEST(Lifecycle, ARunWithAnOpenStreamIsNotDeleted) {
   EXPECT_THAT(d.err, HasSubstr("FAILED_PRECONDITION"));
   EXPECT_THAT(d.err, HasSubstr("open stream"));
   EXPECT_EQ(StoredPerRun(server).at("live"), 1u);
+}
+
+// A stream that has ended is not open: delete-run right after its trainer
+// closes (while its health is polled, too) is never refused for it.
+TEST(Lifecycle, DeleteRunRightAfterTheStreamClosesIsNotRefused) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  auto stub = v1::TrainingHealth::NewStub(
+      grpc::CreateChannel(server.grpc_address(), grpc::InsecureChannelCredentials()));
+  std::atomic<bool> stop{false};
+  std::atomic<int> polls{0};
+  std::thread poller([&] {
+    while (!stop.load()) {
+      for (int i = 0; i < 40; ++i) {
+        grpc::ClientContext ctx;
+        v1::GetRunHealthRequest req;
+        req.set_run_id("quick-" + std::to_string(i));
+        v1::GetRunHealthResponse resp;
+        stub->GetRunHealth(&ctx, req, &resp);
+        ++polls;
+      }
+    }
+  });
+  int refused = 0;
+  for (int i = 0; i < 40; ++i) {
+    const std::string run = "quick-" + std::to_string(i);
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(
+        {.address = server.grpc_address(), .run_id = run, .max_norm = 1.0});
+    ASSERT_TRUE(c.ok()) << c.status();
+    for (uint64_t step = 0; step < 300; ++step) {
+      while (!(*c)->Record({.step = step, .grad_norm = 0.5, .loss = 2.0})) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    ASSERT_TRUE((*c)->Close().ok());
+    grpc::ClientContext ctx;
+    v1::DeleteRunRequest req;
+    req.set_run_id(run);
+    v1::DeleteRunResponse resp;
+    grpc::Status st = stub->DeleteRun(&ctx, req, &resp);
+    if (!st.ok()) {
+      ++refused;
+      ADD_FAILURE() << run << ": " << st.error_message();
+    } else {
+      EXPECT_EQ(resp.records(), 300u) << run;
+    }
+  }
+  stop = true;
+  poller.join();
+  std::printf("delete-run right after close: %d of 40 refused, %d health polls meanwhile\n",
+              refused, polls.load());
+  EXPECT_TRUE(StoredPerRun(server).empty());
+}
+
+// Everything the server holds of a deleted run goes: the host incidents it
+// raised leave /metrics and never count toward a later HostSuspect.
+TEST(Lifecycle, ADeletedRunsHostIncidentsAreForgotten) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  const auto nan_run = [&](const std::string& run) {
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(
+        {.address = server.grpc_address(), .run_id = run, .max_norm = 1.0, .host = "lemon-1"});
+    ASSERT_TRUE(c.ok()) << c.status();
+    for (uint64_t step = 0; step < 200; ++step) {
+      const double norm = step == 150 ? std::nan("") : 0.5;
+      ASSERT_TRUE((*c)->Record({.step = step, .grad_norm = norm, .loss = 2.0}));
+    }
+    ASSERT_TRUE((*c)->Close().ok());
+  };
+  nan_run("doomed");
+  const std::string series = "trainwatch_host_incidents_total{alertname=\"NonFiniteUpdate\",host=\"lemon-1\"}";
+  ASSERT_TRUE(Eventually([&] { return HttpGet(server.metrics_url()).find(series) != std::string::npos; }))
+      << HttpGet(server.metrics_url());
+  CommandResult d = Ctl(server, {"delete-run", "doomed"});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_THAT(HttpGet(server.metrics_url()), Not(HasSubstr("host=\"lemon-1\"")));
+  // Another run failing on the host is its first incident: no HostSuspect.
+  nan_run("second");
+  ASSERT_TRUE(Eventually([&] { return HttpGet(server.metrics_url()).find(series) != std::string::npos; }));
+  CommandResult alerts = Ctl(server, {"alerts", "--json"});
+  ASSERT_EQ(alerts.exit_code, 0) << alerts.err;
+  EXPECT_THAT(alerts.out, HasSubstr("NonFiniteUpdate"));
+  EXPECT_THAT(alerts.out, Not(HasSubstr("HostSuspect")));
+  EXPECT_THAT(alerts.out, Not(HasSubstr("doomed")));
 }
 
 uint64_t FileBytes(const std::string& path) {

@@ -89,6 +89,49 @@ TEST(ValidateRunStart, BoundsLabels) {
   EXPECT_TRUE(ValidateRunStart(s, limits).ok());
 }
 
+// Limits named in characters count characters: 200 "é" (400 bytes) is a
+// value of 200 characters, within 256; 257 of them are not.
+TEST(ValidateRunStart, CountsCharactersNotBytes) {
+  v1::RunStart s = GoodStart();
+  ValidationLimits limits;
+  std::string e200;
+  for (int i = 0; i < 200; ++i) e200 += "\xc3\xa9";  // é
+  (*s.mutable_labels())["owner"] = e200;
+  EXPECT_TRUE(ValidateRunStart(s, limits).ok()) << ValidateRunStart(s, limits);
+  (*s.mutable_labels())["owner"] = e200 + std::string(57, 'x');
+  EXPECT_THAT(ValidateRunStart(s, limits).message(),
+              HasSubstr("has a value of 257 characters; at most 256"));
+  EXPECT_EQ(Utf8Chars("\xe6\x97\xa5\xe6\x9c\xac"), 2u);  // 日本
+  EXPECT_EQ(Utf8Chars("\xf0\x9f\x94\xa5"), 1u);           // an emoji
+}
+
+// RunStart.host becomes a label of alerts and of a series: bounded.
+TEST(ValidateRunStart, BoundsTheHost) {
+  v1::RunStart s = GoodStart();
+  ValidationLimits limits;
+  s.set_host(std::string(253, 'h'));
+  EXPECT_TRUE(ValidateRunStart(s, limits).ok());
+  s.set_host(std::string(15 << 20, 'h'));
+  EXPECT_THAT(ValidateRunStart(s, limits).message(),
+              HasSubstr("RunStart.host has 15728640 characters; at most 253"));
+}
+
+// With num_experts unknown (0), top_k and ep_size are still bounded.
+TEST(ValidateRunStart, BoundsMoeCountsWithoutNumExperts) {
+  v1::RunStart s = GoodStart();
+  ValidationLimits limits;
+  s.mutable_moe()->set_top_k(2);
+  s.mutable_moe()->set_ep_size(8);
+  EXPECT_TRUE(ValidateRunStart(s, limits).ok());
+  s.mutable_moe()->set_top_k(1'000'000'000);
+  EXPECT_THAT(ValidateRunStart(s, limits).message(),
+              HasSubstr("top_k is 1000000000; at most 4096"));
+  s.mutable_moe()->set_top_k(2);
+  s.mutable_moe()->set_ep_size(1'000'000'000);
+  EXPECT_THAT(ValidateRunStart(s, limits).message(),
+              HasSubstr("ep_size is 1000000000; at most 4096"));
+}
+
 TEST(ValidateStepBatch, NonFiniteValuesAreData) {
   v1::StepBatch b;
   for (double v : {std::nan(""), std::numeric_limits<double>::infinity(),

@@ -95,4 +95,25 @@ std::vector<std::string> HostIncidents::Expire(int64_t now_unix_nanos) {
   return cleared;
 }
 
+std::map<std::pair<std::string, std::string>, size_t> HostIncidents::ForgetRun(
+    const std::string& run) {
+  std::map<std::pair<std::string, std::string>, size_t> forgot;
+  for (auto it = hosts_.begin(); it != hosts_.end();) {
+    Host& h = it->second;
+    std::erase_if(h.incidents, [&](const HostIncident& i) {
+      if (i.run != run) return false;
+      ++forgot[{it->first, i.alertname}];
+      return true;
+    });
+    // Suspect again only through runs that are still there.
+    if (h.suspect) h.suspect = Summarize(it->first, h, h.touched - config_.window_seconds * kNanos).has_value();
+    if (h.incidents.empty()) {
+      hosts_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  return forgot;
+}
+
 }  // namespace trainwatch

@@ -11,9 +11,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -61,6 +63,12 @@ class HostIncidents {
   // Forgets incidents older than the window; returns the hosts that stop
   // being suspect (their HostSuspect may resolve).
   std::vector<std::string> Expire(int64_t now_unix_nanos);
+
+  // Forgets every incident of `run` (a deleted run: nothing of it may name
+  // a host later). Returns how many it forgot per (host, alertname); a host
+  // no longer suspect stops being so.
+  std::map<std::pair<std::string, std::string>, size_t> ForgetRun(
+      const std::string& run);
 
   size_t hosts() const { return hosts_.size(); }
 

@@ -220,6 +220,29 @@ TEST(HostIncidents, TwoRunsNamingAHostWithinADayMakeItSuspect) {
   EXPECT_FALSE(incidents.Suspicion("node-7", t0 + 3600 * kSec + 86400 * kSec + 1));
 }
 
+// A deleted run leaves nothing behind: its incidents are forgotten, so a
+// later incident of another run does not make the host suspect with it.
+TEST(HostIncidents, ADeletedRunsIncidentsAreForgotten) {
+  HostIncidents incidents(HostSuspectConfig{});
+  const int64_t t0 = 100000 * kSec;
+  incidents.Add({"node-7", "NonFiniteUpdate", "deleted", t0});
+  incidents.Add({"node-7", "LossSpike", "deleted", t0 + kSec});
+  incidents.Add({"node-8", "LossSpike", "kept", t0 + kSec});
+  const auto forgot = incidents.ForgetRun("deleted");
+  EXPECT_EQ(forgot.size(), 2u);
+  EXPECT_EQ(forgot.at({"node-7", "LossSpike"}), 1u);
+  EXPECT_EQ(forgot.at({"node-7", "NonFiniteUpdate"}), 1u);
+  EXPECT_EQ(incidents.hosts(), 1u);  // node-8 only
+  EXPECT_FALSE(incidents.Add({"node-7", "LossSpike", "other", t0 + 2 * kSec}).has_value());
+  // A host suspect through the deleted run is not suspect any more.
+  incidents.Add({"node-9", "LossSpike", "a", t0});
+  ASSERT_TRUE(incidents.Add({"node-9", "LossSpike", "b", t0 + kSec}).has_value());
+  incidents.ForgetRun("b");
+  EXPECT_FALSE(incidents.Suspicion("node-9", t0 + 2 * kSec).has_value());
+  // ... and becomes suspect again through a new run.
+  EXPECT_TRUE(incidents.Add({"node-9", "LossSpike", "c", t0 + 3 * kSec}).has_value());
+}
+
 // The same records replayed under other run ids (an import, a scenario
 // replayed in three arrival orders) are one run, not a lemon machine's
 // victims: the same alert at the same step with the same text.
