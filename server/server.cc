@@ -1,5 +1,6 @@
 #include "server.h"
 
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -268,7 +269,21 @@ absl::Status Server::StartEngineAndServices(const ServerOptions& options) {
   ingest_options.small_batch_records = engine_options.prompt_batch_records;
   ingest_options.authorizer = authorizer_.get();
   ingest_ = std::make_unique<Ingest>(ingest_options, engine_.get(), m);
-  query_ = std::make_unique<Query>(store_.get(), engine_.get());
+  std::string backup_dir = options.store.backup_dir;
+  if (backup_dir.empty()) {
+    const size_t slash = options.store.db.rfind('/');
+    backup_dir = slash == std::string::npos ? "."
+                 : slash == 0             ? "/"
+                                          : options.store.db.substr(0, slash);
+  }
+  query_ = std::make_unique<Query>(store_.get(), engine_.get(), backup_dir);
+  // A backup's staging file outlives a killed server: removed here.
+  absl::StatusOr<int> stale = query_->RemoveStaleBackups();
+  if (!stale.ok()) return stale.status();
+  if (*stale > 0) {
+    std::fprintf(stderr, "trainwatch-server: removed %d backup staging file(s) a stopped server left in %s\n",
+                 *stale, backup_dir.c_str());
+  }
   service_ = std::make_unique<Service>(ingest_.get(), query_.get(), authorizer_.get());
   return absl::OkStatus();
 }

@@ -62,6 +62,8 @@ struct ServerOptions {
     std::string db = "trainwatch.db";
     // PRAGMA synchronous: NORMAL or FULL.
     std::string synchronous = "NORMAL";
+    // Where Backup stages its copy; "" = the database's directory.
+    std::string backup_dir;
     // What is kept of the ranks other than a run's lead, and for how many
     // steps (StoreOptions; docs/architecture.md, "What is kept per rank").
     StoreOptions::RankRecords rank_records = StoreOptions::RankRecords::kDigest;

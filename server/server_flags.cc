@@ -100,6 +100,13 @@ constexpr ServerFlag kFlags[] = {
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.store.db);
      }},
+    {"--backup-dir", "DIR",
+     "where a backup stages its copy of the database\n"
+     "before streaming it (default: the --db's directory;\n"
+     "it needs room for one copy per backup running)",
+     [](absl::string_view, Value v, ServerFlags& f) {
+       return Text(v, f.options.store.backup_dir);
+     }},
     {"--synchronous", "MODE", "SQLite synchronous: NORMAL (default) or FULL",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.store.synchronous);

@@ -1,14 +1,7 @@
 #include "query/query.h"
 
-#include <stdlib.h>
-#include <unistd.h>
-
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/validate.h"
 
@@ -108,35 +101,6 @@ absl::StatusOr<v1::DeleteRunResponse> Query::DeleteRun(
     const v1::DeleteRunRequest& request) const {
   if (absl::Status s = ValidateRunId(request.run_id()); !s.ok()) return s;
   return engine_->DeleteRun(request.run_id());
-}
-
-absl::Status Query::Backup(
-    const std::function<bool(const v1::BackupChunk&)>& sink) const {
-  // An empty file of our own for VACUUM INTO, removed however this ends.
-  std::string path =
-      (std::filesystem::temp_directory_path() / "trainwatch-backup-XXXXXX").string();
-  const int fd = mkstemp(path.data());
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("backup: cannot create a temporary file in ",
-                                            std::filesystem::temp_directory_path().string()));
-  }
-  close(fd);
-  absl::Cleanup remove = [&] { std::remove(path.c_str()); };
-  if (absl::Status s = store_->Backup(path); !s.ok()) return s;
-  std::ifstream in(path, std::ios::binary);
-  const uint64_t total = std::filesystem::file_size(path);
-  v1::BackupChunk chunk;
-  chunk.set_total_bytes(total);
-  std::string buffer(kBackupChunkBytes, '\0');
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    const std::streamsize n = in.gcount();
-    if (n <= 0) break;
-    chunk.set_data(buffer.data(), static_cast<size_t>(n));
-    if (!sink(chunk)) return absl::CancelledError("backup: the client went away");
-  }
-  if (in.bad()) return absl::InternalError(absl::StrCat("backup: reading ", path));
-  return absl::OkStatus();
 }
 
 }  // namespace trainwatch

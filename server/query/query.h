@@ -5,7 +5,10 @@
 #ifndef TRAINWATCH_SERVER_QUERY_QUERY_H_
 #define TRAINWATCH_SERVER_QUERY_QUERY_H_
 
+#include <atomic>
 #include <functional>
+#include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
@@ -16,7 +19,10 @@ namespace trainwatch {
 
 class Query {
  public:
-  Query(const Store* store, Engine* engine) : store_(store), engine_(engine) {}
+  // `backup_dir`: where Backup stages its copy (the server passes
+  // --backup-dir, or the --db's directory).
+  Query(const Store* store, Engine* engine, std::string backup_dir = ".")
+      : store_(store), engine_(engine), backup_dir_(std::move(backup_dir)) {}
 
   absl::StatusOr<v1::ListRunsResponse> ListRuns(
       const v1::ListRunsRequest& request) const;
@@ -38,12 +44,21 @@ class Query {
   absl::StatusOr<v1::DeleteRunResponse> DeleteRun(
       const v1::DeleteRunRequest& request) const;
 
-  // A consistent copy of the database (Store::Backup into a temporary
-  // file), sent to `sink` in chunks of kBackupChunkBytes; `sink` returns
-  // false to stop.
+  // A consistent copy of the database (Store::Backup into a staging file of
+  // backup_dir, mode 0600, created exclusively, unlinked as soon as it is
+  // open, so a kill mid-stream leaves nothing), sent to `sink` in chunks of
+  // kBackupChunkBytes; `sink` returns false to stop. At most
+  // kMaxConcurrentBackups at once (each pins a copy's space):
+  // RESOURCE_EXHAUSTED past it, and when the directory is full;
+  // FAILED_PRECONDITION when it cannot be written.
   absl::Status Backup(const std::function<bool(const v1::BackupChunk&)>& sink) const;
 
+  // At start: removes staging files a killed server left in backup_dir.
+  // Returns how many it removed.
+  absl::StatusOr<int> RemoveStaleBackups() const;
+
   static constexpr size_t kBackupChunkBytes = 1 << 20;
+  static constexpr int kMaxConcurrentBackups = 2;
 
   static constexpr size_t kRecordsPerMessage = 2048;
   // A restart plan starts from a checkpoint at least this many steps before
@@ -53,6 +68,8 @@ class Query {
  private:
   const Store* const store_;
   Engine* const engine_;
+  const std::string backup_dir_;
+  mutable std::atomic<int> backups_running_{0};
 };
 
 }  // namespace trainwatch

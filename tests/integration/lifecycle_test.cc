@@ -4,15 +4,20 @@
 // delete-run makes a run vanish from runs, steps and /metrics; a deleted
 // run's space is reused (the file sizes are printed).
 #include <grpcpp/grpcpp.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,6 +34,7 @@
 namespace trainwatch::testing {
 namespace {
 
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -112,6 +118,140 @@ TEST(Lifecycle, ABackupUnderLoadOpensInAFreshServerWithEveryRecordAckedBeforeIt)
   CommandResult again = Ctl(server, {"backup", "--out", backup});
   EXPECT_EQ(again.exit_code, 1);
   EXPECT_THAT(again.err, HasSubstr("exists"));
+}
+
+// `PRAGMA integrity_check` of a database file: "ok" when sound.
+std::string IntegrityCheck(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    return "cannot open";
+  }
+  std::string result;
+  sqlite3_exec(db, "PRAGMA integrity_check", [](void* out, int, char** values, char**) {
+    *static_cast<std::string*>(out) += values[0] ? values[0] : "NULL";
+    return 0;
+  }, &result, nullptr);
+  sqlite3_close(db);
+  return result;
+}
+
+std::vector<std::string> StagingFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".trainwatch-backup-", 0) == 0) out.push_back(name);
+  }
+  return out;
+}
+
+std::string WriteLog(const TempDir& dir, const std::string& run, uint64_t steps);
+
+// Sets an environment variable for its scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_.has_value()) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// Two backups to one file at once: one writes a sound copy, the other fails
+// cleanly (the partial file is created exclusively, the name taken with
+// link(): never shared, never overwritten). The copy is the owner's alone
+// (0600), and the server leaves no staging file behind.
+TEST(Lifecycle, TwoBackupsToOneFileOneSucceedsTheOtherFailsCleanly) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  ASSERT_EQ(Ctl(server, {"replay", WriteLog(dir, "big", 200000)}).exit_code, 0);
+  const std::string out = dir.File("copy.db");
+  for (int round = 0; round < 3; ++round) {
+    std::filesystem::remove(out);
+    CommandResult a, b;
+    std::thread ta([&] { a = Ctl(server, {"backup", "--out", out}); });
+    std::thread tb([&] { b = Ctl(server, {"backup", "--out", out}); });
+    ta.join();
+    tb.join();
+    EXPECT_EQ((a.exit_code == 0) + (b.exit_code == 0), 1)
+        << "a: " << a.exit_code << " " << a.err << "\nb: " << b.exit_code << " " << b.err;
+    const CommandResult& failed = a.exit_code == 0 ? b : a;
+    EXPECT_EQ(failed.exit_code, 1);
+    EXPECT_THAT(failed.err, AnyOf(HasSubstr("another backup to"), HasSubstr("exists")));
+    EXPECT_EQ(IntegrityCheck(out), "ok");
+    EXPECT_EQ(std::filesystem::status(out).permissions() & std::filesystem::perms::all,
+              std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
+  }
+  EXPECT_THAT(StagingFiles(dir.path()), ::testing::IsEmpty());
+}
+
+// A .partial planted as a link is never followed: its target keeps its bytes.
+TEST(Lifecycle, ABackupNeverFollowsALinkedPartialFile) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  ASSERT_EQ(Ctl(server, {"replay", WriteLog(dir, "r", 100)}).exit_code, 0);
+  const std::string victim = dir.File("precious.txt");
+  { std::ofstream(victim) << "precious"; }
+  std::filesystem::create_symlink(victim, dir.File("copy.db.partial"));
+  CommandResult r = Ctl(server, {"backup", "--out", dir.File("copy.db")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("copy.db.partial exists"));
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "precious");
+  EXPECT_FALSE(std::filesystem::exists(dir.File("copy.db")));
+}
+
+// The copy is staged in --backup-dir (the --db's directory by default), not
+// the system's temp directory: a server with none (a read-only root
+// filesystem) backs up; a staging file left by a killed server is removed
+// at the next start; a --backup-dir that cannot be read stops the start.
+TEST(Lifecycle, BackupsStageInTheBackupDirAndNeverInTmp) {
+  TempDir dir;
+  const std::string staging = dir.File("staging");
+  std::filesystem::create_directory(staging);
+  const std::string leftover = staging + "/.trainwatch-backup-4242-0";
+  { std::ofstream(leftover) << "a copy a killed server left"; }
+  {
+    // The server starts (forks) with no temp directory; the test's own
+    // commands need one, so TMPDIR is set back at once.
+    std::optional<ServerProcess> server;
+    {
+      ScopedEnv no_tmp("TMPDIR", "/nonexistent-tmp");
+      server.emplace(dir.File("tw.db"), 0, std::vector<std::string>{"--backup-dir", staging});
+    }
+    EXPECT_FALSE(std::filesystem::exists(leftover));
+    ASSERT_EQ(Ctl(*server, {"replay", WriteLog(dir, "r", 1000)}).exit_code, 0);
+    CommandResult b = Ctl(*server, {"backup", "--out", dir.File("copy.db")});
+    EXPECT_EQ(b.exit_code, 0) << b.err;
+    EXPECT_EQ(IntegrityCheck(dir.File("copy.db")), "ok");
+    EXPECT_THAT(StagingFiles(staging), ::testing::IsEmpty());
+  }
+  CommandResult bad = RunCommand({BinDir() + "/trainwatch-server", "--db", dir.File("x.db"),
+                                  "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                                  "--backup-dir", dir.File("no-such-dir")});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("--backup-dir"));
+  EXPECT_THAT(bad.err, HasSubstr("no-such-dir"));
+}
+
+// backup wants one server: each of a fleet's holds its own database.
+TEST(Lifecycle, BackupWithAFleetListIsAUsageError) {
+  CommandResult r = RunCommand({BinDir() + "/trainwatchctl", "--server", "127.0.0.1:1,127.0.0.1:2",
+                                "backup", "--out", "/tmp/never-written.db"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("give one --server"));
 }
 
 // A JSONL step log of `steps` steps for `run`.
