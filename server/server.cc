@@ -1,5 +1,6 @@
 #include "server.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -42,9 +43,17 @@ class Server::Service final : public ServiceBase {
   grpc::Status ListRuns(grpc::ServerContext* context,
                         const v1::ListRunsRequest* request,
                         v1::ListRunsResponse* response) override {
-    if (grpc::Status s = CheckRead(*context); !s.ok()) return s;
+    absl::StatusOr<const TokenScope*> scope = ReadScope(*context);
+    if (!scope.ok()) return ToGrpcStatus(scope.status());
     absl::StatusOr<v1::ListRunsResponse> r = query_->ListRuns(*request);
     if (!r.ok()) return ToGrpcStatus(r.status());
+    // A read:PREFIX token lists only its runs.
+    auto* runs = r->mutable_runs();
+    runs->erase(std::remove_if(runs->begin(), runs->end(),
+                               [&](const v1::RunSummary& run) {
+                                 return !Authorizer::MayReadRun(*scope, run.run_id());
+                               }),
+                runs->end());
     *response = std::move(*r);
     return grpc::Status::OK;
   }
@@ -52,7 +61,7 @@ class Server::Service final : public ServiceBase {
   grpc::Status GetRunHealth(grpc::ServerContext* context,
                             const v1::GetRunHealthRequest* request,
                             v1::GetRunHealthResponse* response) override {
-    if (grpc::Status s = CheckRead(*context); !s.ok()) return s;
+    if (grpc::Status s = CheckReadRun(*context, request->run_id()); !s.ok()) return s;
     absl::StatusOr<v1::GetRunHealthResponse> r = query_->GetRunHealth(*request);
     if (!r.ok()) return ToGrpcStatus(r.status());
     *response = std::move(*r);
@@ -62,9 +71,21 @@ class Server::Service final : public ServiceBase {
   grpc::Status ListAlerts(grpc::ServerContext* context,
                           const v1::ListAlertsRequest* request,
                           v1::ListAlertsResponse* response) override {
-    if (grpc::Status s = CheckRead(*context); !s.ok()) return s;
+    absl::StatusOr<const TokenScope*> scope = ReadScope(*context);
+    if (!scope.ok()) return ToGrpcStatus(scope.status());
+    if (!request->run_id().empty()) {
+      if (absl::Status s = Authorizer::CheckReadRun(*scope, request->run_id()); !s.ok()) {
+        return ToGrpcStatus(s);
+      }
+    }
     absl::StatusOr<v1::ListAlertsResponse> r = query_->ListAlerts(*request);
     if (!r.ok()) return ToGrpcStatus(r.status());
+    auto* alerts = r->mutable_alerts();
+    alerts->erase(std::remove_if(alerts->begin(), alerts->end(),
+                                 [&](const v1::Alert& a) {
+                                   return !Authorizer::MayReadRun(*scope, a.run());
+                                 }),
+                  alerts->end());
     *response = std::move(*r);
     return grpc::Status::OK;
   }
@@ -72,7 +93,7 @@ class Server::Service final : public ServiceBase {
   grpc::Status QuerySteps(grpc::ServerContext* context,
                           const v1::QueryStepsRequest* request,
                           grpc::ServerWriter<v1::StepRecords>* writer) override {
-    if (grpc::Status s = CheckRead(*context); !s.ok()) return s;
+    if (grpc::Status s = CheckReadRun(*context, request->run_id()); !s.ok()) return s;
     return ToGrpcStatus(query_->QuerySteps(*request, [&](const v1::StepRecords& c) {
       return !context->IsCancelled() && writer->Write(c);
     }));
@@ -96,20 +117,30 @@ class Server::Service final : public ServiceBase {
     return grpc::Status::OK;
   }
 
-  // A copy of everything: the read scope.
+  // A copy of everything: the read scope for every run (a read:PREFIX
+  // token's backup would hold other tenants' runs).
   grpc::Status Backup(grpc::ServerContext* context, const v1::BackupRequest* request,
                       grpc::ServerWriter<v1::BackupChunk>* writer) override {
-    if (grpc::Status s = CheckRead(*context); !s.ok()) return s;
+    absl::StatusOr<const TokenScope*> scope = ReadScope(*context);
+    if (!scope.ok()) return ToGrpcStatus(scope.status());
+    if (absl::Status s = Authorizer::CheckReadAll(*scope); !s.ok()) return ToGrpcStatus(s);
     return ToGrpcStatus(query_->Backup([&](const v1::BackupChunk& c) {
       return !context->IsCancelled() && writer->Write(c);
     }));
   }
 
  private:
-  grpc::Status CheckRead(const grpc::ServerContextBase& context) const {
-    if (authorizer_ == nullptr) return grpc::Status::OK;
-    return ToGrpcStatus(
-        authorizer_->AuthorizeRead(AuthorizationOf(context)).status());
+  // The call's read scope: null with auth off (every run).
+  absl::StatusOr<const TokenScope*> ReadScope(const grpc::ServerContextBase& context) const {
+    if (authorizer_ == nullptr) return nullptr;
+    return authorizer_->AuthorizeRead(AuthorizationOf(context));
+  }
+
+  grpc::Status CheckReadRun(const grpc::ServerContextBase& context,
+                            const std::string& run_id) const {
+    absl::StatusOr<const TokenScope*> scope = ReadScope(context);
+    if (!scope.ok()) return ToGrpcStatus(scope.status());
+    return ToGrpcStatus(Authorizer::CheckReadRun(*scope, run_id));
   }
 
   Ingest* const ingest_;

@@ -38,8 +38,14 @@ bool IsTokenChar(char c) { return c > ' ' && c < 0x7f && c != '#'; }
 
 absl::Status ParseScopes(absl::string_view field, TokenScope* scope) {
   for (absl::string_view s : absl::StrSplit(field, ',')) {
-    if (s == "read") {
-      scope->read = true;
+    if (s == "read" || s == "read:*") {
+      scope->read_prefixes.push_back("");
+    } else if (absl::ConsumePrefix(&s, "read:")) {
+      if (absl::Status v = ValidateRunId(std::string_view(s.data(), s.size())); !v.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "read:PREFIX wants a run-id prefix (or *): ", v.message()));
+      }
+      scope->read_prefixes.push_back(std::string(s));
     } else if (absl::ConsumePrefix(&s, "write:")) {
       if (s == "*") {
         scope->write_prefixes.push_back("");
@@ -60,7 +66,7 @@ absl::Status ParseScopes(absl::string_view field, TokenScope* scope) {
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown scope \"", s,
-          "\"; scopes are read, write:PREFIX, write:*, runs:N"));
+          "\"; scopes are read, read:PREFIX, write:PREFIX, write:*, runs:N"));
     }
   }
   return absl::OkStatus();
@@ -182,7 +188,7 @@ absl::StatusOr<const TokenScope*> Authorizer::Authenticate(
 absl::StatusOr<const TokenScope*> Authorizer::AuthorizeRead(
     std::optional<absl::string_view> authorization) const {
   absl::StatusOr<const TokenScope*> scope = Authenticate(authorization);
-  if (scope.ok() && !(*scope)->read) {
+  if (scope.ok() && (*scope)->read_prefixes.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "this token (line ", (*scope)->line,
         " of the token file) may not query: it lacks the read scope"));
@@ -201,19 +207,52 @@ absl::StatusOr<const TokenScope*> Authorizer::AuthorizeReport(
   return scope;
 }
 
-absl::Status Authorizer::CheckWriteRun(const TokenScope& scope,
-                                       absl::string_view run_id) {
-  for (const std::string& prefix : scope.write_prefixes) {
-    if (absl::StartsWith(run_id, prefix)) return absl::OkStatus();
+namespace {
+
+bool UnderAny(const std::vector<std::string>& prefixes, absl::string_view run_id) {
+  for (const std::string& prefix : prefixes) {
+    if (absl::StartsWith(run_id, prefix)) return true;
   }
+  return false;
+}
+
+std::string Quoted(const std::vector<std::string>& prefixes) {
   std::vector<std::string> quoted;
-  for (const std::string& prefix : scope.write_prefixes) {
-    quoted.push_back(absl::StrCat("\"", prefix, "\""));
+  for (const std::string& prefix : prefixes) quoted.push_back(absl::StrCat("\"", prefix, "\""));
+  return absl::StrJoin(quoted, ", ");
+}
+
+}  // namespace
+
+bool Authorizer::MayReadRun(const TokenScope* scope, absl::string_view run_id) {
+  return scope == nullptr || UnderAny(scope->read_prefixes, run_id);
+}
+
+absl::Status Authorizer::CheckReadRun(const TokenScope* scope, absl::string_view run_id) {
+  if (MayReadRun(scope, run_id)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "run ", run_id, ": this token (line ", scope->line,
+      " of the token file) may read only runs under ", Quoted(scope->read_prefixes)));
+}
+
+absl::Status Authorizer::CheckReadAll(const TokenScope* scope) {
+  if (scope == nullptr) return absl::OkStatus();
+  for (const std::string& prefix : scope->read_prefixes) {
+    if (prefix.empty()) return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrCat(
+      "this token (line ", scope->line,
+      " of the token file) may read only runs under ", Quoted(scope->read_prefixes),
+      "; a backup copies the whole database, every tenant's runs: it needs the read "
+      "scope (or read:*)"));
+}
+
+absl::Status Authorizer::CheckWriteRun(const TokenScope& scope,
+                                       absl::string_view run_id) {
+  if (UnderAny(scope.write_prefixes, run_id)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
       "run ", run_id, ": this token (line ", scope.line,
-      " of the token file) may write only runs under ",
-      absl::StrJoin(quoted, ", ")));
+      " of the token file) may write only runs under ", Quoted(scope.write_prefixes)));
 }
 
 }  // namespace trainwatch

@@ -1,7 +1,11 @@
 // Bearer-token authorization (--auth-token-file, docs/security.md).
 //
 // The token file has one token per line, `TOKEN SCOPE[,SCOPE...]`:
-//   read           ListRuns, GetRunHealth, ListAlerts, QuerySteps
+//   read           ListRuns, GetRunHealth, ListAlerts, QuerySteps, Backup
+//   read:PREFIX    the same for run ids that start with PREFIX (ListRuns
+//                  and ListAlerts list only those; Backup, a copy of the
+//                  whole database, needs read or read:*)
+//   read:*         = read
 //   write:PREFIX   Report for run ids that start with PREFIX
 //   write:*        Report for any run
 //   runs:N         at most N active runs opened with this token at once
@@ -32,8 +36,9 @@ namespace trainwatch {
 
 // What one token may do.
 struct TokenScope {
-  // ListRuns, GetRunHealth, ListAlerts, QuerySteps.
-  bool read = false;
+  // ListRuns, GetRunHealth, ListAlerts, QuerySteps for run ids starting
+  // with one of these; "" (read, read:*) = any run, and Backup.
+  std::vector<std::string> read_prefixes;
   // Report for run ids starting with one of these; "" (write:*) = any run.
   std::vector<std::string> write_prefixes;
   // runs:N: at most N of the runs this token opened are active at once
@@ -74,6 +79,13 @@ class Authorizer {
   // PERMISSION_DENIED unless `scope` may write `run_id`.
   static absl::Status CheckWriteRun(const TokenScope& scope,
                                     absl::string_view run_id);
+
+  // Whether `scope` may read `run_id` (null: auth is off, every run).
+  static bool MayReadRun(const TokenScope* scope, absl::string_view run_id);
+  // PERMISSION_DENIED unless `scope` may read `run_id`.
+  static absl::Status CheckReadRun(const TokenScope* scope, absl::string_view run_id);
+  // PERMISSION_DENIED unless `scope` reads every run (Backup copies them all).
+  static absl::Status CheckReadAll(const TokenScope* scope);
 
   size_t size() const { return entries_.size(); }
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -283,6 +284,54 @@ TEST_F(SecurityTest, TokensAreCheckedAndScoped) {
   r = Ctl(server, {}, {"replay", WriteLog("anywhere/admin", 3)});
   unsetenv("TRAINWATCH_TOKEN");
   EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// Teams sharing a server: a read:team-a/ token lists only team-a's runs and
+// alerts, is refused another team's steps and health (naming its prefix),
+// and may not take a backup (a copy of every tenant's data); the full read
+// scope sees everything.
+TEST_F(SecurityTest, AReadPrefixTokenReadsOnlyItsTeamsRuns) {
+  std::ofstream(dir_.File("team-tokens"))
+      << kAdmin << " read,write:*\n"
+      << kRead << " read:team-a/\n";
+  chmod(dir_.File("team-tokens").c_str(), 0600);
+  ServerProcess server(dir_.File("db"), 0, {"--auth-token-file", dir_.File("team-tokens")});
+  const std::vector<std::string> admin = {"--token-file", Pki("admin.token")};
+  const std::vector<std::string> team_a = {"--token-file", Pki("read.token")};
+  for (const char* run : {"team-a/one", "team-a/two", "team-b/secret"}) {
+    CommandResult w = Ctl(server, admin, {"replay", WriteLog(run, 20)});
+    ASSERT_EQ(w.exit_code, 0) << w.err;
+  }
+  const auto listed = [&](const std::vector<std::string>& flags) {
+    CommandResult r = Ctl(server, flags, {"runs", "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::vector<std::string> runs;
+    for (const json& run : json::parse(r.out)) runs.push_back(run["run_id"]);
+    return runs;
+  };
+  EXPECT_THAT(listed(team_a), ::testing::UnorderedElementsAre("team-a/one", "team-a/two"));
+  EXPECT_THAT(listed(admin), ::testing::UnorderedElementsAre("team-a/one", "team-a/two",
+                                                            "team-b/secret"));
+  EXPECT_EQ(StoredSteps(server, team_a, "team-a/one"), 20u);
+  for (const std::vector<std::string>& cmd : std::vector<std::vector<std::string>>{
+           {"steps", "--run", "team-b/secret"},
+           {"health", "--run", "team-b/secret"},
+           {"alerts", "--run", "team-b/secret"}}) {
+    CommandResult r = Ctl(server, team_a, cmd);
+    EXPECT_EQ(r.exit_code, 1) << cmd[0];
+    EXPECT_THAT(r.err, HasSubstr("PERMISSION_DENIED: run team-b/secret: this token (line 2 "
+                                 "of the token file) may read only runs under \"team-a/\""))
+        << cmd[0];
+  }
+  CommandResult alerts = Ctl(server, team_a, {"alerts", "--json"});
+  EXPECT_EQ(alerts.exit_code, 0) << alerts.err;
+  EXPECT_THAT(alerts.out, Not(HasSubstr("team-b")));
+  CommandResult backup = Ctl(server, team_a, {"backup", "--out", dir_.File("copy.db")});
+  EXPECT_EQ(backup.exit_code, 1);
+  EXPECT_THAT(backup.err, HasSubstr("a backup copies the whole database"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.File("copy.db")));
+  backup = Ctl(server, admin, {"backup", "--out", dir_.File("copy.db")});
+  EXPECT_EQ(backup.exit_code, 0) << backup.err;
 }
 
 // a write:team-a/ token opened runs that sent only a RunStart and

@@ -41,12 +41,12 @@ TEST(Authorizer, ParsesTokensScopesAndComments) {
   EXPECT_EQ(auth->size(), 3u);
   absl::StatusOr<const TokenScope*> w = auth->Authenticate(Bearer(kWriter));
   ASSERT_TRUE(w.ok()) << w.status();
-  EXPECT_FALSE((*w)->read);
+  EXPECT_TRUE((*w)->read_prefixes.empty());
   EXPECT_THAT((*w)->write_prefixes, ::testing::ElementsAre("team-a/", "shared/"));
   EXPECT_EQ((*w)->line, 3);
   absl::StatusOr<const TokenScope*> b = auth->Authenticate(Bearer(kBoth));
   ASSERT_TRUE(b.ok());
-  EXPECT_TRUE((*b)->read);
+  EXPECT_EQ((*b)->read_prefixes, std::vector<std::string>{""});
   EXPECT_THAT((*b)->write_prefixes, ::testing::ElementsAre(""));
 }
 
@@ -80,6 +80,28 @@ TEST(Authorizer, ReadScopeGatesQueries) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("read scope"));
   EXPECT_EQ(auth->AuthorizeRead(std::nullopt).status().code(),
             absl::StatusCode::kUnauthenticated);
+}
+
+TEST(Authorizer, ReadPrefixesScopeReads) {
+  absl::StatusOr<std::unique_ptr<Authorizer>> auth = Authorizer::Parse(
+      std::string(kReader) + " read:team-a/,read:shared/\n" + kBoth + " read:*\n", "tokens");
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  absl::StatusOr<const TokenScope*> team = (*auth)->AuthorizeRead(Bearer(kReader));
+  ASSERT_TRUE(team.ok()) << team.status();
+  EXPECT_TRUE(Authorizer::MayReadRun(*team, "team-a/r1"));
+  EXPECT_TRUE(Authorizer::MayReadRun(*team, "shared/x"));
+  EXPECT_FALSE(Authorizer::MayReadRun(*team, "team-b/r1"));
+  EXPECT_FALSE(Authorizer::MayReadRun(*team, "team-a"));  // a plain prefix
+  EXPECT_THAT(Authorizer::CheckReadRun(*team, "team-b/r1").message(),
+              ::testing::HasSubstr("may read only runs under \"team-a/\", \"shared/\""));
+  EXPECT_TRUE(absl::IsPermissionDenied(Authorizer::CheckReadAll(*team)));
+  absl::StatusOr<const TokenScope*> all = (*auth)->AuthorizeRead(Bearer(kBoth));
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(Authorizer::CheckReadAll(*all).ok());
+  EXPECT_TRUE(Authorizer::MayReadRun(nullptr, "anything"));  // auth off
+  EXPECT_THAT(Authorizer::Parse(std::string(kReader) + " read:bad|prefix\n", "tokens")
+                  .status().message(),
+              ::testing::HasSubstr("read:PREFIX wants a run-id prefix"));
 }
 
 TEST(Authorizer, WriteScopeGatesReportAndRunPrefixes) {
