@@ -15,6 +15,7 @@ struct WireBudget::Shape {
   struct Slot {
     bool known = false;
     bool message = false;          // a sub-message or map entry: walked
+    int wire_type = 0;             // what the parser takes as this field
     const Shape* sub = nullptr;    // its shape
   };
   std::vector<Slot> slots;  // by field number; past the end: unknown
@@ -77,7 +78,12 @@ Walk Count(const Shape& shape, const uint8_t* p, const uint8_t* end, size_t max_
     const Shape::Slot* slot = shape.Find(tag >> 3);
     uint64_t len = 0;
     if (!SkipValue(wire_type, p, end, len)) return Walk::kMalformed;
-    if (wire_type == kWireLen || slot == nullptr || slot->message) ++entries;
+    // A field sent with a wire type other than its own is kept as an
+    // unknown field: an object too.
+    if (wire_type == kWireLen || slot == nullptr || slot->message ||
+        wire_type != slot->wire_type) {
+      ++entries;
+    }
     if (entries > max_entries) return Walk::kOverEntries;
     if (wire_type != kWireLen) continue;
     if (slot != nullptr && slot->message) {
@@ -139,6 +145,25 @@ const WireBudget::Shape* WireBudget::ShapeOf(const pb::Descriptor* d) {
     const pb::FieldDescriptor* f = d->field(i);
     Shape::Slot& slot = shape->slots[static_cast<size_t>(f->number())];
     slot.known = true;
+    switch (f->type()) {
+      case pb::FieldDescriptor::TYPE_DOUBLE:
+      case pb::FieldDescriptor::TYPE_FIXED64:
+      case pb::FieldDescriptor::TYPE_SFIXED64:
+        slot.wire_type = kWireFixed64;
+        break;
+      case pb::FieldDescriptor::TYPE_FLOAT:
+      case pb::FieldDescriptor::TYPE_FIXED32:
+      case pb::FieldDescriptor::TYPE_SFIXED32:
+        slot.wire_type = kWireFixed32;
+        break;
+      case pb::FieldDescriptor::TYPE_STRING:
+      case pb::FieldDescriptor::TYPE_BYTES:
+      case pb::FieldDescriptor::TYPE_MESSAGE:
+        slot.wire_type = kWireLen;
+        break;
+      default:
+        slot.wire_type = kWireVarint;
+    }
     if (f->type() == pb::FieldDescriptor::TYPE_MESSAGE) {
       slot.message = true;
       slot.sub = ShapeOf(f->message_type());
