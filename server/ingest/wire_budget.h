@@ -35,8 +35,9 @@ class WireBudget {
 
   // OK, or INVALID_ARGUMENT naming what is over (the stream ends). Bytes
   // that are not a well-formed message are left to the parser to refuse
-  // (OK here), except a group (wire type 3), which no trainwatch.v1 message
-  // has and whose nesting the parser would materialise: refused.
+  // (OK here), except a group (wire type 3) in a message large enough to be
+  // walked, which no trainwatch.v1 message has: refused. A message of at
+  // most 2 x the budgets' bytes is not walked at all (it cannot be over).
   absl::Status Check(std::string_view wire) const;
 
   struct Shape;  // one message type: what each field number is (wire_budget.cc)

@@ -1,5 +1,6 @@
 // Parsing and serializing a StepBatch of 1,024 realistic records (what the
-// server's Report reactor parses per batch).
+// server's Report reactor parses per batch), and the wire budget's check
+// that comes before the parse.
 //
 //   build/bin/bench_proto --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
@@ -7,6 +8,7 @@
 #include <random>
 #include <string>
 
+#include "ingest/wire_budget.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace {
@@ -49,6 +51,24 @@ void BM_ParseStepBatch(benchmark::State& state) {
   state.counters["wire_bytes"] = static_cast<double>(wire.size());
 }
 BENCHMARK(BM_ParseStepBatch)
+    ->Args({1024, 0})
+    ->Args({1024, 1})
+    ->ArgNames({"records", "batch_ids"});
+
+// What ingest adds before each parse: the ReportRequest's cost judged on
+// its bytes (WireBudget). Compare with BM_ParseStepBatch in the same run.
+void BM_WireBudgetCheck(benchmark::State& state) {
+  trainwatch::v1::ReportRequest request;
+  *request.mutable_batch() =
+      MakeBatch(static_cast<int>(state.range(0)), state.range(1) != 0);
+  const std::string wire = request.SerializeAsString();
+  const trainwatch::WireBudget budget{trainwatch::ValidationLimits{}};
+  for (auto _ : state) {
+    if (!budget.Check(wire).ok()) state.SkipWithError("refused");
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_WireBudgetCheck)
     ->Args({1024, 0})
     ->Args({1024, 1})
     ->ArgNames({"records", "batch_ids"});
