@@ -627,6 +627,19 @@ TEST_F(BadInput, MessageOverTheSizeLimitIsRefusedByGrpc) {
   std::printf("gRPC's refusal: %s\n", status.error_message().c_str());
 }
 
+// RunStart.host becomes a label (alerts, trainwatch_host_incidents_total):
+// a 15 MiB host name is refused, /metrics stays as small as it was.
+TEST_F(BadInput, AHostNameOverItsLimitIsRefused) {
+  const size_t metrics_before = Metrics().size();
+  v1::ReportRequest start = Start("long-host");
+  start.mutable_start()->set_host(std::string(15 << 20, 'h'));
+  ExpectRefused(SendOnNewStream({start, Batch(1, Range(0, 3))}),
+                grpc::StatusCode::INVALID_ARGUMENT,
+                "RunStart.host has 15728640 characters; at most 253 (run long-host)");
+  EXPECT_LT(Metrics().size(), metrics_before + 4096);
+  EXPECT_TRUE(StoredSteps("long-host").empty());
+}
+
 // The server's resident memory (VmRSS of /proc/PID/status), in bytes.
 uint64_t ResidentBytes(pid_t pid) {
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
