@@ -182,16 +182,59 @@ FAMILIES = {
                              decay_steps=50, decay_from=200),
 }
 
+# -- held out: divergence inside warmup ---------------------------------------
+#
+# A second held-out set, made and frozen before any alert of it was looked
+# at: peak learning rates 2-10x the healthy one (3e-3), warmups of 100-1000
+# steps, so that the rising LR passes what the run tolerates early in its
+# warmup, late in it, or as it ends; two healthy controls whose loss still
+# falls through a long warmup. Without qk-norm, clipping or z-loss (and
+# beta2 0.999) where a divergence is wanted, a constant LR after warmup.
+# Each family's judgement is one run of holdout.py --families
+# (HELD_OUT_WARMUP); no constant of the server was read off them.
+WARMUP_FAMILIES = {
+    # 10x, reached over 1000 steps: the LR passes the tolerable one early.
+    "warmdiv-10x-w1000-hf": dict(style="hf", names="param", lr=3e-2, warmup=1000, steps=1500,
+                                 schedule="const", max_norm=0.0, qk_norm=False, beta2=0.999,
+                                 z_loss=0.0, weight_decay=0.0),
+    # 5x over 500 steps, Megatron module names, LayerNorm with biases.
+    "warmdiv-5x-w500-megatron": dict(style="megatron", names="module", norm="ln", bias=True,
+                                     pos=True, lr=1.5e-2, warmup=500, steps=1100,
+                                     schedule="const", max_norm=0.0, qk_norm=False,
+                                     beta2=0.999, z_loss=0.0, weight_decay=0.0),
+    # 3x over 200 steps, GPT-2 parameter names, d 96 x 3: late in warmup.
+    "warmdiv-3x-w200-gpt2": dict(style="gpt2", names="param", norm="ln", bias=True, pos=True,
+                                 d=96, layers=3, lr=1e-2, warmup=200, steps=900,
+                                 schedule="const", max_norm=0.0, qk_norm=False, beta2=0.999,
+                                 z_loss=0.0, weight_decay=0.0),
+    # 10x over 100 steps in bf16, torchtitan module names: as warmup ends.
+    "warmdiv-10x-w100-titan-bf16": dict(style="titan", names="module", precision="bf16",
+                                        lr=3e-2, warmup=100, steps=800, schedule="const",
+                                        max_norm=0.0, qk_norm=False, beta2=0.999, z_loss=0.0,
+                                        weight_decay=0.0),
+    # 6x over 300 steps on the Zipfian language (a noisy loss), HF module names.
+    "warmdiv-6x-w300-zipf-hf": dict(style="hf", names="module", data="zipf", lr=1.8e-2,
+                                    warmup=300, steps=1000, schedule="const", max_norm=0.0,
+                                    qk_norm=False, beta2=0.999, z_loss=0.0, weight_decay=0.0),
+    # Controls: the healthy LR over a 1000-step warmup (the loss still
+    # falls when warmup ends), and 2x over 300 steps with the usual guards.
+    "healthy-w1000-hf": dict(style="hf", names="param", warmup=1000, steps=1500,
+                             schedule="const"),
+    "healthy-2x-w300-megatron": dict(style="megatron", names="module", norm="ln", bias=True,
+                                     pos=True, lr=6e-3, warmup=300, steps=1000),
+}
+
 HELD_OUT = tuple(FAMILIES)
+HELD_OUT_WARMUP = tuple(WARMUP_FAMILIES)
 FIT = tuple(CONFIGS)
-ALL = {**CONFIGS, **FAMILIES}
+ALL = {**CONFIGS, **FAMILIES, **WARMUP_FAMILIES}
 
 
 def config(name, **overrides):
     cfg = dict(BASE)
-    if name in FAMILIES:
+    if name in FAMILIES or name in WARMUP_FAMILIES:
         cfg.update(STYLED)
-        cfg.update(FAMILIES[name])
+        cfg.update(FAMILIES.get(name) or WARMUP_FAMILIES[name])
     else:
         cfg.update(CONFIGS[name])
     cfg.update({k: v for k, v in overrides.items() if v is not None})

@@ -34,7 +34,9 @@ spike, hard_batch and divergence, from the loss
   onset is labelled.
 slow_divergence, from the loss (when no divergence is labelled)
   Level L_t = median of the last 50 finite losses (>= 25 of them); best_t =
-  min of L over [b, t]. Condition: L_t >= 2 x best_t. Labelled when it
+  min of L over [100, t], warmup included (a run whose loss climbs while
+  its LR still warms up diverges; the first 100 steps are the loss's
+  steep first fall). Condition: L_t >= 2 x best_t. Labelled when it
   holds on >= 100 consecutive steps (or on the run's last >= 50 steps);
   crossed = the first step of that stretch; onset = the last step before
   crossed with L <= 1.2 x best (where the climb began).
@@ -75,8 +77,8 @@ norm_spike, from grad_norm
 
 Usage: labeller.py RUN.jsonl [...] prints one JSON line per run:
 {"file", "run", "steps", "warmup", "events": [{"kind", "onset", "end",
- "peak", ...}], "healthy_steps": [[lo, hi), ...]}. Healthy steps: the steps
->= warmup outside [onset - 10, end + 100) of every event but hard_batch
+ "peak", ...}], "healthy_steps": [[lo, hi), ...]}. Healthy steps: every step
+(warmup included) outside [onset - 10, end + 100) of every event but hard_batch
 (and before any divergence or slow_divergence): where a page is a false
 page.
 """
@@ -261,9 +263,10 @@ def loss_events(steps):
     return events
 
 
-def slow_divergence_events(steps, b):
+def slow_divergence_events(steps, b=LEVEL_SETTLE):
     """The loss's level (trailing median of SLOW_LEVEL_STEPS finite losses)
-    rises to >= SLOW_RATIO x the best level since b and stays there."""
+    rises to >= SLOW_RATIO x the best level since b (LEVEL_SETTLE: warmup
+    included) and stays there."""
     loss = [_float(s.get("loss")) for s in steps]
     level, best = [], []
     cur_best = math.inf
@@ -469,7 +472,7 @@ def label(steps, start):
     kept = steps if cut is None else [s for s in steps if s["step"] < cut]
     eps = start.get("adam_eps")
     if cut is None:
-        events.extend(slow_divergence_events(kept, b))
+        events.extend(slow_divergence_events(kept))
     stall = (stall_events(kept, b, None if eps is None else float(eps))
              or update_collapse_events(kept, b))
     for more in (logit_events(kept, b), logz_events(kept, b), stall,
@@ -481,10 +484,9 @@ def label(steps, start):
 
 def healthy_ranges(steps, start, events):
     """[lo, hi) step ranges where nothing is labelled: where a page is false."""
-    warmup = int(start.get("warmup_steps", 0) or 0)
     if not steps:
         return []
-    lo, hi = max(warmup, steps[0]["step"]), steps[-1]["step"] + 1
+    lo, hi = steps[0]["step"], steps[-1]["step"] + 1
     blocked = []
     for e in events:
         if e["kind"] == "hard_batch":
