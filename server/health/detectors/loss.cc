@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,8 +30,8 @@ namespace {
 // ways: a spike whose level (the median of the last level_steps losses)
 // is still >= spike_ratio x the level before it check_after_steps after
 // its onset; a slow rise, no single step a spike (an LR too high, a
-// constant schedule), of the level to >= ratio x the run's best
-// post-warmup level (counted from kSettleSteps after warmup) on
+// constant schedule), of the level to >= ratio x the run's best level
+// (counted from kSettleSteps levels into the run, warmup included) on
 // sustain_steps steps in a row; and the same rise
 // while it is under way, before it doubles: the level >= early_ratio x the
 // best and still climbing (>= early_rise x the level level_steps steps
@@ -84,7 +85,7 @@ class Loss final : public Detector {
     double level_before = 0.0;
     std::vector<int64_t> batch_ids;
   };
-  // The run's best post-warmup level so far.
+  // The run's best level so far (warmup included, once settled).
   struct Best {
     double level = 0.0;
     // The level to reach: >= ratio x best and sigmas standard errors of the
@@ -215,11 +216,14 @@ class Loss final : public Detector {
       }
       pending_.reset();
     }
-    // A slow rise over the best post-warmup level.
-    // The best is a settled level's: early on the loss still falls fast and
-    // its level passes through lows a noisy run does not hold.
-    if (ctx.post_warmup && settle_steps_ <= kSettleSteps) ++settle_steps_;
-    if (ctx.post_warmup && settle_steps_ > kSettleSteps) {
+    // A slow rise over the run's best level, warmup included: a run whose
+    // loss climbs as its rising LR passes what it tolerates diverges inside
+    // its warmup, and a best counted only after warmup would be taken from
+    // the climb itself. The best is a settled level's: over the first
+    // steps the loss falls fast and its level passes through lows a noisy
+    // run does not hold.
+    if (settle_steps_ <= kSettleSteps) ++settle_steps_;
+    if (settle_steps_ > kSettleSteps) {
       if (!best_.has_value() || level < best_->level) {
         best_ = Best{level, 0.0, 0.0, r.step(), r.step(), recent->log_sd, -1.0};
       }
@@ -227,7 +231,12 @@ class Loss final : public Detector {
       // and now. A window's spread carries its trend: a steep fall early
       // on (a log sd of 2: a 2x line at 4.6x the best for good), or the
       // climb being judged.
-      const double noise = std::min(best_->log_sd_at_best, recent->log_sd);
+      double noise = std::min(best_->log_sd_at_best, recent->log_sd);
+      // Near a line (the level over kNearBest x the best), the noise free
+      // of any trend too: during a climb the window's spread is the climb's
+      // (a log-linear climb of 4.7x in 350 steps drew the early line at
+      // 1.75x, named 60 steps later than at 1.5x).
+      if (level > kNearBest * best_->level) noise = std::min(noise, TrendFreeLogSd());
       if (noise != best_->drawn_log_sd) {
         // The rise's lines in loss terms, when the best or the noise moves
         // (no log a step).
@@ -252,7 +261,7 @@ class Loss final : public Detector {
       const bool rising = level >= best_->rise_line ||
                           (rising_steps_ > 0 && level >= kSustainFloor * best_->rise_line);
       rising_steps_ = rising ? rising_steps_ + 1 : 0;
-      // The level level_steps steps ago (post-warmup levels only).
+      // The level level_steps steps ago (settled levels only).
       past_levels_.push_back(level);
       const double before = past_levels_.front();
       if (past_levels_.size() > c.level_steps) past_levels_.pop_front();
@@ -281,6 +290,23 @@ class Loss final : public Detector {
       }
     }
     Report(ctx, sink, level);
+  }
+
+  // The loss's noise over its last level_steps losses without their trend:
+  // the robust sd (1.4826 x MAD) of the successive log differences, over
+  // sqrt(2) (a difference carries two steps' noise).
+  double TrendFreeLogSd() {
+    diffs_.clear();
+    for (size_t i = 1; i < recent_.size(); ++i) {
+      diffs_.push_back(std::log(recent_[i]) - std::log(recent_[i - 1]));
+    }
+    if (diffs_.size() < 2) return std::numeric_limits<double>::infinity();
+    const auto mid = diffs_.begin() + static_cast<std::ptrdiff_t>(diffs_.size() / 2);
+    std::nth_element(diffs_.begin(), mid, diffs_.end());
+    const double center = *mid;
+    for (double& d : diffs_) d = std::abs(d - center);
+    std::nth_element(diffs_.begin(), mid, diffs_.end());
+    return 1.4826 * *mid / std::sqrt(2.0);
   }
 
   // Where a rise began: the level (a median of level_steps) lags a change
@@ -322,7 +348,7 @@ class Loss final : public Detector {
               : d.climbing
               ? absl::StrFormat(
                     "the loss's level (median of the last %d losses) is %.4g at "
-                    "step %d, %.2fx the run's best post-warmup level %.4g, and "
+                    "step %d, %.2fx the run's best level %.4g, and "
                     "still climbing: >= %gx the best and >= %gx its level %d "
                     "steps before on %d steps in a row; it left the best level "
                     "after step %d",
@@ -330,7 +356,7 @@ class Loss final : public Detector {
                     c.early_rise, c.level_steps, c.early_sustain_steps, d.onset)
               : absl::StrFormat(
                     "the loss's level (median of the last %d losses) is %.4g at "
-                    "step %d, %.2fx the run's best post-warmup level %.4g, and "
+                    "step %d, %.2fx the run's best level %.4g, and "
                     ">= %gx it on %d steps in a row; it left the best level "
                     "after step %d",
                     c.level_steps, level, r.step(), ratio, d.reference, c.ratio,
@@ -356,7 +382,8 @@ class Loss final : public Detector {
   static constexpr double kSustainFloor = 0.8;
   // A median's standard error over the mean's, for normal noise.
   static constexpr double kMedianSe = 1.2533;
-  // Post-warmup steps before the run's best level counts.
+  // Levels (from the run's first full level window, warmup included)
+  // before the run's best level counts.
   static constexpr uint32_t kSettleSteps = 100;
 
   LossSpikeRule rule_;
@@ -366,13 +393,14 @@ class Loss final : public Detector {
 
   size_t level_steps_;
   std::deque<double> recent_;  // the last level_steps finite losses
+  std::vector<double> diffs_;  // TrendFreeLogSd's scratch
   std::vector<double> sorted_;  // the same, in order
   std::optional<Pending> pending_;
   std::optional<Best> best_;
-  uint32_t settle_steps_ = 0;  // post-warmup steps judged, up to kSettleSteps + 1
+  uint32_t settle_steps_ = 0;  // levels judged, up to kSettleSteps + 1
   uint32_t rising_steps_ = 0;
   uint32_t climbing_steps_ = 0;
-  std::deque<double> past_levels_;  // the last level_steps post-warmup levels
+  std::deque<double> past_levels_;  // the last level_steps settled levels
   std::optional<Diverged> diverged_;
   std::vector<int64_t> spike_ids_;  // of the spike that became the divergence
 };
