@@ -185,43 +185,48 @@ FAMILIES = {
 # -- held out: divergence inside warmup ---------------------------------------
 #
 # A second held-out set, made and frozen before any alert of it was looked
-# at: peak learning rates 2-10x the healthy one (3e-3), warmups of 100-1000
-# steps, so that the rising LR passes what the run tolerates early in its
-# warmup, late in it, or as it ends; two healthy controls whose loss still
-# falls through a long warmup. Without qk-norm, clipping or z-loss (and
-# beta2 0.999) where a divergence is wanted, a constant LR after warmup.
-# Each family's judgement is one run of holdout.py --families
-# (HELD_OUT_WARMUP); no constant of the server was read off them.
+# at: peak learning rates 2-10x what the model tolerates (this lab's
+# language trains at a constant 2e-2 to 0.1 and diverges at 0.3: `diverge`),
+# reached over warmups of 100-1000 steps, so that the rising LR passes the
+# tolerable one early in the warmup, late in it, or as it ends; two healthy
+# controls whose loss still falls through a long warmup, and one hot run
+# (3e-2 over 1000 steps: spikes, no divergence). Without qk-norm, clipping
+# or z-loss (beta2 0.999) where a divergence is wanted, a constant LR after
+# warmup. (A first draw at 2-10x the healthy 3e-3 did not diverge on any
+# seed, from the labels alone, before any alert was looked at: the LRs were
+# raised; that draw's 3e-2 run stays as the hot control.) Judged once with
+# holdout.py --families HELD_OUT_WARMUP (names without dots: they are file stems); no constant of the server was read
+# off them.
+_NO_GUARDS = dict(schedule="const", max_norm=0.0, qk_norm=False, beta2=0.999, z_loss=0.0,
+                  weight_decay=0.0)
 WARMUP_FAMILIES = {
-    # 10x, reached over 1000 steps: the LR passes the tolerable one early.
-    "warmdiv-10x-w1000-hf": dict(style="hf", names="param", lr=3e-2, warmup=1000, steps=1500,
-                                 schedule="const", max_norm=0.0, qk_norm=False, beta2=0.999,
-                                 z_loss=0.0, weight_decay=0.0),
-    # 5x over 500 steps, Megatron module names, LayerNorm with biases.
-    "warmdiv-5x-w500-megatron": dict(style="megatron", names="module", norm="ln", bias=True,
-                                     pos=True, lr=1.5e-2, warmup=500, steps=1100,
-                                     schedule="const", max_norm=0.0, qk_norm=False,
-                                     beta2=0.999, z_loss=0.0, weight_decay=0.0),
-    # 3x over 200 steps, GPT-2 parameter names, d 96 x 3: late in warmup.
-    "warmdiv-3x-w200-gpt2": dict(style="gpt2", names="param", norm="ln", bias=True, pos=True,
-                                 d=96, layers=3, lr=1e-2, warmup=200, steps=900,
-                                 schedule="const", max_norm=0.0, qk_norm=False, beta2=0.999,
-                                 z_loss=0.0, weight_decay=0.0),
-    # 10x over 100 steps in bf16, torchtitan module names: as warmup ends.
-    "warmdiv-10x-w100-titan-bf16": dict(style="titan", names="module", precision="bf16",
-                                        lr=3e-2, warmup=100, steps=800, schedule="const",
-                                        max_norm=0.0, qk_norm=False, beta2=0.999, z_loss=0.0,
-                                        weight_decay=0.0),
-    # 6x over 300 steps on the Zipfian language (a noisy loss), HF module names.
-    "warmdiv-6x-w300-zipf-hf": dict(style="hf", names="module", data="zipf", lr=1.8e-2,
-                                    warmup=300, steps=1000, schedule="const", max_norm=0.0,
-                                    qk_norm=False, beta2=0.999, z_loss=0.0, weight_decay=0.0),
+    # 0.5 reached over 1000 steps: the LR passes what the run takes early.
+    "warmdiv-lr0p5-w1000-hf": dict(style="hf", names="param", lr=0.5, warmup=1000,
+                                   steps=1400, **_NO_GUARDS),
+    # 0.3 over 500 steps, Megatron module names, LayerNorm with biases.
+    "warmdiv-lr0p3-w500-megatron": dict(style="megatron", names="module", norm="ln", bias=True,
+                                        pos=True, lr=0.3, warmup=500, steps=1000,
+                                        **_NO_GUARDS),
+    # 0.15 over 200 steps, GPT-2 parameter names, d 96 x 3: late in warmup
+    # or after it.
+    "warmdiv-lr0p15-w200-gpt2": dict(style="gpt2", names="param", norm="ln", bias=True,
+                                     pos=True, d=96, layers=3, lr=0.15, warmup=200, steps=800,
+                                     **_NO_GUARDS),
+    # 0.5 over 100 steps in bf16, torchtitan module names: as warmup ends.
+    "warmdiv-lr0p5-w100-titan-bf16": dict(style="titan", names="module", precision="bf16",
+                                          lr=0.5, warmup=100, steps=700, **_NO_GUARDS),
+    # 0.3 over 300 steps on the Zipfian language (a noisy loss), HF module names.
+    "warmdiv-lr0p3-w300-zipf-hf": dict(style="hf", names="module", data="zipf", lr=0.3,
+                                       warmup=300, steps=900, **_NO_GUARDS),
     # Controls: the healthy LR over a 1000-step warmup (the loss still
-    # falls when warmup ends), and 2x over 300 steps with the usual guards.
+    # falls when warmup ends); 2x the healthy LR over 300 steps with the
+    # usual guards; 3e-2 over 1000 steps without them (spikes that recover).
     "healthy-w1000-hf": dict(style="hf", names="param", warmup=1000, steps=1500,
                              schedule="const"),
     "healthy-2x-w300-megatron": dict(style="megatron", names="module", norm="ln", bias=True,
                                      pos=True, lr=6e-3, warmup=300, steps=1000),
+    "hot-lr0p03-w1000-hf": dict(style="hf", names="param", lr=3e-2, warmup=1000, steps=1500,
+                                **_NO_GUARDS),
 }
 
 HELD_OUT = tuple(FAMILIES)
