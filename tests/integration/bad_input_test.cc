@@ -24,6 +24,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -662,6 +663,25 @@ v1::ReportRequest RawBatch(std::string batch_bytes) {
   return r;
 }
 
+// A StepRecord's bytes whose field `field` is `bytes` verbatim (and its
+// step, when given).
+std::string RecordWithRawField(int field, std::string bytes,
+                               std::optional<uint64_t> step = std::nullopt) {
+  v1::StepRecord r;
+  if (step.has_value()) r.set_step(*step);
+  r.GetReflection()->MutableUnknownFields(&r)->AddLengthDelimited(field, std::move(bytes));
+  return r.SerializeAsString();
+}
+
+// The server's memory after a hostile message: under 256 MB (its shipped
+// pod has 4 GiB; one such message once took 3.5 GB).
+void ExpectResidentStaysBounded(pid_t pid, uint64_t before, const char* what) {
+  const uint64_t after = ResidentBytes(pid);
+  std::printf("server RSS: %.1f MB before, %.1f MB after %s\n", before / 1e6, after / 1e6,
+              what);
+  EXPECT_LT(after, 256u << 20);
+}
+
 void AppendVarint(uint64_t v, std::string& out) {
   for (; v >= 0x80; v >>= 7) out += static_cast<char>((v & 0x7f) | 0x80);
   out += static_cast<char>(v);
@@ -685,10 +705,7 @@ TEST_F(BadInput, EightMillionEmptyRecordsAreRefusedBeforeTheyAreParsed) {
   ASSERT_LT(bad.ByteSizeLong(), 16u << 20);
   ExpectRefused(SendAfterGood(bad), grpc::StatusCode::INVALID_ARGUMENT,
                 "run bad-run rank 0: batch seq 2 has 8000000 records; at most 16384");
-  const uint64_t after = ResidentBytes(server_->pid());
-  std::printf("server RSS: %.1f MB before, %.1f MB after the 8M-record message\n",
-              before / 1e6, after / 1e6);
-  EXPECT_LT(after, 256u << 20);
+  ExpectResidentStaysBounded(server_->pid(), before, "the 8M-record message");
 }
 
 // The same bound for what hides inside one record: 8M empty MoE layers (and
@@ -698,14 +715,7 @@ TEST_F(BadInput, MillionsOfEmptyEntriesInOneMessageAreRefusedBeforeTheyAreParsed
   const uint64_t before = ResidentBytes(server_->pid());
   // A record: step 1 (field 1), moe (field 18) of 7.9M empty layers.
   const std::string layers = Repeat(std::string("\x0a\x00", 2), 7'900'000);
-  std::string moe;
-  {
-    v1::StepRecord r;
-    r.set_step(1);
-    r.GetReflection()->MutableUnknownFields(&r)->AddLengthDelimited(
-        v1::StepRecord::kMoeFieldNumber, layers);
-    moe = r.SerializeAsString();
-  }
+  const std::string moe = RecordWithRawField(v1::StepRecord::kMoeFieldNumber, layers, 1);
   v1::StepBatch head;
   head.set_seq(2);
   std::string batch = head.SerializeAsString();
@@ -716,13 +726,8 @@ TEST_F(BadInput, MillionsOfEmptyEntriesInOneMessageAreRefusedBeforeTheyAreParsed
                 "refused before parsing: send smaller batches");
   // 1024 records of 4000 empty layer_stats each: every record within its
   // limit (4096), 4M entries in the message.
-  std::string record_bytes;
-  {
-    v1::StepRecord r;
-    r.GetReflection()->MutableUnknownFields(&r)->AddLengthDelimited(
-        v1::StepRecord::kLayerStatsFieldNumber, "");
-    record_bytes = Repeat(r.SerializeAsString(), 4000);
-  }
+  const std::string record_bytes =
+      Repeat(RecordWithRawField(v1::StepRecord::kLayerStatsFieldNumber, ""), 4000);
   std::string many = head.SerializeAsString();
   for (int i = 0; i < 1024; ++i) {
     many += '\x12';
@@ -732,10 +737,7 @@ TEST_F(BadInput, MillionsOfEmptyEntriesInOneMessageAreRefusedBeforeTheyAreParsed
   ExpectRefused(SendAfterGood(RawBatch(many), "bad-run-2"),
                 grpc::StatusCode::INVALID_ARGUMENT,
                 "refused before parsing: send smaller batches");
-  const uint64_t after = ResidentBytes(server_->pid());
-  std::printf("server RSS: %.1f MB before, %.1f MB after the 8M-entry messages\n",
-              before / 1e6, after / 1e6);
-  EXPECT_LT(after, 256u << 20);
+  ExpectResidentStaysBounded(server_->pid(), before, "the 8M-entry messages");
 }
 
 TEST_F(BadInput, TooManyLayerStatsAreRefusedAlone) {
