@@ -18,6 +18,7 @@
 #include "cli/send.h"
 #include "steplog/steplog.h"
 #include "trainwatch/client.h"
+#include "trainwatch/run_start.h"
 
 namespace trainwatch::cli {
 namespace {

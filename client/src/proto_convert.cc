@@ -4,24 +4,68 @@
 #include <cmath>
 #include <variant>
 
+#include "field_convert.h"
+#include "trainwatch/run_start.h"
+#include "trainwatch/run_start_fields.h"
 #include "trainwatch/step_fields.h"
 
 namespace trainwatch::internal {
-namespace {
 
-v1::Precision ToProto(Precision precision) {
-  switch (precision) {
-    case Precision::kFp32:
-      return v1::FP32;
-    case Precision::kBf16:
-      return v1::BF16;
-    case Precision::kFp16:
-      return v1::FP16;
-    case Precision::kUnspecified:
-      break;
-  }
-  return v1::PRECISION_UNSPECIFIED;
+// The client's enum classes carry the proto's values (ToWireValue casts).
+static_assert(static_cast<int>(Precision::kFp32) == v1::FP32 &&
+                  static_cast<int>(Precision::kBf16) == v1::BF16 &&
+                  static_cast<int>(Precision::kFp16) == v1::FP16,
+              "Precision follows the proto's Precision");
+static_assert(static_cast<int>(MoeBalancing::kAuxFreeBias) == v1::AUX_FREE_BIAS &&
+                  static_cast<int>(MoeBalancing::kNone) == v1::NO_BALANCING,
+              "MoeBalancing follows the proto's MoeBalancing");
+static_assert(static_cast<int>(LayerKind::kNorm) == v1::NORM &&
+                  static_cast<int>(LayerKind::kRouter) == v1::ROUTER,
+              "LayerKind follows the proto's LayerKind");
+static_assert(static_cast<int>(Fp8Format::kE4M3) == v1::E4M3 &&
+                  static_cast<int>(Fp8Format::kE5M2Fnuz) == v1::E5M2_FNUZ,
+              "Fp8Format follows the proto's Fp8Format");
+
+// Each struct's conversion both ways, from its table (field_convert.h);
+// the sub-messages before the messages that hold them.
+void ToWire(const LayerStat& in, v1::LayerStats* out) {
+  TW_APPLY(TRAINWATCH_LAYER_STAT_FIELDS, TW_TO_WIRE)
 }
+void FromWire(const v1::LayerStats& in, LayerStat* out) {
+  TW_APPLY(TRAINWATCH_LAYER_STAT_FIELDS, TW_FROM_WIRE)
+}
+void ToWire(const Fp8Stat& in, v1::Fp8TensorStats* out) {
+  TW_APPLY(TRAINWATCH_FP8_STAT_FIELDS, TW_TO_WIRE)
+}
+void FromWire(const v1::Fp8TensorStats& in, Fp8Stat* out) {
+  TW_APPLY(TRAINWATCH_FP8_STAT_FIELDS, TW_FROM_WIRE)
+}
+void ToWire(const MoeLayerStat& in, v1::MoeLayerStats* out) {
+  TW_APPLY(TRAINWATCH_MOE_LAYER_STAT_FIELDS, TW_TO_WIRE)
+}
+void FromWire(const v1::MoeLayerStats& in, MoeLayerStat* out) {
+  TW_APPLY(TRAINWATCH_MOE_LAYER_STAT_FIELDS, TW_FROM_WIRE)
+}
+void ToWire(const Step& in, v1::StepRecord* out) {
+  TW_APPLY(TRAINWATCH_STEP_FIELDS, TW_TO_WIRE)
+}
+void FromWire(const v1::StepRecord& in, Step* out) {
+  TW_APPLY(TRAINWATCH_STEP_FIELDS, TW_FROM_WIRE)
+}
+void ToWire(const MoeConfig& in, v1::MoeConfig* out) {
+  TW_APPLY(TRAINWATCH_MOE_CONFIG_FIELDS, TW_TO_WIRE)
+}
+void FromWire(const v1::MoeConfig& in, MoeConfig* out) {
+  TW_APPLY(TRAINWATCH_MOE_CONFIG_FIELDS, TW_FROM_WIRE)
+}
+void ToWire(const ClientOptions& in, v1::RunStart* out) {
+  TW_APPLY(TRAINWATCH_RUN_START_FIELDS, TW_TO_WIRE)
+}
+void FromWire(const v1::RunStart& in, ClientOptions* out) {
+  TW_APPLY(TRAINWATCH_RUN_START_FIELDS, TW_FROM_WIRE)
+}
+
+namespace {
 
 v1::EventKind ToProto(EventKind kind) {
   switch (kind) {
@@ -39,38 +83,6 @@ v1::EventKind ToProto(EventKind kind) {
 constexpr double kClipEpsilon = 1e-6;
 
 }  // namespace
-
-static_assert(static_cast<int>(MoeBalancing::kAuxFreeBias) == v1::AUX_FREE_BIAS &&
-                  static_cast<int>(MoeBalancing::kNone) == v1::NO_BALANCING,
-              "MoeBalancing follows the proto's MoeBalancing");
-
-v1::RunStart MakeRunStart(const ClientOptions& options) {
-  v1::RunStart start;
-  start.set_run_id(options.run_id);
-  start.set_rank(options.rank);
-  start.set_world_size(options.world_size);
-  start.set_attempt(options.attempt);
-  start.set_precision(ToProto(options.precision));
-  start.set_max_norm(options.max_norm);
-  start.set_warmup_steps(options.warmup_steps);
-  start.set_scaler_growth_interval(options.scaler_growth_interval);
-  if (options.adam_eps) start.set_adam_eps(*options.adam_eps);
-  if (options.adam_beta2) start.set_adam_beta2(*options.adam_beta2);
-  start.mutable_labels()->insert(options.labels.begin(), options.labels.end());
-  start.set_host(options.host);
-  if (options.moe) {
-    v1::MoeConfig& moe = *start.mutable_moe();
-    moe.set_num_experts(options.moe->num_experts);
-    moe.set_top_k(options.moe->top_k);
-    moe.set_ep_size(options.moe->ep_size);
-    moe.set_balancing(static_cast<v1::MoeBalancing>(options.moe->balancing));
-    moe.set_aux_loss_coeff(options.moe->aux_loss_coeff);
-    moe.set_z_loss_coeff(options.moe->z_loss_coeff);
-    moe.set_bias_update_rate(options.moe->bias_update_rate);
-    moe.set_capacity_factor(options.moe->capacity_factor);
-  }
-  return start;
-}
 
 void DeriveClipping(double max_norm, v1::StepRecord* record) {
   if (max_norm <= 0) return;
@@ -90,49 +102,14 @@ void DeriveClipping(double max_norm, v1::StepRecord* record) {
 }
 
 void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out) {
-  out->set_step(step.step);
-  out->set_grad_norm(step.grad_norm);
-  if (step.clipped) out->set_clipped(*step.clipped);
-#define TW_SET(name) \
-  if (step.name) out->set_##name(*step.name);
-  TRAINWATCH_STEP_OPTIONAL_DOUBLES(TW_SET)
-#undef TW_SET
-  out->set_skipped(step.skipped);
-  out->set_time_unix_nanos(step.time_unix_nanos);
-  out->mutable_batch_ids()->Add(step.batch_ids.begin(), step.batch_ids.end());
-  for (const auto& [layer, stat] : step.layer_stats) {
-    v1::LayerStats& proto = (*out->mutable_layer_stats())[layer];
-    proto.set_grad_norm(stat.grad_norm);
-    proto.set_grad_rms(stat.grad_rms);
-    proto.set_g_over_sqrt_v_rms(stat.g_over_sqrt_v_rms);
-    if (stat.update_rms_ratio) proto.set_update_rms_ratio(*stat.update_rms_ratio);
-    if (stat.kind != LayerKind::kUnspecified) {
-      proto.set_kind(static_cast<v1::LayerKind>(stat.kind));
-    }
-  }
-  for (const auto& [tensor, stat] : step.fp8) {
-    v1::Fp8TensorStats& proto = (*out->mutable_fp8())[tensor];
-    proto.set_format(static_cast<v1::Fp8Format>(stat.format));
-    proto.set_amax(stat.amax);
-    proto.set_scale(stat.scale);
-    proto.set_amax_history_len(stat.amax_history_len);
-    proto.set_margin(stat.margin);
-    if (stat.overflow_fraction) proto.set_overflow_fraction(*stat.overflow_fraction);
-    if (stat.underflow_fraction) proto.set_underflow_fraction(*stat.underflow_fraction);
-    proto.set_amax_group(stat.amax_group);
-  }
-  for (const MoeLayerStat& stat : step.moe) {
-    v1::MoeLayerStats& proto = *out->mutable_moe()->add_layers();
-    proto.set_layer(stat.layer);
-    proto.mutable_tokens_per_expert()->Add(stat.tokens_per_expert.begin(),
-                                           stat.tokens_per_expert.end());
-    if (stat.dropped) proto.set_dropped(*stat.dropped);
-    if (stat.aux_loss) proto.set_aux_loss(*stat.aux_loss);
-    if (stat.z_loss) proto.set_z_loss(*stat.z_loss);
-    proto.mutable_expert_bias()->Add(stat.expert_bias.begin(), stat.expert_bias.end());
-    if (stat.router_logit_max) proto.set_router_logit_max(*stat.router_logit_max);
-  }
+  ToWire(step, out);
   DeriveClipping(max_norm, out);
+}
+
+Step StepFromRecord(const v1::StepRecord& record) {
+  Step step;
+  FromWire(record, &step);
+  return step;
 }
 
 void AddStepRecord(QueueItem&& item, double max_norm, v1::StepBatch* batch) {
@@ -153,3 +130,18 @@ void FillRunEvent(const EventItem& event, v1::RunEvent* out) {
 }
 
 }  // namespace trainwatch::internal
+
+namespace trainwatch {
+
+v1::RunStart MakeRunStart(const ClientOptions& options) {
+  v1::RunStart start;
+  internal::ToWire(options, &start);
+  return start;
+}
+
+void ApplyRunStart(const v1::RunStart& start, ClientOptions* options) {
+  internal::FromWire(start, options);
+  if (options->world_size == 0) options->world_size = 1;
+}
+
+}  // namespace trainwatch

@@ -1,4 +1,6 @@
-// Conversions from the public client types to the trainwatch.v1 wire messages.
+// Conversions between the public client types and the trainwatch.v1 wire
+// messages, from the field tables (trainwatch/step_fields.h,
+// run_start_fields.h; MakeRunStart and ApplyRunStart are run_start.h's).
 #ifndef TRAINWATCH_CLIENT_SRC_PROTO_CONVERT_H_
 #define TRAINWATCH_CLIENT_SRC_PROTO_CONVERT_H_
 
@@ -8,11 +10,14 @@
 
 namespace trainwatch::internal {
 
-v1::RunStart MakeRunStart(const ClientOptions& options);
-
 // Fills `out` with the fields of `step` that are present, then derives
 // clipping as DeriveClipping() does.
 void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out);
+
+// The Step that FillStepRecord (without max_norm) turns into `record`: the
+// table's other direction, which shows that every field of the wire's
+// record has its place in a Step (conversion_test).
+Step StepFromRecord(const v1::StepRecord& record);
 
 // When clipped or clip_coef is absent and max_norm > 0, derives it the way
 // torch.nn.utils.clip_grad_norm_ does, so the server sees the same

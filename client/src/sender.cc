@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto_convert.h"
 #include "trainwatch/channel.h"
+#include "trainwatch/run_start.h"
 
 namespace trainwatch::internal {
 namespace {

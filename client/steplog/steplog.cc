@@ -137,38 +137,6 @@ absl::StatusOr<StepLogEntry> StepLogReader::ParseLine(
   return std::move(*wrapper.mutable_event());
 }
 
-void ApplyRunStart(const v1::RunStart& start, ClientOptions* options) {
-  options->run_id = start.run_id();
-  options->rank = start.rank();
-  // The wire reads 0 as 1; the client API validates rank < world_size.
-  options->world_size = start.world_size() == 0 ? 1 : start.world_size();
-  options->attempt = start.attempt();
-  options->precision = ToClientPrecision(start.precision());
-  options->max_norm = start.max_norm();
-  options->warmup_steps = start.warmup_steps();
-  options->scaler_growth_interval = start.scaler_growth_interval();
-  options->adam_eps.reset();
-  if (start.has_adam_eps()) options->adam_eps = start.adam_eps();
-  options->adam_beta2.reset();
-  if (start.has_adam_beta2()) options->adam_beta2 = start.adam_beta2();
-  options->labels.clear();
-  options->labels.insert(start.labels().begin(), start.labels().end());
-  options->host = start.host();
-}
-
-Precision ToClientPrecision(v1::Precision precision) {
-  switch (precision) {
-    case v1::FP32:
-      return Precision::kFp32;
-    case v1::BF16:
-      return Precision::kBf16;
-    case v1::FP16:
-      return Precision::kFp16;
-    default:
-      return Precision::kUnspecified;
-  }
-}
-
 absl::StatusOr<EventKind> ToClientEventKind(v1::EventKind kind) {
   switch (kind) {
     case v1::CHECKPOINT_SAVED:

@@ -57,11 +57,8 @@ class StepLogReader {
   std::string line_;  // reused across lines to avoid a reallocation per line
 };
 
-// Copies the RunStart fields into `options` (address and buffering untouched).
-void ApplyRunStart(const v1::RunStart& start, ClientOptions* options);
-
-// Enum mappings between the wire and the client API.
-Precision ToClientPrecision(v1::Precision precision);
+// The client API's kind of a wire event (an error for an unknown one). A
+// run_start line becomes ClientOptions by ApplyRunStart (trainwatch/run_start.h).
 absl::StatusOr<EventKind> ToClientEventKind(v1::EventKind kind);
 
 }  // namespace trainwatch::cli

@@ -26,6 +26,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "output/json_out.h"
 #include "steplog/steplog.h"
+#include "trainwatch/run_start.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -140,6 +141,12 @@ void RoundTrip(const StepLogEntry& entry) {
     ClientOptions options;
     ApplyRunStart(*start, &options);
     Check(options.world_size >= 1, "ApplyRunStart reads world_size 0 as 1");
+    // Every field of the line reaches the RunStart that replay sends.
+    v1::RunStart sent = *start;
+    if (sent.world_size() == 0) sent.set_world_size(1);
+    Check(SameMessage(MakeRunStart(options), sent),
+          "replay sends another RunStart than its run_start line's",
+          start->ShortDebugString());
   } else {
     const auto& event = std::get<v1::RunEvent>(entry);
     v1::StepLogLine line;

@@ -134,6 +134,22 @@ int64_t CountOverlappingChunks(const std::string& db_path) {
   return n;
 }
 
+std::map<RunRank, v1::RunStart> ReadStoredStarts(const std::string& db_path) {
+  std::map<RunRank, v1::RunStart> out;
+  Query(db_path,
+        "SELECT r.run_id, s.rank, s.start FROM streams s JOIN runs r "
+        "USING (run_key) ORDER BY r.run_id, s.rank, s.attempt",
+        [&](sqlite3_stmt* stmt) {
+          v1::RunStart start;
+          const std::string_view blob = Blob(stmt, 2);
+          EXPECT_TRUE(start.ParseFromArray(blob.data(), static_cast<int>(blob.size())))
+              << "unparsable RunStart of run " << Text(stmt, 0);
+          out[{Text(stmt, 0), static_cast<uint32_t>(sqlite3_column_int64(stmt, 1))}] =
+              std::move(start);
+        });
+  return out;
+}
+
 std::vector<StoredAlert> ReadStoredAlerts(const std::string& db_path) {
   std::vector<StoredAlert> out;
   Query(db_path,

@@ -32,6 +32,9 @@ std::map<RunRank, int64_t> CountStoredRecords(const std::string& db_path);
 // is stored at most once.
 int64_t CountOverlappingChunks(const std::string& db_path);
 
+// The RunStart each stream sent, as stored (its latest attempt's).
+std::map<RunRank, v1::RunStart> ReadStoredStarts(const std::string& db_path);
+
 struct StoredAlert {
   std::string run_id;
   std::string alertname;

@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto_convert.h"
+#include "trainwatch/run_start.h"
 
 namespace trainwatch::internal {
 namespace {

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "output/json_out.h"
+#include "trainwatch/run_start.h"
 
 namespace trainwatch::cli {
 namespace {

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -31,6 +32,7 @@
 #include "absl/status/status.h"
 #include "trainwatch/client.h"
 #include "trainwatch/restart_plan.h"
+#include "trainwatch/run_start_fields.h"
 #include "trainwatch/step_fields.h"
 
 namespace py = pybind11;
@@ -42,6 +44,20 @@ namespace {
 constexpr int kDropped = 0;
 constexpr int kRecorded = 1;
 constexpr int kDeferred = -1;
+
+// The tuples the Python layer hands over, item by item, follow the field
+// tables (step_fields.h, run_start_fields.h): a field added to a table does
+// not compile here until the code that reads the tuple reads it too.
+#define TW_ONE(...) +1
+constexpr int kFp8TupleSize = 8;
+static_assert(kFp8TupleSize == 0 TRAINWATCH_FIELDS(TRAINWATCH_FP8_STAT_FIELDS, TW_ONE),
+              "Fp8StatEntry reads one item per Fp8TensorStats field");
+constexpr int kMoeTupleSize = 7;
+static_assert(kMoeTupleSize == 0 TRAINWATCH_FIELDS(TRAINWATCH_MOE_LAYER_STAT_FIELDS, TW_ONE),
+              "MoeEntries reads one item per MoeLayerStats field");
+// Three or four numbers; the kind comes from set_layer_kinds().
+static_assert(4 + 1 == 0 TRAINWATCH_FIELDS(TRAINWATCH_LAYER_STAT_FIELDS, TW_ONE),
+              "LayerStatEntry reads every LayerStats field but kind");
 
 // A plain Python number as a double: float (numpy.float64 is a float
 // subclass), int or bool. False for anything else, with no error set.
@@ -158,7 +174,7 @@ bool LayerStatEntry(PyObject* value, LayerStat* stat) {
 // layer builds from the user's dict (format an int 1..4, the fractions
 // numbers or None, amax_group a str).
 bool Fp8StatEntry(PyObject* value, Fp8Stat* stat) {
-  if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 8) return false;
+  if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != kFp8TupleSize) return false;
   PyObject** items = PySequence_Fast_ITEMS(value);
   double format = 0;
   double history = 0;
@@ -212,7 +228,7 @@ bool MoeEntries(PyObject* o, std::vector<MoeLayerStat>* out) {
   const Py_ssize_t n = PyList_GET_SIZE(o);
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* t = PyList_GET_ITEM(o, i);
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) return false;
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != kMoeTupleSize) return false;
     PyObject** items = PySequence_Fast_ITEMS(t);
     MoeLayerStat stat;
     std::optional<double> dropped;
@@ -389,6 +405,8 @@ class PyClient {
 // than the rest of record() together. The capsule's context holds a
 // reference to the pybind11 object, so the function keeps its client alive.
 constexpr int kRecordArgs = 18;
+static_assert(kRecordArgs == 0 TRAINWATCH_FIELDS(TRAINWATCH_STEP_FIELDS, TW_ONE),
+              "record() takes one argument per StepRecord field");
 
 PyObject* FastRecord(PyObject* capsule, PyObject* const* args,
                      Py_ssize_t nargs) {
@@ -430,6 +448,13 @@ py::object MakeFastRecord(py::object self) {
   return f;
 }
 
+// Client(moe=...) as the Python layer's _moe_config() gives it.
+using MoeConfigTuple =
+    std::tuple<uint32_t, uint32_t, uint32_t, int, double, double, double, double>;
+static_assert(std::tuple_size_v<MoeConfigTuple> ==
+                  0 TRAINWATCH_FIELDS(TRAINWATCH_MOE_CONFIG_FIELDS, TW_ONE),
+              "CreateClient reads one item per MoeConfig field");
+
 std::unique_ptr<PyClient> CreateClient(
     std::string address, std::string run_id, uint32_t rank, uint32_t world_size,
     uint32_t attempt, const std::string& precision, double max_norm,
@@ -438,8 +463,7 @@ std::unique_ptr<PyClient> CreateClient(
     std::map<std::string, std::string> labels, size_t capacity,
     std::string auth_token, bool tls, std::string tls_ca_file,
     std::string tls_cert_file, std::string tls_key_file, std::string host,
-    std::optional<std::tuple<uint32_t, uint32_t, uint32_t, int, double, double, double,
-                             double>> moe) {
+    std::optional<MoeConfigTuple> moe) {
   ClientOptions options;
   if (moe) {
     const auto& [experts, top_k, ep_size, balancing, aux, z, rate, capacity] = *moe;
@@ -521,17 +545,26 @@ PYBIND11_MODULE(_trainwatch, m) {
   m.attr("RECORDED") = trainwatch::kRecorded;
   m.attr("DROPPED") = trainwatch::kDropped;
   m.attr("DEFERRED") = trainwatch::kDeferred;
-  // The step record's optional floats (step_fields.h), which record() must
-  // take: the Python layer checks its own field list against them at import.
-#define TW_NAME(name) #name,
-  static constexpr const char* kOptionalDoubles[] = {
-      TRAINWATCH_STEP_OPTIONAL_DOUBLES(TW_NAME)};
+  // The field tables' names (step_fields.h, run_start_fields.h): the
+  // Python layer checks at import that record() and Client() take each.
+#define TW_NAME(name, ...) #name,
+  const auto names = [](std::initializer_list<const char*> fields) {
+    py::tuple out(fields.size());
+    size_t i = 0;
+    for (const char* f : fields) out[i++] = py::str(f);
+    return out;
+  };
+  m.attr("STEP_FIELDS") = names({TRAINWATCH_FIELDS(TRAINWATCH_STEP_FIELDS, TW_NAME)});
+  m.attr("LAYER_STAT_FIELDS") =
+      names({TRAINWATCH_FIELDS(TRAINWATCH_LAYER_STAT_FIELDS, TW_NAME)});
+  m.attr("FP8_STAT_FIELDS") = names({TRAINWATCH_FIELDS(TRAINWATCH_FP8_STAT_FIELDS, TW_NAME)});
+  m.attr("MOE_LAYER_STAT_FIELDS") =
+      names({TRAINWATCH_FIELDS(TRAINWATCH_MOE_LAYER_STAT_FIELDS, TW_NAME)});
+  m.attr("RUN_START_FIELDS") =
+      names({TRAINWATCH_FIELDS(TRAINWATCH_RUN_START_FIELDS, TW_NAME)});
+  m.attr("MOE_CONFIG_FIELDS") =
+      names({TRAINWATCH_FIELDS(TRAINWATCH_MOE_CONFIG_FIELDS, TW_NAME)});
 #undef TW_NAME
-  py::tuple optional_doubles(std::size(kOptionalDoubles));
-  for (size_t i = 0; i < std::size(kOptionalDoubles); ++i) {
-    optional_doubles[i] = py::str(kOptionalDoubles[i]);
-  }
-  m.attr("STEP_OPTIONAL_DOUBLES") = optional_doubles;
 
   m.def("restart_plan", &trainwatch::FetchPlan, py::arg("address"),
         py::arg("run"), py::arg("auth_token"), py::arg("tls"),

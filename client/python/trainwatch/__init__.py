@@ -48,12 +48,20 @@ EVENT_KINDS = {"checkpoint_saved": 1, "run_finished": 2, "run_failed": 3}
 _FIELDS = ("grad_norm", "loss", "loss_scale", "skipped", "clipped", "clip_coef",
            "max_attn_logit", "log_z", "lr", "step_time_s", "data_wait_s",
            "batch_ids", "shard_sq_sum", "layer_stats", "fp8", "moe")
-# The step record's optional floats, from the C++ field table
-# (step_fields.h): a field added there and not here is caught at import.
-_missing = set(_trainwatch.STEP_OPTIONAL_DOUBLES) - set(_FIELDS)
-if _missing:
-    raise ImportError(f"trainwatch: record() does not take {sorted(_missing)}, "
-                      "which the C++ client's field table has")
+
+
+def _check_fields(table, taken, where):
+    """Raises ImportError for a field of the C++ client's field table
+    `table` (step_fields.h, run_start_fields.h) that `taken` lacks: a field
+    added there and not here would be silently lost."""
+    missing = set(getattr(_trainwatch, table)) - set(taken)
+    if missing:
+        raise ImportError(f"trainwatch: {where} does not take {sorted(missing)}, "
+                          f"which the C++ client's field table {table} has")
+
+
+# record() stamps time_unix_nanos itself.
+_check_fields("STEP_FIELDS", ("step", "time_unix_nanos") + _FIELDS, "record()")
 _BOOL_FIELDS = frozenset(("skipped", "clipped"))
 _BOOL_POSITIONS = frozenset(_FIELDS.index(f) for f in _BOOL_FIELDS)
 _LAST_SCALAR = _FIELDS.index("batch_ids")  # fields before it are scalars
@@ -491,9 +499,7 @@ def _host_value(name, value, torch, devices, pos, key=None):
         out = {}
         for layer, stat in value.items():
             if isinstance(stat, dict):
-                stat = (stat.get("grad_norm", 0.0), stat.get("grad_rms", 0.0),
-                        stat.get("g_over_sqrt_v_rms", float("nan")),
-                        stat.get("update_rms_ratio"))
+                stat = tuple(stat.get(k, d) for k, d in zip(_LAYER_STAT_KEYS, _LAYER_STAT_DEFAULTS))
             if torch is not None and isinstance(stat, torch.Tensor):
                 if stat.numel() not in (3, 4):
                     raise ValueError(f"record(): layer_stats[{layer!r}] must have 3 or 4 elements")
@@ -521,10 +527,18 @@ def _host_value(name, value, torch, devices, pos, key=None):
         raise TypeError(f"record(): {name} must be a number, got {type(value).__name__}") from None
 
 
+# A layer_stats entry's values, in the binding's order, and their defaults
+# in a dict; the kind comes from set_layer_kinds().
+_LAYER_STAT_KEYS = ("grad_norm", "grad_rms", "g_over_sqrt_v_rms", "update_rms_ratio")
+_LAYER_STAT_DEFAULTS = (0.0, 0.0, float("nan"), None)
+_check_fields("LAYER_STAT_FIELDS", _LAYER_STAT_KEYS + ("kind",), "record(layer_stats=...)")
+
+
 # Fp8Format values (docs/contracts.md fp8), by the names a user passes.
 FP8_FORMATS = {"E4M3": 1, "E5M2": 2, "E4M3_FNUZ": 3, "E5M2_FNUZ": 4}
 _FP8_KEYS = ("format", "amax", "scale", "amax_history_len", "margin",
              "overflow_fraction", "underflow_fraction", "amax_group")
+_check_fields("FP8_STAT_FIELDS", _FP8_KEYS, "record(fp8=...)")
 
 
 def _fp8_entries(value):
@@ -566,6 +580,14 @@ _MOE_CONFIG_KEYS = ("num_experts", "top_k", "ep_size", "balancing", "aux_loss_co
                     "z_loss_coeff", "bias_update_rate", "capacity_factor")
 _MOE_KEYS = ("layer", "tokens_per_expert", "dropped", "aux_loss", "z_loss", "expert_bias",
              "router_logit_max")
+_check_fields("MOE_CONFIG_FIELDS", _MOE_CONFIG_KEYS, "Client(moe=...)")
+_check_fields("MOE_LAYER_STAT_FIELDS", _MOE_KEYS, "record(moe=...)")
+# Client()'s arguments; it names RunStart.run_id `run`.
+_init = Client.__init__.__code__
+_check_fields("RUN_START_FIELDS",
+              ["run_id" if a == "run" else a for a in _init.co_varnames[:_init.co_argcount]],
+              "Client()")
+del _init
 
 
 def _moe_config(moe):

@@ -72,15 +72,17 @@ class ClipFractionHigh final : public Detector {
     bool rise = current && judged_ > cfg.baseline_steps &&
                 now > cfg.rise_ratio * baseline_.fraction();
     // Once named, the alert holds by the rate's hysteresis: no rise to find.
-    if (!firing_ && s.holds && s.by_change) {
+    if (!named_ && s.holds && s.by_change) {
       // A jump: against the run's own share before its change point (none
       // before it: clipping since the start, not a rise).
       const Share before = EarlyShare(s.onset_step);
       rise |= before.steps >= kMinBefore && s.rate_since > cfg.rise_ratio * before.fraction();
     }
-    // Named (fired) once, it holds by the rate's own hysteresis.
-    const bool named = s.holds && (firing_ || rise || (settled && current));
-    firing_ = named;
+    // Named (fired) once, it holds by the rate's own hysteresis for the
+    // whole episode: a step on which the condition lapses (and comes back
+    // before the tracker resolves it) does not ask for clipping now again.
+    const bool named = s.holds && (named_ || rise || (settled && current));
+    named_ = rate_.firing() && (named_ || named);
     sink.Condition(
         AlertKind::kClipFractionHigh, r.step(), named,
         std::max(fraction, s.rate_since), [&] {
@@ -125,7 +127,7 @@ class ClipFractionHigh final : public Detector {
   void OnRewind(uint64_t step) override {
     rate_.Reset();
     recent_.RewindTo(step);
-    firing_ = false;
+    named_ = false;
   }
 
  private:
@@ -161,7 +163,8 @@ class ClipFractionHigh final : public Detector {
   // share before a change point), and their share.
   std::vector<std::pair<uint64_t, bool>> early_;
   Share baseline_;
-  bool firing_ = false;
+  // Named in the rate alert's episode under way (what the tracker shows).
+  bool named_ = false;
 };
 
 // Catches a trainer that logs the post-clip norm: over at least

@@ -97,9 +97,11 @@ struct RankExtremes {
 // A rate alert (the clipped or the skipped share of post-warmup steps): a
 // Bernoulli CUSUM names a jump of the rate within tens of steps, and the
 // share over the window W (above the threshold once W holds min_steps)
-// catches a rate that creeps up; once firing, the alert holds while the
-// CUSUM has not seen the rate fall below resolve_ratio x threshold or the
-// window's share is still above that (hysteresis).
+// catches a rate that creeps up. Once firing, whichever rule fired it, the
+// alert holds until the rate is clearly below (hysteresis): the window's
+// share at most resolve_ratio x threshold, the CUSUM's downward test done,
+// and RateFallTest convinced; then it resolves after resolve_after_steps
+// without holding. A rate hovering at its threshold is one alert.
 class RateAlert {
  public:
   RateAlert(const HealthConfig& config, double threshold);
@@ -114,11 +116,15 @@ class RateAlert {
   State Add(uint64_t step, bool flagged, const FlagSeries& window,
             uint32_t min_steps);
   void Reset();
+  // True from a fire until resolve_after_steps pass without the condition
+  // holding: while the alert tracker shows the episode as firing.
+  bool firing() const { return hysteresis_.firing(); }
 
  private:
   double threshold_;
   double resolve_ratio_;
   RateShiftDetector change_;
+  RateFallTest fall_;  // restarted at each fire
   Hysteresis hysteresis_;
   State last_fire_;
 };

@@ -10,6 +10,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -95,6 +96,31 @@ double Worst(const Named& layers, bool largest = true) {
   return w;
 }
 
+// The hysteresis of the level rules: once an alert's condition held, until
+// the tracker resolves it (resolve_after_steps without holding), a rule
+// judges against a line change.resolve_ratio (0.8) of the way from the
+// neutral value (a balanced load's max/mean of 1, no drops) to its fire
+// line: max/mean 1.8 holds what 2 fired. A level hovering at its line is one
+// alert, not a flapping pager.
+class Held {
+ public:
+  double Line(AlertKind kind, uint64_t step, double neutral, double fire,
+              const HealthConfig& config) const {
+    const auto it = last_held_.find(kind);
+    const bool firing = it != last_held_.end() && step < it->second + config.resolve_after_steps;
+    return firing ? neutral + config.change.resolve_ratio * (fire - neutral) : fire;
+  }
+  // Reports the condition, noting the step it held.
+  void Condition(AlertSink& sink, AlertKind kind, uint64_t step, bool holds, double value,
+                 const std::function<AlertText()>& text) {
+    if (holds) last_held_[kind] = step;
+    sink.Condition(kind, step, holds, value, text);
+  }
+
+ private:
+  std::map<AlertKind, uint64_t> last_held_;  // the last step each held
+};
+
 class MoeRouting final : public Detector {
  public:
 
@@ -111,6 +137,11 @@ class MoeRouting final : public Detector {
     const uint32_t ep_size = moe != nullptr ? moe->ep_size() : 0;
     const double bias_rate =
         moe != nullptr && moe->bias_update_rate() > 0 ? moe->bias_update_rate() : 1e-3;
+    // Each rule's line: its fire line, or while its alert is firing the
+    // lower one that holds it (hysteresis).
+    const auto line = [&](AlertKind kind, double neutral, double fire) {
+      return held_.Line(kind, step, neutral, fire, ctx.config);
+    };
 
     Named collapsed, dead, imbalanced, aux_high, aux_low, z_grown, bias_drift,
         bias_flip, ep_hot;
@@ -143,10 +174,12 @@ class MoeRouting final : public Detector {
               std::min(cfg.collapse_top_k_multiple * top_k, experts / 2.0);
           const auto eff = s.effective.Of(n);
           const auto share = s.share.Of(n);
-          if (eff && *eff <= limit) {
+          if (eff && *eff <= line(AlertKind::kMoeRouterCollapse, experts, limit)) {
             collapsed.emplace_back(name, *eff);
             collapse_onset = std::min(collapse_onset, s.effective.since(step));
-          } else if (top_k == 1 && share && *share >= cfg.collapse_share) {
+          } else if (top_k == 1 && share &&
+                     *share >= line(AlertKind::kMoeRouterCollapse, 1.0 / experts,
+                                    cfg.collapse_share)) {
             collapsed.emplace_back(name, *share * experts);
             collapse_onset = std::min(collapse_onset, s.share.since(step));
           }
@@ -154,7 +187,9 @@ class MoeRouting final : public Detector {
           if (dead_now > 0) dead.emplace_back(name, dead_now);
           if (auto m = s.max_over_mean.Of(n)) {
             worst_imbalance = std::max(worst_imbalance, *m);
-            if (*m >= cfg.imbalance) imbalanced.emplace_back(name, *m);
+            if (*m >= line(AlertKind::kMoeImbalanceHigh, 1.0, cfg.imbalance)) {
+              imbalanced.emplace_back(name, *m);
+            }
           }
         }
         const std::vector<uint64_t> blocks = BlockLoads(layer, ep_size);
@@ -167,7 +202,10 @@ class MoeRouting final : public Detector {
             s.hottest_block = static_cast<uint32_t>(max - blocks.begin());
           }
           const auto level = s.blocks.Of(n);
-          if (settled && level && *level >= cfg.ep_ratio) ep_hot.emplace_back(name, *level);
+          if (settled && level &&
+              *level >= line(AlertKind::kMoeExpertParallelImbalance, 1.0, cfg.ep_ratio)) {
+            ep_hot.emplace_back(name, *level);
+          }
         }
       }
       if (layer.has_aux_loss()) s.aux.Add(layer.aux_loss(), n);
@@ -176,11 +214,15 @@ class MoeRouting final : public Detector {
       TrackBias(layer, s, n, cfg.bias_flip_share);
       if (!settled) continue;
       if (auto a = s.aux.Of(n)) {
-        if (*a >= cfg.aux_high) aux_high.emplace_back(name, *a);
-        if (*a < cfg.aux_low) aux_low.emplace_back(name, *a);
+        if (*a >= line(AlertKind::kMoeAuxLossOffBalance, 1.0, cfg.aux_high)) {
+          aux_high.emplace_back(name, *a);
+        }
+        if (*a < line(AlertKind::kMoeAuxLossOffBalance, 1.0, cfg.aux_low)) {
+          aux_low.emplace_back(name, *a);
+        }
       }
-      if (Grown(s.z, s.z_base, n, cfg.z_ratio) ||
-          Grown(s.logit, s.logit_base, n, cfg.z_ratio)) {
+      const double z_ratio = line(AlertKind::kMoeRouterZLossGrowth, 1.0, cfg.z_ratio);
+      if (Grown(s.z, s.z_base, n, z_ratio) || Grown(s.logit, s.logit_base, n, z_ratio)) {
         const double zr = s.z_base && *s.z_base > 0 ? *s.z.Of(n) / *s.z_base : 0.0;
         const double lr = s.logit_base && *s.logit_base > 0 && s.logit.Of(n)
                               ? *s.logit.Of(n) / *s.logit_base
@@ -189,7 +231,8 @@ class MoeRouting final : public Detector {
         z_onset = std::min({z_onset, s.z.since(step), s.logit.since(step)});
       }
       if (auto d = s.bias_mean_over_sd.Of(n);
-          d && *d >= cfg.bias_mean_sd && std::abs(s.bias_mean) >= 20 * bias_rate) {
+          d && *d >= line(AlertKind::kMoeExpertBiasDrift, 0.0, cfg.bias_mean_sd) &&
+          std::abs(s.bias_mean) >= line(AlertKind::kMoeExpertBiasDrift, 0.0, 20 * bias_rate)) {
         bias_drift.emplace_back(name, s.bias_mean);
       }
       if (s.flip_reports >= n && s.last_max_over_mean >= 0.95 * s.flip_start_imbalance &&
@@ -213,7 +256,7 @@ class MoeRouting final : public Detector {
       if (imbalance_at && *imbalance_at > step + cfg.horizon_steps) imbalance_at.reset();
     }
 
-    sink.Condition(AlertKind::kMoeRouterCollapse, step, !collapsed.empty(),
+    held_.Condition(sink, AlertKind::kMoeRouterCollapse, step, !collapsed.empty(),
                    collapsed.empty() ? 0.0 : Worst(collapsed, false), [&] {
                      return AlertText{
                          absl::StrFormat("MoE routing collapsed in %d layer(s)",
@@ -228,7 +271,7 @@ class MoeRouting final : public Detector {
                              NameLayers(collapsed, kNamed, "layer ")),
                          collapse_onset};
                    });
-    sink.Condition(AlertKind::kMoeDeadExpert, step, !dead.empty(), Worst(dead), [&] {
+    held_.Condition(sink, AlertKind::kMoeDeadExpert, step, !dead.empty(), Worst(dead), [&] {
       return AlertText{
           absl::StrFormat("%g dead expert(s) in %d layer(s)", Worst(dead), dead.size()),
           absl::StrFormat("step %d: experts with no assignment in the global "
@@ -236,8 +279,8 @@ class MoeRouting final : public Detector {
                           step, cfg.dead_steps, cfg.dead_min_reports, dead_experts),
           dead_onset};
     });
-    sink.Condition(
-        AlertKind::kMoeImbalanceHigh, step, !imbalanced.empty() || imbalance_at.has_value(),
+    held_.Condition(
+        sink, AlertKind::kMoeImbalanceHigh, step, !imbalanced.empty() || imbalance_at.has_value(),
         imbalanced.empty() ? worst_imbalance : Worst(imbalanced), [&] {
           if (!imbalanced.empty()) {
             return AlertText{
@@ -258,8 +301,8 @@ class MoeRouting final : public Detector {
                               cfg.horizon_steps)};
         });
     const bool aux_off = !aux_high.empty() || !aux_low.empty();
-    sink.Condition(
-        AlertKind::kMoeAuxLossOffBalance, step, aux_off,
+    held_.Condition(
+        sink, AlertKind::kMoeAuxLossOffBalance, step, aux_off,
         aux_high.empty() ? (aux_low.empty() ? 0.0 : Worst(aux_low, false)) : Worst(aux_high),
         [&] {
           if (!aux_high.empty()) {
@@ -279,7 +322,7 @@ class MoeRouting final : public Detector {
                               "what balance gives: %s",
                               step, n, cfg.aux_low, NameLayers(aux_low, kNamed, "layer "))};
         });
-    sink.Condition(AlertKind::kMoeRouterZLossGrowth, step, !z_grown.empty(), Worst(z_grown),
+    held_.Condition(sink, AlertKind::kMoeRouterZLossGrowth, step, !z_grown.empty(), Worst(z_grown),
                    [&] {
                      return AlertText{
                          absl::StrFormat("Router logits grew %.3gx", Worst(z_grown)),
@@ -291,8 +334,8 @@ class MoeRouting final : public Detector {
                          z_onset};
                    });
     const bool bias_off = !bias_drift.empty() || !bias_flip.empty();
-    sink.Condition(
-        AlertKind::kMoeExpertBiasDrift, step, bias_off,
+    held_.Condition(
+        sink, AlertKind::kMoeExpertBiasDrift, step, bias_off,
         bias_drift.empty() ? 0.0 : std::abs(Worst(bias_drift)), [&] {
           if (!bias_drift.empty()) {
             return AlertText{
@@ -313,8 +356,9 @@ class MoeRouting final : public Detector {
                               step, 100 * cfg.bias_flip_share, n,
                               NameLayers(bias_flip, kNamed, "layer "))};
         });
-    const bool drops = dropped.has_value() && *dropped > cfg.dropped_fraction;
-    sink.Condition(AlertKind::kMoeTokensDropped, step, drops, dropped.value_or(0.0), [&] {
+    const bool drops = dropped.has_value() &&
+                       *dropped > line(AlertKind::kMoeTokensDropped, 0.0, cfg.dropped_fraction);
+    held_.Condition(sink, AlertKind::kMoeTokensDropped, step, drops, dropped.value_or(0.0), [&] {
       return AlertText{
           absl::StrFormat("MoE drops %.2g%% of its assignments", 100 * *dropped),
           absl::StrFormat("step %d: dropped / routed assignments over every "
@@ -323,8 +367,8 @@ class MoeRouting final : public Detector {
                           step, n, *dropped, cfg.dropped_fraction,
                           *dropped > 0.1 ? " (above 10%: a critical share)" : "")};
     });
-    sink.Condition(
-        AlertKind::kMoeExpertParallelImbalance, step, !ep_hot.empty(), Worst(ep_hot), [&] {
+    held_.Condition(
+        sink, AlertKind::kMoeExpertParallelImbalance, step, !ep_hot.empty(), Worst(ep_hot), [&] {
           const LayerState& worst = layers_.at(
               std::max_element(ep_hot.begin(), ep_hot.end(),
                                [](const auto& a, const auto& b) { return a.second < b.second; })
@@ -343,6 +387,7 @@ class MoeRouting final : public Detector {
 
   void OnRewind(uint64_t step) override {
     layers_.clear();
+    held_ = Held{};
     dropped_.Clear();
     imbalance_trend_.RewindTo(step);
     if (first_post_warmup_.has_value() && *first_post_warmup_ >= step) {
@@ -433,6 +478,7 @@ class MoeRouting final : public Detector {
   }
 
   std::map<std::string, LayerState> layers_;
+  Held held_;
   Level dropped_;
   TrendForecaster imbalance_trend_{TrendForecaster::Options{}};
   std::optional<uint64_t> first_post_warmup_;

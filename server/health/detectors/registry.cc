@@ -52,6 +52,7 @@ RateAlert::RateAlert(const HealthConfig& config, double threshold)
           .resolve_ratio = config.change.resolve_ratio,
           .arl0 = config.change.arl0,
           .resolve_after_steps = config.resolve_after_steps}),
+      fall_(threshold, config.change.resolve_ratio, config.change.arl0),
       hysteresis_(config.resolve_after_steps) {}
 
 RateAlert::State RateAlert::Add(uint64_t step, bool flagged,
@@ -62,9 +63,11 @@ RateAlert::State RateAlert::Add(uint64_t step, bool flagged,
   const bool window_holds =
       full && window.fraction() > resolve_ratio_ * threshold_;
   const bool was_firing = hysteresis_.firing();
+  if (!was_firing) fall_.Restart();  // its evidence counts from the fire
+  const bool fallen = fall_.Add(step, flagged);
   State out;
   out.holds = hysteresis_.Update(step, c.fired_now || window_fires,
-                                 c.holds || window_holds);
+                                 c.holds || window_holds || !fallen);
   if (out.holds && !was_firing) {
     last_fire_ = State{.holds = true,
                        .by_change = c.fired_now,
@@ -80,6 +83,7 @@ RateAlert::State RateAlert::Add(uint64_t step, bool flagged,
 
 void RateAlert::Reset() {
   change_.Reset();
+  fall_.Restart();
   hysteresis_.Reset();
 }
 

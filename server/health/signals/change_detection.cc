@@ -226,4 +226,14 @@ void RateShiftDetector::Reset() {
   segment_steps_ = 0;
 }
 
+RateFallTest::RateFallTest(double threshold, double resolve_ratio,
+                           double arl0) {
+  // As RateShiftDetector clamps it.
+  const double q0 = std::clamp(threshold, 1e-4, 0.24);
+  const double q1 = resolve_ratio * q0 / 2;
+  hit_ = std::log(q1 / q0);
+  miss_ = std::log((1 - q1) / (1 - q0));
+  cusum_ = Cusum(LlrCusumThreshold(BernoulliKl(q0, q1), arl0));
+}
+
 }  // namespace trainwatch

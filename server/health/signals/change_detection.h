@@ -186,7 +186,7 @@ class LevelShiftDetector {
 };
 
 // Change detection on a rate (clipped or skipped steps): a Bernoulli CUSUM of
-// the log-likelihood ratio of p1 = 2 x threshold against p0 = threshold / 2,
+// the log-likelihood ratio of p1 = 3 x threshold against p0 = threshold / 2,
 // whose statistic drifts upward once the rate is above about the threshold.
 // h comes from arl0 under p0. After the fire, a downward CUSUM (p1' =
 // resolve_ratio x threshold / 2 against p0' = 2 x that) says when the rate is
@@ -218,6 +218,30 @@ class RateShiftDetector {
   ShiftAlarm alarm_;
   uint32_t segment_hits_ = 0;  // since the upward statistic left 0
   uint32_t segment_steps_ = 0;
+};
+
+// Whether a rate alert's rate is clearly below its threshold again, judged
+// from the fire on, whichever rule fired it: a Bernoulli CUSUM of the
+// log-likelihood ratio of q1 = resolve_ratio x threshold / 2 against q0 =
+// the threshold itself, h from arl0 under q0. Its statistic drifts upward
+// once the rate is below about 0.65 x the threshold (resolve_ratio 0.8), and
+// a rate hovering at the threshold convinces it once in about arl0 steps;
+// a windowed share's lower line (0.8 x over W) is crossed by such a rate
+// every few thousand steps (at a 1% threshold it is 0.6 sd below).
+class RateFallTest {
+ public:
+  RateFallTest(double threshold, double resolve_ratio, double arl0);
+
+  // Adds one step; true while convinced the rate is below.
+  bool Add(uint64_t step, bool flagged) {
+    return cusum_.Add(step, flagged ? hit_ : miss_);
+  }
+  // Forgets the evidence (at a fire).
+  void Restart() { cusum_.Reset(); }
+
+ private:
+  double hit_, miss_;  // LLR increments
+  Cusum cusum_;
 };
 
 }  // namespace trainwatch

@@ -268,6 +268,50 @@ TEST(RateShiftDetector, ARateWellBelowTheThresholdNeverFires) {
   }
 }
 
+// Steps until `test` is convinced the rate is below, on flags drawn at
+// `rate`; 0 when it is not within `steps`.
+uint64_t StepsToFall(RateFallTest& test, uint32_t seed, uint64_t steps, double rate) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (uint64_t step = 1; step <= steps; ++step) {
+    if (test.Add(step, u(rng) < rate)) return step;
+  }
+  return 0;
+}
+
+// In control at the threshold: a rate hovering there is not found below
+// (an expected once in ARL0 = 10^6 steps).
+TEST(RateFallTest, ARateAtItsThresholdIsNotFoundBelow) {
+  for (const double threshold : {0.05, 0.01}) {
+    for (uint32_t seed = 1; seed <= 5; ++seed) {
+      RateFallTest test(threshold, /*resolve_ratio=*/0.8, /*arl0=*/1e6);
+      EXPECT_EQ(StepsToFall(test, seed, 50000, threshold), 0u)
+          << "threshold " << threshold << ", seed " << seed;
+    }
+  }
+}
+
+// A clip rate that falls from 5% to 0 is found below in h / -log(1 - 0.05)
+// ~ 300 steps, to 1% within a thousand; a skip rate from 1% to 0 (fewer
+// events, slower evidence) in ~1250; Restart() forgets the evidence.
+TEST(RateFallTest, FindsAClearFallWithinHundredsOfSteps) {
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    RateFallTest clip(0.05, 0.8, 1e6);
+    const uint64_t to_zero = StepsToFall(clip, seed, 5000, 0.0);
+    EXPECT_GE(to_zero, 250u) << seed;
+    EXPECT_LE(to_zero, 350u) << seed;
+    clip.Restart();
+    EXPECT_GT(StepsToFall(clip, seed, 5000, 0.01), 0u) << seed;
+    clip.Restart();
+    EXPECT_LE(StepsToFall(clip, seed, 5000, 0.01), 1000u) << seed;
+
+    RateFallTest skip(0.01, 0.8, 1e6);
+    const uint64_t skip_to_zero = StepsToFall(skip, seed, 5000, 0.0);
+    EXPECT_GE(skip_to_zero, 1000u) << seed;
+    EXPECT_LE(skip_to_zero, 1500u) << seed;
+  }
+}
+
 }  // namespace
 }  // namespace trainwatch
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "health/signals/change_detection.h"
 #include "health_test_util.h"
 
 namespace trainwatch {
@@ -244,13 +245,14 @@ TEST(SkipRateHigh, FiresWhenOneStepInTenOverflows) {
   }
   // The window is full of post-warmup steps from step 1199 on, so its rule
   // holds from the skip that takes the count above threshold * W; the CUSUM
-  // names the jump to 10% sooner, with its change point. Once firing, the
-  // window holds while above resolve_ratio x threshold (hysteresis).
+  // names the jump to 10% sooner, with its change point. Once firing, it
+  // holds while the window is above resolve_ratio x threshold, and until the
+  // downward test is convinced the rate is clearly below (hysteresis).
   const size_t needed = static_cast<size_t>(cfg.threshold * w) + 1;
   const uint64_t fire_step = skips[needed - 1];
   const size_t resolve_needed =
       static_cast<size_t>(h.config().change.resolve_ratio * cfg.threshold * w) + 1;
-  const uint64_t last_hold = skips[skips.size() - resolve_needed] + w - 1;
+  const uint64_t window_last_hold = skips[skips.size() - resolve_needed] + w - 1;
 
   const auto fired = h.Fired(AlertKind::kSkipRateHigh);
   ASSERT_EQ(fired.size(), 1u);
@@ -258,6 +260,22 @@ TEST(SkipRateHigh, FiresWhenOneStepInTenOverflows) {
   EXPECT_LT(fired[0].step, fire_step);
   EXPECT_EQ(fired[0].onset_step, 1200u);
   EXPECT_THAT(fired[0].description, HasSubstr("since step 1200 (the change point"));
+  RateFallTest fall(cfg.threshold, h.config().change.resolve_ratio,
+                    h.config().change.arl0);
+  const std::set<uint64_t> skipped(skips.begin(), skips.end());
+  uint64_t fallen_from = 0;
+  for (uint64_t step = fired[0].step; step < 3000; ++step) {
+    if (!fall.Add(step, skipped.count(step) > 0)) {
+      fallen_from = 0;
+    } else if (fallen_from == 0) {
+      fallen_from = step;
+    }
+  }
+  ASSERT_GT(fallen_from, skips.back());
+  // At a 1% threshold the test needs ~1250 clean steps after the last skip:
+  // it resolves later than the window alone would.
+  const uint64_t last_hold = std::max(window_last_hold, fallen_from - 1);
+  EXPECT_GT(last_hold, window_last_hold);
   const auto resolved = h.Resolved(AlertKind::kSkipRateHigh);
   ASSERT_EQ(resolved.size(), 1u);
   EXPECT_EQ(resolved[0].step, last_hold + h.config().resolve_after_steps);

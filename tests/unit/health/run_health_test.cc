@@ -8,6 +8,7 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "health_test_util.h"
@@ -130,6 +131,108 @@ TEST(ClipFractionHigh, ARiseOverTheRunsOwnEarlyShareIsNamedBeforeItSettles) {
   ASSERT_THAT(fired, SizeIs(1));
   EXPECT_GE(fired[0].step, 250u);
   EXPECT_LE(fired[0].step, 350u);
+}
+
+// A run (warmup 100) whose steps from 101 on clip, or for fp16 skip, with
+// probability rate(step), seeded: a clipped step's norm is 1.5 at max_norm
+// 1, a skipped one's is Inf.
+template <typename Rate>
+void FeedRate(HealthHarness& h, uint64_t steps, uint64_t seed, Rate rate) {
+  const bool fp16 = h.health().info().precision == v1::FP16;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (uint64_t s = 1; s <= steps; ++s) {
+    const bool hit = s > 100 && u(rng) < rate(s);
+    v1::StepRecord r = Rec(s, hit ? (fp16 ? INFINITY : 1.5) : 0.4);
+    if (fp16) {
+      r.set_loss_scale(65536);
+      r.set_skipped(hit);
+    }
+    h.Lead(r);
+  }
+}
+
+// "fired at 812, 2249; resolved at 2242": the steps of `kind`'s transitions.
+std::string Episodes(const HealthHarness& h, AlertKind kind) {
+  std::string out = "fired at";
+  for (const auto& t : h.Fired(kind)) absl::StrAppend(&out, " ", t.step);
+  absl::StrAppend(&out, "; resolved at");
+  for (const auto& t : h.Resolved(kind)) absl::StrAppend(&out, " ", t.step);
+  return out;
+}
+
+// A clip rate at its threshold, i.i.d. over 5000 post-warmup steps: one
+// alert that stays firing (the window's share crosses 0.05 and the 0.04
+// line again and again).
+TEST(ClipFractionHigh, ARateHoveringAtTheThresholdIsOneAlertThatStaysFiring) {
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    HealthHarness h(Bf16());
+    FeedRate(h, 5100, seed, [](uint64_t) { return 0.05; });
+    EXPECT_EQ(h.Fired(AlertKind::kClipFractionHigh).size(), 1u)
+        << "seed " << seed << ": " << Episodes(h, AlertKind::kClipFractionHigh);
+    EXPECT_THAT(h.Resolved(AlertKind::kClipFractionHigh), IsEmpty())
+        << "seed " << seed << ": " << Episodes(h, AlertKind::kClipFractionHigh);
+  }
+}
+
+TEST(ClipFractionHigh, ARateAlternating4And6PercentIsOneAlert) {
+  for (uint64_t block : {100, 300, 500}) {
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      HealthHarness h(Bf16());
+      FeedRate(h, 5100, seed,
+               [block](uint64_t s) { return (s / block) % 2 ? 0.06 : 0.04; });
+      EXPECT_EQ(h.Fired(AlertKind::kClipFractionHigh).size(), 1u)
+          << "blocks of " << block << ", seed " << seed << ": "
+          << Episodes(h, AlertKind::kClipFractionHigh);
+      EXPECT_THAT(h.Resolved(AlertKind::kClipFractionHigh), IsEmpty())
+          << "blocks of " << block << ", seed " << seed << ": "
+          << Episodes(h, AlertKind::kClipFractionHigh);
+    }
+  }
+}
+
+// Hysteresis both ways: 4.5% after 6% is not clearly below (the same
+// episode), 1% is (resolved within a thousand steps).
+TEST(ClipFractionHigh, ResolvesOnlyOnceTheRateIsClearlyBelow) {
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    HealthHarness h(Bf16());
+    FeedRate(h, 8000, seed, [](uint64_t s) { return s <= 3000 ? 0.06 : 0.045; });
+    EXPECT_EQ(h.Fired(AlertKind::kClipFractionHigh).size(), 1u)
+        << "seed " << seed << ": " << Episodes(h, AlertKind::kClipFractionHigh);
+    EXPECT_THAT(h.Resolved(AlertKind::kClipFractionHigh), IsEmpty())
+        << "seed " << seed << ": " << Episodes(h, AlertKind::kClipFractionHigh);
+
+    HealthHarness clear(Bf16());
+    FeedRate(clear, 8000, seed, [](uint64_t s) { return s <= 3000 ? 0.06 : 0.01; });
+    EXPECT_EQ(clear.Fired(AlertKind::kClipFractionHigh).size(), 1u)
+        << "seed " << seed << ": " << Episodes(clear, AlertKind::kClipFractionHigh);
+    auto resolved = clear.Resolved(AlertKind::kClipFractionHigh);
+    ASSERT_EQ(resolved.size(), 1u)
+        << "seed " << seed << ": " << Episodes(clear, AlertKind::kClipFractionHigh);
+    EXPECT_GT(resolved[0].step, 3000u) << seed;
+    EXPECT_LE(resolved[0].step, 4000u) << seed;
+  }
+}
+
+// The same rule for fp16 skips at their 1% threshold, where 0.8x over W is
+// only 0.6 sd of the window's share below it.
+TEST(SkipRateHigh, ARateHoveringAtTheThresholdIsOneAlertThatStaysFiring) {
+  const RunInfo fp16{.run_id = "r", .precision = v1::FP16, .max_norm = 1.0,
+                     .warmup_steps = 100};
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    for (bool alternating : {false, true}) {
+      HealthHarness h(fp16);
+      FeedRate(h, 5100, seed, [alternating](uint64_t s) {
+        return !alternating ? 0.01 : (s / 300) % 2 ? 0.012 : 0.008;
+      });
+      EXPECT_EQ(h.Fired(AlertKind::kSkipRateHigh).size(), 1u)
+          << (alternating ? "0.8%/1.2%" : "1%") << ", seed " << seed << ": "
+          << Episodes(h, AlertKind::kSkipRateHigh);
+      EXPECT_THAT(h.Resolved(AlertKind::kSkipRateHigh), IsEmpty())
+          << (alternating ? "0.8%/1.2%" : "1%") << ", seed " << seed << ": "
+          << Episodes(h, AlertKind::kSkipRateHigh);
+    }
+  }
 }
 
 TEST(AttentionLogitGrowth, ForecastsTheCapWellBeforeTheCrossing) {

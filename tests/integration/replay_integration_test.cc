@@ -1,0 +1,166 @@
+// trainwatchctl replay through a real server: every field of a step log's
+// run_start and step lines is what the server stores (the lines filled by
+// reflection, so a field added to the proto is checked too), and a
+// mixture-of-experts run's routing (top_k, ep_size) reaches its detectors.
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fill_fields.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "harness.h"
+#include "stored_data.h"
+
+namespace trainwatch::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+std::string JsonOf(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  EXPECT_TRUE(google::protobuf::util::MessageToJsonString(message, &out, options).ok());
+  return out;
+}
+
+void Replay(const ServerProcess& server, const std::string& path) {
+  CommandResult r = RunCommand(
+      {BinDir() + "/trainwatchctl", "--server", server.grpc_address(), "replay", path});
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+}
+
+// What MessageDifferencer finds between `given` and `stored`, "" if nothing.
+std::string Differences(const google::protobuf::Message& given,
+                        const google::protobuf::Message& stored) {
+  google::protobuf::util::MessageDifferencer differ;
+  std::string report;
+  differ.ReportDifferencesToString(&report);
+  differ.Compare(given, stored);
+  return report;
+}
+
+TEST(ReplayIntegration, StoresEveryFieldOfTheLogsRunStartAndSteps) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  // Every field filled, then the few the server validates made valid.
+  v1::RunStart start = FilledMessage<v1::RunStart>();
+  start.set_run_id("replay/every-field");
+  start.set_rank(0);
+  start.set_world_size(1);
+  start.set_adam_beta2(0.95);
+  start.clear_labels();
+  (*start.mutable_labels())["model"] = "tiny";
+  (*start.mutable_labels())["owner"] = "ana";
+  start.mutable_moe()->set_num_experts(2);  // the records' tokens_per_expert
+  start.mutable_moe()->set_top_k(1);
+  start.mutable_moe()->set_ep_size(2);
+  std::vector<v1::StepRecord> records;
+  for (uint64_t step = 1; step <= 50; ++step) {
+    v1::StepRecord r = FilledMessage<v1::StepRecord>();
+    r.set_step(step);
+    r.set_time_unix_nanos(1'700'000'000'000'000'000 + static_cast<int64_t>(step) * 1'000'000'000);
+    r.set_clip_coef(0.5);
+    for (auto& [tensor, stats] : *r.mutable_fp8()) {
+      stats.set_overflow_fraction(0.001);
+      stats.set_underflow_fraction(0.01);
+    }
+    records.push_back(r);
+  }
+  const std::string log = dir.File("every-field.jsonl");
+  {
+    std::ofstream out(log);
+    out << "{\"run_start\": " << JsonOf(start) << "}\n";
+    for (const v1::StepRecord& r : records) out << JsonOf(r) << "\n";
+  }
+  Replay(server, log);
+
+  const RunRank stream{"replay/every-field", 0};
+  std::map<RunRank, v1::RunStart> starts = ReadStoredStarts(dir.File("tw.db"));
+  ASSERT_EQ(starts.count(stream), 1u);
+  EXPECT_EQ(Differences(start, starts[stream]), "")
+      << "the stored RunStart lost or changed (above) of the log's run_start "
+      << start.ShortDebugString();
+  std::map<RunRank, std::vector<v1::StepRecord>> stored =
+      ReadStoredRecords(dir.File("tw.db"));
+  ASSERT_EQ(stored[stream].size(), records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    ASSERT_EQ(Differences(records[i], stored[stream][i]), "")
+        << "the stored record lost or changed (above) of the log's step line "
+        << records[i].ShortDebugString();
+  }
+}
+
+// A router whose load sits on 6 of 16 experts, the first two EP ranks'.
+// With top_k 4 that is a collapse (6 <= 2 x top_k effective experts) and
+// one EP rank carries 2.7x the mean rank's tokens; a run_start without its
+// moe block leaves the server top_k 1 and no EP layout, and neither alert.
+void WriteMoeLog(const std::string& path, const std::string& run, bool with_moe) {
+  std::ofstream out(path);
+  json start = {{"run_id", run}, {"precision", "BF16"}, {"max_norm", 1.0},
+                {"warmup_steps", 0}};
+  if (with_moe) {
+    start["moe"] = {{"num_experts", 16}, {"top_k", 4}, {"ep_size", 4},
+                    {"balancing", "AUX_LOSS"}, {"aux_loss_coeff", 0.01}};
+  }
+  out << json{{"run_start", start}}.dump() << "\n";
+  for (uint64_t step = 0; step < 600; ++step) {
+    json line = {{"step", step}, {"grad_norm", 0.5}, {"loss", 2.0}};
+    if (step % 5 == 0) {
+      std::vector<uint64_t> tokens(16, 0);
+      for (uint64_t e = 0; e < 6; ++e) tokens[e] = 1000 + (step * 7 + e * 13) % 50;
+      line["moe"] = {{"layers", {{{"layer", "blocks.0.moe"}, {"tokens_per_expert", tokens}}}}};
+    }
+    out << line.dump() << "\n";
+  }
+}
+
+json Alerts(const ServerProcess& server, const std::string& run) {
+  CommandResult r = RunCommand({BinDir() + "/trainwatchctl", "--server",
+                                server.grpc_address(), "alerts", "--run", run, "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return json::parse(r.out, nullptr, false);
+}
+
+const json* Named(const json& alerts, const std::string& alertname) {
+  for (const json& a : alerts) {
+    if (a["alertname"] == alertname) return &a;
+  }
+  return nullptr;
+}
+
+TEST(ReplayIntegration, AMoeRunsTopKAndEpSizeReachItsDetectors) {
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  WriteMoeLog(dir.File("moe.jsonl"), "replay/moe", /*with_moe=*/true);
+  WriteMoeLog(dir.File("unsaid.jsonl"), "replay/moe-unsaid", /*with_moe=*/false);
+  Replay(server, dir.File("moe.jsonl"));
+  Replay(server, dir.File("unsaid.jsonl"));
+
+  const v1::RunStart stored = ReadStoredStarts(dir.File("tw.db"))[{"replay/moe", 0}];
+  EXPECT_EQ(stored.moe().num_experts(), 16u);
+  EXPECT_EQ(stored.moe().top_k(), 4u);
+  EXPECT_EQ(stored.moe().ep_size(), 4u);
+  EXPECT_EQ(stored.moe().balancing(), v1::AUX_LOSS);
+
+  const json alerts = Alerts(server, "replay/moe");
+  const json* collapse = Named(alerts, "MoeRouterCollapse");
+  ASSERT_NE(collapse, nullptr) << alerts.dump(1);
+  EXPECT_THAT((*collapse)["description"].get<std::string>(), HasSubstr("x top_k 4)"));
+  const json* ep = Named(alerts, "MoeExpertParallelImbalance");
+  ASSERT_NE(ep, nullptr) << alerts.dump(1);
+  EXPECT_THAT((*ep)["description"].get<std::string>(), HasSubstr("in 4 contiguous blocks"));
+
+  const json unsaid = Alerts(server, "replay/moe-unsaid");
+  EXPECT_EQ(Named(unsaid, "MoeRouterCollapse"), nullptr) << unsaid.dump(1);
+  EXPECT_EQ(Named(unsaid, "MoeExpertParallelImbalance"), nullptr) << unsaid.dump(1);
+}
+
+}  // namespace
+}  // namespace trainwatch::testing
