@@ -197,25 +197,25 @@ def stem(runs_dir, name, seed):
     return pathlib.Path(runs_dir) / f"{name}-s{seed}"
 
 
-def config(name):
-    return {"args": ALL[name][1], "steps": steps_of(name)}
+def config(name, steps=None):
+    return {"args": ALL[name][1], "steps": steps or steps_of(name)}
 
 
-def cached(runs_dir, name, seed):
+def cached(runs_dir, name, seed, steps=None):
     s = stem(runs_dir, name, seed)
     out, meta = s.with_suffix(".jsonl"), s.with_suffix(".meta.json")
     return (out.exists() and meta.exists()
-            and json.loads(meta.read_text()).get("config") == config(name))
+            and json.loads(meta.read_text()).get("config") == config(name, steps))
 
 
-def train(runs_dir, name, seed):
+def train(runs_dir, name, seed, steps=None):
     """Trains one (family, seed) to RUNS/NAME-sSEED.jsonl (under nice, one
     BLAS and one OpenMP thread); returns its seconds."""
     s = stem(runs_dir, name, seed)
     tmp = s.with_suffix(".jsonl.tmp")
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     cmd = ["nice", "-n", "10", sys.executable, str(EXAMPLE), "--run", run_id(name, seed),
-           "--log-jsonl", str(tmp), "--seed", str(seed), "--steps", str(steps_of(name)),
+           "--log-jsonl", str(tmp), "--seed", str(seed), "--steps", str(steps or steps_of(name)),
            *ALL[name][1]]
     t0 = time.monotonic()
     with open(s.with_suffix(".log"), "w") as log:
@@ -225,7 +225,7 @@ def train(runs_dir, name, seed):
     seconds = time.monotonic() - t0
     tmp.rename(s.with_suffix(".jsonl"))
     s.with_suffix(".meta.json").write_text(json.dumps(
-        {"config": config(name), "seconds": round(seconds, 1)}))
+        {"config": config(name, steps), "seconds": round(seconds, 1)}))
     return seconds
 
 
