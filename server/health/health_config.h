@@ -279,6 +279,11 @@ struct HealthConfig {
     double aux_high = 1.2;           // MoeAuxLossOffBalance: >= aux_high ...
     double aux_low = 0.9;            // ... or < aux_low
     double z_ratio = 2.0;            // MoeRouterZLossGrowth: level / baseline
+    // MoeImbalanceHigh's line and MoeRouterZLossGrowth hold this long, on
+    // every report and at least persist_reports of them, before they page:
+    // a level that comes back sooner was an excursion.
+    uint32_t persist_steps = 100;
+    uint32_t persist_reports = 3;
     double dropped_fraction = 0.01;  // MoeTokensDropped
     double ep_ratio = 1.5;           // MoeExpertParallelImbalance: max / mean block
     // MoeExpertBiasDrift: |mean bias| >= bias_mean_sd x the bias's spread
