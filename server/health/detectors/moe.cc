@@ -100,9 +100,11 @@ class Persistent {
 
 struct LayerState {
   Level effective, share, max_over_mean, aux, z, logit, blocks;
-  // Baselines of the router's logits (the first level after settling).
-  std::optional<double> z_base, logit_base;
-  bool reports_z = false;  // the layer has reported a z-loss
+  // Baselines (the first level after settling): the router's logits and
+  // the balancing loss.
+  std::optional<double> z_base, logit_base, aux_base;
+  bool reports_z = false;       // the layer has reported a z-loss
+  bool reports_counts = false;  // ... its assignments per expert
   Persistent imbalanced, logits_grown;
   // Per expert: the first step of its run of empty reports, and their count.
   std::vector<uint64_t> empty_since;
@@ -167,6 +169,9 @@ class MoeRouting final : public Detector {
     const uint32_t ep_size = moe != nullptr ? moe->ep_size() : 0;
     const double bias_rate =
         moe != nullptr && moe->bias_update_rate() > 0 ? moe->bias_update_rate() : 1e-3;
+    // A run that balances nothing has no balancing to be off: its aux loss
+    // is a diagnostic, and its load is judged by the load's own rules.
+    const bool judge_aux = moe == nullptr || moe->balancing() != v1::NO_BALANCING;
     const auto persists = [&](Persistent& p, bool holds, uint64_t onset) {
       return p.Update(holds, step, onset, cfg.persist_steps, cfg.persist_reports);
     };
@@ -195,6 +200,7 @@ class MoeRouting final : public Detector {
       const std::string& name = layer.layer();
       if (std::optional<MoeLayerLoad> load = LoadOf(layer)) {
         report_drops.Add(layer, *load);
+        s.reports_counts = true;
         s.effective.Add(load->effective_experts, n, step);
         s.share.Add(load->max_share, n, step);
         s.max_over_mean.Add(load->max_over_mean, n, step);
@@ -252,8 +258,17 @@ class MoeRouting final : public Detector {
       if (layer.has_router_logit_max()) s.logit.Add(layer.router_logit_max(), n, step);
       TrackBias(layer, s, n, cfg.bias_flip_share);
       if (!settled) continue;
-      if (auto a = s.aux.Of(n)) {
-        if (*a >= line(AlertKind::kMoeAuxLossOffBalance, 1.0, cfg.aux_high)) {
+      if (auto a = s.aux.Of(n); a && judge_aux) {
+        if (!s.aux_base) s.aux_base = *a;
+        // High: over the line and, for a layer that reports its counts,
+        // risen from its settled level by as much as the line is above
+        // balance. The counts are the load itself (the load rules judge
+        // them) and the loss also grows with the router's confidence: one
+        // that settled high is what this balancing gets on this data, one
+        // that rises from there is the balancing failing. Without counts
+        // the loss is all that shows the load.
+        const double high = line(AlertKind::kMoeAuxLossOffBalance, 1.0, cfg.aux_high);
+        if (*a >= high && (!s.reports_counts || *a - *s.aux_base >= high - 1.0)) {
           aux_high.emplace_back(name, *a);
         }
         if (*a < line(AlertKind::kMoeAuxLossOffBalance, 1.0, cfg.aux_low)) {
@@ -367,8 +382,10 @@ class MoeRouting final : public Detector {
                                 cfg.aux_high),
                 absl::StrFormat("step %d: the normalised load-balancing loss "
                                 "(1.0 = balanced; median of the last %d "
-                                "reports) >= %g: %s",
-                                step, n, cfg.aux_high, NameLayers(aux_high, kNamed, "layer "))};
+                                "reports) >= %g (with counts: and >= %g "
+                                "above its level after settling): %s",
+                                step, n, cfg.aux_high, cfg.aux_high - 1.0,
+                                NameLayers(aux_high, kNamed, "layer "))};
           }
           return AlertText{
               absl::StrFormat("MoE balancing loss %.3g, below %g: gamed",

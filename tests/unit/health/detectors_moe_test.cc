@@ -52,6 +52,7 @@ struct Routing {
   double aux_loss = 1.01, z_loss = 2.5, logit_max = 8.0;
   double dropped_fraction = 0.002;
   std::vector<float> bias;  // empty: no aux-free bias
+  bool counts = true;       // false: the scalars only (an imported log)
 };
 using RoutingAt = std::function<Routing(uint64_t step, uint32_t layer)>;
 
@@ -82,13 +83,13 @@ std::vector<::trainwatch::testing::Transition> Feed(HealthHarness& h, uint64_t s
         v1::MoeLayerStats* layer = r.mutable_moe()->add_layers();
         layer->set_layer(std::to_string(l));
         uint64_t total = 0;
-        for (uint32_t e = 0; e < kExperts; ++e) {
+        for (uint32_t e = 0; e < kExperts && ro.counts; ++e) {
           const double mean = ro.share[e] * kTokens * kTopK;
           const double c = std::max(0.0, std::round(mean + std::sqrt(mean) * jitter(rng)));
           layer->add_tokens_per_expert(static_cast<uint64_t>(c));
           total += static_cast<uint64_t>(c);
         }
-        layer->set_dropped(static_cast<uint64_t>(ro.dropped_fraction * total));
+        if (ro.counts) layer->set_dropped(static_cast<uint64_t>(ro.dropped_fraction * total));
         layer->set_aux_loss(ro.aux_loss * (1 + 0.01 * jitter(rng)));
         const double z = ro.z_loss * (1 + 0.05 * jitter(rng));
         const double logit = ro.logit_max * (1 + 0.05 * jitter(rng));
@@ -219,6 +220,53 @@ TEST(MoeRouting, ExcursionsOfAStationarySkewPageNothing) {
     }, 1, seed);
     EXPECT_THAT(MoeFired(h), IsEmpty());
   }
+}
+
+// The balancing loss of a layer that reports its counts is judged against
+// its own settled level: a load at max/mean 1.8 all run, its balancing loss
+// steady at 1.3 (as much as that balancing gets), pages nothing; risen from
+// its settled 1.01 to 1.3 it does (AuxLossAboveAndBelowBalance).
+TEST(MoeRouting, ASteadilyHighBalancingLossIsNotOffBalance) {
+  HealthHarness h(MoeInfo());
+  Feed(h, 3000, [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    if (layer == 0) {
+      const double hot = step < 150 ? 3.0 - step / 150.0 * 1.2 : 1.8;
+      const double rest = (kExperts - hot) / (kExperts - 1);
+      for (uint32_t e = 0; e < kExperts; ++e) r.share[e] = (e == 0 ? hot : rest) / kExperts;
+      r.aux_loss = std::max(1.3, 1.6 - step / 500.0);
+    }
+    return r;
+  });
+  EXPECT_THAT(MoeFired(h), IsEmpty());
+}
+
+// Without counts (a log's aggregate balancing loss) the loss is all that
+// shows the load: stuck at 1.35 from the start, it is off balance.
+TEST(MoeRouting, ABalancingLossStuckHighWithoutCountsIsOffBalance) {
+  HealthHarness h(MoeInfo());
+  Feed(h, 1000, [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    r.counts = false;
+    if (layer == 0) r.aux_loss = 1.35;
+    return r;
+  });
+  const auto fired = h.Fired(AlertKind::kMoeAuxLossOffBalance);
+  ASSERT_EQ(fired.size(), 1u);
+  EXPECT_LE(fired[0].step, 310u);
+  EXPECT_THAT(MoeFired(h), ElementsAre("MoeAuxLossOffBalance"));
+}
+
+// A run that balances nothing has no balancing to be off: its aux loss (a
+// diagnostic) is not judged; its load is, by the other rules.
+TEST(MoeRouting, NoBalancingHasNoBalancingLossToJudge) {
+  HealthHarness h(MoeInfo(1, v1::NO_BALANCING));
+  Feed(h, 1000, [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    if (step >= 400 && layer == 0) r.aux_loss = 1.3;
+    return r;
+  });
+  EXPECT_THAT(MoeFired(h), IsEmpty());
 }
 
 TEST(MoeRouting, AuxLossAboveAndBelowBalance) {
