@@ -16,7 +16,7 @@ void FillStepRecord(const Step& step, double max_norm, v1::StepRecord* out);
 
 // The Step that FillStepRecord (without max_norm) turns into `record`: the
 // table's other direction, which shows that every field of the wire's
-// record has its place in a Step (conversion_test).
+// record has its place in a Step (client_fields_test).
 Step StepFromRecord(const v1::StepRecord& record);
 
 // When clipped or clip_coef is absent and max_norm > 0, derives it the way

@@ -1,7 +1,7 @@
 // The one table of RunStart's fields as ClientOptions holds them (same
 // names), from which MakeRunStart and ApplyRunStart (run_start.h) and the
 // Python binding's checks of Client()'s arguments come. A field added to
-// RunStart is added here and to ClientOptions; conversion_test, which fills
+// RunStart is added here and to ClientOptions; client_fields_test, which fills
 // every field of the proto by reflection, fails until it is. The shapes are
 // step_fields.h's.
 #ifndef TRAINWATCH_CLIENT_INCLUDE_TRAINWATCH_RUN_START_FIELDS_H_

@@ -2,7 +2,7 @@
 // conversions (Step <-> v1::StepRecord, both ways), the JSON writer of
 // trainwatchctl and the Python binding's checks of its argument lists come.
 // A field added to StepRecord is added here and to Step (same name);
-// everything that lists fields follows, and conversion_test, which fills
+// everything that lists fields follows, and client_fields_test, which fills
 // every field of the proto by reflection, fails until it is.
 //
 // Each table names its fields by shape, one macro argument per shape:

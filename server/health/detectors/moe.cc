@@ -324,20 +324,17 @@ class MoeRouting final : public Detector {
     }
 
     held_.Condition(sink, AlertKind::kMoeRouterCollapse, step, !collapsed.empty(),
-                   collapsed.empty() ? 0.0 : Worst(collapsed, false), [&] {
-                     return AlertText{
-                         absl::StrFormat("MoE routing collapsed in %d layer(s)",
-                                         collapsed.size()),
-                         absl::StrFormat(
-                             "step %d: effective experts (exp of the load's "
-                             "entropy, median of the last %d reports) <= %g "
-                             "(%g x top_k %d): %s",
-                             step, n,
-                             cfg.collapse_top_k_multiple * top_k,
-                             cfg.collapse_top_k_multiple, top_k,
-                             NameLayers(collapsed, kNamed, "layer ")),
-                         collapse_onset};
-                   });
+                    collapsed.empty() ? 0.0 : Worst(collapsed, false), [&] {
+                      return AlertText{
+                          absl::StrFormat("MoE routing collapsed in %d layer(s)", collapsed.size()),
+                          absl::StrFormat("step %d: effective experts (exp of the load's "
+                                          "entropy, median of the last %d reports) <= %g "
+                                          "(%g x top_k %d): %s",
+                                          step, n, cfg.collapse_top_k_multiple * top_k,
+                                          cfg.collapse_top_k_multiple, top_k,
+                                          NameLayers(collapsed, kNamed, "layer ")),
+                          collapse_onset};
+                    });
     held_.Condition(sink, AlertKind::kMoeDeadExpert, step, !dead.empty(), Worst(dead), [&] {
       return AlertText{
           absl::StrFormat("%g dead expert(s) in %d layer(s)", Worst(dead), dead.size()),
@@ -395,22 +392,19 @@ class MoeRouting final : public Detector {
                               "what balance gives: %s",
                               step, n, cfg.aux_low, NameLayers(aux_low, kNamed, "layer "))};
         });
-    held_.Condition(sink, AlertKind::kMoeRouterZLossGrowth, step, !z_grown.empty(), Worst(z_grown),
-                   [&] {
-                     const char* what = z_judged && logit_judged
-                                            ? "router z-loss (max router logit where a "
-                                              "layer reports none)"
-                                            : (z_judged ? "router z-loss" : "max router logit");
-                     return AlertText{
-                         absl::StrFormat("Router logits grew %.3gx", Worst(z_grown)),
-                         absl::StrFormat(
-                             "step %d: the %s (median of the last %d reports) "
-                             ">= %g x its level after settling since step %d "
-                             "(>= %d steps): %s",
-                             step, what, n, cfg.z_ratio, z_onset, cfg.persist_steps,
-                             NameLayers(z_grown, kNamed, "layer ")),
-                         z_onset};
-                   });
+    held_.Condition(
+        sink, AlertKind::kMoeRouterZLossGrowth, step, !z_grown.empty(), Worst(z_grown), [&] {
+          const char* what = z_judged && logit_judged
+                                 ? "router z-loss (max router logit where a layer reports none)"
+                                 : (z_judged ? "router z-loss" : "max router logit");
+          return AlertText{
+              absl::StrFormat("Router logits grew %.3gx", Worst(z_grown)),
+              absl::StrFormat("step %d: the %s (median of the last %d reports) >= %g x "
+                              "its level after settling since step %d (>= %d steps): %s",
+                              step, what, n, cfg.z_ratio, z_onset, cfg.persist_steps,
+                              NameLayers(z_grown, kNamed, "layer ")),
+              z_onset};
+        });
     const bool bias_off = !bias_drift.empty() || !bias_flip.empty();
     held_.Condition(
         sink, AlertKind::kMoeExpertBiasDrift, step, bias_off,
