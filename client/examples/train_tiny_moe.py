@@ -35,6 +35,11 @@ Faults to inject (--fault), each named by one alert:
              router LR is 10x: the load drifts to the data's skew
              (MoeImbalanceHigh)
 
+--aux-loss, --z-loss and --router-lr change a run's balancing coefficients
+and its router's LR (x the rest's); --schedule cosine decays the LR after
+warmup; --data mixed draws each sequence from one of five domains of
+Zipfian weights (a natural skew).
+
     build/bin/trainwatch-server &
     PYTHONPATH=build/python /usr/bin/python3 client/examples/train_tiny_moe.py \\
         --server 127.0.0.1:50051 --run moe/demo --fault collapse
@@ -147,17 +152,30 @@ class TinyMoe(nn.Module):
         return self.head(x)
 
 
+# "mixed": the domains' sizes (each cycles through the first `size` tokens)
+# and their Zipfian weights (1/rank).
+DOMAINS = (4, 8, 16, 32, 64)
+
+
 def batch(gen, data="uniform"):
     """A synthetic language: each token is the previous one plus one of a
     few steps (mod VOCAB), the step chosen by the sequence. "skewed": three
     sequences in four cycle through the first 16 tokens only, so a few
-    tokens dominate every batch (still learnable, as single-domain data)."""
+    tokens dominate every batch (still learnable, as single-domain data).
+    "mixed": each sequence is one of five domains that cycle through the
+    first 4, 8, 16, 32 or 64 tokens, drawn with weights 1, 1/2, .., 1/5:
+    token frequencies fall with the token's index, a natural skew that
+    changes from batch to batch."""
     start = torch.randint(0, VOCAB, (BATCH, 1), generator=gen)
     stride = torch.randint(1, 4, (BATCH, 1), generator=gen)
     ids = (start + stride * torch.arange(SEQ + 1)) % VOCAB
     if data == "skewed":
         small = torch.rand(BATCH, 1, generator=gen) < 0.75
         ids = torch.where(small, ids % 16, ids)
+    elif data == "mixed":
+        weights = torch.tensor([1.0 / (i + 1) for i in range(len(DOMAINS))])
+        domain = torch.multinomial(weights, BATCH, replacement=True, generator=gen)
+        ids = ids % torch.tensor(DOMAINS)[domain].unsqueeze(1)
     return ids[:, :-1], ids[:, 1:]
 
 
@@ -208,9 +226,19 @@ def parse_args(argv):
     p.add_argument("--d", type=int, default=32, help="model width")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="bf16: autocast on CPU (the router stays fp32)")
-    p.add_argument("--data", choices=("uniform", "skewed"), default="uniform")
+    p.add_argument("--data", choices=("uniform", "skewed", "mixed"), default="uniform")
     p.add_argument("--balancing", choices=("aux", "bias"), default="aux",
                    help="a healthy run's balancing: Switch's aux loss or the aux-loss-free bias")
+    p.add_argument("--aux-loss", type=float, default=None,
+                   help="the aux loss's coefficient where the run has one (default 1e-2)")
+    p.add_argument("--z-loss", type=float, default=None,
+                   help="the router z-loss's coefficient where the run has one (default "
+                        "1e-3; 0: none)")
+    p.add_argument("--router-lr", type=float, default=1.0,
+                   help="the router's LR x the rest's, from the start (a fault's own "
+                        "multiple replaces it from the fault on)")
+    p.add_argument("--schedule", choices=("const", "cosine"), default="const",
+                   help="after warmup: constant, or cosine to 10%% of the peak at the end")
     p.add_argument("--capacity-factor", type=float, default=None,
                    help="tokens an expert takes per step, x its even share (0: dropless; "
                         "default 1.0 with --fault drop, else 0)")
@@ -235,8 +263,10 @@ def main(argv=None):
     # balanced until then.
     from_start = fault in ("collapse", "dead") and not late_fault
     switches_off = fault in ("collapse", "dead") and late_fault
-    aux_coeff = 0.0 if aux_free or fault == "zgrowth" or from_start else 1e-2
-    z_coeff = 0.0 if fault == "zgrowth" or (fault == "collapse" and from_start) else 1e-3
+    aux = 1e-2 if args.aux_loss is None else args.aux_loss
+    aux_coeff = 0.0 if aux_free or fault == "zgrowth" or from_start else aux
+    z = 1e-3 if args.z_loss is None else args.z_loss
+    z_coeff = 0.0 if fault == "zgrowth" or (fault == "collapse" and from_start) else z
     capacity = args.capacity_factor
     if capacity is None:
         capacity = 1.0 if fault == "drop" else 0.0
@@ -256,7 +286,8 @@ def main(argv=None):
     router_params = [q for r in routers for q in (r.weight, r.bias)]
     rest = [q for q in model.parameters() if all(q is not w for w in router_params)]
     lr = args.lr
-    router_lr = lr * {"zgrowth": 30, "imbalance": 10}.get(fault, 1)
+    base_router_lr = lr * args.router_lr
+    router_lr = lr * {"zgrowth": 30, "imbalance": 10}.get(fault, args.router_lr)
     opt = torch.optim.AdamW([{"params": rest, "lr": lr},
                              {"params": router_params, "lr": router_lr}],
                             betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
@@ -290,8 +321,11 @@ def main(argv=None):
                 for b in model.blocks:
                     b.moe.detach_aux = faulty
             scale = min(1.0, (step + 1) / warmup)
+            if args.schedule == "cosine" and step >= warmup:
+                done = (step - warmup) / max(1, args.steps - warmup)
+                scale = 0.1 + 0.45 * (1 + math.cos(math.pi * done))
             opt.param_groups[0]["lr"] = lr * scale
-            opt.param_groups[1]["lr"] = (router_lr if faulty else lr) * scale
+            opt.param_groups[1]["lr"] = (router_lr if faulty else base_router_lr) * scale
             x, y = batch(gen, args.data)
             with torch.autocast("cpu", dtype=torch.bfloat16,
                                 enabled=args.precision == "bf16"):

@@ -167,6 +167,8 @@ std::vector<Field> Fields(HealthConfig& c) {
       {"moe", "aux_high", kAboveOne, &c.moe.aux_high},
       {"moe", "aux_low", kFraction, &c.moe.aux_low},
       {"moe", "z_ratio", kAboveOne, &c.moe.z_ratio},
+      {"moe", "persist_steps", kCount, &c.moe.persist_steps},
+      {"moe", "persist_reports", kCount, &c.moe.persist_reports},
       {"moe", "dropped_fraction", kFraction, &c.moe.dropped_fraction},
       {"moe", "ep_ratio", kAboveOne, &c.moe.ep_ratio},
       {"moe", "bias_mean_sd", kPositive, &c.moe.bias_mean_sd},

@@ -276,9 +276,16 @@ struct HealthConfig {
     uint32_t dead_min_reports = 3;   // ... over at least this many reports
     double imbalance = 2.0;          // MoeImbalanceHigh: max/mean level
     uint32_t horizon_steps = 2000;   // ... or its trend gets there this soon
-    double aux_high = 1.2;           // MoeAuxLossOffBalance: >= aux_high ...
+    // MoeAuxLossOffBalance: >= aux_high (and, where the layer reports its
+    // counts, aux_high - 1 above its level after settling) ...
+    double aux_high = 1.2;
     double aux_low = 0.9;            // ... or < aux_low
     double z_ratio = 2.0;            // MoeRouterZLossGrowth: level / baseline
+    // MoeImbalanceHigh's line and MoeRouterZLossGrowth hold this long, on
+    // every report and at least persist_reports of them, before they page:
+    // a level that comes back sooner was an excursion.
+    uint32_t persist_steps = 100;
+    uint32_t persist_reports = 3;
     double dropped_fraction = 0.01;  // MoeTokensDropped
     double ep_ratio = 1.5;           // MoeExpertParallelImbalance: max / mean block
     // MoeExpertBiasDrift: |mean bias| >= bias_mean_sd x the bias's spread

@@ -6,6 +6,8 @@
 // judge a layer on its level, the median of its last moe.level_reports
 // reports, never in the first moe.settle_steps post-warmup steps: a router
 // balances its load in ~150 steps, and one report is one global batch.
+// A level that moves with its data (a batch's mix, a router that learns) is
+// judged against what the layer settled at, and a crossing must persist.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -70,10 +72,40 @@ class Level {
   double median_ = 0.0;
 };
 
+// A condition that must hold on every report for a while before it counts:
+// a level over its line that comes back within moe.persist_steps was an
+// excursion (a batch's mix of data, a passing bump), not a change.
+class Persistent {
+ public:
+  // Notes whether the condition holds at `step` (where it began, if it
+  // begins now: `onset`); true once it has held on every report since for
+  // >= `steps` steps and >= `reports` reports.
+  bool Update(bool holds, uint64_t step, uint64_t onset, uint32_t steps, uint32_t reports) {
+    if (!holds) {
+      reports_ = 0;
+      return false;
+    }
+    if (reports_++ == 0) {
+      since_ = step;
+      onset_ = onset;
+    }
+    return step - since_ >= steps && reports_ >= reports;
+  }
+  uint64_t onset() const { return onset_; }
+
+ private:
+  uint64_t since_ = 0, onset_ = 0;
+  uint32_t reports_ = 0;
+};
+
 struct LayerState {
   Level effective, share, max_over_mean, aux, z, logit, blocks;
-  // Baselines of the router's logits (the first level after settling).
-  std::optional<double> z_base, logit_base;
+  // Baselines (the first level after settling): the router's logits and
+  // the balancing loss.
+  std::optional<double> z_base, logit_base, aux_base;
+  bool reports_z = false;       // the layer has reported a z-loss
+  bool reports_counts = false;  // ... its assignments per expert
+  Persistent imbalanced, logits_grown;
   // Per expert: the first step of its run of empty reports, and their count.
   std::vector<uint64_t> empty_since;
   std::vector<uint32_t> empty_reports;
@@ -137,6 +169,12 @@ class MoeRouting final : public Detector {
     const uint32_t ep_size = moe != nullptr ? moe->ep_size() : 0;
     const double bias_rate =
         moe != nullptr && moe->bias_update_rate() > 0 ? moe->bias_update_rate() : 1e-3;
+    // A run that balances nothing has no balancing to be off: its aux loss
+    // is a diagnostic, and its load is judged by the load's own rules.
+    const bool judge_aux = moe == nullptr || moe->balancing() != v1::NO_BALANCING;
+    const auto persists = [&](Persistent& p, bool holds, uint64_t onset) {
+      return p.Update(holds, step, onset, cfg.persist_steps, cfg.persist_reports);
+    };
     // Each rule's line: its fire line, or while its alert is firing the
     // lower one that holds it (hysteresis).
     const auto line = [&](AlertKind kind, double neutral, double fire) {
@@ -148,7 +186,8 @@ class MoeRouting final : public Detector {
     MoeDrops report_drops;
     // Where each cause's condition began (the oldest report of its level):
     // a consequence that fired since then is its (AlertText::onset_step).
-    uint64_t collapse_onset = step, dead_onset = step, z_onset = step;
+    uint64_t collapse_onset = step, dead_onset = step, z_onset = step, imbalance_onset = step;
+    bool z_judged = false, logit_judged = false;  // what the grown layers were judged on
     std::string dead_experts;
     double worst_imbalance = 0.0;
     for (const v1::MoeLayerStats& layer : r.moe().layers()) {
@@ -161,9 +200,10 @@ class MoeRouting final : public Detector {
       const std::string& name = layer.layer();
       if (std::optional<MoeLayerLoad> load = LoadOf(layer)) {
         report_drops.Add(layer, *load);
+        s.reports_counts = true;
         s.effective.Add(load->effective_experts, n, step);
         s.share.Add(load->max_share, n, step);
-        s.max_over_mean.Add(load->max_over_mean, n);
+        s.max_over_mean.Add(load->max_over_mean, n, step);
         s.last_max_over_mean = load->max_over_mean;
         TrackEmpty(layer, step, s);
         const size_t experts = layer.tokens_per_expert_size();
@@ -187,8 +227,10 @@ class MoeRouting final : public Detector {
           if (dead_now > 0) dead.emplace_back(name, dead_now);
           if (auto m = s.max_over_mean.Of(n)) {
             worst_imbalance = std::max(worst_imbalance, *m);
-            if (*m >= line(AlertKind::kMoeImbalanceHigh, 1.0, cfg.imbalance)) {
+            const bool over = *m >= line(AlertKind::kMoeImbalanceHigh, 1.0, cfg.imbalance);
+            if (persists(s.imbalanced, over, s.max_over_mean.since(step))) {
               imbalanced.emplace_back(name, *m);
+              imbalance_onset = std::min(imbalance_onset, s.imbalanced.onset());
             }
           }
         }
@@ -209,26 +251,43 @@ class MoeRouting final : public Detector {
         }
       }
       if (layer.has_aux_loss()) s.aux.Add(layer.aux_loss(), n);
-      if (layer.has_z_loss()) s.z.Add(layer.z_loss(), n, step);
+      if (layer.has_z_loss()) {
+        s.z.Add(layer.z_loss(), n, step);
+        s.reports_z = true;
+      }
       if (layer.has_router_logit_max()) s.logit.Add(layer.router_logit_max(), n, step);
       TrackBias(layer, s, n, cfg.bias_flip_share);
       if (!settled) continue;
-      if (auto a = s.aux.Of(n)) {
-        if (*a >= line(AlertKind::kMoeAuxLossOffBalance, 1.0, cfg.aux_high)) {
+      if (auto a = s.aux.Of(n); a && judge_aux) {
+        if (!s.aux_base) s.aux_base = *a;
+        // High: over the line and, for a layer that reports its counts,
+        // risen from its settled level by as much as the line is above
+        // balance. The counts are the load itself (the load rules judge
+        // them) and the loss also grows with the router's confidence: one
+        // that settled high is what this balancing gets on this data, one
+        // that rises from there is the balancing failing. Without counts
+        // the loss is all that shows the load.
+        const double high = line(AlertKind::kMoeAuxLossOffBalance, 1.0, cfg.aux_high);
+        if (*a >= high && (!s.reports_counts || *a - *s.aux_base >= high - 1.0)) {
           aux_high.emplace_back(name, *a);
         }
         if (*a < line(AlertKind::kMoeAuxLossOffBalance, 1.0, cfg.aux_low)) {
           aux_low.emplace_back(name, *a);
         }
       }
+      // The router's logits: its z-loss where the layer reports one (a
+      // learning router's max logit grows while z-loss keeps the
+      // logsumexp down), else its max logit.
+      const Level& logits = s.reports_z ? s.z : s.logit;
+      std::optional<double>& base = s.reports_z ? s.z_base : s.logit_base;
+      const std::optional<double> now = logits.Of(n);
+      if (now && !base) base = *now;
       const double z_ratio = line(AlertKind::kMoeRouterZLossGrowth, 1.0, cfg.z_ratio);
-      if (Grown(s.z, s.z_base, n, z_ratio) || Grown(s.logit, s.logit_base, n, z_ratio)) {
-        const double zr = s.z_base && *s.z_base > 0 ? *s.z.Of(n) / *s.z_base : 0.0;
-        const double lr = s.logit_base && *s.logit_base > 0 && s.logit.Of(n)
-                              ? *s.logit.Of(n) / *s.logit_base
-                              : 0.0;
-        z_grown.emplace_back(name, std::max(zr, lr));
-        z_onset = std::min({z_onset, s.z.since(step), s.logit.since(step)});
+      if (persists(s.logits_grown, now && *base > 0 && *now >= z_ratio * *base,
+                   logits.since(step))) {
+        z_grown.emplace_back(name, *now / *base);
+        z_onset = std::min(z_onset, s.logits_grown.onset());
+        (s.reports_z ? z_judged : logit_judged) = true;
       }
       if (auto d = s.bias_mean_over_sd.Of(n);
           d && *d >= line(AlertKind::kMoeExpertBiasDrift, 0.0, cfg.bias_mean_sd) &&
@@ -247,12 +306,20 @@ class MoeRouting final : public Detector {
     const auto dropped = settled ? dropped_.Of(n) : std::nullopt;
 
     // The worst layer's imbalance trend, forecast to cross the line: only
-    // once it is most of the way there and still rising.
-    if (settled && worst_imbalance > 0) imbalance_trend_.Add(step, worst_imbalance);
+    // once it is most of the way there and its trend has risen from the
+    // run's settled level (the median of its first reports after settling)
+    // two thirds of the way to the line and still rises. A skew that
+    // settled near the line and stays there moves with its data, and its
+    // excursions are no trend.
+    if (settled && worst_imbalance > 0) {
+      imbalance_trend_.Add(step, worst_imbalance);
+      if (!imbalance_base_.Of(n)) imbalance_base_.Add(worst_imbalance, n);
+    }
     std::optional<uint64_t> imbalance_at;
-    if (imbalanced.empty() && imbalance_trend_.trend().has_value() &&
+    if (const auto base = imbalance_base_.Of(n);
+        imbalanced.empty() && base && *base < cfg.imbalance &&
         worst_imbalance >= 1 + 0.8 * (cfg.imbalance - 1)) {
-      imbalance_at = imbalance_trend_.StepReaching(cfg.imbalance);
+      imbalance_at = OutwardCrossing(imbalance_trend_, *base, cfg.imbalance - *base);
       if (imbalance_at && *imbalance_at > step + cfg.horizon_steps) imbalance_at.reset();
     }
 
@@ -284,18 +351,22 @@ class MoeRouting final : public Detector {
                 absl::StrFormat("MoE load imbalance %.3gx in %d layer(s)",
                                 Worst(imbalanced), imbalanced.size()),
                 absl::StrFormat("step %d: the hottest expert's load over the "
-                                "mean (median of the last %d reports) >= %g: %s",
-                                step, n, cfg.imbalance,
-                                NameLayers(imbalanced, kNamed, "layer "))};
+                                "mean (median of the last %d reports) >= %g "
+                                "since step %d (>= %d steps): %s",
+                                step, n, cfg.imbalance, imbalance_onset,
+                                cfg.persist_steps,
+                                NameLayers(imbalanced, kNamed, "layer ")),
+                imbalance_onset};
           }
           return AlertText{
               absl::StrFormat("MoE load imbalance forecast to reach %gx by step %d",
                               cfg.imbalance, *imbalance_at),
-              absl::StrFormat("step %d: the worst layer's max/mean is %.3g and "
-                              "rising (Theil-Sen trend): %g at step %d, within "
-                              "the %d-step horizon",
-                              step, worst_imbalance, cfg.imbalance, *imbalance_at,
-                              cfg.horizon_steps)};
+              absl::StrFormat("step %d: the worst layer's max/mean is %.3g, its "
+                              "trend (Theil-Sen) risen from %.3g after "
+                              "settling and rising: %g at step %d, within the "
+                              "%d-step horizon",
+                              step, worst_imbalance, *imbalance_base_.Of(n),
+                              cfg.imbalance, *imbalance_at, cfg.horizon_steps)};
         });
     const bool aux_off = !aux_high.empty() || !aux_low.empty();
     held_.Condition(
@@ -308,8 +379,10 @@ class MoeRouting final : public Detector {
                                 cfg.aux_high),
                 absl::StrFormat("step %d: the normalised load-balancing loss "
                                 "(1.0 = balanced; median of the last %d "
-                                "reports) >= %g: %s",
-                                step, n, cfg.aux_high, NameLayers(aux_high, kNamed, "layer "))};
+                                "reports) >= %g (with counts: and >= %g "
+                                "above its level after settling): %s",
+                                step, n, cfg.aux_high, cfg.aux_high - 1.0,
+                                NameLayers(aux_high, kNamed, "layer "))};
           }
           return AlertText{
               absl::StrFormat("MoE balancing loss %.3g, below %g: gamed",
@@ -321,12 +394,15 @@ class MoeRouting final : public Detector {
         });
     held_.Condition(
         sink, AlertKind::kMoeRouterZLossGrowth, step, !z_grown.empty(), Worst(z_grown), [&] {
+          const char* what = z_judged && logit_judged
+                                 ? "router z-loss (max router logit where a layer reports none)"
+                                 : (z_judged ? "router z-loss" : "max router logit");
           return AlertText{
               absl::StrFormat("Router logits grew %.3gx", Worst(z_grown)),
-              absl::StrFormat("step %d: the router z-loss or max router logit "
-                              "(median of the last %d reports) >= %g x its "
-                              "level after settling: %s",
-                              step, n, cfg.z_ratio, NameLayers(z_grown, kNamed, "layer ")),
+              absl::StrFormat("step %d: the %s (median of the last %d reports) >= %g x "
+                              "its level after settling since step %d (>= %d steps): %s",
+                              step, what, n, cfg.z_ratio, z_onset, cfg.persist_steps,
+                              NameLayers(z_grown, kNamed, "layer ")),
               z_onset};
         });
     const bool bias_off = !bias_drift.empty() || !bias_flip.empty();
@@ -385,6 +461,7 @@ class MoeRouting final : public Detector {
     layers_.clear();
     held_ = Held{};
     dropped_.Clear();
+    imbalance_base_.Clear();
     imbalance_trend_.RewindTo(step);
     if (first_post_warmup_.has_value() && *first_post_warmup_ >= step) {
       first_post_warmup_.reset();
@@ -429,18 +506,6 @@ class MoeRouting final : public Detector {
     return static_cast<uint32_t>(dead.size());
   }
 
-  // The level >= ratio x its baseline (the first full level after settling).
-  static bool Grown(const Level& level, std::optional<double>& base, uint32_t n,
-                    double ratio) {
-    const auto now = level.Of(n);
-    if (!now) return false;
-    if (!base) {
-      base = *now;
-      return false;
-    }
-    return *base > 0 && *now >= ratio * *base;
-  }
-
   static void TrackBias(const v1::MoeLayerStats& layer, LayerState& s,
                         uint32_t n, double flip_share) {
     const auto& bias = layer.expert_bias();
@@ -477,6 +542,7 @@ class MoeRouting final : public Detector {
   Held held_;
   Level dropped_;
   TrendForecaster imbalance_trend_{TrendForecaster::Options{}};
+  Level imbalance_base_;  // the worst layer's first levels after settling
   std::optional<uint64_t> first_post_warmup_;
 };
 
