@@ -43,12 +43,28 @@ bool ReadVarint(const uint8_t*& p, const uint8_t* end, uint64_t& v) {
 
 enum class Walk { kOk, kMalformed, kGroup, kOverEntries };
 
-// One field's bytes after its tag: skips them; `len` is set for kWireLen.
-bool SkipValue(int wire_type, const uint8_t*& p, const uint8_t* end, uint64_t& len) {
-  uint64_t v = 0;
-  switch (wire_type) {
+// One field as read off the wire: its number and wire type, its varint
+// value, or its length-delimited bytes [data, data + len).
+struct Field {
+  uint64_t number = 0;
+  int wire_type = 0;
+  uint64_t value = 0;           // kWireVarint
+  const uint8_t* data = nullptr;  // kWireLen
+  uint64_t len = 0;             // kWireLen
+};
+
+// Reads the field at `p` and moves `p` past it. False on bytes that are not
+// a field, and on a group (wire type 3 or 4: `field.wire_type` says which),
+// which no trainwatch.v1 message has.
+bool NextField(const uint8_t*& p, const uint8_t* end, Field& field) {
+  field.wire_type = -1;  // not a group, should the tag not read
+  uint64_t tag = 0;
+  if (!ReadVarint(p, end, tag)) return false;
+  field.number = tag >> 3;
+  field.wire_type = static_cast<int>(tag & 7);
+  switch (field.wire_type) {
     case kWireVarint:
-      return ReadVarint(p, end, v);
+      return ReadVarint(p, end, field.value);
     case kWireFixed64:
       if (end - p < 8) return false;
       p += 8;
@@ -58,11 +74,19 @@ bool SkipValue(int wire_type, const uint8_t*& p, const uint8_t* end, uint64_t& l
       p += 4;
       return true;
     case kWireLen:
-      if (!ReadVarint(p, end, len) || len > static_cast<uint64_t>(end - p)) return false;
-      return true;  // the caller walks or skips the `len` bytes
+      if (!ReadVarint(p, end, field.len) || field.len > static_cast<uint64_t>(end - p)) {
+        return false;
+      }
+      field.data = p;
+      p += field.len;
+      return true;
     default:
       return false;
   }
+}
+
+bool IsGroup(const Field& field) {
+  return field.wire_type == kWireStartGroup || field.wire_type == kWireEndGroup;
 }
 
 // Counts what parsing [p, end) as `shape` materialises into `entries`:
@@ -70,28 +94,23 @@ bool SkipValue(int wire_type, const uint8_t*& p, const uint8_t* end, uint64_t& l
 // unknown field, walking into sub-messages. Stops once over `max_entries`.
 Walk Count(const Shape& shape, const uint8_t* p, const uint8_t* end, size_t max_entries,
            size_t& entries) {
+  Field field;
   while (p < end) {
-    uint64_t tag = 0;
-    if (!ReadVarint(p, end, tag)) return Walk::kMalformed;
-    const int wire_type = static_cast<int>(tag & 7);
-    if (wire_type == kWireStartGroup || wire_type == kWireEndGroup) return Walk::kGroup;
-    const Shape::Slot* slot = shape.Find(tag >> 3);
-    uint64_t len = 0;
-    if (!SkipValue(wire_type, p, end, len)) return Walk::kMalformed;
+    if (!NextField(p, end, field)) return IsGroup(field) ? Walk::kGroup : Walk::kMalformed;
+    const Shape::Slot* slot = shape.Find(field.number);
     // A field sent with a wire type other than its own is kept as an
     // unknown field: an object too.
-    if (wire_type == kWireLen || slot == nullptr || slot->message ||
-        wire_type != slot->wire_type) {
+    if (field.wire_type == kWireLen || slot == nullptr || slot->message ||
+        field.wire_type != slot->wire_type) {
       ++entries;
     }
     if (entries > max_entries) return Walk::kOverEntries;
-    if (wire_type != kWireLen) continue;
-    if (slot != nullptr && slot->message) {
-      if (Walk w = Count(*slot->sub, p, p + len, max_entries, entries); w != Walk::kOk) {
+    if (field.wire_type == kWireLen && slot != nullptr && slot->message) {
+      if (Walk w = Count(*slot->sub, field.data, field.data + field.len, max_entries, entries);
+          w != Walk::kOk) {
         return w;
       }
     }
-    p += len;
   }
   return Walk::kOk;
 }
@@ -103,20 +122,14 @@ struct BatchShape {
 };
 
 bool ShallowBatch(const uint8_t* p, const uint8_t* end, BatchShape& batch) {
-  const int records = v1::StepBatch::kRecordsFieldNumber;
-  const int seq = v1::StepBatch::kSeqFieldNumber;
+  Field field;
   while (p < end) {
-    uint64_t tag = 0, len = 0;
-    if (!ReadVarint(p, end, tag)) return false;
-    const int wire_type = static_cast<int>(tag & 7);
-    if ((tag >> 3) == static_cast<uint64_t>(seq) && wire_type == kWireVarint) {
-      if (!ReadVarint(p, end, batch.seq)) return false;
-      continue;
-    }
-    if (!SkipValue(wire_type, p, end, len)) return false;
-    if (wire_type == kWireLen) {
-      if ((tag >> 3) == static_cast<uint64_t>(records)) ++batch.records;
-      p += len;
+    if (!NextField(p, end, field)) return false;
+    if (field.number == v1::StepBatch::kSeqFieldNumber && field.wire_type == kWireVarint) {
+      batch.seq = field.value;
+    } else if (field.number == v1::StepBatch::kRecordsFieldNumber &&
+               field.wire_type == kWireLen) {
+      ++batch.records;
     }
   }
   return true;
@@ -183,22 +196,19 @@ absl::Status WireBudget::Check(std::string_view wire) const {
     return absl::OkStatus();
   }
   // The batch's records first: their own limit, and the usual message.
+  Field field;
   for (const uint8_t* q = p; q < end && most_objects > max_batch_records_;) {
-    uint64_t tag = 0, len = 0;
-    if (!ReadVarint(q, end, tag)) break;
-    const int wire_type = static_cast<int>(tag & 7);
-    if (wire_type == kWireStartGroup || wire_type == kWireEndGroup) break;
-    if (!SkipValue(wire_type, q, end, len)) break;
-    if (wire_type != kWireLen) continue;
-    if ((tag >> 3) == static_cast<uint64_t>(v1::ReportRequest::kBatchFieldNumber)) {
-      BatchShape batch;
-      if (ShallowBatch(q, q + len, batch) && batch.records > max_batch_records_) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("batch seq ", batch.seq, " has ", batch.records,
-                         " records; at most ", max_batch_records_));
-      }
+    if (!NextField(q, end, field)) break;
+    if (field.number != v1::ReportRequest::kBatchFieldNumber || field.wire_type != kWireLen) {
+      continue;
     }
-    q += len;
+    BatchShape batch;
+    if (ShallowBatch(field.data, field.data + field.len, batch) &&
+        batch.records > max_batch_records_) {
+      return absl::InvalidArgumentError(absl::StrCat("batch seq ", batch.seq, " has ",
+                                                     batch.records, " records; at most ",
+                                                     max_batch_records_));
+    }
   }
   if (most_objects <= max_entries_) return absl::OkStatus();
   size_t entries = 0;
