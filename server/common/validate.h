@@ -35,11 +35,12 @@ struct ValidationLimits {
   size_t max_event_detail_chars = 4096;
   // RunStart.host: a label of alerts and of trainwatch_host_incidents_total.
   size_t max_host_chars = 253;  // a DNS name's longest
-  // What one ReportRequest may materialise when parsed: its records and
-  // every layer_stats, fp8 and moe layer entry of those records together
-  // (IngestBudget: counted on the wire, before the parse). A realistic entry
-  // is >= 32 bytes, so a 16 MiB message of real data stays under it; empty
-  // entries (2 bytes each on the wire, ~100 in memory) do not.
+  // What one ReportRequest may materialise when parsed: its sub-messages
+  // (records, layer_stats, fp8 and moe entries), strings and unknown fields
+  // together (WireBudget, ingest/wire_budget.h: counted on the wire, before
+  // the parse). A realistic entry is >= 32 bytes, so a 16 MiB message of
+  // real data stays under it; empty entries (2 bytes each on the wire, ~100
+  // in memory) do not.
   size_t max_message_entries = 524288;
 };
 

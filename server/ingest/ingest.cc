@@ -64,9 +64,6 @@ class ReportReactor final
   }
 
   void OnDone() override {
-    // The stream is over for the run (DeleteRun may go ahead) though work
-    // queued for it may still run.
-    if (stream_ != nullptr) stream_->Close();
     ingest_->metrics_->streams_active.Decrement();
     ingest_->Unregister(this);
     {
