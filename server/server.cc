@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -48,12 +49,7 @@ class Server::Service final : public ServiceBase {
     absl::StatusOr<v1::ListRunsResponse> r = query_->ListRuns(*request);
     if (!r.ok()) return ToGrpcStatus(r.status());
     // A read:PREFIX token lists only its runs.
-    auto* runs = r->mutable_runs();
-    runs->erase(std::remove_if(runs->begin(), runs->end(),
-                               [&](const v1::RunSummary& run) {
-                                 return !Authorizer::MayReadRun(*scope, run.run_id());
-                               }),
-                runs->end());
+    KeepReadable(*scope, *r->mutable_runs(), &v1::RunSummary::run_id);
     *response = std::move(*r);
     return grpc::Status::OK;
   }
@@ -80,12 +76,7 @@ class Server::Service final : public ServiceBase {
     }
     absl::StatusOr<v1::ListAlertsResponse> r = query_->ListAlerts(*request);
     if (!r.ok()) return ToGrpcStatus(r.status());
-    auto* alerts = r->mutable_alerts();
-    alerts->erase(std::remove_if(alerts->begin(), alerts->end(),
-                                 [&](const v1::Alert& a) {
-                                   return !Authorizer::MayReadRun(*scope, a.run());
-                                 }),
-                  alerts->end());
+    KeepReadable(*scope, *r->mutable_alerts(), &v1::Alert::run);
     *response = std::move(*r);
     return grpc::Status::OK;
   }
@@ -130,6 +121,17 @@ class Server::Service final : public ServiceBase {
   }
 
  private:
+  // Takes out of `items` those whose run (`run_of`) `scope` may not read.
+  template <typename Item>
+  static void KeepReadable(const TokenScope* scope, google::protobuf::RepeatedPtrField<Item>& items,
+                           const std::string& (Item::*run_of)() const) {
+    items.erase(std::remove_if(items.begin(), items.end(),
+                               [&](const Item& item) {
+                                 return !Authorizer::MayReadRun(scope, (item.*run_of)());
+                               }),
+                items.end());
+  }
+
   // The call's read scope: null with auth off (every run).
   absl::StatusOr<const TokenScope*> ReadScope(const grpc::ServerContextBase& context) const {
     if (authorizer_ == nullptr) return nullptr;
@@ -300,13 +302,10 @@ absl::Status Server::StartEngineAndServices(const ServerOptions& options) {
   ingest_options.small_batch_records = engine_options.prompt_batch_records;
   ingest_options.authorizer = authorizer_.get();
   ingest_ = std::make_unique<Ingest>(ingest_options, engine_.get(), m);
+  // The database's directory by default: SQLite needs it writable anyway.
   std::string backup_dir = options.store.backup_dir;
-  if (backup_dir.empty()) {
-    const size_t slash = options.store.db.rfind('/');
-    backup_dir = slash == std::string::npos ? "."
-                 : slash == 0             ? "/"
-                                          : options.store.db.substr(0, slash);
-  }
+  if (backup_dir.empty()) backup_dir = std::filesystem::path(options.store.db).parent_path();
+  if (backup_dir.empty()) backup_dir = ".";
   query_ = std::make_unique<Query>(store_.get(), engine_.get(), backup_dir);
   // A backup's staging file outlives a killed server: removed here.
   absl::StatusOr<int> stale = query_->RemoveStaleBackups();
