@@ -29,6 +29,21 @@ namespace {
 // open (it may have been closing).
 constexpr std::chrono::seconds kRetentionRetry{30};
 
+// Whether `run` is held by nothing but the caller within a few seconds
+// (nothing can take a new hold: the caller took it out of the engine's map).
+bool WaitUntilSoleHolder(const std::shared_ptr<RunState>& run) {
+  constexpr auto kPoll = std::chrono::milliseconds(1);
+  constexpr int kPolls = 10'000;
+  for (int i = 0; i < kPolls; ++i) {
+    if (run.use_count() == 1) {
+      std::atomic_thread_fence(std::memory_order_acquire);
+      return true;
+    }
+    std::this_thread::sleep_for(kPoll);
+  }
+  return false;
+}
+
 }  // namespace
 
 void Engine::CheckSilence() {
@@ -89,25 +104,6 @@ void Engine::ForgetFinishedRuns() {
   for (std::shared_ptr<RunState>& run : forgotten) run->pipeline.ResolveAll(now);
   // Destroying a run removes its series from /metrics.
 }
-
-namespace {
-
-// Whether `run` is held by nothing but the caller within a few seconds
-// (nothing can take a new hold: the caller took it out of the engine's map).
-bool WaitUntilSoleHolder(const std::shared_ptr<RunState>& run) {
-  constexpr auto kPoll = std::chrono::milliseconds(1);
-  constexpr int kPolls = 10'000;
-  for (int i = 0; i < kPolls; ++i) {
-    if (run.use_count() == 1) {
-      std::atomic_thread_fence(std::memory_order_acquire);
-      return true;
-    }
-    std::this_thread::sleep_for(kPoll);
-  }
-  return false;
-}
-
-}  // namespace
 
 absl::StatusOr<v1::DeleteRunResponse> Engine::DeleteRun(const std::string& run_id) {
   std::shared_ptr<RunState> run;
