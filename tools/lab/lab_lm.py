@@ -229,17 +229,57 @@ WARMUP_FAMILIES = {
                                 **_NO_GUARDS),
 }
 
+# -- held out: spikes and hard batches ----------------------------------------
+#
+# A third held-out set for LossSpike's precision (is each named spike a
+# spike, and is a hard batch listed apart?), made and frozen before any alert
+# of it was looked at: hard batches of other strengths and frequencies (the
+# hard_rare rare tokens of a hard batch: 24-96 against the fit set's 48;
+# one in 15-60 steps), on runs that also spike (the spike recipe: no warmup,
+# beta2 0.999, no clipping or qk-norm, at LRs the fit set does not use) and
+# on guarded runs that should not (warmup, clipping, qk-norm, z-loss), other
+# widths, depths, naming styles, bf16 and the Zipfian language. Judged once
+# with holdout.py --families HELD_OUT_SPIKES; no constant was read off them.
+_SPIKY = dict(warmup=0, beta2=0.999, qk_norm=False, max_norm=0.0, schedule="const")
+SPIKE_FAMILIES = {
+    # Guarded, a hard batch every ~15 steps, weaker ones (24 rare tokens).
+    "hb-every15-weak-hf-d80": dict(style="hf", names="param", d=80, layers=2,
+                                   hard_every=15, hard_rare=24, steps=800),
+    # Guarded, strong hard batches (96 rare tokens) every ~40 steps,
+    # Megatron module names.
+    "hb-strong-megatron": dict(style="megatron", names="module", norm="ln", bias=True,
+                               pos=True, hard_every=40, hard_rare=96, steps=800),
+    # Guarded, the Zipfian language, torchtitan parameter names, a hard
+    # batch every ~20 steps.
+    "hb-zipf-titan": dict(style="titan", names="param", data="zipf", hard_every=20,
+                          hard_rare=48, steps=800),
+    # The spike recipe at 1.5e-2, torchtitan module names, d 64 x 4.
+    "spiky-lr015-titan-d64x4": dict(style="titan", names="module", d=64, layers=4, lr=1.5e-2,
+                                    hard_every=50, steps=800, **_SPIKY),
+    # The spike recipe at 8e-3 in bf16, GPT-2 parameter names, a hard batch
+    # every ~25 steps.
+    "spiky-lr008-gpt2-bf16": dict(style="gpt2", names="param", norm="ln", bias=True, pos=True,
+                                  precision="bf16", lr=8e-3, hard_every=25, steps=800,
+                                  **_SPIKY),
+    # The spike recipe at 2e-2 on the Zipfian language, HF module names,
+    # strong hard batches every ~60 steps.
+    "spiky-lr02-zipf-hf": dict(style="hf", names="module", data="zipf", lr=2e-2,
+                               hard_every=60, hard_rare=96, steps=800, **_SPIKY),
+}
+
 HELD_OUT = tuple(FAMILIES)
 HELD_OUT_WARMUP = tuple(WARMUP_FAMILIES)
+HELD_OUT_SPIKES = tuple(SPIKE_FAMILIES)
 FIT = tuple(CONFIGS)
-ALL = {**CONFIGS, **FAMILIES, **WARMUP_FAMILIES}
+ALL = {**CONFIGS, **FAMILIES, **WARMUP_FAMILIES, **SPIKE_FAMILIES}
 
 
 def config(name, **overrides):
     cfg = dict(BASE)
-    if name in FAMILIES or name in WARMUP_FAMILIES:
+    held_out = FAMILIES.get(name) or WARMUP_FAMILIES.get(name) or SPIKE_FAMILIES.get(name)
+    if held_out is not None:
         cfg.update(STYLED)
-        cfg.update(FAMILIES.get(name) or WARMUP_FAMILIES[name])
+        cfg.update(held_out)
     else:
         cfg.update(CONFIGS[name])
     cfg.update({k: v for k, v in overrides.items() if v is not None})
