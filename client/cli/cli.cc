@@ -35,9 +35,11 @@ Commands:
       Window statistics, active alerts and the recommended max_norm of a run.
   alerts [--run R] [--active] [--json]
       Alert history, of one run or all; --active: only those firing.
-  spikes --run R [--json]
-      Gradient-norm spikes of a run: steps, batch ids, restart plans and,
-      once a new attempt replayed them, recovered or recurred.
+  spikes --run R [--hard-batches] [--json]
+      Spikes of a run (gradient norm and loss): steps, batch ids, restart
+      plans and, once a new attempt replayed them, recovered or recurred.
+      --hard-batches: the loss's hard batches instead (1-2 high losses of
+      5, then back: not spikes), with their batch ids.
   plan --run R [--json]
       The restart plan of the run's latest spike (checkpoint, its step, the
       batch ids to skip, why), for a launcher or a data loader to act on.
@@ -106,7 +108,7 @@ const std::vector<Command>& Commands() {
        {{"run"}, {"from"}, {"to"}, {"rank"}, {"json", false}}},
       {"health", RunHealth, {{"run"}, {"json", false}}},
       {"alerts", RunAlerts, {{"run"}, {"active", false}, {"json", false}}},
-      {"spikes", RunSpikes, {{"run"}, {"json", false}}},
+      {"spikes", RunSpikes, {{"run"}, {"hard-batches", false}, {"json", false}}},
       {"plan", RunPlan, {{"run"}, {"json", false}}},
       {"import",
        RunImport,

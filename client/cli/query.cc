@@ -251,6 +251,16 @@ std::string Outcome(const v1::Spike& s) {
                                                        : " (same batches)");
 }
 
+std::string RenderHardBatches(const v1::GetRunHealthResponse& h) {
+  Table table({"STEP", "HIGH_STEPS", "PEAK", "LEVEL", "BATCH_IDS"});
+  for (const v1::HardBatch& b : h.hard_batches()) {
+    table.AddRow({absl::StrCat(b.step()), absl::StrCat(b.high_steps(), " of 5"),
+                  b.peak_is_ratio() ? Ratio(b.peak()) : absl::StrCat("+", Num(b.peak())),
+                  Num(b.level()), BatchIds(b.batch_ids())});
+  }
+  return table.Render();
+}
+
 std::string RenderSpikes(const v1::GetRunHealthResponse& h) {
   Table table({"STEP", "GRAD_NORM", "RATIO", "SIGMAS", "BATCH_IDS",
                "RESTART_FROM", "CHECKPOINT", "OUTCOME"});
@@ -457,14 +467,30 @@ absl::Status RunSpikes(const GlobalOptions& global, const ParsedArgs& args) {
   absl::StatusOr<v1::GetRunHealthResponse> response =
       GetRunHealth(global, "spikes", *run);
   if (!response.ok()) return response.status();
+  const bool hard = args.Has("hard-batches");
   if (!args.Has("json")) {
-    WriteStdout(RenderSpikes(*response));
+    if (hard) {
+      WriteStdout(RenderHardBatches(*response));
+    } else {
+      // Spikes first; the hard batches (nobody needs to act) counted after.
+      std::string out = RenderSpikes(*response);
+      if (response->hard_batches_size() > 0) {
+        absl::StrAppend(&out, "\n", response->hard_batches_size(),
+                        " hard batches (1-2 high losses of 5, not spikes): "
+                        "trainwatchctl spikes --run ", *run, " --hard-batches\n");
+      }
+      WriteStdout(out);
+    }
     return absl::OkStatus();
   }
   std::string out;
   JsonWriter w(&out);
   w.BeginArray();
-  for (const v1::Spike& spike : response->spikes()) WriteSpike(w, spike);
+  if (hard) {
+    for (const v1::HardBatch& b : response->hard_batches()) WriteHardBatch(w, b);
+  } else {
+    for (const v1::Spike& spike : response->spikes()) WriteSpike(w, spike);
+  }
   w.EndArray();
   WriteStdout(out + "\n");
   return absl::OkStatus();

@@ -390,6 +390,23 @@ void WriteAlert(JsonWriter& w, const v1::Alert& a,
   w.EndObject();
 }
 
+void WriteHardBatch(JsonWriter& w, const v1::HardBatch& b) {
+  w.BeginObject();
+  w.Key("step");
+  w.Uint(b.step());
+  w.Key("high_steps");
+  w.Uint(b.high_steps());
+  w.Key("peak");
+  w.Double(b.peak());
+  w.Key("level");
+  w.Double(b.level());
+  w.Key("peak_is_ratio");
+  w.Bool(b.peak_is_ratio());
+  w.Key("batch_ids");
+  Int64Array(w, b.batch_ids());
+  w.EndObject();
+}
+
 void WriteSpike(JsonWriter& w, const v1::Spike& spike) {
   w.BeginObject();
   w.Key("step");

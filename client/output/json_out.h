@@ -82,6 +82,8 @@ void WriteAlert(JsonWriter& w, const v1::Alert& alert,
 // restart_from_step is null when no checkpoint is early enough, and
 // skip_batch_ids (the batches the plan skips) repeats batch_ids.
 void WriteSpike(JsonWriter& w, const v1::Spike& spike);
+// {step, high_steps, peak, level, peak_is_ratio, batch_ids}
+void WriteHardBatch(JsonWriter& w, const v1::HardBatch& hard_batch);
 
 // A restart plan (`plan --json`). Every key is always present:
 // restart_from_step is null without an early enough checkpoint, outcome is

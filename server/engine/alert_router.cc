@@ -71,6 +71,18 @@ void AlertRouter::OnSpikeOutcome(const SpikeOutcome& o) {
 }
 
 void AlertRouter::OnSpike(const SpikeInfo& s) {
+  if (s.kind == SpikeInfo::Kind::kHardBatch) {
+    v1::HardBatch h;
+    h.set_step(s.step);
+    h.set_high_steps(s.high_steps);
+    h.set_peak(s.loss_peak);
+    h.set_level(s.loss_level);
+    h.set_peak_is_ratio(s.peak_is_ratio);
+    h.mutable_batch_ids()->Add(s.batch_ids.begin(), s.batch_ids.end());
+    store_->Submit(WriteOp{.key = {run_id_, 0, 0},
+                           .body = WriteOp::HardBatch{std::move(h)}});
+    return;
+  }
   v1::Spike spike;
   spike.set_step(s.step);
   spike.set_grad_norm(s.grad_norm);

@@ -58,13 +58,26 @@ struct AlertText {
   std::optional<uint32_t> rank;
 };
 
-// A gradient spike, for `trainwatchctl spikes` and its restart plan.
+// An entry of `trainwatchctl spikes`: a spike (of the gradient norm or of
+// the loss), which has a restart plan, or a hard batch, listed apart.
 struct SpikeInfo {
-  uint64_t step = 0;
+  enum class Kind {
+    kGradNorm,   // GradNormSpike's
+    kLoss,       // LossSpike's: >= 3 of 5 losses high
+    kHardBatch,  // 1-2 of 5 losses high, then back: a hard batch
+  };
+  Kind kind = Kind::kGradNorm;
+  uint64_t step = 0;            // the (first high) step
   double grad_norm = 0.0;
   double ratio_to_ema = 0.0;    // norm / EMA geometric mean
   double sigmas = 0.0;          // (log norm - EMA mean) / EMA sd
-  std::vector<int64_t> batch_ids;
+  std::vector<int64_t> batch_ids;  // of the high steps
+  // A hard batch: its high losses, its highest (loss_peak: a ratio to the
+  // level when peak_is_ratio, else the jump above it) and the level.
+  uint32_t high_steps = 0;
+  double loss_peak = 0.0;
+  double loss_level = 0.0;
+  bool peak_is_ratio = false;
 };
 
 // Where detectors report. Implemented by the engine's alert tracker (and by a

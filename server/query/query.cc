@@ -81,6 +81,10 @@ absl::StatusOr<v1::GetRunHealthResponse> Query::GetRunHealth(
     }
     response.add_spikes()->Swap(&spike);
   }
+  absl::StatusOr<std::vector<v1::HardBatch>> hard =
+      store_->ListHardBatches(request.run_id(), kMaxHardBatches);
+  if (!hard.ok()) return hard.status();
+  for (v1::HardBatch& h : *hard) response.add_hard_batches()->Swap(&h);
   return response;
 }
 

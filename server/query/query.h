@@ -64,6 +64,8 @@ class Query {
   // A restart plan starts from a checkpoint at least this many steps before
   // the spike (docs/detectors.md).
   static constexpr uint64_t kRestartLeadSteps = 100;
+  // Hard batches GetRunHealth returns: the last ones.
+  static constexpr size_t kMaxHardBatches = 1000;
 
  private:
   const Store* const store_;

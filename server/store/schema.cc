@@ -165,6 +165,21 @@ CREATE TABLE IF NOT EXISTS rank_tail (
 // The version tells a server of version 8, which cannot read those chunks,
 // to refuse the file.
 
+// Version 10: the loss's hard batches (1-2 high losses of 5), listed apart
+// from the spikes (a hard batch and a gradient spike share a step often).
+constexpr const char* kSchemaV10 = R"sql(
+CREATE TABLE IF NOT EXISTS hard_batches (
+  run_key       INTEGER NOT NULL,
+  step          INTEGER NOT NULL,
+  high_steps    INTEGER NOT NULL,
+  peak          REAL NOT NULL,
+  level         REAL NOT NULL,
+  peak_is_ratio INTEGER NOT NULL,
+  batch_ids     BLOB NOT NULL,
+  PRIMARY KEY (run_key, step)
+) WITHOUT ROWID;
+)sql";
+
 absl::StatusOr<int> UserVersion(sqlite3* db) {
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
   if (!s.ok()) return s.status();
@@ -209,6 +224,9 @@ absl::Status MigrateSchema(sqlite3* db, int target_version) {
     }
     if (*version < 8 && target_version >= 8) {
       if (absl::Status s = sqlite::Exec(db, kSchemaV8); !s.ok()) return s;
+    }
+    if (*version < 10 && target_version >= 10) {
+      if (absl::Status s = sqlite::Exec(db, kSchemaV10); !s.ok()) return s;
     }
     return sqlite::Exec(
         db, absl::StrCat("PRAGMA user_version = ", target_version).c_str());

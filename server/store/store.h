@@ -194,6 +194,9 @@ struct WriteOp {
   struct Spike {
     v1::Spike spike;  // by (run, step)
   };
+  struct HardBatch {
+    v1::HardBatch hard_batch;  // by (run, step)
+  };
   // Sets a stored spike's outcome and batches_skipped.
   struct SpikeOutcome {
     v1::Spike spike;
@@ -206,8 +209,8 @@ struct WriteOp {
   // alerts, spikes, the host incidents it named); NOT_FOUND in the result
   // for a run that is not stored. The freed pages are given back.
   struct DeleteRun {};
-  using Body = std::variant<Start, Batch, Event, Alert, Spike, SpikeOutcome,
-                            HostIncident, DeleteRun>;
+  using Body = std::variant<Start, Batch, Event, Alert, Spike, HardBatch,
+                            SpikeOutcome, HostIncident, DeleteRun>;
 
   StreamKey key;
   Body body;
@@ -269,6 +272,9 @@ class Store {
   // Spikes of a run, in step order (without restart plans).
   absl::StatusOr<std::vector<v1::Spike>> ListSpikes(
       const std::string& run_id) const;
+  // The last `limit` hard batches of a run, in step order.
+  absl::StatusOr<std::vector<v1::HardBatch>> ListHardBatches(
+      const std::string& run_id, size_t limit) const;
 
   // Host incidents at or after `since_unix_nanos`, oldest first.
   absl::StatusOr<std::vector<HostIncidentRow>> ListHostIncidents(
@@ -283,7 +289,7 @@ class Store {
   // connection of its own, a snapshot of what was committed when it began.
   absl::Status Backup(const std::string& path) const;
 
-  static constexpr int kSchemaVersion = 9;
+  static constexpr int kSchemaVersion = 10;
 
  private:
   // A statement on a read-only connection of its own (store_reads.cc);

@@ -286,6 +286,29 @@ absl::StatusOr<std::vector<v1::Spike>> Store::ListSpikes(
   return spikes;
 }
 
+absl::StatusOr<std::vector<v1::HardBatch>> Store::ListHardBatches(
+    const std::string& run_id, size_t limit) const {
+  absl::StatusOr<ReadQuery> q = Query(
+      "SELECT h.step, h.high_steps, h.peak, h.level, h.peak_is_ratio, h.batch_ids "
+      "FROM hard_batches h JOIN runs r ON r.run_key = h.run_key WHERE r.run_id = ?1 "
+      "ORDER BY h.step DESC LIMIT ?2");
+  if (!q.ok()) return q.status();
+  q->stmt.Bind(1, run_id).Bind(2, static_cast<int64_t>(limit));
+  std::vector<v1::HardBatch> out;
+  absl::Status status = q->stmt.ForEachRow([&](const sqlite::Stmt& s) {
+    v1::HardBatch& h = out.emplace_back();
+    h.set_step(static_cast<uint64_t>(s.Int(0)));
+    h.set_high_steps(static_cast<uint32_t>(s.Int(1)));
+    h.set_peak(s.Double(2));
+    h.set_level(s.Double(3));
+    h.set_peak_is_ratio(s.Int(4) != 0);
+    UnpackIds(s.Blob(5), h.mutable_batch_ids());
+  });
+  if (!status.ok()) return status;
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
 absl::StatusOr<std::vector<HostIncidentRow>> Store::ListHostIncidents(
     int64_t since_unix_nanos) const {
   absl::StatusOr<ReadQuery> q = Query(

@@ -83,6 +83,9 @@ absl::Status StoreWriter::Prepare() {
       {&insert_spike_,
        "INSERT OR IGNORE INTO spikes (run_key, step, grad_norm, ratio_to_ema, "
        "sigmas, batch_ids) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"},
+      {&insert_hard_batch_,
+       "INSERT OR IGNORE INTO hard_batches (run_key, step, high_steps, peak, "
+       "level, peak_is_ratio, batch_ids) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
       {&update_spike_outcome_,
        "UPDATE spikes SET outcome = ?3, batches_skipped = ?4 "
        "WHERE run_key = ?1 AND step = ?2"},
@@ -210,6 +213,7 @@ absl::Status StoreWriter::ApplyOne(const WriteOp& op, WriteResult& result) {
         if constexpr (std::is_same_v<T, WriteOp::Event>) return ApplyEvent(op);
         if constexpr (std::is_same_v<T, WriteOp::Alert>) return ApplyAlert(op);
         if constexpr (std::is_same_v<T, WriteOp::Spike>) return ApplySpike(op);
+        if constexpr (std::is_same_v<T, WriteOp::HardBatch>) return ApplyHardBatch(op);
         if constexpr (std::is_same_v<T, WriteOp::SpikeOutcome>) return ApplySpikeOutcome(op);
         if constexpr (std::is_same_v<T, WriteOp::HostIncident>) return ApplyHostIncident(op);
         if constexpr (std::is_same_v<T, WriteOp::DeleteRun>) return ApplyDeleteRun(op, result);
@@ -482,6 +486,16 @@ absl::Status StoreWriter::ApplySpike(const WriteOp& op) {
   return insert_spike_.Run();
 }
 
+absl::Status StoreWriter::ApplyHardBatch(const WriteOp& op) {
+  absl::StatusOr<int64_t> run_key = StartedRun(op.key.run_id);
+  if (!run_key.ok()) return run_key.status();
+  const v1::HardBatch& h = std::get<WriteOp::HardBatch>(op.body).hard_batch;
+  insert_hard_batch_.Bind(1, *run_key).Bind(2, ToDb(h.step()))
+      .Bind(3, int64_t{h.high_steps()}).Bind(4, h.peak()).Bind(5, h.level())
+      .Bind(6, int64_t{h.peak_is_ratio() ? 1 : 0}).BindBlob(7, PackIds(h.batch_ids()));
+  return insert_hard_batch_.Run();
+}
+
 absl::Status StoreWriter::ApplySpikeOutcome(const WriteOp& op) {
   absl::StatusOr<int64_t> run_key = StartedRun(op.key.run_id);
   if (!run_key.ok()) return run_key.status();
@@ -528,7 +542,8 @@ absl::Status StoreWriter::ApplyDeleteRun(const WriteOp& op, WriteResult& result)
   for (const char* sql :
        {"DELETE FROM step_chunks WHERE run_key = ?1", "DELETE FROM streams WHERE run_key = ?1",
         "DELETE FROM events WHERE run_key = ?1", "DELETE FROM alerts WHERE run_key = ?1",
-        "DELETE FROM spikes WHERE run_key = ?1", "DELETE FROM rank_tail WHERE run_key = ?1",
+        "DELETE FROM spikes WHERE run_key = ?1", "DELETE FROM hard_batches WHERE run_key = ?1",
+        "DELETE FROM rank_tail WHERE run_key = ?1",
         "DELETE FROM runs WHERE run_key = ?1"}) {
     absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db_.get(), sql);
     if (!s.ok()) return s.status();

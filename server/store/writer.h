@@ -127,6 +127,7 @@ class StoreWriter {
   absl::Status ApplyEvent(const WriteOp& op);
   absl::Status ApplyAlert(const WriteOp& op);
   absl::Status ApplySpike(const WriteOp& op);
+  absl::Status ApplyHardBatch(const WriteOp& op);
   absl::Status ApplySpikeOutcome(const WriteOp& op);
   absl::Status ApplyHostIncident(const WriteOp& op);
   absl::Status ApplyDeleteRun(const WriteOp& op, WriteResult& result);
@@ -150,7 +151,7 @@ class StoreWriter {
   sqlite::Stmt select_run_, insert_run_, update_run_start_, set_run_state_,
       update_run_progress_, select_stream_, insert_stream_, update_stream_,
       insert_chunk_, insert_event_, upsert_alert_, insert_spike_,
-      update_spike_outcome_, insert_host_incident_, select_chunks_from_,
+      insert_hard_batch_, update_spike_outcome_, insert_host_incident_, select_chunks_from_,
       delete_chunk_, delete_chunks_before_, insert_tail_, delete_tails_before_;
   // Caches of what is committed; cleared when a transaction fails.
   absl::flat_hash_map<std::string, int64_t> run_keys_;

@@ -104,10 +104,35 @@ class Loss final : public Detector {
     uint64_t onset = 0;
     bool from_spike = false;
     bool climbing = false;  // named while the rise is under way
+    bool left = false;      // from a spike, or the level has doubled since
+    uint64_t left_step = 0;  // the step `left` was first true
   };
 
   void Spike(const StepContext& ctx, const LossSpikeRule::Result& s, AlertSink& sink) {
     const v1::StepRecord& r = ctx.record;
+    if (s.high) {
+      if (high_batch_ids_.empty()) onset_norm_ = r.grad_norm();
+      for (int64_t id : r.batch_ids()) {
+        if (high_batch_ids_.size() < kMaxBatchIds) high_batch_ids_.push_back(id);
+      }
+    }
+    if (s.hard_batch.has_value()) {
+      // One or two high losses and back: a hard batch, listed apart with
+      // its batch ids (a data loader may want them), not a spike. Inside a
+      // divergence the loss's jumps are the divergence's.
+      if (!diverged_.has_value()) {
+        sink.Spike(SpikeInfo{.kind = SpikeInfo::Kind::kHardBatch,
+                             .step = s.hard_batch->onset_step,
+                             .grad_norm = onset_norm_,
+                             .batch_ids = high_batch_ids_,
+                             .high_steps = s.hard_batch->high_steps,
+                             .loss_peak = s.hard_batch->peak,
+                             .loss_level = rule_.recent()->median,
+                             .peak_is_ratio = rule_.recent()->log_space});
+      }
+      high_batch_ids_.clear();
+      return;
+    }
     if (!s.in_episode) {
       // The loss is back: the spike's alert resolves at its recovery step,
       // and the next spike is an alert of its own.
@@ -119,11 +144,18 @@ class Loss final : public Detector {
       return;
     }
     if (!s.high) return;
-    if (high_batch_ids_.empty()) onset_norm_ = r.grad_norm();
-    for (int64_t id : r.batch_ids()) {
-      if (high_batch_ids_.size() < kMaxBatchIds) high_batch_ids_.push_back(id);
-    }
     if (!s.fired_now && !NamedEpisode(s)) return;  // not a spike (yet)
+    // Once the run has left its level (a spike that did not come back, a
+    // level >= ratio x the best on sustain_steps steps) for kDivergedSteps,
+    // a spike of its loss is the divergence's: the run is named already,
+    // and a diverged loss jumps often. Before that a spike is listed: it
+    // may be how the divergence goes on (its batches are worth skipping);
+    // and a climb named early, before it doubled, may carry spikes of its
+    // own.
+    if (s.fired_now && diverged_.has_value() && diverged_->left &&
+        r.step() >= diverged_->left_step + kDivergedSteps) {
+      return;
+    }
     const std::vector<int64_t> ids =
         s.fired_now ? high_batch_ids_
                     : std::vector<int64_t>(r.batch_ids().begin(), r.batch_ids().end());
@@ -159,7 +191,8 @@ class Loss final : public Detector {
     });
     if (s.fired_now) {
       fired_onset_ = s.onset_step;
-      sink.Spike(SpikeInfo{.step = s.onset_step,
+      sink.Spike(SpikeInfo{.kind = SpikeInfo::Kind::kLoss,
+                           .step = s.onset_step,
                            .grad_norm = onset_norm_,
                            .ratio_to_ema = 0.0,
                            .sigmas = 0.0,
@@ -211,7 +244,7 @@ class Loss final : public Detector {
     // A spike that stayed.
     if (pending_.has_value() && r.step() >= pending_->onset + c.check_after_steps) {
       if (level >= c.spike_ratio * pending_->level_before) {
-        diverged_ = Diverged{pending_->level_before, SpikeOnset(c), true};
+        diverged_ = Diverged{pending_->level_before, SpikeOnset(c), true, false, true, r.step()};
         spike_ids_ = pending_->batch_ids;
       }
       pending_.reset();
@@ -279,14 +312,19 @@ class Loss final : public Detector {
       if ((doubled || climbed) && !diverged_.has_value()) {
         if (pending_.has_value() && doubled) {
           // A spike under way that the level confirms: it did not come back.
-          diverged_ = Diverged{pending_->level_before, SpikeOnset(c), true};
+          diverged_ = Diverged{pending_->level_before, SpikeOnset(c), true, false, true,
+                               r.step()};
           spike_ids_ = pending_->batch_ids;
         } else {
           // A rise (a spike under way, if any, is the climb seen late).
-          diverged_ = Diverged{best_->level, RiseOnset(c), false, !doubled};
+          diverged_ = Diverged{best_->level, RiseOnset(c), false, !doubled, doubled, r.step()};
           spike_ids_.clear();
         }
         pending_.reset();
+      }
+      if (diverged_.has_value() && doubled && !diverged_->left) {
+        diverged_->left = true;
+        diverged_->left_step = r.step();
       }
     }
     Report(ctx, sink, level);
@@ -375,6 +413,9 @@ class Loss final : public Detector {
     });
   }
 
+  // A spike this many steps after the run left its level is the
+  // divergence's, not listed.
+  static constexpr uint64_t kDivergedSteps = 100;
   // The level counts as back at its best within this factor.
   static constexpr double kNearBest = 1.2;
   // A slow rise's count survives a dip of its level down to this share of

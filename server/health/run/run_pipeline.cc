@@ -43,6 +43,8 @@ void RunPipeline::EnsureHealth(const v1::RunStart& start) {
       [this](const AlertEpisode& e) { Report(e); },
       [this](const SpikeInfo& s) {
         observer_->OnSpike(s);
+        // A hard batch has no restart plan and no replay to judge.
+        if (s.kind == SpikeInfo::Kind::kHardBatch) return;
         OnSpikeVerdicts(health_->timing().OnSpike(s.step, s.batch_ids), s.step);
       });
 }

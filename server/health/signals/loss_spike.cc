@@ -61,13 +61,11 @@ std::optional<LossSpikeRule::Result> LossSpikeRule::Add(uint64_t step,
   const Recent& r = *recent_;
   Result out;
   out.high = Above(x, 1.0);
-  if (in_episode_ && !out.high) {
-    // A spike ends with two steps in a row under the line; a hard batch
-    // when its window passed without stay_steps high steps.
-    const bool ended = episode_fired_
-                           ? step >= last_high_ + 2
-                           : step + 1 >= episode_onset_ + options_.stay_window;
-    if (ended) in_episode_ = false;
+  // The window counts losses, not step numbers: a loss logged every 10
+  // steps has its spike in 3 of 5 of its records too.
+  if (in_episode_) ++episode_seen_;
+  if (in_episode_ && !out.high && episode_fired_ && ++lows_in_row_ >= 2) {
+    in_episode_ = false;  // a spike ends with two losses in a row under the line
   }
   if (out.high) {
     out.log_space = r.log_space;
@@ -82,12 +80,15 @@ std::optional<LossSpikeRule::Result> LossSpikeRule::Add(uint64_t step,
       in_episode_ = true;
       episode_onset_ = step;
       episode_highs_ = 0;
+      episode_seen_ = 1;
+      episode_peak_ = 0.0;
       episode_fired_ = false;
     }
+    lows_in_row_ = 0;
     ++episode_highs_;
-    last_high_ = step;
+    episode_peak_ = std::max(episode_peak_, r.log_space ? out.ratio : loss - r.median);
     out.fired_now = !episode_fired_ && episode_highs_ >= options_.stay_steps &&
-                    step < episode_onset_ + options_.stay_window;
+                    episode_seen_ <= options_.stay_window;
     if (out.fired_now) {
       // A spike and its aftermath stay out of the history until the loss
       // has calmed: its recovery tail (1.5-3x for 10-50 steps) would widen
@@ -116,6 +117,13 @@ std::optional<LossSpikeRule::Result> LossSpikeRule::Add(uint64_t step,
     }
   } else {
     Push(x);
+  }
+  // The window passed with fewer than stay_steps high losses: a hard batch
+  // (one or two high steps and back), listed apart, not a spike. A high
+  // loss after it starts an episode of its own.
+  if (in_episode_ && !episode_fired_ && episode_seen_ >= options_.stay_window) {
+    in_episode_ = false;
+    out.hard_batch = HardBatch{episode_onset_, episode_highs_, episode_peak_};
   }
   out.in_episode = in_episode_;
   out.onset_step = episode_onset_;

@@ -19,11 +19,12 @@
 // sd being 1.4826 x the MAD of the log losses. Losses that reach 0 or go
 // below (RL policy losses) have no meaningful ratio and are judged linearly.
 //
-// stay_steps high steps among the first stay_window steps from a high one
-// make a spike, whose onset is that first high step (a spike's loss may dip
-// under the line for a step); fewer is a hard batch. A spike lasts while
-// the loss keeps coming back above the line, and ends with two steps in a
-// row under it. High steps do not enter the history (a spike cannot raise its own
+// stay_steps high losses among the first stay_window losses from a high one
+// (records, not step numbers: a sparsely logged loss counts its own
+// records) make a spike, whose onset is that first high step (a spike's
+// loss may dip under the line for a step); fewer is a hard batch, reported
+// when its window closes. A spike lasts while the loss keeps coming back
+// above the line, and ends with two losses in a row under it. High steps do not enter the history (a spike cannot raise its own
 // reference), unless the loss stays up for longer than the history is long:
 // then it is the new level. Nor, once a spike is named, does its aftermath
 // until the loss is calm: calm_steps steps in a row under kCalmFraction of
@@ -76,6 +77,15 @@ class LossSpikeRule {
     double log_sd = 0.0;      // 1.4826 x their MAD, floored at min_sd
   };
 
+  // An episode whose window passed with fewer than stay_steps high losses.
+  struct HardBatch {
+    uint64_t onset_step = 0;  // its first high step
+    uint32_t high_steps = 0;  // 1 .. stay_steps - 1
+    // Its highest loss: the ratio to the level in log space, else the jump
+    // above it.
+    double peak = 0.0;
+  };
+
   struct Result {
     bool high = false;        // this step is above the spike line
     bool in_episode = false;  // a spike (or a hard batch) is under way
@@ -86,6 +96,8 @@ class LossSpikeRule {
     double ratio = 0.0;       // loss / level (when high, in log space)
     double sd = 0.0;          // the recent robust sd (when high)
     double resolution = 0.0;  // the recent resolution (when high)
+    // Set on the loss that closed a hard batch's window (the window's last).
+    std::optional<HardBatch> hard_batch;
   };
 
   explicit LossSpikeRule(const Options& options)
@@ -129,7 +141,9 @@ class LossSpikeRule {
   bool in_episode_ = false;
   uint64_t episode_onset_ = 0;
   uint32_t episode_highs_ = 0;
-  uint64_t last_high_ = 0;
+  uint32_t episode_seen_ = 0;   // losses since its onset, the onset's included
+  uint32_t lows_in_row_ = 0;    // a named spike's losses under the line in a row
+  double episode_peak_ = 0.0;   // as HardBatch::peak
   bool episode_fired_ = false;
   // From a spike's naming: it and its aftermath are kept out of the
   // history until calm_steps steps in a row (held in calm_) are under

@@ -422,6 +422,61 @@ TEST(LossSpikeRule, ASpikesAftermathEntersTheHistoryOnlyOnceTheLossIsCalm) {
 
 // --- The detector, through RunHealth. ---
 
+TEST(LossSpikeRule, AHardBatchIsReportedWhenItsWindowCloses) {
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  std::mt19937 rng(5);
+  std::vector<std::pair<uint64_t, LossSpikeRule::HardBatch>> hard;
+  for (uint64_t s = 1; s <= 3000; ++s) {
+    double loss = Loss(rng, s);
+    if (s == 1000) loss *= 3.0;                // one high step
+    if (s == 2000 || s == 2002) loss *= 2.5;   // two of five
+    auto r = rule.Add(s, loss);
+    ASSERT_FALSE(r && r->fired_now) << s;
+    if (r && r->hard_batch) hard.emplace_back(s, *r->hard_batch);
+  }
+  ASSERT_THAT(hard, SizeIs(2));
+  EXPECT_EQ(hard[0].first, 1004u);  // the window's fifth loss closes it
+  EXPECT_EQ(hard[0].second.onset_step, 1000u);
+  EXPECT_EQ(hard[0].second.high_steps, 1u);
+  EXPECT_NEAR(hard[0].second.peak, 3.0, 0.15);
+  EXPECT_EQ(hard[1].second.onset_step, 2000u);
+  EXPECT_EQ(hard[1].second.high_steps, 2u);
+}
+
+TEST(LossSpikeRule, ASpikeRightAfterAHardBatchIsNamed) {
+  // The hard batch's window passes with one high step; the spike starts at
+  // its last loss's successor and is an episode of its own.
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  std::mt19937 rng(6);
+  const Fires f = Feed(rule, 3000, [&](uint64_t s) {
+    double loss = Loss(rng, s);
+    if (s == 2000) loss *= 3.0;
+    if (s >= 2005 && s < 2015) loss *= 3.0;
+    return loss;
+  });
+  ASSERT_THAT(f.onsets, SizeIs(1));
+  EXPECT_EQ(f.onsets[0], 2005u);
+}
+
+TEST(LossSpikeRule, ASparselyLoggedLossCountsItsRecords) {
+  // A loss logged every 10 steps: 3 of its 5 records from the first high
+  // one make a spike (50 steps of the run), 1 of 5 a hard batch.
+  LossSpikeRule rule(LossSpikeRule::Options{});
+  std::mt19937 rng(7);
+  std::optional<uint64_t> onset;
+  int hard = 0;
+  for (uint64_t s = 10; s <= 30000; s += 10) {
+    double loss = Loss(rng, s);
+    if (s == 10000) loss *= 3.0;
+    if (s >= 20000 && s <= 20020) loss *= 3.0;
+    auto r = rule.Add(s, loss);
+    if (r && r->fired_now) onset = r->onset_step;
+    if (r && r->hard_batch) ++hard;
+  }
+  EXPECT_EQ(onset, std::optional<uint64_t>(20000));
+  EXPECT_EQ(hard, 1);
+}
+
 RunInfo Bf16() {
   return RunInfo{.run_id = "r",
                  .precision = v1::BF16,
@@ -450,6 +505,52 @@ TEST(LossSpikeDetector, ANegativeLossJumpPagesOnceInLinearTerms) {
   bool listed = false;
   for (const SpikeInfo& s : h.spikes) listed |= s.step == 2000;
   EXPECT_TRUE(listed);
+}
+
+TEST(LossSpikeDetector, AHardBatchIsListedApartWithItsBatchIds) {
+  HealthHarness h(Bf16());
+  std::mt19937 rng(13);
+  std::lognormal_distribution<double> norm(std::log(0.3), 0.15);
+  for (uint64_t s = 1; s <= 2000; ++s) {
+    v1::StepRecord r = Rec(s, norm(rng));
+    r.set_loss(Loss(rng, s) * (s == 1500 ? 4.0 : 1.0));  // Rec's batch id: 10 s
+    h.Lead(r);
+  }
+  EXPECT_THAT(h.Fired(AlertKind::kLossSpike), SizeIs(0));
+  std::vector<SpikeInfo> hard;
+  for (const SpikeInfo& s : h.spikes) {
+    if (s.kind == SpikeInfo::Kind::kHardBatch) hard.push_back(s);
+  }
+  ASSERT_THAT(hard, SizeIs(1));
+  EXPECT_EQ(hard[0].step, 1500u);
+  EXPECT_EQ(hard[0].high_steps, 1u);
+  EXPECT_TRUE(hard[0].peak_is_ratio);
+  EXPECT_NEAR(hard[0].loss_peak, 4.0, 0.2);
+  EXPECT_THAT(hard[0].batch_ids, ::testing::ElementsAre(15000));
+}
+
+TEST(LossSpikeDetector, SpikesOfALossThatLeftItsLevelLongAgoAreTheDivergences) {
+  // The loss's level climbs 3x over steps 1000-1200 and stays there
+  // (LossDivergence); a spike soon after the climb is still listed, one
+  // 400 steps later is the divergence's.
+  HealthHarness h(Bf16());
+  std::mt19937 rng(14);
+  std::lognormal_distribution<double> norm(std::log(0.3), 0.15);
+  for (uint64_t s = 1; s <= 2000; ++s) {
+    const double climb = std::clamp((static_cast<double>(s) - 1000.0) / 200.0, 0.0, 1.0);
+    double loss = Loss(rng, s) * std::exp(climb * std::log(3.0));
+    if ((s >= 1230 && s < 1240) || (s >= 1600 && s < 1610)) loss *= 3.0;
+    v1::StepRecord r = Rec(s, norm(rng));
+    r.set_loss(loss);
+    h.Lead(r);
+  }
+  const auto divergences = h.Fired(AlertKind::kLossDivergence);
+  ASSERT_THAT(divergences, SizeIs(1));
+  EXPECT_LT(divergences[0].step, 1230u);
+  std::vector<uint64_t> onsets;
+  for (const auto& f : h.Fired(AlertKind::kLossSpike)) onsets.push_back(f.onset_step);
+  EXPECT_THAT(onsets, ::testing::Contains(1230u));
+  EXPECT_THAT(onsets, Not(::testing::Contains(1600u)));
 }
 
 // The policy loss of a real GRPO fine-tune (trainer_state.json, printed with
