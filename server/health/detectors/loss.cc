@@ -2,6 +2,7 @@
 // (info), and LossDivergence, a loss that did not come back (critical).
 // Reads the lead stream only.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <deque>
@@ -298,8 +299,14 @@ class Loss final : public Detector {
       past_levels_.push_back(level);
       const double before = past_levels_.front();
       if (past_levels_.size() > c.level_steps) past_levels_.pop_front();
+      // A climb under way has its latest losses over the line too: the
+      // level lags them by half its length, and the aftermath of a few hard
+      // batches lifts it for a while after the loss is back (a held-out run
+      // with a hard batch every 15 steps: its level 1.5x the best and still
+      // "climbing" at step 201, its latest losses at 1.16x).
       const bool climbing = past_levels_.size() > c.level_steps - 1 &&
-                            level >= best_->early_line && level >= c.early_rise * before;
+                            level >= best_->early_line && level >= c.early_rise * before &&
+                            LatestLevel() >= best_->early_line;
       climbing_steps_ = climbing ? climbing_steps_ + 1 : 0;
       // A spike under way has its own verdict, check_after_steps after its
       // onset (a spike of 10-20 steps lifts the level as a climb would),
@@ -328,6 +335,15 @@ class Loss final : public Detector {
       }
     }
     Report(ctx, sink, level);
+  }
+
+  // The median of the last kLatestSteps losses.
+  double LatestLevel() const {
+    std::array<double, kLatestSteps> last{};
+    const size_t n = std::min(recent_.size(), kLatestSteps);
+    std::copy(recent_.end() - static_cast<std::ptrdiff_t>(n), recent_.end(), last.begin());
+    std::nth_element(last.begin(), last.begin() + n / 2, last.begin() + n);
+    return last[n / 2];
   }
 
   // The loss's noise over its last level_steps losses without their trend:
@@ -413,6 +429,8 @@ class Loss final : public Detector {
     });
   }
 
+  // A climb's latest losses: their median is over the early line too.
+  static constexpr size_t kLatestSteps = 5;
   // A spike this many steps after the run left its level is the
   // divergence's, not listed.
   static constexpr uint64_t kDivergedSteps = 100;

@@ -13,10 +13,17 @@ constexpr double kMadToSd = 1.4826;  // a normal's sd / its MAD
 // A normal's sd / its 90th percentile absolute deviation (z at 0.95).
 constexpr double kQ90ToSd = 1.0 / 1.6449;
 // A step this far towards the line (a fraction of it) is judged on fresh
-// statistics; a spike's aftermath is calm under this fraction of it (in
-// log space 1.5x -> 1.31x, 3 sd -> 2 sd: the lab labeller's 1.2x / 2 sd).
+// statistics.
 constexpr double kFreshFraction = 0.5;
+// A spike's aftermath is calm under 2/3 of the line in linear terms and,
+// in log space, under max(1.2x, 2 robust sd of the log losses) above the
+// level: a loss that came back only to 1.3x its level after a spike (a
+// partial recovery, common after a hard batch's spike) is not back, and
+// the next spike must not be judged against the level before this one
+// (held-out spike families: 3 of 4 false spikes were that).
 constexpr double kCalmFraction = 2.0 / 3.0;
+constexpr double kCalmRatio = 1.2;
+constexpr double kCalmSigmas = 2.0;
 
 // The j-th smallest (from 0) of the absolute deviations of n sorted values
 // v(0) <= ... <= v(n - 1) from their upper median m = v(n / 2), for j >=
@@ -106,7 +113,7 @@ std::optional<LossSpikeRule::Result> LossSpikeRule::Add(uint64_t step,
     if (step - episode_onset_ >= options_.recent_steps) {
       calming_ = false;
       Push(x);
-    } else if (Above(x, kCalmFraction)) {
+    } else if (!Calm(x)) {
       calm_.clear();
     } else {
       calm_.push_back(x);
@@ -128,6 +135,12 @@ std::optional<LossSpikeRule::Result> LossSpikeRule::Add(uint64_t step,
   out.in_episode = in_episode_;
   out.onset_step = episode_onset_;
   return out;
+}
+
+bool LossSpikeRule::Calm(const Sample& x) const {
+  const Recent& r = *recent_;
+  if (r.log_space) return x.log_loss - r.log_median < calm_log_line_;
+  return !Above(x, kCalmFraction);
 }
 
 bool LossSpikeRule::Above(const Sample& x, double fraction) const {
@@ -229,6 +242,7 @@ void LossSpikeRule::Refresh() {
   line_ = r.resolution > 0 ? std::max(linear_sd, options_.min_quanta * r.resolution)
                            : kInf;
   log_line_ = std::max(log_min_ratio_, options_.log_sigmas * r.log_sd);
+  calm_log_line_ = std::max(std::log(kCalmRatio), kCalmSigmas * r.log_sd);
   recent_ = r;
 }
 

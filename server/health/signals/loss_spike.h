@@ -24,11 +24,13 @@
 // records) make a spike, whose onset is that first high step (a spike's
 // loss may dip under the line for a step); fewer is a hard batch, reported
 // when its window closes. A spike lasts while the loss keeps coming back
-// above the line, and ends with two losses in a row under it. High steps do not enter the history (a spike cannot raise its own
-// reference), unless the loss stays up for longer than the history is long:
-// then it is the new level. Nor, once a spike is named, does its aftermath
-// until the loss is calm: calm_steps steps in a row under kCalmFraction of
-// the line, which then enter together (a recovery tail at 1.5-3x for 10-50
+// above the line, and ends with two losses in a row under it. High steps
+// do not enter the history (a spike cannot raise its own reference),
+// unless the loss stays up for longer than the history is long: then it is
+// the new level. Nor, once a spike is named, does its aftermath until the
+// loss is calm: calm_steps steps in a row under the calm line (in log
+// space max(1.2x, 2 robust sd) above the level, else 2/3 of the line),
+// which then enter together (a recovery tail at 1.5-3x for 10-50
 // steps would widen the spread the next spike is judged against); a loss
 // up again before that is the same spike, not a new one. The statistics
 // are refreshed every `refresh_steps` from a sorted copy of the history,
@@ -119,6 +121,8 @@ class LossSpikeRule {
 
   // x is at least `fraction` of the way from the level to the spike line.
   bool Above(const Sample& x, double fraction) const;
+  // x is under the calm line: a spike's aftermath has come back.
+  bool Calm(const Sample& x) const;
   void Push(const Sample& sample);
   // Brings sorted_ up to date; returns the smallest positive gap between
   // two of its losses (0: all equal).
@@ -136,6 +140,7 @@ class LossSpikeRule {
   std::optional<Recent> recent_;
   double line_ = 0.0;      // loss - median must reach this ...
   double log_line_ = 0.0;  // ... and, in log space, log loss - log_median this
+  double calm_log_line_ = 0.0;  // in log space, calm under this
   // The current episode: its first high step, its high steps so far, the
   // last of them and whether it became a spike.
   bool in_episode_ = false;
