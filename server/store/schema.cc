@@ -165,6 +165,31 @@ CREATE TABLE IF NOT EXISTS rank_tail (
 // The version tells a server of version 8, which cannot read those chunks,
 // to refuse the file.
 
+// Version 10: the closed loop's record (docs/closed-loop.md): every directive
+// the server proposed for a run, and every transition of each (who moved it,
+// when, why). Kept until the run is deleted.
+constexpr const char* kSchemaV10 = R"sql(
+CREATE TABLE IF NOT EXISTS directives (
+  run_key   INTEGER NOT NULL,
+  seq       INTEGER NOT NULL,
+  id        TEXT NOT NULL,
+  state     TEXT NOT NULL,
+  directive BLOB NOT NULL,       -- serialized DirectiveRecord, without transitions
+  PRIMARY KEY (run_key, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS directive_transitions (
+  run_key INTEGER NOT NULL,
+  seq     INTEGER NOT NULL,      -- the directive's
+  n       INTEGER NOT NULL,      -- 0, 1, ... in the order they happened
+  id      TEXT NOT NULL,
+  state   TEXT NOT NULL,
+  who     TEXT NOT NULL,
+  time_ns INTEGER NOT NULL,
+  why     TEXT NOT NULL,
+  PRIMARY KEY (run_key, seq, n)
+) WITHOUT ROWID;
+)sql";
+
 absl::StatusOr<int> UserVersion(sqlite3* db) {
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
   if (!s.ok()) return s.status();
@@ -209,6 +234,9 @@ absl::Status MigrateSchema(sqlite3* db, int target_version) {
     }
     if (*version < 8 && target_version >= 8) {
       if (absl::Status s = sqlite::Exec(db, kSchemaV8); !s.ok()) return s;
+    }
+    if (*version < 10 && target_version >= 10) {
+      if (absl::Status s = sqlite::Exec(db, kSchemaV10); !s.ok()) return s;
     }
     return sqlite::Exec(
         db, absl::StrCat("PRAGMA user_version = ", target_version).c_str());

@@ -460,7 +460,7 @@ TEST(StoreFileTest, AVersion5DatabaseIsMigratedWithItsRecords) {
                                   }).ok());
   EXPECT_EQ(read, 3000u);
   store->reset();
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "9");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "10");
   EXPECT_EQ(Sql(path, "SELECT count(rowid) FROM step_chunks"), "1");
 }
 
@@ -518,7 +518,7 @@ TEST(StoreFileTest, AVersion6DatabaseKeepsItsChunksAndReadsThemBack) {
 
   // Migrates, then adds a chunk.
   ASSERT_NO_FATAL_FAILURE(WriteRecords({.path = path}, OddRecords(2500, 4000)));
-  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "9");
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), "10");
   EXPECT_EQ(Sql(path, "SELECT group_concat(f, ',') FROM (SELECT "
                       "hex(substr(records, 1, 1)) AS f FROM step_chunks ORDER BY first_step)"),
             "12,07");
