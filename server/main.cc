@@ -80,6 +80,9 @@ int main(int argc, char** argv) {
   }
   trainwatch::ServerOptions& options = flags->options;
   if (!LoadConfig(flags->config_path, options)) return 2;
+  if (flags->closed_loop_mode.has_value()) {
+    options.engine.health.closed_loop.mode = *flags->closed_loop_mode;
+  }
 
   // Block the stop signals in every thread; main waits for them below.
   sigset_t stop_signals;

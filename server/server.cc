@@ -10,6 +10,7 @@
 #include "alerting/notifier.h"
 #include "auth/auth.h"
 #include "auth/call_token.h"
+#include "closedloop/closed_loop.h"
 #include "engine/engine.h"
 #include "ingest/ingest.h"
 #include "metrics/metrics.h"
@@ -120,7 +121,65 @@ class Server::Service final : public ServiceBase {
     }));
   }
 
+  grpc::Status ListDirectives(grpc::ServerContext* context,
+                              const v1::ListDirectivesRequest* request,
+                              v1::ListDirectivesResponse* response) override {
+    if (grpc::Status s = CheckReadRun(*context, request->run_id()); !s.ok()) return s;
+    return Reply(query_->ListDirectives(*request), response);
+  }
+
+  // Decisions need write scope for the directive's run: a token for
+  // team-a/ cannot approve team-b/'s.
+  grpc::Status ApproveDirective(grpc::ServerContext* context,
+                                const v1::DecideDirectiveRequest* request,
+                                v1::DirectiveRecord* response) override {
+    return Decide(*context, *request, /*approve=*/true, response);
+  }
+  grpc::Status RejectDirective(grpc::ServerContext* context,
+                               const v1::DecideDirectiveRequest* request,
+                               v1::DirectiveRecord* response) override {
+    return Decide(*context, *request, /*approve=*/false, response);
+  }
+
+  grpc::Status HoldRun(grpc::ServerContext* context, const v1::HoldRunRequest* request,
+                       v1::HoldRunResponse* response) override {
+    absl::StatusOr<std::string> who = WriterOf(*context, request->run_id(), request->by());
+    if (!who.ok()) return ToGrpcStatus(who.status());
+    return Reply(query_->HoldRun(*request, *who), response);
+  }
+
  private:
+  template <typename T>
+  static grpc::Status Reply(absl::StatusOr<T> r, T* response) {
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *response = std::move(*r);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Decide(const grpc::ServerContextBase& context,
+                      const v1::DecideDirectiveRequest& request, bool approve,
+                      v1::DirectiveRecord* response) {
+    absl::StatusOr<std::pair<std::string, uint64_t>> id = ClosedLoop::ParseId(request.id());
+    if (!id.ok()) return ToGrpcStatus(id.status());
+    absl::StatusOr<std::string> who = WriterOf(context, id->first, request.by());
+    if (!who.ok()) return ToGrpcStatus(who.status());
+    return Reply(query_->DecideDirective(request, approve, *who), response);
+  }
+
+  // Who decides for `run_id` (the name the caller gives, and the token's
+  // line when auth is on), or why the call may not: write scope for the run.
+  absl::StatusOr<std::string> WriterOf(const grpc::ServerContextBase& context,
+                                       const std::string& run_id,
+                                       const std::string& by) const {
+    std::string who = by.empty() ? "trainwatchctl" : by.substr(0, 64);
+    if (authorizer_ == nullptr) return who;
+    absl::StatusOr<const TokenScope*> scope =
+        authorizer_->AuthorizeReport(AuthorizationOf(context));
+    if (!scope.ok()) return scope.status();
+    if (absl::Status s = Authorizer::CheckWriteRun(**scope, run_id); !s.ok()) return s;
+    return absl::StrCat(who, " (token line ", (*scope)->line, ")");
+  }
+
   // Takes out of `items` those whose run (`run_of`) `scope` may not read.
   template <typename Item>
   static void KeepReadable(const TokenScope* scope, google::protobuf::RepeatedPtrField<Item>& items,
@@ -290,6 +349,10 @@ absl::Status Server::StartEngineAndServices(const ServerOptions& options) {
   engine_options.run_idle_timeout = options.engine.run_idle_timeout;
   engine_options.retention_days = options.engine.retention_days;
   engine_options.health = options.engine.health;
+  closed_loop_ = std::make_unique<ClosedLoop>(options.engine.health.closed_loop, store_.get(), m,
+                                              Clock::Real());
+  if (absl::Status s = closed_loop_->Load(); !s.ok()) return s;
+  engine_options.closed_loop = closed_loop_.get();
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
       engine_options, store_.get(), m, Clock::Real());
   if (!engine.ok()) return engine.status();
@@ -301,12 +364,13 @@ absl::Status Server::StartEngineAndServices(const ServerOptions& options) {
   // what ingest never holds back.
   ingest_options.small_batch_records = engine_options.prompt_batch_records;
   ingest_options.authorizer = authorizer_.get();
+  ingest_options.closed_loop = closed_loop_.get();
   ingest_ = std::make_unique<Ingest>(ingest_options, engine_.get(), m);
   // The database's directory by default: SQLite needs it writable anyway.
   std::string backup_dir = options.store.backup_dir;
   if (backup_dir.empty()) backup_dir = std::filesystem::path(options.store.db).parent_path();
   if (backup_dir.empty()) backup_dir = ".";
-  query_ = std::make_unique<Query>(store_.get(), engine_.get(), backup_dir);
+  query_ = std::make_unique<Query>(store_.get(), engine_.get(), backup_dir, closed_loop_.get());
   // A backup's staging file outlives a killed server: removed here.
   absl::StatusOr<int> stale = query_->RemoveStaleBackups();
   if (!stale.ok()) return stale.status();

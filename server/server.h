@@ -25,6 +25,7 @@ class Ingest;
 class Query;
 class Notifier;
 class Authorizer;
+class ClosedLoop;
 
 // The server's options, one part per component it builds (as TF Serving
 // nests its parts' options); main.cc fills them from the flags.
@@ -136,6 +137,7 @@ class Server {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Notifier> notifier_;  // null without a receiver URL
   std::unique_ptr<Authorizer> authorizer_;  // null without --auth-token-file
+  std::unique_ptr<ClosedLoop> closed_loop_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Ingest> ingest_;
   std::unique_ptr<Query> query_;

@@ -153,6 +153,20 @@ constexpr ServerFlag kFlags[] = {
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.config_path);
      }},
+    {"--closed-loop", "off|propose|auto",
+     "directives to the trainer for critical alerts with a\n"
+     "restart plan: none, proposed for trainwatchctl approve,\n"
+     "or closed_loop.auto's approved at once (default propose;\n"
+     "docs/closed-loop.md)",
+     [](absl::string_view flag, Value v, ServerFlags& f) -> absl::Status {
+       std::optional<ClosedLoopConfig::Mode> mode = ParseClosedLoopMode(std::string(v));
+       if (!mode.has_value()) {
+         return absl::InvalidArgumentError(
+             absl::StrCat(flag, ": expected off, propose or auto, got \"", v, "\""));
+       }
+       f.closed_loop_mode = mode;
+       return absl::OkStatus();
+     }},
     {"--alertmanager-url", "URL",
      "send alerts to Alertmanager (POST URL/api/v2/alerts)",
      [](absl::string_view, Value v, ServerFlags& f) {

@@ -26,6 +26,8 @@ struct ServerFlags {
   // --config: the detector thresholds' YAML file, which main() loads once
   // every flag is checked; "" = the built-in thresholds.
   std::string config_path;
+  // --closed-loop: replaces the config's closed_loop.mode when given.
+  std::optional<ClosedLoopConfig::Mode> closed_loop_mode;
   // --help or -h was given: print ServerUsage() and exit 0.
   bool help = false;
 };

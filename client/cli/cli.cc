@@ -59,6 +59,15 @@ Commands:
   backup --out FILE
       Write a consistent copy of the server's database to FILE (taken while
       ingest goes on); a server opens it as its --db (docs/reliability.md).
+  directives --run R [--json]
+      The run's closed-loop directives: id, state, the alert each answers,
+      the step every rank applies it at, who approved it (docs/closed-loop.md).
+  approve ID [--note TEXT], reject ID [--note TEXT]
+      Decide a PROPOSED directive (a token with write scope for its run);
+      deciding again changes nothing.
+  hold --run R --for DUR, release --run R
+      Nothing of the run is approved by policy for DUR (90s, 30m, 2h);
+      release ends the hold.
 
 Options (before or after the command):
   --server ADDR      server address (default 127.0.0.1:50051): a server or a
@@ -121,6 +130,11 @@ const std::vector<Command>& Commands() {
       {"report", RunReport, {{"run"}, {"out"}}},
       {"delete-run", RunDeleteRun, {}},
       {"backup", RunBackup, {{"out"}}},
+      {"directives", RunDirectives, {{"run"}, {"json", false}}},
+      {"approve", RunApprove, {{"note"}}},
+      {"reject", RunReject, {{"note"}}},
+      {"hold", RunHold, {{"run"}, {"for"}}},
+      {"release", RunRelease, {{"run"}}},
   };
   return *commands;
 }

@@ -71,6 +71,12 @@ absl::Status RunReport(const GlobalOptions& global, const ParsedArgs& args);
 // lifecycle.cc.
 absl::Status RunDeleteRun(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunBackup(const GlobalOptions& global, const ParsedArgs& args);
+// directives_cmd.cc (docs/closed-loop.md).
+absl::Status RunDirectives(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunApprove(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunReject(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunHold(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunRelease(const GlobalOptions& global, const ParsedArgs& args);
 
 // A stub on a channel to global.server with global.credentials (plaintext
 // when null).

@@ -436,6 +436,106 @@ void WriteSpike(JsonWriter& w, const v1::Spike& spike) {
   w.EndObject();
 }
 
+void WriteDirective(JsonWriter& w, const v1::DirectiveRecord& record) {
+  const v1::Directive& d = record.directive();
+  const auto ids = [&w](const google::protobuf::RepeatedField<int64_t>& list) {
+    w.BeginArray();
+    for (int64_t id : list) w.Int(id);
+    w.EndArray();
+  };
+  w.BeginObject();
+  w.Key("id");
+  w.String(d.id());
+  w.Key("seq");
+  w.Uint(d.seq());
+  w.Key("run");
+  w.String(record.run_id());
+  w.Key("action");
+  absl::string_view action = "";
+  switch (d.action_case()) {
+    case v1::Directive::kCheckpointNow: action = "checkpoint_now"; break;
+    case v1::Directive::kSkip: action = "skip"; break;
+    case v1::Directive::kRollback: action = "rollback"; break;
+    case v1::Directive::kScaleLr: action = "scale_lr"; break;
+    case v1::Directive::kStop: action = "stop"; break;
+    case v1::Directive::ACTION_NOT_SET: break;
+  }
+  w.String(action);
+  w.Key("alert");
+  w.String(d.alert());
+  w.Key("state");
+  w.String(record.state());
+  w.Key("apply_at_step");
+  w.Uint(d.apply_at_step());
+  w.Key("approved_by");
+  w.String(d.approved_by());
+  w.Key("for_attempt");
+  w.Uint(d.for_attempt());
+  w.Key("reason");
+  w.String(d.reason());
+  if (!action.empty()) w.Key(action);
+  switch (d.action_case()) {
+    case v1::Directive::kCheckpointNow:
+      w.BeginObject();
+      w.Key("tag");
+      w.String(d.checkpoint_now().tag());
+      w.EndObject();
+      break;
+    case v1::Directive::kSkip:
+      w.BeginObject();
+      w.Key("batch_ids");
+      ids(d.skip().batch_ids());
+      w.EndObject();
+      break;
+    case v1::Directive::kRollback:
+      w.BeginObject();
+      w.Key("to_step");
+      w.Uint(d.rollback().to_step());
+      w.Key("checkpoint");
+      w.String(d.rollback().checkpoint());
+      w.Key("skip_batch_ids");
+      ids(d.rollback().skip_batch_ids());
+      w.Key("lr_scale");
+      w.Double(d.rollback().lr_scale());
+      w.EndObject();
+      break;
+    case v1::Directive::kScaleLr:
+      w.BeginObject();
+      w.Key("factor");
+      w.Double(d.scale_lr().factor());
+      w.EndObject();
+      break;
+    case v1::Directive::kStop:
+      w.BeginObject();
+      w.Key("checkpoint_first");
+      w.Bool(d.stop().checkpoint_first());
+      w.EndObject();
+      break;
+    case v1::Directive::ACTION_NOT_SET:
+      break;
+  }
+  w.Key("applied_ranks");
+  w.BeginArray();
+  for (uint32_t r : record.applied_ranks()) w.Uint(r);
+  w.EndArray();
+  w.Key("transitions");
+  w.BeginArray();
+  for (const v1::DirectiveTransition& t : record.transitions()) {
+    w.BeginObject();
+    w.Key("state");
+    w.String(t.state());
+    w.Key("who");
+    w.String(t.who());
+    w.Key("unix_nanos");
+    w.Int(t.unix_nanos());
+    w.Key("why");
+    w.String(t.why());
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+}
+
 void WritePlan(JsonWriter& w, const RestartPlan& plan) {
   w.BeginObject();
   w.Key("run");

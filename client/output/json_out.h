@@ -90,6 +90,13 @@ void WriteHardBatch(JsonWriter& w, const v1::HardBatch& hard_batch);
 // "" until a new attempt replayed the spike's steps.
 void WritePlan(JsonWriter& w, const RestartPlan& plan);
 
+// A closed-loop directive as the server keeps it (`directives --json`):
+// id, seq, run, action, alert, state, apply_at_step, approved_by,
+// for_attempt, reason, the action's fields under its name ("rollback":
+// {to_step, checkpoint, skip_batch_ids, lr_scale}, ...), applied_ranks and
+// transitions [{state, who, unix_nanos, why}]. Every key is always present.
+void WriteDirective(JsonWriter& w, const v1::DirectiveRecord& record);
+
 // The run, window, recommendation, active alerts and every spike (oldest
 // first).
 void WriteHealth(JsonWriter& w, const v1::GetRunHealthResponse& health);

@@ -112,8 +112,9 @@ class Client::Impl {
   Impl(const ClientOptions& options,
        std::shared_ptr<grpc::ChannelCredentials> credentials)
       : measure_step_time_(options.measure_locally),
+        rank_(options.rank),
         intake_(options.capacity),
-        sender_(options, &intake_, std::move(credentials)) {}
+        sender_(options, &intake_, std::move(credentials), &inbox_) {}
 
   void Start() { sender_.Start(); }
 
@@ -134,6 +135,22 @@ class Client::Impl {
     }
     return intake_.OfferRecord(
         std::make_unique<v1::StepRecord>(std::move(record)));
+  }
+
+  std::vector<Directive> DueDirectives(uint64_t step) {
+    last_due_step_.store(step, std::memory_order_relaxed);
+    return inbox_.Due(step);
+  }
+
+  bool AckDirective(const std::string& id, DirectiveState state, std::string detail) {
+    if (!inbox_.Answer(id, state)) return false;
+    v1::DirectiveAck ack;
+    ack.set_id(id);
+    ack.set_rank(rank_);
+    ack.set_state(static_cast<v1::DirectiveState>(state));
+    ack.set_step(last_due_step_.load(std::memory_order_relaxed));
+    ack.set_detail(std::move(detail));
+    return intake_.OfferDirectiveAck(std::move(ack));
   }
 
   bool RecordEvent(EventKind kind, uint64_t step, std::string detail) {
@@ -233,6 +250,11 @@ class Client::Impl {
   }
 
   const bool measure_step_time_;
+  const uint32_t rank_;
+  // The step of the latest DueDirectives(), which an ack reports.
+  std::atomic<uint64_t> last_due_step_{0};
+  // Declared before the sender, which borrows it.
+  internal::DirectiveInbox inbox_;
   // time_unix_nanos of the step recorded last; 0 before the first.
   std::atomic<int64_t> previous_step_nanos_{0};
   std::atomic<uint64_t> rejected_{0};  // by Record(), above kMaxStep
@@ -296,5 +318,13 @@ std::optional<double> Client::RecommendedMaxNorm() const {
 }
 
 absl::Status Client::Refusal() const { return impl_->Refusal(); }
+
+std::vector<Directive> Client::DueDirectives(uint64_t step) {
+  return impl_->DueDirectives(step);
+}
+
+bool Client::AckDirective(const std::string& id, DirectiveState state, std::string detail) {
+  return impl_->AckDirective(id, state, std::move(detail));
+}
 
 }  // namespace trainwatch

@@ -23,9 +23,12 @@ bool Intake::OfferRecord(std::unique_ptr<v1::StepRecord> record) {
 
 bool Intake::OfferEvent(EventItem&& event) { return Admit(std::move(event)); }
 
+bool Intake::OfferDirectiveAck(v1::DirectiveAck&& ack) { return Admit(std::move(ack)); }
+
 template <typename Item>
 bool Intake::Admit(Item&& item) {
-  constexpr bool kIsStep = !std::is_same_v<std::decay_t<Item>, EventItem>;
+  constexpr bool kIsStep = !std::is_same_v<std::decay_t<Item>, EventItem> &&
+                          !std::is_same_v<std::decay_t<Item>, v1::DirectiveAck>;
   if (closed_.load(std::memory_order_relaxed)) return false;
   // A CAS rather than fetch_add-then-undo: an overshoot would make a
   // concurrent Record() fail although there was room.

@@ -27,8 +27,9 @@ struct EventItem {
 // its place among the steps recorded around it. A step is a Step (Record())
 // or a wire record (RecordProto()), the latter behind a pointer: a
 // StepRecord is larger than a Step, and every cell is allocated up front.
+// A DirectiveAck travels alone, like an event.
 using QueueItem =
-    std::variant<Step, std::unique_ptr<v1::StepRecord>, EventItem>;
+    std::variant<Step, std::unique_ptr<v1::StepRecord>, EventItem, v1::DirectiveAck>;
 
 // Bounds what the client holds in memory and admits items without a lock.
 // "Held" counts an item from admission until it leaves memory: acknowledged
@@ -54,6 +55,7 @@ class Intake {
   bool OfferStep(Step&& step);
   bool OfferRecord(std::unique_ptr<v1::StepRecord> record);
   bool OfferEvent(EventItem&& event);
+  bool OfferDirectiveAck(v1::DirectiveAck&& ack);
 
   // After Close(), nothing more is admitted: no thread would send it.
   void Close() { closed_.store(true, std::memory_order_relaxed); }

@@ -69,9 +69,11 @@ absl::Duration AtLeast(std::chrono::milliseconds value, absl::Duration floor) {
 }  // namespace
 
 Sender::Sender(const ClientOptions& options, Intake* intake,
-               std::shared_ptr<grpc::ChannelCredentials> credentials)
+               std::shared_ptr<grpc::ChannelCredentials> credentials,
+               DirectiveInbox* inbox)
     : options_(options),
       intake_(intake),
+      inbox_(inbox),
       // Floors keep a zero option from turning a wait into a busy loop.
       flush_interval_(AtLeast(options.flush_interval, absl::Milliseconds(1))),
       initial_backoff_(AtLeast(options.initial_backoff, absl::Milliseconds(1))),
@@ -252,6 +254,15 @@ void Sender::ReadResponses(Stream* stream) {
     if (response.has_recommended_max_norm()) {
       recommended_max_norm_ = response.recommended_max_norm();
     }
+    if (inbox_ != nullptr && !response.directives().empty()) {
+      for (std::string& id : inbox_->OnResponse(response.directives())) {
+        v1::DirectiveAck ack;
+        ack.set_id(std::move(id));
+        ack.set_rank(options_.rank);
+        ack.set_state(v1::RECEIVED);
+        intake_->OfferDirectiveAck(std::move(ack));
+      }
+    }
   }
   absl::MutexLock lock(&mu_);
   stream_ended_ = true;
@@ -270,6 +281,11 @@ bool Sender::FormNext() {
     FillRunEvent(*event, proto);
     proto->set_seq(pending.seq);
     pending.items = 1;
+  } else if (auto* ack = std::get_if<v1::DirectiveAck>(&*item)) {
+    v1::DirectiveAck* proto = request->mutable_directive_ack();
+    proto->Swap(ack);
+    proto->set_seq(pending.seq);
+    pending.items = 1;
   } else {
     v1::StepBatch* batch = request->mutable_batch();
     batch->set_seq(pending.seq);
@@ -280,7 +296,8 @@ bool Sender::FormNext() {
            options_.max_batch_records) {
       item = intake_->Take();
       if (!item) break;
-      if (std::holds_alternative<EventItem>(*item)) {
+      if (std::holds_alternative<EventItem>(*item) ||
+          std::holds_alternative<v1::DirectiveAck>(*item)) {
         carried_ = std::move(item);  // it gets the next seq
         break;
       }

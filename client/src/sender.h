@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "directive_inbox.h"
 #include "intake.h"
 #include "trainwatch/client.h"
 #include "trainwatch/v1/trainwatch.grpc.pb.h"
@@ -34,8 +35,11 @@ namespace trainwatch::internal {
 class Sender {
  public:
   // `credentials`: from NewChannelCredentials(options.security).
+  // `inbox` (borrowed) gets the directives the responses carry; the
+  // sender acks each new one RECEIVED.
   Sender(const ClientOptions& options, Intake* intake,
-         std::shared_ptr<grpc::ChannelCredentials> credentials);
+         std::shared_ptr<grpc::ChannelCredentials> credentials,
+         DirectiveInbox* inbox = nullptr);
   ~Sender();  // Stop(absl::ZeroDuration()) if still running.
   Sender(const Sender&) = delete;
   Sender& operator=(const Sender&) = delete;
@@ -101,6 +105,7 @@ class Sender {
 
   const ClientOptions options_;
   Intake* const intake_;
+  DirectiveInbox* const inbox_;  // null: directives are ignored
   const absl::Duration flush_interval_;
   const absl::Duration initial_backoff_;
   const absl::Duration max_backoff_;

@@ -190,6 +190,9 @@ std::vector<Field> Fields(HealthConfig& c) {
       {"silent", "seconds", kSeconds, &c.silent.seconds},
       {"finished_runs", "retention_seconds", kSeconds,
        &c.finished_runs.retention_seconds},
+      {"closed_loop", "max_rollbacks", kCount, &c.closed_loop.max_rollbacks},
+      {"closed_loop", "min_steps_between", kCount, &c.closed_loop.min_steps_between},
+      {"closed_loop", "lead_steps", kCount, &c.closed_loop.lead_steps},
       {"straggler", "slack", kAboveOne, &c.timing.straggler.slack},
       {"straggler", "threshold", kPositive, &c.timing.straggler.threshold},
       {"straggler", "clip", kAboveOne, &c.timing.straggler.clip},
@@ -320,6 +323,40 @@ absl::Status SetDisabled(const YAML::Node& key, const YAML::Node& value,
   return absl::OkStatus();
 }
 
+// closed_loop.mode (a word) and closed_loop.auto (a list of actions), the
+// closed loop's settings that are not numbers.
+absl::Status SetClosedLoopWords(const YAML::Node& key, const YAML::Node& value,
+                                const Errors& errors, ClosedLoopConfig* out) {
+  if (key.Scalar() == "mode") {
+    std::optional<ClosedLoopConfig::Mode> mode;
+    if (value.IsScalar()) mode = ParseClosedLoopMode(value.Scalar());
+    if (!mode.has_value()) {
+      return errors.At(MarkOf(value, key),
+                       "closed_loop.mode: expected off, propose or auto");
+    }
+    out->mode = *mode;
+    return absl::OkStatus();
+  }
+  if (!value.IsSequence()) {
+    return errors.At(MarkOf(value, key),
+                     absl::StrCat("closed_loop.auto: expected a list of actions, got ",
+                                  NodeKind(value)));
+  }
+  out->auto_actions.clear();
+  for (const auto& item : value) {
+    const bool known =
+        item.IsScalar() && std::any_of(std::begin(kDirectiveActions), std::end(kDirectiveActions),
+                                       [&](const char* a) { return item.Scalar() == a; });
+    if (!known) {
+      return errors.At(item.Mark(),
+                       "closed_loop.auto: expected actions among checkpoint_now, skip, "
+                       "rollback, scale_lr, stop");
+    }
+    out->auto_actions.insert(item.Scalar());
+  }
+  return absl::OkStatus();
+}
+
 // Parses a parsed document into `config`. `lines` gets the 1-based line of
 // every key set, by dotted name, for the checks across keys.
 absl::Status Apply(const YAML::Node& root, const Errors& errors,
@@ -343,6 +380,10 @@ absl::Status Apply(const YAML::Node& root, const Errors& errors,
     std::vector<absl::string_view> names;
     for (const Field& f : fields) {
       if (f.group == group) names.push_back(f.key);
+    }
+    if (group == "closed_loop") {
+      names.push_back("mode");
+      names.push_back("auto");
     }
     if (group.empty()) {
       names.push_back(kDisabledKey);
@@ -409,6 +450,14 @@ absl::Status Apply(const YAML::Node& root, const Errors& errors,
         return errors.At(sub.Mark(), "keys must be plain names");
       }
       const std::string dotted = absl::StrCat(name, ".", sub.Scalar());
+      if (name == "closed_loop" && (sub.Scalar() == "mode" || sub.Scalar() == "auto")) {
+        if (absl::Status s = note(dotted, sub); !s.ok()) return s;
+        if (absl::Status s = SetClosedLoopWords(sub, inner.second, errors, &config->closed_loop);
+            !s.ok()) {
+          return s;
+        }
+        continue;
+      }
       const Field* f = find(name, sub.Scalar());
       if (f == nullptr) {
         return errors.At(sub.Mark(), absl::StrCat("unknown key '", dotted,

@@ -4,6 +4,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "health/run/convert.h"
 #include "health/signals/moe_load.h"
 #include "trainwatch/v1/alert_names.h"
@@ -13,13 +14,17 @@ namespace trainwatch {
 
 AlertRouter::AlertRouter(std::string run_id, Store* store, Metrics* metrics,
                          RunMetrics* run_metrics, Notifier* notifier,
-                         HostWatch* hosts)
+                         HostWatch* hosts, ClosedLoop* closed_loop)
     : run_id_(std::move(run_id)),
       store_(store),
       metrics_(metrics),
       run_metrics_(run_metrics),
       notifier_(notifier),
-      hosts_(hosts) {}
+      hosts_(hosts),
+      closed_loop_(closed_loop != nullptr &&
+                           closed_loop->config().mode != ClosedLoopConfig::Mode::kOff
+                       ? closed_loop
+                       : nullptr) {}
 
 void AlertRouter::SetLabels(const v1::RunStart& lead) {
   labels_ = lead.labels();
@@ -57,7 +62,19 @@ void AlertRouter::OnAlert(AlertKind kind, const v1::Alert& alert, bool update) {
     incident_counted_[i] = alert.started_step();
     suspect = hosts_->OnAlertFired(kind, alert);
   }
-  Route(alert);
+  std::optional<std::pair<uint64_t, std::string>>& note = directive_notes_[i];
+  if (firing && !update && closed_loop_ != nullptr) {
+    std::optional<std::string> proposed =
+        closed_loop_->OnAlertFired(alert, lead_attempt_, recent_batches_);
+    if (proposed.has_value()) note.emplace(alert.started_step(), *std::move(proposed));
+  }
+  if (note.has_value() && note->first == alert.started_step()) {
+    v1::Alert named = alert;
+    named.set_description(absl::StrCat(alert.description(), " ", note->second));
+    Route(std::move(named));
+  } else {
+    Route(alert);
+  }
   if (suspect.has_value()) Route(*std::move(suspect));
 }
 
@@ -95,10 +112,12 @@ void AlertRouter::OnSpike(const SpikeInfo& s) {
 
 void AlertRouter::OnLeadChanged(const v1::RunStart& start) {
   SetLabels(start);
+  lead_attempt_ = start.attempt();
   if (start.max_norm() > 0) run_metrics_->clip_threshold.Set(start.max_norm());
 }
 
 void AlertRouter::OnLeadRecord(const v1::StepRecord& r) {
+  if (closed_loop_ != nullptr) recent_batches_.Add(r.step(), r.batch_ids());
   RunMetrics& m = *run_metrics_;
   m.steps.Increment();
   // A skipped step applied no update, so nothing was clipped.

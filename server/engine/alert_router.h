@@ -15,6 +15,7 @@
 #include <string>
 
 #include "alerting/notifier.h"
+#include "closedloop/closed_loop.h"
 #include "engine/host_watch.h"
 #include "health/run/run_pipeline.h"
 #include "metrics/metrics.h"
@@ -29,7 +30,7 @@ class AlertRouter final : public RunObserver {
   // in memory; `notifier` may be null.
   AlertRouter(std::string run_id, Store* store, Metrics* metrics,
               RunMetrics* run_metrics, Notifier* notifier,
-              HostWatch* hosts = nullptr);
+              HostWatch* hosts = nullptr, ClosedLoop* closed_loop = nullptr);
 
   // The lead RunStart's labels, sent with every notification.
   void SetLabels(const v1::RunStart& lead);
@@ -65,6 +66,13 @@ class AlertRouter final : public RunObserver {
   RunMetrics* const run_metrics_;
   Notifier* const notifier_;
   HostWatch* const hosts_;
+  ClosedLoop* const closed_loop_;  // null: no closed loop
+  // What the closed loop needs of the lead: its attempt and recent batch ids.
+  uint32_t lead_attempt_ = 0;
+  RecentBatches recent_batches_;
+  // Per alert, the episode (started_step) whose description names the
+  // directive proposed for it, and that sentence: kept on its updates.
+  std::array<std::optional<std::pair<uint64_t, std::string>>, kAlertKindCount> directive_notes_;
   google::protobuf::Map<std::string, std::string> labels_;
   // The started_step of each alert's episode counted as a host incident.
   std::array<std::optional<uint64_t>, kAlertKindCount> incident_counted_;

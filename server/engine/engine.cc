@@ -86,7 +86,8 @@ std::shared_ptr<RunState> Engine::FindOrAddRunLocked(const std::string& run_id) 
   }
   auto run = std::make_shared<RunState>(
       run_id, metrics_->AddRun(run_id, AlertLabels()), store_, metrics_,
-      options_.notifier, &host_watch_, options_.health, clock_->NowUnixNanos());
+      options_.notifier, &host_watch_, options_.closed_loop, options_.health,
+      clock_->NowUnixNanos());
   runs_.emplace(run_id, run);
   ++active_runs_;
   metrics_->runs_active.Set(static_cast<double>(active_runs_));
@@ -237,6 +238,20 @@ void Engine::SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
       });
     };
     store_->Submit(std::move(op));
+  }, /*small=*/true);
+}
+
+void Engine::SubmitDirectiveAck(const StreamHandle& stream, v1::DirectiveAck ack,
+                                DoneCallback done) {
+  RunInOrder(stream, [this, stream, ack = std::move(ack),
+                      done = std::move(done)](absl::Status started) mutable {
+    if (!started.ok() || options_.closed_loop == nullptr) {
+      done(started);
+      return;
+    }
+    // The stream's rank, whatever the ack says.
+    ack.set_rank(stream->key.rank);
+    options_.closed_loop->OnAck(stream->key.run_id, ack, std::move(done));
   }, /*small=*/true);
 }
 

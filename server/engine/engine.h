@@ -60,6 +60,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "alerting/notifier.h"
+#include "closedloop/closed_loop.h"
 #include "common/clock.h"
 #include "engine/host_watch.h"
 #include "engine/shard.h"
@@ -96,6 +97,10 @@ struct EngineOptions {
   // Where fires and resolves go besides the store and /metrics (Alertmanager,
   // webhook); borrowed, may be null. Must outlive the engine's Stop().
   Notifier* notifier = nullptr;
+  // Where critical alerts with a restart plan propose directives, and where
+  // the trainers' DirectiveAcks go (docs/closed-loop.md); borrowed, may be
+  // null (no closed loop).
+  ClosedLoop* closed_loop = nullptr;
 };
 
 struct RunState;
@@ -175,6 +180,11 @@ class Engine {
   // `done` runs after both.
   void SubmitEvent(const StreamHandle& stream, v1::RunEvent event,
                    DoneCallback done);
+
+  // Hands a rank's DirectiveAck to the closed loop in the stream's order
+  // (after its earlier batches); `done` runs once what it changed is stored.
+  void SubmitDirectiveAck(const StreamHandle& stream, v1::DirectiveAck ack,
+                          DoneCallback done);
 
   // The run's live health (waits for its shard). NOT_FOUND for a run this
   // engine does not hold (finished before a restart, or unknown).

@@ -26,10 +26,11 @@ namespace trainwatch {
 struct RunState {
   RunState(const std::string& id, std::unique_ptr<RunMetrics> run_metrics,
            Store* store, Metrics* metrics, Notifier* notifier,
-           HostWatch* hosts, const HealthConfig& config, int64_t now_unix_nanos)
+           HostWatch* hosts, ClosedLoop* closed_loop, const HealthConfig& config,
+           int64_t now_unix_nanos)
       : run_id(id),
         metrics(std::move(run_metrics)),
-        router(id, store, metrics, this->metrics.get(), notifier, hosts),
+        router(id, store, metrics, this->metrics.get(), notifier, hosts, closed_loop),
         pipeline(id, config, &router, now_unix_nanos),
         last_batch_unix_nanos(now_unix_nanos) {}
 

@@ -5,10 +5,51 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 
 namespace trainwatch {
+
+// The closed loop (docs/closed-loop.md): what the server asks a trainer to
+// do when a critical alert with a restart plan fires.
+struct ClosedLoopConfig {
+  enum class Mode {
+    kOff,      // no directive is proposed
+    kPropose,  // directives wait for `trainwatchctl approve`
+    kAuto,     // the actions in `auto_actions` are approved by policy at once
+  };
+  Mode mode = Mode::kPropose;
+  // Actions approved by policy in auto mode (Directive's oneof names:
+  // checkpoint_now, skip, rollback, scale_lr, stop).
+  std::set<std::string> auto_actions = {"checkpoint_now", "skip"};
+  uint32_t max_rollbacks = 3;        // then Stop and ClosedLoopExhausted
+  // A new rollback for an alert in the same attempt needs this many steps
+  // after the one before (a still-firing incident is not a new one).
+  uint32_t min_steps_between = 200;
+  // apply_at_step = the highest step any rank reported + lead_steps.
+  uint32_t lead_steps = 2;
+};
+
+// "off", "propose", "auto" <-> Mode (the flag's and the YAML's words).
+inline const char* ClosedLoopModeName(ClosedLoopConfig::Mode mode) {
+  switch (mode) {
+    case ClosedLoopConfig::Mode::kOff: return "off";
+    case ClosedLoopConfig::Mode::kPropose: return "propose";
+    case ClosedLoopConfig::Mode::kAuto: return "auto";
+  }
+  return "propose";
+}
+inline std::optional<ClosedLoopConfig::Mode> ParseClosedLoopMode(const std::string& word) {
+  for (auto m : {ClosedLoopConfig::Mode::kOff, ClosedLoopConfig::Mode::kPropose,
+                 ClosedLoopConfig::Mode::kAuto}) {
+    if (word == ClosedLoopModeName(m)) return m;
+  }
+  return std::nullopt;
+}
+// The actions closed_loop.auto may list (Directive's oneof names).
+inline constexpr const char* kDirectiveActions[] = {"checkpoint_now", "skip", "rollback",
+                                                    "scale_lr", "stop"};
 
 // The timing rules' options (timing/).
 struct StragglerConfig {
@@ -337,6 +378,8 @@ struct HealthConfig {
     // dropped (its firing alerts resolve).
     int64_t retention_seconds = 3600;
   } finished_runs;
+
+  ClosedLoopConfig closed_loop;
 };
 
 }  // namespace trainwatch

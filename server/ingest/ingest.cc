@@ -1,5 +1,6 @@
 #include "ingest/ingest.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -166,6 +167,10 @@ class ReportReactor final
           return stream.status();
         }
         stream_ = *std::move(stream);
+        last_applied_directive_ = request_.start().last_applied_directive();
+        if (ClosedLoop* loop = opts.closed_loop; loop != nullptr) {
+          loop->OnStreamStart(request_.start());
+        }
         return absl::OkStatus();
       }
       case v1::ReportRequest::kBatch: {
@@ -180,6 +185,11 @@ class ReportReactor final
         RefuseBadRecordsLocked(request_.mutable_batch());
         uint64_t seq = request_.batch().seq();
         const size_t n = static_cast<size_t>(request_.batch().records_size());
+        if (ClosedLoop* loop = opts.closed_loop; loop != nullptr && n > 0) {
+          uint64_t top = 0;
+          for (const v1::StepRecord& r : request_.batch().records()) top = std::max(top, r.step());
+          loop->OnProgress(stream_->key.run_id, top);
+        }
         last_batch_records_ = n;
         ++pending_;
         ++unprocessed_;
@@ -200,9 +210,30 @@ class ReportReactor final
           return InStream(s);
         }
         uint64_t seq = request_.event().seq();
+        if (ClosedLoop* loop = opts.closed_loop; loop != nullptr) {
+          loop->OnEvent(stream_->key.run_id, request_.event());
+        }
         ++pending_;
         ingest_->engine_->SubmitEvent(
             stream_, std::move(*request_.mutable_event()),
+            [this, seq](absl::Status s) { OnDurable(seq, s); });
+        return absl::OkStatus();
+      }
+      case v1::ReportRequest::kDirectiveAck: {
+        if (stream_ == nullptr) {
+          return absl::InvalidArgumentError(
+              "the first message of a Report stream must be a RunStart");
+        }
+        const v1::DirectiveAck& ack = request_.directive_ack();
+        if (ack.id().size() > kMaxDirectiveIdBytes || ack.detail().size() > kMaxAckDetailBytes) {
+          return InStream(absl::InvalidArgumentError(absl::StrCat(
+              "directive_ack: id over ", kMaxDirectiveIdBytes, " bytes or detail over ",
+              kMaxAckDetailBytes)));
+        }
+        uint64_t seq = ack.seq();
+        ++pending_;
+        ingest_->engine_->SubmitDirectiveAck(
+            stream_, std::move(*request_.mutable_directive_ack()),
             [this, seq](absl::Status s) { OnDurable(seq, s); });
         return absl::OkStatus();
       }
@@ -210,7 +241,7 @@ class ReportReactor final
         break;
     }
     return absl::InvalidArgumentError(
-        "empty ReportRequest: set one of start, batch or event");
+        "empty ReportRequest: set one of start, batch, event or directive_ack");
   }
 
   // Takes the records that fail validation out of `batch`, in place and in
@@ -288,6 +319,14 @@ class ReportReactor final
       response_.set_rejected_reason(rejected_reason_);
       rejected_records_ = 0;
       rejected_reason_.clear();
+      // Approved directives ride on every ack until this rank applied them.
+      response_.clear_directives();
+      if (ClosedLoop* loop = ingest_->options_.closed_loop; loop != nullptr && stream_ != nullptr) {
+        for (v1::Directive& d : loop->ToDeliver(stream_->key.run_id, stream_->key.rank,
+                                                last_applied_directive_)) {
+          response_.add_directives()->Swap(&d);
+        }
+      }
       bool own_buffer = false;
       // The last write's buffer: a response over a slice's inline size (one
       // with a rejected_reason) is serialized by a writer that wants it empty.
@@ -319,6 +358,10 @@ class ReportReactor final
   grpc::ByteBuffer response_bytes_;  // owned by the write in flight
   StreamHandle stream_;          // set by the first message
   v1::MoeConfig moe_;            // the RunStart's, for the records' moe stats
+  uint64_t last_applied_directive_ = 0;  // the RunStart's
+  // A DirectiveAck's strings (a directive id is a run id, '#' and a seq).
+  static constexpr size_t kMaxDirectiveIdBytes = 160;
+  static constexpr size_t kMaxAckDetailBytes = 1024;
   uint64_t rejected_records_ ABSL_GUARDED_BY(mu_) = 0;  // since the last response
   std::string rejected_reason_ ABSL_GUARDED_BY(mu_);    // the first of them
   size_t pending_ ABSL_GUARDED_BY(mu_) = 0;

@@ -62,6 +62,9 @@ struct IngestOptions {
   // Checks each stream's bearer token before reading it, and its RunStart's
   // run_id against the token's write scopes; null: auth off. Borrowed.
   const Authorizer* authorizer = nullptr;
+  // The closed loop whose directives ride on the responses; null: none.
+  // Borrowed.
+  ClosedLoop* closed_loop = nullptr;
   // What Drain()'s timeout is measured and waited on. Borrowed.
   const Clock* clock = Clock::Real();
 };

@@ -176,6 +176,10 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
           Counter(*registry_, "trainwatch_notifications_dropped_total",
                   "Alert notifications lost: the receiver's queue was full, "
                   "every retry failed, or the receiver refused them.")),
+      directives_total(
+          Counter(*registry_, "trainwatch_directives_total",
+                  "Closed-loop directives that entered a state, by action "
+                  "and state (docs/closed-loop.md).")),
       steps_total("trainwatch_steps_total",
                   "Optimizer steps recorded (lead rank)."),
       clipped_steps_total("trainwatch_clipped_steps_total",

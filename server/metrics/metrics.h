@@ -161,6 +161,9 @@ class Metrics {
   // Incidents naming a host ({host, alertname}; only hosts an incident named).
   prometheus::Family<prometheus::Counter>& host_incidents_total;
   prometheus::Family<prometheus::Counter>& notifications_dropped_total;
+  // Closed-loop directives entering each state ({action, state}; the closed
+  // loop adds its 35 series once).
+  prometheus::Family<prometheus::Counter>& directives_total;
 
   // Per-run families (label `run`), used by RunMetrics. Kept out of the
   // registry (see run_family.h); the exposition merges them in.

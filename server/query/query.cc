@@ -68,14 +68,8 @@ absl::StatusOr<v1::GetRunHealthResponse> Query::GetRunHealth(
   if (!events.ok()) return events.status();
   for (v1::Spike& spike : *spikes) {
     // The last checkpoint at least kRestartLeadSteps before the spike.
-    const v1::RunEvent* checkpoint = nullptr;
-    for (const v1::RunEvent& e : *events) {
-      if (e.kind() == v1::CHECKPOINT_SAVED &&
-          e.step() + kRestartLeadSteps <= spike.step()) {
-        checkpoint = &e;
-      }
-    }
-    if (checkpoint != nullptr) {
+    if (const v1::RunEvent* checkpoint = PlanCheckpoint(*events, spike.step());
+        checkpoint != nullptr) {
       spike.set_restart_from_step(checkpoint->step());
       spike.set_restart_checkpoint(checkpoint->detail());
     }
@@ -98,6 +92,39 @@ absl::StatusOr<v1::ListAlertsResponse> Query::ListAlerts(
   if (!alerts.ok()) return alerts.status();
   v1::ListAlertsResponse response;
   for (v1::Alert& a : *alerts) response.add_alerts()->Swap(&a);
+  return response;
+}
+
+absl::StatusOr<v1::ListDirectivesResponse> Query::ListDirectives(
+    const v1::ListDirectivesRequest& request) const {
+  if (absl::Status s = ValidateRunId(request.run_id()); !s.ok()) return s;
+  v1::ListDirectivesResponse response;
+  if (closed_loop_ == nullptr) return response;
+  for (v1::DirectiveRecord& d : closed_loop_->List(request.run_id())) {
+    response.add_directives()->Swap(&d);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::DirectiveRecord> Query::DecideDirective(
+    const v1::DecideDirectiveRequest& request, bool approve, const std::string& who) const {
+  if (closed_loop_ == nullptr) {
+    return absl::UnimplementedError("this server has no closed loop");
+  }
+  if (request.note().size() > kMaxNoteBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--note is over ", kMaxNoteBytes, " bytes"));
+  }
+  return closed_loop_->Decide(request.id(), approve, who, request.note());
+}
+
+absl::StatusOr<v1::HoldRunResponse> Query::HoldRun(const v1::HoldRunRequest& request,
+                                                   const std::string& who) const {
+  if (absl::Status s = ValidateRunId(request.run_id()); !s.ok()) return s;
+  if (closed_loop_ == nullptr) {
+    return absl::UnimplementedError("this server has no closed loop");
+  }
+  v1::HoldRunResponse response;
+  response.set_until_unix_nanos(closed_loop_->Hold(request.run_id(), request.seconds(), who));
   return response;
 }
 

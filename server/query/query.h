@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "closedloop/closed_loop.h"
 #include "engine/engine.h"
 #include "store/store.h"
 #include "trainwatch/v1/trainwatch.pb.h"
@@ -21,8 +22,12 @@ class Query {
  public:
   // `backup_dir`: where Backup stages its copy (the server passes
   // --backup-dir, or the --db's directory).
-  Query(const Store* store, Engine* engine, std::string backup_dir = ".")
-      : store_(store), engine_(engine), backup_dir_(std::move(backup_dir)) {}
+  Query(const Store* store, Engine* engine, std::string backup_dir = ".",
+        ClosedLoop* closed_loop = nullptr)
+      : store_(store),
+        engine_(engine),
+        backup_dir_(std::move(backup_dir)),
+        closed_loop_(closed_loop) {}
 
   absl::StatusOr<v1::ListRunsResponse> ListRuns(
       const v1::ListRunsRequest& request) const;
@@ -44,6 +49,16 @@ class Query {
   absl::StatusOr<v1::DeleteRunResponse> DeleteRun(
       const v1::DeleteRunRequest& request) const;
 
+  // The closed loop (docs/closed-loop.md): a run's directives, by seq; a
+  // decision on one (idempotent); a hold on a run's policy approvals.
+  // UNIMPLEMENTED on a server without a closed loop.
+  absl::StatusOr<v1::ListDirectivesResponse> ListDirectives(
+      const v1::ListDirectivesRequest& request) const;
+  absl::StatusOr<v1::DirectiveRecord> DecideDirective(const v1::DecideDirectiveRequest& request,
+                                                      bool approve, const std::string& who) const;
+  absl::StatusOr<v1::HoldRunResponse> HoldRun(const v1::HoldRunRequest& request,
+                                              const std::string& who) const;
+
   // A consistent copy of the database (Store::Backup into a staging file of
   // backup_dir, mode 0600, created exclusively, unlinked as soon as it is
   // open, so a kill mid-stream leaves nothing), sent to `sink` in chunks of
@@ -61,9 +76,11 @@ class Query {
   static constexpr int kMaxConcurrentBackups = 2;
 
   static constexpr size_t kRecordsPerMessage = 2048;
+  // A decision's note and who made it, at most.
+  static constexpr size_t kMaxNoteBytes = 1024;
   // A restart plan starts from a checkpoint at least this many steps before
   // the spike (docs/detectors.md).
-  static constexpr uint64_t kRestartLeadSteps = 100;
+  static constexpr uint64_t kRestartLeadSteps = trainwatch::kRestartLeadSteps;
   // Hard batches GetRunHealth returns: the last ones.
   static constexpr size_t kMaxHardBatches = 1000;
 
@@ -71,6 +88,7 @@ class Query {
   const Store* const store_;
   Engine* const engine_;
   const std::string backup_dir_;
+  ClosedLoop* const closed_loop_;  // null: no closed loop
   mutable std::atomic<int> backups_running_{0};
 };
 

@@ -165,8 +165,11 @@ CREATE TABLE IF NOT EXISTS rank_tail (
 // The version tells a server of version 8, which cannot read those chunks,
 // to refuse the file.
 
-// Version 10: the loss's hard batches (1-2 high losses of 5), listed apart
-// from the spikes (a hard batch and a gradient spike share a step often).
+// Version 10: the closed loop's record (docs/closed-loop.md): every directive
+// the server proposed for a run, and every transition of each (who moved it,
+// when, why), kept until the run is deleted; and the loss's hard batches
+// (1-2 high losses of 5), listed apart from the spikes (a hard batch and a
+// gradient spike share a step often).
 constexpr const char* kSchemaV10 = R"sql(
 CREATE TABLE IF NOT EXISTS hard_batches (
   run_key       INTEGER NOT NULL,
@@ -177,6 +180,25 @@ CREATE TABLE IF NOT EXISTS hard_batches (
   peak_is_ratio INTEGER NOT NULL,
   batch_ids     BLOB NOT NULL,
   PRIMARY KEY (run_key, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS directives (
+  run_key   INTEGER NOT NULL,
+  seq       INTEGER NOT NULL,
+  id        TEXT NOT NULL,
+  state     TEXT NOT NULL,
+  directive BLOB NOT NULL,       -- serialized DirectiveRecord, without transitions
+  PRIMARY KEY (run_key, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS directive_transitions (
+  run_key INTEGER NOT NULL,
+  seq     INTEGER NOT NULL,      -- the directive's
+  n       INTEGER NOT NULL,      -- 0, 1, ... in the order they happened
+  id      TEXT NOT NULL,
+  state   TEXT NOT NULL,
+  who     TEXT NOT NULL,
+  time_ns INTEGER NOT NULL,
+  why     TEXT NOT NULL,
+  PRIMARY KEY (run_key, seq, n)
 ) WITHOUT ROWID;
 )sql";
 

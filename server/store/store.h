@@ -209,8 +209,16 @@ struct WriteOp {
   // alerts, spikes, the host incidents it named); NOT_FOUND in the result
   // for a run that is not stored. The freed pages are given back.
   struct DeleteRun {};
+  // A directive's row (by run and seq, upserted; its transitions are not
+  // read from it) and, when set, its newest transition, the
+  // record's last one. An empty record writes nothing: a DirectiveAck that
+  // changed nothing is still acked in its stream's order.
+  struct Directive {
+    v1::DirectiveRecord record;
+    bool add_transition = false;
+  };
   using Body = std::variant<Start, Batch, Event, Alert, Spike, HardBatch,
-                            SpikeOutcome, HostIncident, DeleteRun>;
+                            SpikeOutcome, HostIncident, DeleteRun, Directive>;
 
   StreamKey key;
   Body body;
@@ -279,6 +287,11 @@ class Store {
   // Host incidents at or after `since_unix_nanos`, oldest first.
   absl::StatusOr<std::vector<HostIncidentRow>> ListHostIncidents(
       int64_t since_unix_nanos) const;
+
+  // Directives of a run ("" for every run), by run and seq, each with its
+  // transitions, oldest first.
+  absl::StatusOr<std::vector<v1::DirectiveRecord>> ListDirectives(
+      const std::string& run_id) const;
 
   // Events of a run, in step order.
   absl::StatusOr<std::vector<v1::RunEvent>> ListEvents(

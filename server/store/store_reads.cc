@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "store/codec/step_codec.h"
 #include "store/ranks/rank_tail.h"
@@ -344,6 +345,42 @@ absl::StatusOr<std::vector<v1::RunEvent>> Store::ListEvents(
   });
   if (!status.ok()) return status;
   return events;
+}
+
+absl::StatusOr<std::vector<v1::DirectiveRecord>> Store::ListDirectives(
+    const std::string& run_id) const {
+  absl::StatusOr<ReadQuery> q = Query(
+      "SELECT r.run_id, d.directive, d.run_key, d.seq FROM directives d JOIN runs r "
+      "ON r.run_key = d.run_key WHERE ?1 = '' OR r.run_id = ?1 ORDER BY d.run_key, d.seq");
+  if (!q.ok()) return q.status();
+  q->stmt.Bind(1, run_id);
+  std::vector<v1::DirectiveRecord> out;
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, size_t> index;
+  absl::Status status = q->stmt.ForEachRow([&](const sqlite::Stmt& s) {
+    v1::DirectiveRecord& d = out.emplace_back();
+    const std::string_view blob = s.Blob(1);
+    if (!d.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) d.Clear();
+    d.set_run_id(std::string(s.Text(0)));
+    index[{s.Int(2), s.Int(3)}] = out.size() - 1;
+  });
+  if (!status.ok()) return status;
+  absl::StatusOr<ReadQuery> t = Query(
+      "SELECT t.run_key, t.seq, t.state, t.who, t.time_ns, t.why FROM directive_transitions t "
+      "JOIN runs r ON r.run_key = t.run_key WHERE ?1 = '' OR r.run_id = ?1 "
+      "ORDER BY t.run_key, t.seq, t.n");
+  if (!t.ok()) return t.status();
+  t->stmt.Bind(1, run_id);
+  status = t->stmt.ForEachRow([&](const sqlite::Stmt& s) {
+    auto it = index.find(std::make_pair(s.Int(0), s.Int(1)));
+    if (it == index.end()) return;
+    v1::DirectiveTransition* tr = out[it->second].add_transitions();
+    tr->set_state(std::string(s.Text(2)));
+    tr->set_who(std::string(s.Text(3)));
+    tr->set_unix_nanos(s.Int(4));
+    tr->set_why(std::string(s.Text(5)));
+  });
+  if (!status.ok()) return status;
+  return out;
 }
 
 absl::Status Store::Backup(const std::string& path) const {

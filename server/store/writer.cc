@@ -89,6 +89,13 @@ absl::Status StoreWriter::Prepare() {
       {&update_spike_outcome_,
        "UPDATE spikes SET outcome = ?3, batches_skipped = ?4 "
        "WHERE run_key = ?1 AND step = ?2"},
+      {&upsert_directive_,
+       "INSERT INTO directives (run_key, seq, id, state, directive) VALUES (?1, ?2, ?3, ?4, ?5) "
+       "ON CONFLICT (run_key, seq) DO UPDATE SET state = excluded.state, "
+       "directive = excluded.directive"},
+      {&insert_directive_transition_,
+       "INSERT OR REPLACE INTO directive_transitions (run_key, seq, n, id, state, who, time_ns, "
+       "why) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"},
       {&insert_host_incident_,
        "INSERT OR IGNORE INTO host_incidents (host, time_ns, run_id, alertname) "
        "VALUES (?1, ?2, ?3, ?4)"},
@@ -217,6 +224,7 @@ absl::Status StoreWriter::ApplyOne(const WriteOp& op, WriteResult& result) {
         if constexpr (std::is_same_v<T, WriteOp::SpikeOutcome>) return ApplySpikeOutcome(op);
         if constexpr (std::is_same_v<T, WriteOp::HostIncident>) return ApplyHostIncident(op);
         if constexpr (std::is_same_v<T, WriteOp::DeleteRun>) return ApplyDeleteRun(op, result);
+        if constexpr (std::is_same_v<T, WriteOp::Directive>) return ApplyDirective(op);
       },
       op.body);
 }
@@ -513,6 +521,25 @@ absl::Status StoreWriter::ApplyHostIncident(const WriteOp& op) {
   return insert_host_incident_.Run();
 }
 
+absl::Status StoreWriter::ApplyDirective(const WriteOp& op) {
+  const WriteOp::Directive& d = std::get<WriteOp::Directive>(op.body);
+  if (d.record.directive().id().empty()) return absl::OkStatus();
+  absl::StatusOr<int64_t> run_key = StartedRun(op.key.run_id);
+  if (!run_key.ok()) return run_key.status();
+  const int64_t seq = ToDb(d.record.directive().seq());
+  v1::DirectiveRecord row = d.record;
+  row.clear_transitions();
+  upsert_directive_.Bind(1, *run_key).Bind(2, seq).Bind(3, row.directive().id())
+      .Bind(4, row.state()).BindBlob(5, row.SerializeAsString());
+  if (absl::Status s = upsert_directive_.Run(); !s.ok()) return s;
+  if (!d.add_transition || d.record.transitions().empty()) return absl::OkStatus();
+  const v1::DirectiveTransition& t = *d.record.transitions().rbegin();
+  insert_directive_transition_.Bind(1, *run_key).Bind(2, seq)
+      .Bind(3, int64_t{d.record.transitions_size() - 1}).Bind(4, row.directive().id())
+      .Bind(5, t.state()).Bind(6, t.who()).Bind(7, t.unix_nanos()).Bind(8, t.why());
+  return insert_directive_transition_.Run();
+}
+
 absl::Status StoreWriter::ApplyDeleteRun(const WriteOp& op, WriteResult& result) {
   absl::StatusOr<std::optional<int64_t>> found = LookupRun(op.key.run_id);
   if (!found.ok()) return found.status();
@@ -544,6 +571,8 @@ absl::Status StoreWriter::ApplyDeleteRun(const WriteOp& op, WriteResult& result)
         "DELETE FROM events WHERE run_key = ?1", "DELETE FROM alerts WHERE run_key = ?1",
         "DELETE FROM spikes WHERE run_key = ?1", "DELETE FROM hard_batches WHERE run_key = ?1",
         "DELETE FROM rank_tail WHERE run_key = ?1",
+        "DELETE FROM directives WHERE run_key = ?1",
+        "DELETE FROM directive_transitions WHERE run_key = ?1",
         "DELETE FROM runs WHERE run_key = ?1"}) {
     absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db_.get(), sql);
     if (!s.ok()) return s.status();

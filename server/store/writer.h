@@ -131,6 +131,7 @@ class StoreWriter {
   absl::Status ApplySpikeOutcome(const WriteOp& op);
   absl::Status ApplyHostIncident(const WriteOp& op);
   absl::Status ApplyDeleteRun(const WriteOp& op, WriteResult& result);
+  absl::Status ApplyDirective(const WriteOp& op);
   // After a commit that deleted a run: the caches forget it.
   void AfterDelete();
   // Empties the caches of what is committed; they reload lazily.
@@ -152,7 +153,8 @@ class StoreWriter {
       update_run_progress_, select_stream_, insert_stream_, update_stream_,
       insert_chunk_, insert_event_, upsert_alert_, insert_spike_,
       insert_hard_batch_, update_spike_outcome_, insert_host_incident_, select_chunks_from_,
-      delete_chunk_, delete_chunks_before_, insert_tail_, delete_tails_before_;
+      delete_chunk_, delete_chunks_before_, insert_tail_, delete_tails_before_,
+      upsert_directive_, insert_directive_transition_;
   // Caches of what is committed; cleared when a transaction fails.
   absl::flat_hash_map<std::string, int64_t> run_keys_;
   // The lowest rank stored of each run (by run key): its lead.

@@ -369,7 +369,7 @@ TEST_F(BadInput, FirstMessageAnEventIsRefused) {
 TEST_F(BadInput, EmptyRequestIsRefused) {
   ExpectRefused(SendOnNewStream({v1::ReportRequest()}),
                 grpc::StatusCode::INVALID_ARGUMENT,
-                "empty ReportRequest: set one of start, batch or event");
+                "empty ReportRequest: set one of start, batch, event or directive_ack");
 }
 
 TEST_F(BadInput, RepeatedRunStartIsRefusedAndTheAckedBatchKept) {

@@ -75,6 +75,11 @@ void ExpectSameConfig(const HealthConfig& a, const HealthConfig& b) {
   EXPECT_EQ(a.adam.eps_multiple, b.adam.eps_multiple);
   EXPECT_EQ(a.adam.stall_reports, b.adam.stall_reports);
   EXPECT_EQ(a.silent.seconds, b.silent.seconds);
+  EXPECT_EQ(a.closed_loop.mode, b.closed_loop.mode);
+  EXPECT_EQ(a.closed_loop.auto_actions, b.closed_loop.auto_actions);
+  EXPECT_EQ(a.closed_loop.max_rollbacks, b.closed_loop.max_rollbacks);
+  EXPECT_EQ(a.closed_loop.min_steps_between, b.closed_loop.min_steps_between);
+  EXPECT_EQ(a.closed_loop.lead_steps, b.closed_loop.lead_steps);
   const TimingConfig &ta = a.timing, &tb = b.timing;
   EXPECT_EQ(ta.straggler.slack, tb.straggler.slack);
   EXPECT_EQ(ta.straggler.threshold, tb.straggler.threshold);
@@ -209,6 +214,15 @@ std::vector<Override> AllOverrides() {
       {"host_suspect", "window_seconds", "3600",
        [](HealthConfig& c) { c.host_suspect.window_seconds = 3600; }},
       {"host_suspect", "min_runs", "3", [](HealthConfig& c) { c.host_suspect.min_runs = 3; }},
+      {"closed_loop", "mode", "auto",
+       [](HealthConfig& c) { c.closed_loop.mode = ClosedLoopConfig::Mode::kAuto; }},
+      {"closed_loop", "auto", "[checkpoint_now, skip, rollback]",
+       [](HealthConfig& c) { c.closed_loop.auto_actions = {"checkpoint_now", "skip", "rollback"}; }},
+      {"closed_loop", "max_rollbacks", "5",
+       [](HealthConfig& c) { c.closed_loop.max_rollbacks = 5; }},
+      {"closed_loop", "min_steps_between", "50",
+       [](HealthConfig& c) { c.closed_loop.min_steps_between = 50; }},
+      {"closed_loop", "lead_steps", "4", [](HealthConfig& c) { c.closed_loop.lead_steps = 4; }},
   };
 }
 

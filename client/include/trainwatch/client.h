@@ -107,6 +107,10 @@ struct ClientOptions {
   // The machine this rank runs on (RunStart.host). Empty: this machine's
   // hostname, when measure_locally is on.
   std::string host;
+  // The seq of the last directive this lineage applied (docs/closed-loop.md),
+  // restored from the trainer's checkpoint: the server sends none at or
+  // below it. 0 = none.
+  uint64_t last_applied_directive = 0;
   // Fill what a live trainer knows about itself: `host` from gethostname()
   // and each step's step_time_s (the time since this client's previous
   // Record(), from the steps' time_unix_nanos) when the step does not give
@@ -212,6 +216,29 @@ struct Step {
 
 enum class EventKind { kCheckpointSaved = 1, kRunFinished = 2, kRunFailed = 3 };
 
+// A closed-loop directive from the server (docs/closed-loop.md): one action,
+// for every rank, just before the optimizer step of apply_at_step.
+struct Directive {
+  enum class Action { kNone, kCheckpointNow, kSkip, kRollback, kScaleLr, kStop };
+  std::string id;              // the idempotency key
+  uint64_t seq = 0;            // per run, increasing: checkpoint the last applied
+  uint32_t for_attempt = 0;
+  uint64_t apply_at_step = 0;
+  std::string alert;           // "LossDivergence@1110"
+  std::string reason;
+  std::string approved_by;
+  Action action = Action::kNone;
+  std::string checkpoint_tag;            // kCheckpointNow
+  std::vector<int64_t> skip_batch_ids;   // kSkip, kRollback
+  uint64_t rollback_to_step = 0;         // kRollback
+  std::string rollback_checkpoint;       // kRollback
+  double lr_scale = 1.0;                 // kRollback; kScaleLr's factor
+  bool checkpoint_first = false;         // kStop
+};
+
+// A rank's answer to a directive (the proto's DirectiveState values).
+enum class DirectiveState { kReceived = 1, kApplied = 2, kRejected = 3 };
+
 struct ClientStats {
   uint64_t recorded = 0;  // steps accepted by Record()
   uint64_t sent = 0;      // steps written to a stream (a resend counts again)
@@ -272,6 +299,20 @@ class Client {
   // The server's reason for the latest record it refused alone (naming its
   // step and field); OK when none was refused.
   absl::Status LastRejection() const;
+
+  // The closed loop (docs/closed-loop.md). The directives received with
+  // apply_at_step <= `step` that this client has not answered, by seq; the
+  // training loop calls it before each optimizer step. One whose
+  // apply_at_step is below `step` came late: answer it REJECTED "late" (the
+  // server reissues it for a later step). Never blocks. The client acks
+  // RECEIVED by itself when a directive arrives.
+  std::vector<Directive> DueDirectives(uint64_t step);
+
+  // Answers a directive: APPLIED once it is carried out (it is never
+  // returned again, whatever the server resends), REJECTED with a `detail`
+  // ("late", or why not). Sent in order with the records. False for an id
+  // this client has not received or has already answered APPLIED.
+  bool AckDirective(const std::string& id, DirectiveState state, std::string detail = "");
 
  private:
   class Impl;

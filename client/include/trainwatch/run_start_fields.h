@@ -25,7 +25,8 @@
   OPTIONAL(adam_beta2)                                                      \
   MAP(labels)                                                               \
   VALUE(host)                                                               \
-  MESSAGE(moe)
+  MESSAGE(moe)                                                              \
+  VALUE(last_applied_directive)
 
 // MoeConfig (the proto's) <-> MoeConfig (the client's).
 #define TRAINWATCH_MOE_CONFIG_FIELDS(VALUE, OPTIONAL, MESSAGE, REPEATED, MAP, \

@@ -463,8 +463,9 @@ std::unique_ptr<PyClient> CreateClient(
     std::map<std::string, std::string> labels, size_t capacity,
     std::string auth_token, bool tls, std::string tls_ca_file,
     std::string tls_cert_file, std::string tls_key_file, std::string host,
-    std::optional<MoeConfigTuple> moe) {
+    std::optional<MoeConfigTuple> moe, uint64_t last_applied_directive) {
   ClientOptions options;
+  options.last_applied_directive = last_applied_directive;
   if (moe) {
     const auto& [experts, top_k, ep_size, balancing, aux, z, rate, capacity] = *moe;
     if (balancing < 0 || balancing > 5) throw py::value_error("unknown MoE balancing");
@@ -579,7 +580,8 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("adam_eps"), py::arg("adam_beta2"), py::arg("labels"),
            py::arg("capacity"), py::arg("auth_token"), py::arg("tls"),
            py::arg("tls_ca_file"), py::arg("tls_cert_file"),
-           py::arg("tls_key_file"), py::arg("host"), py::arg("moe") = py::none())
+           py::arg("tls_key_file"), py::arg("host"), py::arg("moe") = py::none(),
+           py::arg("last_applied_directive") = 0)
       // Positional only: keyword matching would cost more than Record().
       .def("record", &PyClient::Record)
       // The same, as a builtin that skips pybind11's dispatcher (hot path).

@@ -127,6 +127,9 @@ class Client:
         that requires them (--tls-client-ca).
     host: the machine this rank runs on, named by straggler and lemon-host
         alerts (default: this machine's hostname).
+    last_applied_directive: the seq of the last closed-loop directive this
+        lineage applied, restored from the checkpoint (docs/closed-loop.md);
+        the server sends none at or below it. 0: none.
 
     Raises ValueError for invalid arguments and FileNotFoundError for a TLS
     file that cannot be read. Does not wait for the server: an unreachable
@@ -142,7 +145,7 @@ class Client:
                  adam_eps=None, adam_beta2=None, capacity=100000,
                  scaler_growth_interval=0, auth_token=None, tls=False,
                  tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
-                 host=None, moe=None):
+                 host=None, moe=None, last_applied_directive=0):
         if not isinstance(address, str) or not address:
             raise ValueError("address must be a non-empty 'host:port' string")
         if not isinstance(run, str):
@@ -156,7 +159,8 @@ class Client:
         for name, value in (("rank", rank), ("world_size", world_size),
                             ("attempt", attempt), ("warmup_steps", warmup_steps),
                             ("capacity", capacity),
-                            ("scaler_growth_interval", scaler_growth_interval)):
+                            ("scaler_growth_interval", scaler_growth_interval),
+                            ("last_applied_directive", last_applied_directive)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         if capacity < 1:
@@ -185,7 +189,7 @@ class Client:
                                      labels, capacity, auth_token, bool(tls),
                                      files["tls_ca_file"], files["tls_cert_file"],
                                      files["tls_key_file"], host or "",
-                                     _moe_config(moe))
+                                     _moe_config(moe), last_applied_directive)
         self._record = self._c.fast_record()
         self.run = run
         self.rank = rank
