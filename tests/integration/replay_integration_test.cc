@@ -1,7 +1,8 @@
 // trainwatchctl replay through a real server: every field of a step log's
 // run_start and step lines is what the server stores (the lines filled by
 // reflection, so a field added to the proto is checked too), and a
-// mixture-of-experts run's routing (top_k, ep_size) reaches its detectors.
+// mixture-of-experts run's routing (top_k, ep_size) reaches its detectors,
+// and a loss's hard batch is listed apart from its spikes.
 #include <fstream>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "eventually.h"
 #include "harness.h"
 #include "stored_data.h"
 
@@ -160,6 +162,57 @@ TEST(ReplayIntegration, AMoeRunsTopKAndEpSizeReachItsDetectors) {
   const json unsaid = Alerts(server, "replay/moe-unsaid");
   EXPECT_EQ(Named(unsaid, "MoeRouterCollapse"), nullptr) << unsaid.dump(1);
   EXPECT_EQ(Named(unsaid, "MoeExpertParallelImbalance"), nullptr) << unsaid.dump(1);
+}
+
+json Ctl(const ServerProcess& server, std::vector<std::string> args) {
+  args.insert(args.begin(), {BinDir() + "/trainwatchctl", "--server", server.grpc_address()});
+  CommandResult r = RunCommand(args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return json::parse(r.out, nullptr, false);
+}
+
+TEST(ReplayIntegration, AHardBatchIsListedApartFromTheSpikes) {
+  // A loss at 2.0 (+-1%) with one step at 8.0 (a hard batch, step 300) and
+  // five at 6.0 (a spike, steps 600-604); batch ids 10 x step.
+  TempDir dir;
+  ServerProcess server(dir.File("tw.db"));
+  {
+    std::ofstream out(dir.File("loss.jsonl"));
+    out << json{{"run_start", {{"run_id", "replay/hard"}, {"precision", "BF16"},
+                               {"max_norm", 1.0}, {"warmup_steps", 0}}}}.dump()
+        << "\n";
+    for (uint64_t step = 0; step < 800; ++step) {
+      double loss = 2.0 * (1.0 + 0.01 * static_cast<double>((step * 37) % 7) / 3.0);
+      if (step == 300) loss = 8.0;
+      if (step >= 600 && step < 605) loss = 6.0;
+      out << json{{"step", step}, {"grad_norm", 0.5}, {"loss", loss},
+                  {"batch_ids", {static_cast<int64_t>(step) * 10}}}.dump()
+          << "\n";
+    }
+  }
+  Replay(server, dir.File("loss.jsonl"));
+  json hard;
+  ASSERT_TRUE(Eventually([&] {
+    hard = Ctl(server, {"spikes", "--run", "replay/hard", "--hard-batches", "--json"});
+    return hard.is_array() && !hard.empty();
+  })) << hard.dump(1);
+  ASSERT_EQ(hard.size(), 1u) << hard.dump(1);
+  EXPECT_EQ(hard[0]["step"], 300);
+  EXPECT_EQ(hard[0]["high_steps"], 1);
+  EXPECT_EQ(hard[0]["batch_ids"], json::array({3000}));
+  EXPECT_TRUE(hard[0]["peak_is_ratio"].get<bool>());
+  EXPECT_NEAR(hard[0]["peak"].get<double>(), 4.0, 0.1);
+
+  const json spikes = Ctl(server, {"spikes", "--run", "replay/hard", "--json"});
+  std::vector<uint64_t> steps;
+  for (const json& s : spikes) steps.push_back(s["step"].get<uint64_t>());
+  EXPECT_THAT(steps, ::testing::Contains(600u)) << spikes.dump(1);
+  EXPECT_THAT(steps, ::testing::Not(::testing::Contains(300u))) << spikes.dump(1);
+  const json alerts = Alerts(server, "replay/hard");
+  for (const json& a : alerts) {
+    if (a["alertname"] == "LossSpike") EXPECT_EQ(a["onset_step"], 600) << a.dump(1);
+  }
+  ASSERT_NE(Named(alerts, "LossSpike"), nullptr) << alerts.dump(1);
 }
 
 }  // namespace
