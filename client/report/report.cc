@@ -232,8 +232,9 @@ std::vector<Chart> Fp8Charts(const std::vector<v1::StepRecord>& records,
     if (r.fp8().empty()) continue;
     std::optional<double> o, u;
     for (const auto& [name, f] : r.fp8()) {
-      const double max = v1::Fp8FormatMax(f.format());
-      if (max > 0) scaled[name].push_back({r.step(), f.amax() * f.scale() / max});
+      if (const std::optional<double> s = v1::ScaledAmax(f)) {
+        scaled[name].push_back({r.step(), *s});
+      }
       if (f.has_overflow_fraction()) o = std::max(o.value_or(0.0), f.overflow_fraction());
       if (f.has_underflow_fraction()) u = std::max(u.value_or(0.0), f.underflow_fraction());
     }

@@ -154,8 +154,7 @@ void AlertRouter::SetFp8Worst(const v1::StepRecord& r, RunMetrics& m) {
   for (const auto& [name, f] : r.fp8()) {
     if (f.has_overflow_fraction()) take(over, f.overflow_fraction());
     if (f.has_underflow_fraction()) take(under, f.underflow_fraction());
-    const double max = v1::Fp8FormatMax(f.format());
-    if (max > 0) take(scaled, f.amax() * f.scale() / max);
+    if (const std::optional<double> s = v1::ScaledAmax(f)) take(scaled, *s);
   }
   if (over) m.fp8_overflow_fraction.Set(*over);
   if (under) m.fp8_underflow_fraction.Set(*under);

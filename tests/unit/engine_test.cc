@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <future>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -111,6 +112,27 @@ TEST_F(EngineTest, CountersAndWindowsReflectACommittedBatchBeforeItsAck) {
   EXPECT_EQ(Value(*metrics_, "trainwatch_grad_norm_window{percentile=\"50\",run=\"r\"}"), 0.5);
   EXPECT_EQ(Value(*metrics_, "trainwatch_grad_norm_window{percentile=\"99\",run=\"r\"}"), 0.5);
   EXPECT_EQ(Value(*metrics_, "trainwatch_recommended_clip_threshold{run=\"r\"}"), 0.5);
+}
+
+TEST_F(EngineTest, AnFp8TensorsScaledAmaxIsExportedOnlyWhenFinite) {
+  // One definition (v1::ScaledAmax): an overflowed amax (+Inf) is
+  // Fp8Overflow's to name, not a ratio on /metrics; the finite tensor is.
+  StreamHandle h = OpenStream(Start("r"));
+  v1::StepBatch b = Batch(0, 2);
+  auto& bad = (*b.mutable_records(0)->mutable_fp8())["l0.fc1:input"];
+  bad.set_format(v1::E4M3);
+  bad.set_amax(std::numeric_limits<double>::infinity());
+  bad.set_scale(1.0);
+  Submit(h, b);
+  EXPECT_TRUE(std::isnan(Value(*metrics_, "trainwatch_fp8_scaled_amax_ratio{run=\"r\"}")))
+      << "an infinite amax reached /metrics";
+  v1::StepBatch next = Batch(2, 3);
+  auto& good = (*next.mutable_records(0)->mutable_fp8())["l0.fc1:input"];
+  good.set_format(v1::E4M3);
+  good.set_amax(224.0);
+  good.set_scale(1.0);
+  Submit(h, next);
+  EXPECT_EQ(Value(*metrics_, "trainwatch_fp8_scaled_amax_ratio{run=\"r\"}"), 0.5);
 }
 
 TEST_F(EngineTest, AResentBatchIsCountedOnce) {

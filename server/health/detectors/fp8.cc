@@ -124,14 +124,9 @@ void SortWorstFirst(std::vector<std::pair<std::string, double>>& v) {
   });
 }
 
-// amax x scale over the format's max: 1 at the format's max, above it the
-// largest values saturate. NaN when not judged.
-double ScaledAmax(const v1::Fp8TensorStats& f) {
-  const double max = Fp8FormatMax(f.format());
-  if (!(max > 0) || !std::isfinite(f.amax()) || !std::isfinite(f.scale())) {
-    return std::nan("");
-  }
-  return f.amax() * f.scale() / max;
+// v1::ScaledAmax, NaN when it says nothing.
+double ScaledAmaxOrNan(const v1::Fp8TensorStats& f) {
+  return v1::ScaledAmax(f).value_or(std::nan(""));
 }
 
 // Fp8Overflow and Fp8Underflow: a tensor's saturated (flushed) share is above
@@ -165,7 +160,7 @@ class Fp8ShareAlert final : public Detector {
         if (f.has_overflow_fraction()) {
           value = f.overflow_fraction();
           flag = value > cfg.overflow_fraction;
-        } else if (const double s = ScaledAmax(f); !std::isnan(s)) {
+        } else if (const double s = ScaledAmaxOrNan(f); !std::isnan(s)) {
           value = s;
           flag = s > 1.0;
         }
