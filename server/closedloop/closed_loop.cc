@@ -61,6 +61,9 @@ absl::Status ClosedLoop::Load() {
     run.attempt = std::max(run.attempt, d.directive().for_attempt());
     run.directives.push_back(std::move(d));
   }
+  absl::StatusOr<std::vector<HoldRow>> holds = store_->ListHolds();
+  if (!holds.ok()) return holds.status();
+  for (const HoldRow& h : *holds) RunLocked(h.run_id).hold_until_unix_nanos = h.until_unix_nanos;
   for (auto& [run_id, run] : runs_) {
     absl::StatusOr<v1::RunStart> lead = store_->GetLeadStart(run_id);
     if (lead.ok()) run.world_size = std::max<uint32_t>(1, lead->world_size());
@@ -351,7 +354,11 @@ int64_t ClosedLoop::Hold(const std::string& run_id, uint64_t seconds, const std:
       // Released: what the policy would have approved meanwhile, it approves.
       for (v1::DirectiveRecord& d : run.directives) MaybeApproveByPolicyLocked(run, d, ops);
     }
-    (void)who;
+    // Stored first: a person's veto outlives a restart.
+    ops.insert(ops.begin(),
+               WriteOp{.key = {run_id, 0, 0},
+                       .body = WriteOp::Hold{HoldRow{run_id, until, who,
+                                                     clock_->NowUnixNanos()}}});
   }
   Submit(std::move(ops));
   return until;

@@ -96,8 +96,8 @@ class ClosedLoop {
   absl::StatusOr<v1::DirectiveRecord> Decide(const std::string& id, bool approve,
                                              const std::string& who, const std::string& note);
   // Nothing of the run is approved by policy for `seconds` (0 releases;
-  // then what the policy would have approved is). Returns when it ends
-  // (unix nanos; 0: no hold).
+  // then what the policy would have approved is). Stored (who, when): a
+  // restart keeps it. Returns when it ends (unix nanos; 0: no hold).
   int64_t Hold(const std::string& run_id, uint64_t seconds, const std::string& who);
 
   // The run was deleted (its rows went with it).

@@ -168,7 +168,8 @@ CREATE TABLE IF NOT EXISTS rank_tail (
 // Version 10: the closed loop's record (docs/closed-loop.md): every directive
 // the server proposed for a run, and every transition of each (who moved it,
 // when, why), kept until the run is deleted; and the loss's hard batches
-// (1-2 high losses of 5), listed apart from the spikes (a hard batch and a
+// (1-2 high losses of 5), listed apart from the spikes; and each run's
+// hold on the policy (a person's veto must outlive a restart) (a hard batch and a
 // gradient spike share a step often).
 constexpr const char* kSchemaV10 = R"sql(
 CREATE TABLE IF NOT EXISTS hard_batches (
@@ -180,6 +181,12 @@ CREATE TABLE IF NOT EXISTS hard_batches (
   peak_is_ratio INTEGER NOT NULL,
   batch_ids     BLOB NOT NULL,
   PRIMARY KEY (run_key, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS directive_holds (
+  run_id   TEXT PRIMARY KEY,     -- a hold may come before the run starts
+  until_ns INTEGER NOT NULL,     -- 0: released
+  who      TEXT NOT NULL,
+  set_ns   INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS directives (
   run_key   INTEGER NOT NULL,

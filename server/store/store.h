@@ -177,6 +177,14 @@ struct HostIncidentRow {
 
 // One unit of work for the writer: what it writes (one struct per kind),
 // for which stream, and what to call once its transaction ended.
+// A run's hold on the closed loop's policy (docs/closed-loop.md).
+struct HoldRow {
+  std::string run_id;
+  int64_t until_unix_nanos = 0;  // 0: released
+  std::string who;
+  int64_t set_unix_nanos = 0;
+};
+
 struct WriteOp {
   struct Start {
     v1::RunStart start;
@@ -217,8 +225,12 @@ struct WriteOp {
     v1::DirectiveRecord record;
     bool add_transition = false;
   };
+  // key.run_id's hold on the closed loop's policy (until 0: released).
+  struct Hold {
+    HoldRow hold;
+  };
   using Body = std::variant<Start, Batch, Event, Alert, Spike, HardBatch,
-                            SpikeOutcome, HostIncident, DeleteRun, Directive>;
+                            SpikeOutcome, HostIncident, DeleteRun, Directive, Hold>;
 
   StreamKey key;
   Body body;
@@ -280,6 +292,8 @@ class Store {
   // Spikes of a run, in step order (without restart plans).
   absl::StatusOr<std::vector<v1::Spike>> ListSpikes(
       const std::string& run_id) const;
+  // Every run's hold on the closed loop's policy that is not released.
+  absl::StatusOr<std::vector<HoldRow>> ListHolds() const;
   // The last `limit` hard batches of a run, in step order.
   absl::StatusOr<std::vector<v1::HardBatch>> ListHardBatches(
       const std::string& run_id, size_t limit) const;

@@ -287,6 +287,19 @@ absl::StatusOr<std::vector<v1::Spike>> Store::ListSpikes(
   return spikes;
 }
 
+absl::StatusOr<std::vector<HoldRow>> Store::ListHolds() const {
+  absl::StatusOr<ReadQuery> q = Query(
+      "SELECT run_id, until_ns, who, set_ns FROM directive_holds WHERE until_ns != 0 "
+      "ORDER BY run_id");
+  if (!q.ok()) return q.status();
+  std::vector<HoldRow> out;
+  absl::Status status = q->stmt.ForEachRow([&](const sqlite::Stmt& s) {
+    out.push_back(HoldRow{std::string(s.Text(0)), s.Int(1), std::string(s.Text(2)), s.Int(3)});
+  });
+  if (!status.ok()) return status;
+  return out;
+}
+
 absl::StatusOr<std::vector<v1::HardBatch>> Store::ListHardBatches(
     const std::string& run_id, size_t limit) const {
   absl::StatusOr<ReadQuery> q = Query(

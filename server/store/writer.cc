@@ -93,6 +93,10 @@ absl::Status StoreWriter::Prepare() {
        "INSERT INTO directives (run_key, seq, id, state, directive) VALUES (?1, ?2, ?3, ?4, ?5) "
        "ON CONFLICT (run_key, seq) DO UPDATE SET state = excluded.state, "
        "directive = excluded.directive"},
+      {&upsert_hold_,
+       "INSERT INTO directive_holds (run_id, until_ns, who, set_ns) VALUES (?1, ?2, ?3, ?4) "
+       "ON CONFLICT (run_id) DO UPDATE SET until_ns = excluded.until_ns, "
+       "who = excluded.who, set_ns = excluded.set_ns"},
       {&insert_directive_transition_,
        "INSERT OR REPLACE INTO directive_transitions (run_key, seq, n, id, state, who, time_ns, "
        "why) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"},
@@ -225,6 +229,7 @@ absl::Status StoreWriter::ApplyOne(const WriteOp& op, WriteResult& result) {
         if constexpr (std::is_same_v<T, WriteOp::HostIncident>) return ApplyHostIncident(op);
         if constexpr (std::is_same_v<T, WriteOp::DeleteRun>) return ApplyDeleteRun(op, result);
         if constexpr (std::is_same_v<T, WriteOp::Directive>) return ApplyDirective(op);
+        if constexpr (std::is_same_v<T, WriteOp::Hold>) return ApplyHold(op);
       },
       op.body);
 }
@@ -521,6 +526,13 @@ absl::Status StoreWriter::ApplyHostIncident(const WriteOp& op) {
   return insert_host_incident_.Run();
 }
 
+absl::Status StoreWriter::ApplyHold(const WriteOp& op) {
+  const HoldRow& h = std::get<WriteOp::Hold>(op.body).hold;
+  upsert_hold_.Bind(1, op.key.run_id).Bind(2, h.until_unix_nanos).Bind(3, h.who)
+      .Bind(4, h.set_unix_nanos);
+  return upsert_hold_.Run();
+}
+
 absl::Status StoreWriter::ApplyDirective(const WriteOp& op) {
   const WriteOp::Directive& d = std::get<WriteOp::Directive>(op.body);
   if (d.record.directive().id().empty()) return absl::OkStatus();
@@ -579,11 +591,13 @@ absl::Status StoreWriter::ApplyDeleteRun(const WriteOp& op, WriteResult& result)
     s->Bind(1, run_key);
     if (absl::Status r = s->Run(); !r.ok()) return r;
   }
-  absl::StatusOr<sqlite::Stmt> incidents =
-      sqlite::Stmt::Prepare(db_.get(), "DELETE FROM host_incidents WHERE run_id = ?1");
-  if (!incidents.ok()) return incidents.status();
-  incidents->Bind(1, op.key.run_id);
-  if (absl::Status r = incidents->Run(); !r.ok()) return r;
+  for (const char* sql : {"DELETE FROM host_incidents WHERE run_id = ?1",
+                          "DELETE FROM directive_holds WHERE run_id = ?1"}) {
+    absl::StatusOr<sqlite::Stmt> by_id = sqlite::Stmt::Prepare(db_.get(), sql);
+    if (!by_id.ok()) return by_id.status();
+    by_id->Bind(1, op.key.run_id);
+    if (absl::Status r = by_id->Run(); !r.ok()) return r;
+  }
   deleted_run_ = true;
   return absl::OkStatus();
 }

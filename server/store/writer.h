@@ -128,6 +128,7 @@ class StoreWriter {
   absl::Status ApplyAlert(const WriteOp& op);
   absl::Status ApplySpike(const WriteOp& op);
   absl::Status ApplyHardBatch(const WriteOp& op);
+  absl::Status ApplyHold(const WriteOp& op);
   absl::Status ApplySpikeOutcome(const WriteOp& op);
   absl::Status ApplyHostIncident(const WriteOp& op);
   absl::Status ApplyDeleteRun(const WriteOp& op, WriteResult& result);
@@ -154,7 +155,7 @@ class StoreWriter {
       insert_chunk_, insert_event_, upsert_alert_, insert_spike_,
       insert_hard_batch_, update_spike_outcome_, insert_host_incident_, select_chunks_from_,
       delete_chunk_, delete_chunks_before_, insert_tail_, delete_tails_before_,
-      upsert_directive_, insert_directive_transition_;
+      upsert_directive_, insert_directive_transition_, upsert_hold_;
   // Caches of what is committed; cleared when a transaction fails.
   absl::flat_hash_map<std::string, int64_t> run_keys_;
   // The lowest rank stored of each run (by run key): its lead.

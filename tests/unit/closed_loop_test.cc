@@ -270,6 +270,23 @@ TEST_F(ClosedLoopTest, AutoApprovesWhatItListsUnlessHeld) {
   EXPECT_EQ(loop_->List("r1").back().directive().approved_by(), "policy");
 }
 
+TEST_F(ClosedLoopTest, AHoldOutlivesARestart) {
+  ClosedLoopConfig config;
+  config.mode = ClosedLoopConfig::Mode::kAuto;
+  config.auto_actions = {"rollback"};
+  Open(config);
+  loop_->Hold("r1", 3600, "alice");
+  Wait(WriteOp{.key = {"r1", 0, 0}, .body = WriteOp::Directive{}});  // stored
+  Open(config);  // the server restarts within the hour
+  const std::string held = Fire();
+  EXPECT_EQ(State(held), kProposed) << "the policy approved what a person held";
+  clock_.Advance(std::chrono::hours(2));
+  loop_->Hold("r1", 0, "alice");  // released: the policy approves what it held
+  Wait(WriteOp{.key = {"r1", 0, 0}, .body = WriteOp::Directive{}});
+  Open(config);
+  EXPECT_EQ(State(held), kApproved);
+}
+
 TEST_F(ClosedLoopTest, ANewAttemptExpiresWhatWasNotDelivered) {
   const std::string id = Fire();
   v1::RunStart next = testing::Start("r1", 0, /*attempt=*/1);
