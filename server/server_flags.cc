@@ -217,13 +217,13 @@ constexpr ServerFlag kFlags[] = {
        return Text(v, f.options.grpc.tls.client_ca_file);
      }},
     {"--print-catalog", "WHAT",
-     "print rules, inhibit, docs or json from the alert\n"
-     "catalog and exit (the generated blocks of the\n"
-     "deploy files and docs tables)",
+     "print rules, inhibit, docs, charts or json from\n"
+     "the alert catalog and exit (the generated blocks\n"
+     "of the deploy files, docs tables and report)",
      [](absl::string_view flag, Value v, ServerFlags& f) {
        if (!PrintCatalog(v).has_value()) {
          return UsageError(absl::StrCat(
-             flag, " must be rules, inhibit, docs or json, got \"", v, "\""));
+             flag, " must be rules, inhibit, docs, charts or json, got \"", v, "\""));
        }
        return Text(v, f.print_catalog);
      }},

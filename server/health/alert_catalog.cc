@@ -20,6 +20,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "more than 5% of steps clipped, and rising (or still so once the "
      "run has settled, 1000 post-warmup steps): the threshold acts as a "
      "lower LR",
+     {"grad_norm", "clip_fraction"},
      {.kind = AlertRuleKind::kValued,
       .summary = "Clip fraction high on run {{ $labels.run }}",
       .value = "trainwatch_clip_fraction",
@@ -42,6 +43,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "spikes --run R).",
      "the pre-clip norm jumps far above its recent level (recorded with "
      "batch ids; clipping usually absorbs it)",
+     {},
      {.summary = "Gradient norm spike on run {{ $labels.run }}",
       .quote_label = "last pre-clip norm",
       .quote = "trainwatch_grad_norm{run=%q}",
@@ -56,6 +58,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Lower the learning rate or add warmup/decay; check weight decay and "
      "data mixture changes around the step it started.",
      "the norm's level has doubled over its baseline",
+     {},
      {.summary = "Gradient norm drifting up on run {{ $labels.run }}",
       .quote_label = "window median norm",
       .quote = "trainwatch_grad_norm_window{run=%q,percentile=\\\"50\\\"}"},
@@ -66,6 +69,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Restart from an earlier checkpoint with a lower learning rate, or move "
      "to bf16.",
      "the fp16 loss scale keeps halving: divergence",
+     {"loss_scale"},
      {.summary = "FP16 loss scale collapsing on run {{ $labels.run }}",
       .quote_label = "loss scale",
       .quote = "trainwatch_loss_scale{run=%q}"}},
@@ -74,6 +78,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "is exceeded often (activations or gradients too large).",
      "Lower the learning rate, check for overflow-prone layers, or use bf16.",
      "more than 1% of fp16 steps skipped",
+     {"loss_scale"},
      {.summary = "Many skipped optimizer steps on run {{ $labels.run }}",
       .quote_label = "skipped fraction over the window",
       .quote = "trainwatch_skip_fraction{run=%q}",
@@ -84,6 +89,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "only called on clean steps, so the scaler cannot recover.",
      "Call scaler.update() after every scaler.step(), including skipped ones.",
      "skipped steps without the loss scale moving",
+     {"loss_scale"},
      {.summary = "GradScaler stuck on run {{ $labels.run }}",
       .quote_label = "loss scale",
       .quote = "trainwatch_loss_scale{run=%q}"}},
@@ -93,6 +99,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Stop and restart from the last good checkpoint; make sure inf/NaN "
      "steps are skipped (GradScaler, or a check before optimizer.step()).",
      "NaN/Inf norm or loss on a step that was applied",
+     {"grad_norm", "loss"},
      {.summary = "NaN/Inf applied to the weights of run {{ $labels.run }}",
       .quote_label = "non-finite steps so far",
       .quote = "trainwatch_nonfinite_steps_total{run=%q}"},
@@ -102,6 +109,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "scale and every step is clipped, so the effective learning rate is tiny.",
      "Call scaler.unscale_(optimizer) before clip_grad_norm_.",
      "clipping scaled gradients: call `scaler.unscale_` first",
+     {"grad_norm", "clip_fraction", "loss_scale"},
      {.summary = "Clipping before unscale on run {{ $labels.run }}",
       .quote_label = "loss scale",
       .quote = "trainwatch_loss_scale{run=%q}"}},
@@ -110,6 +118,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "piles up at exactly max_norm), so clipping and spikes are invisible.",
      "Report the value returned by clip_grad_norm_ (the pre-clip norm).",
      "the logged norm is the post-clip one",
+     {"grad_norm", "clip_fraction"},
      {.summary = "Run {{ $labels.run }} reports the post-clip norm",
       .quote_label = "max_norm",
       .quote = "trainwatch_clip_threshold{run=%q}"}},
@@ -119,6 +128,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Add qk-layernorm or logit soft-capping (QK-clip), or lower the learning "
      "rate.",
      "max attention logits growing toward the cap",
+     {"max_attn_logit"},
      {.summary = "Attention logits growing on run {{ $labels.run }}",
       .quote_label = "max attention logit",
       .quote = "trainwatch_max_attention_logit{run=%q}"}},
@@ -128,6 +138,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Add a z-loss (e.g. 1e-4 * log Z^2) and check weight decay on the output "
      "layer.",
      "the softmax normaliser drifting away from 0: z-loss, weight decay",
+     {"log_z"},
      {.summary = "Output log Z drifting on run {{ $labels.run }}",
       .quote_label = "log Z",
       .quote = "trainwatch_log_z{run=%q}"}},
@@ -137,6 +148,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Compute the norm over all ranks before clipping (clip_grad_norm_ on the "
      "FSDP/DDP module, or all-reduce the squared norm).",
      "ranks disagree on the norm: per-shard clipping",
+     {},
      {.summary = "Ranks disagree on the gradient norm of run {{ $labels.run }}"},
      AlertScope::kAcrossRanks},
     {K::kShardNormMismatch, "ShardNormMismatch", v1::SEVERITY_CRITICAL,
@@ -146,6 +158,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Reduce squared norms over the right process groups and count "
      "replicated (tensor-parallel-duplicated) parameters once.",
      "shard norms do not add up to the global norm",
+     {},
      {.summary = "Shard norms do not add up on run {{ $labels.run }}"},
      AlertScope::kAcrossRanks},
     {K::kFp16WithoutScaler, "Fp16WithoutScaler", v1::SEVERITY_WARNING,
@@ -153,6 +166,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "zero and large ones overflow.",
      "Use torch.cuda.amp.GradScaler (or bf16), and report its scale.",
      "fp16 without a loss scaler",
+     {"loss_scale"},
      {.summary = "FP16 without a loss scaler on run {{ $labels.run }}",
       .quote_label = "loss scale",
       .quote = "trainwatch_loss_scale{run=%q}"}},
@@ -161,6 +175,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "date, and a loss spike tends to follow within a few steps.",
      "Lower beta2 (e.g. 0.95), or clip the update (update clipping).",
      "a layer's g/sqrt(v) jumps: out-of-date second moment",
+     {},
      {.summary = "Stale Adam second moment on run {{ $labels.run }}"},
      AlertScope::kLead, {K::kLossSpike, K::kGradNormSpike}},
     {K::kLayerUpdateStall, "LayerUpdateStall", v1::SEVERITY_WARNING,
@@ -174,6 +189,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "loss that stopped moving.",
      "a layer's gradient RMS near Adam's eps, or the model's updates "
      "collapsed 100x (an LR schedule gone to ~0 mid-run)",
+     {},
      {.summary = "A layer's updates vanish on run {{ $labels.run }}"}},
     {K::kLossSpike, "LossSpike", v1::SEVERITY_INFO,
      "The loss jumped far above its recent level for a few steps: the PaLM / "
@@ -185,6 +201,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "beta2 (0.95), add warmup or qk-layernorm.",
      "the loss jumps far above its recent level for a few steps "
      "(recorded with batch ids and restart plan)",
+     {"grad_norm", "loss"},
      {.summary = "Loss spike on run {{ $labels.run }}",
       .quote_label = "last loss",
       .quote = "trainwatch_loss{run=%q}",
@@ -199,6 +216,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Check the job's processes and logs; if it crashed, restart from the "
      "last checkpoint.",
      "no step for 300 s from a run that has not finished",
+     {},
      {.kind = AlertRuleKind::kCustom},
      AlertScope::kClock},
     {K::kRankStraggler, "RankStraggler", v1::SEVERITY_WARNING,
@@ -210,6 +228,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "slow.",
      "one rank's step time stays >= 20% above the median rank's: names "
      "rank and host",
+     {},
      {.summary = "A slow rank holds back run {{ $labels.run }}",
       .quote_label = "share of step time lost to the slowest rank",
       .quote = "trainwatch_straggler_lost_fraction{run=%q}",
@@ -228,6 +247,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "pin_memory), cache or pre-tokenize the data, move preprocessing off "
      "the training process.",
      "the lead rank waits for input >= 20% of its step time, sustained",
+     {},
      {.summary = "Input pipeline stalls run {{ $labels.run }}",
       .quote_label = "share of step time waiting for data",
       .quote = "trainwatch_data_wait_fraction{run=%q}",
@@ -243,6 +263,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "their last checkpoints.",
      "one host named by failures of >= 2 runs within 24 h: a lemon "
      "machine",
+     {},
      {.kind = AlertRuleKind::kCustom},
      AlertScope::kServer},
     {K::kFp8Overflow, "Fp8Overflow", v1::SEVERITY_WARNING,
@@ -253,6 +274,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "amax_history_len when the amax moves fast; keep the tensor in bf16 if "
      "it keeps saturating.",
      "FP8 values saturate: a tensor's scale lags its amax",
+     {"fp8_scaled", "fp8_shares"},
      {.summary = "FP8 values saturate on run {{ $labels.run }}",
       .quote_label = "worst FP8 overflow share",
       .quote = "trainwatch_fp8_overflow_fraction{run=%q}"},
@@ -265,6 +287,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "dominates the amax (Fp8AmaxGrowth), fix the outliers (Smooth-SwiGLU, a "
      "lower LR) or use finer-grained (block) scaling.",
      "most of an FP8 tensor's values flush to zero",
+     {"fp8_scaled", "fp8_shares"},
      {.summary = "FP8 values flush to zero on run {{ $labels.run }}",
       .quote_label = "worst FP8 underflow share",
       .quote = "trainwatch_fp8_underflow_fraction{run=%q}"},
@@ -279,6 +302,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Engine build matches the hardware.",
      "FP8 scales off the recipe on most tensors: the wrong format max "
      "(448 for E4M3_FNUZ)",
+     {"fp8_scaled"},
      {.summary = "FP8 scales do not match the recipe on run {{ $labels.run }}",
       .quote_label = "worst amax x scale / format max",
       .quote = "trainwatch_fp8_scaled_amax_ratio{run=%q}"}},
@@ -292,6 +316,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "from a checkpoint before the desync.",
      "ranks of one amax group report different amax or scale: reduce "
      "over the TP group",
+     {"fp8_scaled"},
      {.summary = "FP8 amax not synchronised across the ranks of run {{ $labels.run "
         "}}"},
      AlertScope::kAcrossRanks},
@@ -304,6 +329,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "weight decay; or keep the tensor in bf16, or use block scaling.",
      "an FP8 tensor's amax forecast to reach 100x its baseline: "
      "outliers outgrowing the bulk",
+     {"fp8_scaled"},
      {.summary = "FP8 amax growing on run {{ $labels.run }}"}},
     {K::kSpikeHazard, "SpikeHazard", v1::SEVERITY_WARNING,
      "A loss spike is likely within the next few steps: a layer's Adam second "
@@ -317,6 +343,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "off by default (held-out precision 0.41, recall 0.24): a loss "
      "spike likely within a few steps, update norms jumping in several "
      "layers at once (layer stats every step)",
+     {},
      {.summary = "Loss spike likely soon on run {{ $labels.run }}",
       .quote_label = "loss",
       .quote = "trainwatch_loss{run=%q}"}},
@@ -332,6 +359,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "the loss did not come back: a spike that stayed up, or a rise to "
      "2x its best level (named at 1.5x while it still climbs); restart "
      "plan attached",
+     {"loss"},
      {.summary = "Loss diverged on run {{ $labels.run }}",
       .quote_label = "last loss",
       .quote = "trainwatch_loss{run=%q}",
@@ -352,6 +380,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "lower LR for the router; check the router's init (small, not zero).",
      "MoE: a layer's routing collapsed onto a few experts (effective "
      "experts <= 2 x top_k)",
+     {},
      {.summary = "MoE routing collapsed on run {{ $labels.run }}",
       .details = kMoeDetails},
      AlertScope::kLead, {}},
@@ -364,6 +393,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "checkpoint before it died.",
      "MoE: an expert gets no token for >= 100 post-warmup steps: names "
      "layer and experts",
+     {},
      {.summary = "MoE experts are dead on run {{ $labels.run }}",
       .details = kMoeDetails},
      AlertScope::kLead, {K::kMoeRouterCollapse}},
@@ -375,6 +405,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "update rate); if the data is one domain, some skew is expected.",
      "MoE: a layer's load max/mean stays >= 2 after warmup, or is "
      "forecast to",
+     {},
      {.summary = "MoE load is uneven on run {{ $labels.run }}",
       .details = kMoeDetails},
      AlertScope::kLead, {K::kMoeRouterCollapse}},
@@ -387,6 +418,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "computed over the global batch.",
      "MoE: the normalised balancing loss stays >= 1.2, or below 0.9 "
      "(the router games it)",
+     {},
      {.summary = "MoE balancing loss is off balance on run {{ $labels.run }}",
       .details = kMoeDetails},
      AlertScope::kLead,
@@ -398,6 +430,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Add a router z-loss (coefficient 1e-3) and keep the router in fp32.",
      "MoE: the router z-loss rises >= 2x its settled level: add z-loss, "
      "keep the router in fp32",
+     {},
      {.summary = "MoE router logits grow on run {{ $labels.run }}",
       .details = kMoeDetails},
      AlertScope::kLead, {}},
@@ -409,6 +442,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "the bias update rate (1e-3).",
      "MoE, aux-free balancing: the expert bias drifts from 0 or flips "
      "sign report after report",
+     {},
      {.summary = "MoE expert bias drifts on run {{ $labels.run }}",
       .details = kMoeDetails},
      AlertScope::kLead, {}},
@@ -418,6 +452,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Raise the capacity factor (1.25 for training, 2.0 for eval) or go "
      "dropless; if the load is uneven (MoeImbalanceHigh), balance it first.",
      "MoE: more than 1% of the routed assignments dropped past capacity",
+     {},
      {.summary = "MoE drops tokens on run {{ $labels.run }}",
       .details = kMoeDetails},
      AlertScope::kLead, {K::kMoeRouterCollapse, K::kMoeImbalanceHigh}},
@@ -430,6 +465,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "on different EP ranks.",
      "MoE with ep_size > 1: one expert-parallel rank carries >= 1.5x "
      "the mean rank's load: names it",
+     {},
      {.summary = "An expert-parallel rank is overloaded on run {{ $labels.run }}",
       .details = kMoeDetails},
      AlertScope::kLead, {K::kMoeRouterCollapse}},

@@ -1,6 +1,7 @@
 // Every alert trainwatch raises (docs/detectors.md) and its whole policy: its
 // name, severity, what to tell the person it wakes up (the likely cause and
-// the fix), what it means in a line, how Prometheus raises it from /metrics,
+// the fix), what it means in a line, the report's charts it is drawn on, how
+// Prometheus raises it from /metrics,
 // what its detector reads (its scope), the alerts it is a consequence of, and
 // whether it implicates the machine it names. The deploy files and docs
 // tables that repeat it are printed from here (health/catalog_print.h,
@@ -133,6 +134,9 @@ struct AlertSpec {
   std::string_view fix;
   // What it means, in a line (the alert tables of README and docs).
   std::string_view brief;
+  // The charts of the HTML report (client/report/report.cc) it is shaded on;
+  // none: the norm chart.
+  std::array<std::string_view, 3> charts;
   AlertRule rule;
   AlertScope scope = AlertScope::kLead;
   AlertCauses causes = {};

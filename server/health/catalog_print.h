@@ -1,6 +1,6 @@
 // The texts the deploy files and docs repeat from the alert catalog
 // (health/alert_catalog.h), printed from it: `trainwatch-server
-// --print-catalog rules|inhibit|docs|json`. Each of rules, inhibit and docs
+// --print-catalog rules|inhibit|docs|charts|json`. Each but json
 // is a block, its BEGIN and END marker lines included, that stands verbatim
 // in the file it belongs to; tests/deploy/catalog_files_test.py regenerates
 // them and fails on any difference.
@@ -25,11 +25,15 @@ std::string PrintInhibitRules();
 // The alert table of README.md and docs/detectors.md (markdown).
 std::string PrintAlertTable();
 
+// The HTML report's map from an alert to the charts it is shaded on
+// (client/report/report.cc: the client does not link the catalog).
+std::string PrintChartMap();
+
 // Every entry as JSON (name, severity, scope, rule kind, causes, likely_cause,
 // fix), for the tests that check the hand-written rules against it.
 std::string PrintCatalogJson();
 
-// "rules", "inhibit", "docs" or "json": that text; nullopt for another name.
+// "rules", "inhibit", "docs", "charts" or "json": that text; nullopt for another name.
 std::optional<std::string> PrintCatalog(std::string_view what);
 
 }  // namespace trainwatch

@@ -24,6 +24,7 @@ BLOCKS = [
     ("rules", ["deploy/prometheus/trainwatch-rules.yml"]),
     ("inhibit", ["deploy/alertmanager/alertmanager.yml"]),
     ("docs", ["README.md", "docs/detectors.md"]),
+    ("charts", ["client/report/report.cc"]),
 ]
 failures = []
 

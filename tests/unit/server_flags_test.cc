@@ -179,14 +179,14 @@ TEST(ServerFlags, TlsFilesGoTogether) {
 }
 
 TEST(ServerFlags, PrintCatalogTakesWhatTheCatalogPrints) {
-  for (const char* what : {"rules", "inhibit", "docs", "json"}) {
+  for (const char* what : {"rules", "inhibit", "docs", "charts", "json"}) {
     absl::StatusOr<ServerFlags> flags =
         ParseServerFlags({"--print-catalog", what});
     ASSERT_TRUE(flags.ok()) << flags.status();
     EXPECT_EQ(flags->print_catalog, what);
   }
   EXPECT_THAT(ErrorOf({"--print-catalog", "yaml"}),
-              HasSubstr("--print-catalog must be rules, inhibit, docs or json"));
+              HasSubstr("--print-catalog must be rules, inhibit, docs, charts or json"));
 }
 
 TEST(ServerFlags, UsageListsEveryFlagOfTheTable) {
