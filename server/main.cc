@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "config/config.h"
+#include "health/catalog_print.h"
 #include "server.h"
 #include "server_flags.h"
 
@@ -76,6 +77,10 @@ int main(int argc, char** argv) {
   }
   if (flags->help) {
     fputs(trainwatch::ServerUsage().c_str(), stdout);
+    return 0;
+  }
+  if (!flags->print_catalog.empty()) {
+    fputs(trainwatch::PrintCatalog(flags->print_catalog)->c_str(), stdout);
     return 0;
   }
   trainwatch::ServerOptions& options = flags->options;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "alerting/notifier.h"
+#include "health/catalog_print.h"
 
 namespace trainwatch {
 namespace {
@@ -214,6 +215,17 @@ constexpr ServerFlag kFlags[] = {
      "PEM CAs (mutual TLS; needs --tls-cert/--tls-key)",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.grpc.tls.client_ca_file);
+     }},
+    {"--print-catalog", "WHAT",
+     "print rules, inhibit, docs, charts or json from\n"
+     "the alert catalog and exit (the generated blocks\n"
+     "of the deploy files, docs tables and report)",
+     [](absl::string_view flag, Value v, ServerFlags& f) {
+       if (!PrintCatalog(v).has_value()) {
+         return UsageError(absl::StrCat(
+             flag, " must be rules, inhibit, docs, charts or json, got \"", v, "\""));
+       }
+       return Text(v, f.print_catalog);
      }},
     {"--help", "", "this text", nullptr},
 };

@@ -28,6 +28,9 @@ struct ServerFlags {
   std::string config_path;
   // --closed-loop: replaces the config's closed_loop.mode when given.
   std::optional<ClosedLoopConfig::Mode> closed_loop_mode;
+  // --print-catalog: print that text of the alert catalog
+  // (health/catalog_print.h) and exit 0; "" = serve.
+  std::string print_catalog;
   // --help or -h was given: print ServerUsage() and exit 0.
   bool help = false;
 };

@@ -1,8 +1,12 @@
 // Every alert trainwatch raises (docs/detectors.md) and its whole policy: its
 // name, severity, what to tell the person it wakes up (the likely cause and
-// the fix), what its detector reads (its scope), the alerts it is a
-// consequence of, and whether it implicates the machine it names. Adding an
-// alert is its entry here plus its detector (and their tests).
+// the fix), what it means in a line, the report's charts it is drawn on, how
+// Prometheus raises it from /metrics,
+// what its detector reads (its scope), the alerts it is a consequence of, and
+// whether it implicates the machine it names. The deploy files and docs
+// tables that repeat it are printed from here (health/catalog_print.h,
+// `trainwatch-server --print-catalog`). Adding an alert is its entry here
+// plus its detector (and their tests).
 #ifndef TRAINWATCH_SERVER_HEALTH_ALERT_CATALOG_H_
 #define TRAINWATCH_SERVER_HEALTH_ALERT_CATALOG_H_
 
@@ -84,6 +88,42 @@ struct AlertCauses {
   size_t n = 0;
 };
 
+// How deploy/prometheus raises an alert from the run's series on /metrics.
+enum class AlertRuleKind {
+  // max by (run) of trainwatch_alert_active{alertname} == 1: the server's
+  // verdict, held with its hysteresis.
+  kActive,
+  // The verdict, valued by another series of the run (`value`), so that
+  // $value and the description carry the number.
+  kValued,
+  // Not printed: written by hand in trainwatch-rules.yml (RunSilent's clock
+  // backstop, HostSuspect's count across servers).
+  kCustom,
+};
+
+// The Prometheus rule of an alert and the annotations Prometheus gives it
+// beyond likely_cause and fix (texts are Go templates over $labels.run).
+struct AlertRule {
+  AlertRuleKind kind = AlertRuleKind::kActive;
+  std::string_view summary;
+  // kActive: "trainwatch-server reports NAME firing for run R; QUOTE_LABEL:
+  // (the run's last value of `quote`, printed through `format`). DETAILS";
+  // no quote when quote_label is empty.
+  std::string_view quote_label;
+  std::string_view quote;  // a series selector, %q for the run
+  std::string_view format = "printf \"%.4g\"";
+  std::string_view details =
+      "Details (numbers, step range, batch ids): trainwatchctl alerts --run "
+      "{{ $labels.run }} --active.";
+  // kValued: the series that values it, and its whole description.
+  std::string_view value;
+  std::string_view description;
+  // Alertmanager mutes the alerts that name this one as a cause while it
+  // fires (deploy/alertmanager's inhibit_rules), unless the consequence is
+  // critical and this is not: that one is the page.
+  bool inhibits = true;
+};
+
 struct AlertSpec {
   AlertKind kind;
   std::string_view name;      // the alertname label
@@ -92,6 +132,12 @@ struct AlertSpec {
   v1::Severity severity;
   std::string_view likely_cause;
   std::string_view fix;
+  // What it means, in a line (the alert tables of README and docs).
+  std::string_view brief;
+  // The charts of the HTML report (client/report/report.cc) it is shaded on;
+  // none: the norm chart.
+  std::array<std::string_view, 3> charts;
+  AlertRule rule;
   AlertScope scope = AlertScope::kLead;
   AlertCauses causes = {};
   // A host it names counts toward HostSuspect (a lemon machine).

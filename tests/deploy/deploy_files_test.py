@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 """Checks the deployment files (deploy/, dashboards/) without Docker or a cluster.
 
-  deploy_files_test.py SOURCE_DIR            run every check; exit 1 on any failure
-  deploy_files_test.py SOURCE_DIR --write-prometheusrule
+  deploy_files_test.py SOURCE_DIR SERVER_BIN run every check; exit 1 on any failure
+  deploy_files_test.py SOURCE_DIR SERVER_BIN --write-prometheusrule
                                              regenerate deploy/k8s/prometheusrule.yaml
-  deploy_files_test.py SOURCE_DIR --write-proxy-configmap
+  deploy_files_test.py SOURCE_DIR SERVER_BIN --write-proxy-configmap
                                              regenerate the nginx configuration in
                                              deploy/k8s/proxy.yaml (render.sh, same arguments)
 
@@ -16,6 +16,8 @@ import yaml
 
 SRC = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../.."))
 D = lambda *p: os.path.join(SRC, *p)
+# trainwatch-server: the alert catalog, as `--print-catalog json` prints it.
+BIN = sys.argv[2] if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else None
 failures = []
 
 def check(ok, what):
@@ -176,18 +178,12 @@ def check_fleet(docs, kinds):
 SEVERITY_RANK = {"INFO": 0, "WARNING": 1, "CRITICAL": 2}
 
 
-def catalog_causes():
-    """{alertname: (severity, [cause alertnames])} from the server's catalog."""
-    text = open(D("server/health/alert_catalog.cc")).read()
-    starts = list(re.finditer(r'\{K::k\w+, "(\w+)",\s*v1::SEVERITY_(\w+)', text))
-    names = {m.group(0).split(",")[0][4:]: m.group(1) for m in starts}  # kX -> X
-    out = {}
-    for i, m in enumerate(starts):
-        body = text[m.end():starts[i + 1].start() if i + 1 < len(starts) else len(text)]
-        c = re.search(r"AlertScope::\w+,\s*\{([^}]*)\}", body)
-        causes = re.findall(r"K::(k\w+)", c.group(1)) if c else []
-        out[m.group(1)] = (m.group(2), [names[k] for k in causes])
-    return out
+def alert_catalog():
+    """[{name, severity, scope, rule, causes, likely_cause, fix}] from the server's catalog."""
+    if BIN is None:
+        sys.exit("deploy_files_test.py: give the trainwatch-server binary after SOURCE_DIR")
+    r = subprocess.run([BIN, "--print-catalog", "json"], capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
 
 
 def check_inhibitions():
@@ -206,7 +202,7 @@ def check_inhibitions():
             return lambda n: re.fullmatch(m.group(3), catalog[n][0].lower()) is not None
         return lambda n: re.fullmatch(m.group(3), n) is not None
 
-    catalog = catalog_causes()
+    catalog = {a["name"]: (a["severity"].upper(), a["causes"]) for a in alert_catalog()}
     rules = [(names(r["source_matchers"]), names(r["target_matchers"]), r.get("equal"))
              for r in am.get("inhibit_rules", [])]
     check(len(catalog) >= 30, f"alert catalog parsed ({len(catalog)} alerts)")
@@ -275,10 +271,8 @@ def main():
     # Rules: every alertname of the catalog has a rule, with the catalog's severity.
     rules = docs.get("deploy/prometheus/trainwatch-rules.yml", [{}])[0]
     by_name = {r["alert"]: r for g in rules.get("groups", []) for r in g["rules"] if "alert" in r}
-    cat = open(D("server/health/alert_catalog.cc")).read()
-    specs = [(n, sev.lower()) for n, sev in
-             re.findall(r'\{K::k\w+,\s*"(\w+)",\s*v1::SEVERITY_(\w+)', cat)]
-    check(len(specs) >= 17, f"alert_catalog.cc parsed: {len(specs)} alertnames")
+    specs = [(a["name"], a["severity"]) for a in alert_catalog()]
+    check(len(specs) >= 17, f"alert catalog: {len(specs)} alertnames")
     # HostSuspect is the server-wide one: its fleet rule counts hosts over
     # trainwatch_host_incidents_total, across servers (checked below).
     host = dict(specs).get("HostSuspect")

@@ -143,8 +143,9 @@ def main():
         print(f"ok    ClipFractionHigh firing with labels {alert['labels']}, value {alert['value']}")
 
         # 5. Rules loaded and evaluated without errors.
-        cat = open(f"{SRC}/server/health/alert_catalog.cc").read()
-        want = set(re.findall(r'\{K::k\w+,\s*"(\w+)"', cat)) | {"TrainwatchDown", "TrainwatchIngestRejecting",
+        catalog = json.loads(subprocess.run([SERVER, "--print-catalog", "json"], capture_output=True,
+                                             text=True, check=True).stdout)
+        want = {a["name"] for a in catalog} | {"TrainwatchDown", "TrainwatchIngestRejecting",
                                                                  "TrainwatchStoreBackedUp", "TrainwatchStoreErrors"}
         def rules_ok():
             groups = get_json(f"{prom}/api/v1/rules")["data"]["groups"]

@@ -178,6 +178,17 @@ TEST(ServerFlags, TlsFilesGoTogether) {
             "--tls-client-ca needs --tls-cert and --tls-key");
 }
 
+TEST(ServerFlags, PrintCatalogTakesWhatTheCatalogPrints) {
+  for (const char* what : {"rules", "inhibit", "docs", "charts", "json"}) {
+    absl::StatusOr<ServerFlags> flags =
+        ParseServerFlags({"--print-catalog", what});
+    ASSERT_TRUE(flags.ok()) << flags.status();
+    EXPECT_EQ(flags->print_catalog, what);
+  }
+  EXPECT_THAT(ErrorOf({"--print-catalog", "yaml"}),
+              HasSubstr("--print-catalog must be rules, inhibit, docs, charts or json"));
+}
+
 TEST(ServerFlags, UsageListsEveryFlagOfTheTable) {
   const std::string usage = ServerUsage();
   EXPECT_EQ(usage.rfind("usage: trainwatch-server [flags]\n\n", 0), 0u);
