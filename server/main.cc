@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
   if (flags->closed_loop_mode.has_value()) {
     options.engine.health.closed_loop.mode = *flags->closed_loop_mode;
   }
+  if (flags->print_config) {
+    fputs(trainwatch::PrintHealthConfig(options.engine.health).c_str(), stdout);
+    return 0;
+  }
 
   // Block the stop signals in every thread; main waits for them below.
   sigset_t stop_signals;

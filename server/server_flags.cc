@@ -227,6 +227,10 @@ constexpr ServerFlag kFlags[] = {
        }
        return Text(v, f.print_catalog);
      }},
+    {"--print-config", "",
+     "print every configuration key with its value (the\n"
+     "defaults, or --config's file applied) and exit",
+     nullptr},
     {"--help", "", "this text", nullptr},
 };
 
@@ -274,6 +278,10 @@ absl::StatusOr<ServerFlags> ParseServerFlags(
     if (arg == "--help" || arg == "-h") {
       flags.help = true;
       return flags;
+    }
+    if (arg == "--print-config") {  // the one flag without a value
+      flags.print_config = true;
+      continue;
     }
     // Every other flag takes a value, inline or as the next argument.
     std::string value;

@@ -31,6 +31,9 @@ struct ServerFlags {
   // --print-catalog: print that text of the alert catalog
   // (health/catalog_print.h) and exit 0; "" = serve.
   std::string print_catalog;
+  // --print-config: print the configuration (--config's, else the
+  // defaults) with every key, and exit.
+  bool print_config = false;
   // --help or -h was given: print ServerUsage() and exit 0.
   bool help = false;
 };

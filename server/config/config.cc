@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -517,6 +518,48 @@ absl::StatusOr<HealthConfig> ParseHealthConfig(
     return s;
   }
   return config;
+}
+
+std::string PrintHealthConfig(const HealthConfig& config) {
+  HealthConfig copy = config;  // Fields() takes pointers into a mutable config
+  const std::vector<Field> fields = Fields(copy);
+  const auto value = [](const FieldRef& ref) {
+    return std::visit(
+        [](auto* p) -> std::string {
+          if constexpr (std::is_same_v<decltype(p), double*>) {
+            char buf[32];  // the shortest text that reads back to the same double
+            const auto r = std::to_chars(buf, buf + sizeof buf, *p);
+            return std::string(buf, r.ptr);
+          } else {
+            return absl::StrCat(*p);
+          }
+        },
+        ref);
+  };
+  std::string out;
+  for (const Field& f : fields) {
+    if (f.group.empty()) absl::StrAppend(&out, f.key, ": ", value(f.ref), "\n");
+  }
+  absl::StrAppend(&out, kDisabledKey, ": [",
+                  absl::StrJoin(config.disabled, ", "), "]\n");
+  std::vector<absl::string_view> groups;
+  for (const Field& f : fields) {
+    if (!f.group.empty() && std::find(groups.begin(), groups.end(), f.group) == groups.end()) {
+      groups.push_back(f.group);
+    }
+  }
+  for (absl::string_view group : groups) {
+    absl::StrAppend(&out, group, ":\n");
+    for (const Field& f : fields) {
+      if (f.group == group) absl::StrAppend(&out, "  ", f.key, ": ", value(f.ref), "\n");
+    }
+    if (group == "closed_loop") {
+      absl::StrAppend(&out, "  mode: ", ClosedLoopModeName(config.closed_loop.mode), "\n",
+                      "  auto: [", absl::StrJoin(config.closed_loop.auto_actions, ", "),
+                      "]\n");
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<HealthConfig> LoadHealthConfig(const std::string& path) {

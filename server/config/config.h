@@ -33,6 +33,11 @@ absl::StatusOr<HealthConfig> LoadHealthConfig(const std::string& path);
 absl::StatusOr<HealthConfig> ParseHealthConfig(
     const std::string& yaml_text, const std::string& name_for_errors);
 
+// Every key of `config` with its value, as a YAML file the parser reads back
+// to the same config (trainwatch-server --print-config): the top-level keys,
+// `disabled`, then each group in HealthConfig's order.
+std::string PrintHealthConfig(const HealthConfig& config);
+
 }  // namespace trainwatch
 
 #endif  // TRAINWATCH_SERVER_CONFIG_CONFIG_H_

@@ -9,10 +9,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "health/alert_catalog.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "yaml-cpp/yaml.h"
 
 namespace trainwatch {
 namespace {
@@ -282,6 +284,94 @@ TEST(HealthConfigFile, ShippedFileListsEveryKeyAndEachSetsItsField) {
     o.expect(want);
     ExpectSameConfig(*config, want);
   }
+}
+
+// The dotted keys of a config file ("window_steps", "clip_fraction.threshold").
+std::set<std::string> DottedKeys(const std::string& text) {
+  std::set<std::string> keys;
+  for (const auto& top : YAML::Load(text)) {
+    const std::string name = top.first.Scalar();
+    if (top.second.IsMap()) {
+      for (const auto& inner : top.second) keys.insert(name + "." + inner.first.Scalar());
+    } else {
+      keys.insert(name);
+    }
+  }
+  return keys;
+}
+
+TEST(HealthConfigFile, PrintedConfigReadsBackToTheSameConfig) {
+  // trainwatch-server --print-config: every key with its value.
+  absl::StatusOr<HealthConfig> changed = ParseHealthConfig(
+      "window_steps: 2000\ndisabled: [RunSilent, LossSpike]\n"
+      "spike: {sigmas: 5.5}\nchange: {arl0: 123456.789}\n"
+      "closed_loop: {mode: auto, auto: [rollback, skip], lead_steps: 3}\n",
+      "t.yaml");
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  for (const HealthConfig& config : {HealthConfig{}, *changed}) {
+    const std::string printed = PrintHealthConfig(config);
+    absl::StatusOr<HealthConfig> back = ParseHealthConfig(printed, "printed.yaml");
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << printed;
+    ExpectSameConfig(*back, config);
+    EXPECT_EQ(PrintHealthConfig(*back), printed);
+  }
+}
+
+TEST(HealthConfigFile, PrintedKeysAreTheShippedFilesKeys) {
+  EXPECT_EQ(DottedKeys(PrintHealthConfig(HealthConfig{})), DottedKeys(ReadFile(kShipped)))
+      << "deploy/trainwatch.yaml and trainwatch-server --print-config list other keys";
+}
+
+// Every key --print-config prints is one the parser sets: each numeric key
+// given another valid value changes that key's printed line and no other.
+TEST(HealthConfigFile, EveryPrintedKeyIsSetAndReadBack) {
+  const std::string defaults = PrintHealthConfig(HealthConfig{});
+  const auto lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  };
+  const std::vector<std::string> base = lines(defaults);
+  size_t numeric = 0;
+  for (const auto& top : YAML::Load(defaults)) {
+    const std::string group = top.first.Scalar();
+    if (!top.second.IsMap()) continue;  // the top-level keys: below
+    for (const auto& inner : top.second) {
+      const std::string key = inner.first.Scalar();
+      if (!inner.second.IsScalar() || key == "mode") continue;  // words and lists
+      SCOPED_TRACE(group + "." + key);
+      const double d = inner.second.as<double>();
+      bool set = false;
+      for (double v : {d + 1, d * 2, d / 2, d + 0.5, 0.5, 2.0, 0.0}) {
+        if (v == d) continue;
+        absl::StatusOr<HealthConfig> c = ParseHealthConfig(
+            absl::StrFormat("%s:\n  %s: %.17g\n", group, key, v), "one.yaml");
+        if (!c.ok()) continue;  // out of its range: try another
+        const std::vector<std::string> got = lines(PrintHealthConfig(*c));
+        ASSERT_EQ(got.size(), base.size());
+        size_t changed = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (got[i] == base[i]) continue;
+          ++changed;
+          const std::string prefix = absl::StrCat("  ", key, ": ");
+          ASSERT_TRUE(absl::StartsWith(got[i], prefix)) << got[i];
+          EXPECT_EQ(std::stod(got[i].substr(prefix.size())), v) << got[i];
+        }
+        EXPECT_EQ(changed, 1u) << "set to " << v;
+        set = true;
+        break;
+      }
+      EXPECT_TRUE(set) << "no value of the key was accepted";
+      ++numeric;
+    }
+  }
+  EXPECT_GT(numeric, 100u);
+  absl::StatusOr<HealthConfig> top =
+      ParseHealthConfig("window_steps: 500\nresolve_after_steps: 7\n", "top.yaml");
+  ASSERT_TRUE(top.ok()) << top.status();
+  EXPECT_THAT(PrintHealthConfig(*top), ::testing::StartsWith("window_steps: 500\n"
+                                                             "resolve_after_steps: 7\n"));
 }
 
 TEST(HealthConfigFile, OverridesChangeOnlyTheirKeys) {

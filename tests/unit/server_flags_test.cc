@@ -189,6 +189,15 @@ TEST(ServerFlags, PrintCatalogTakesWhatTheCatalogPrints) {
               HasSubstr("--print-catalog must be rules, inhibit, docs, charts or json"));
 }
 
+TEST(ServerFlags, PrintConfigTakesNoValueAndKeepsTheOtherFlags) {
+  absl::StatusOr<ServerFlags> flags =
+      ParseServerFlags({"--print-config", "--config", "my.yaml"});
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_TRUE(flags->print_config);
+  EXPECT_EQ(flags->config_path, "my.yaml");
+  EXPECT_FALSE(ParseServerFlags({})->print_config);
+}
+
 TEST(ServerFlags, UsageListsEveryFlagOfTheTable) {
   const std::string usage = ServerUsage();
   EXPECT_EQ(usage.rfind("usage: trainwatch-server [flags]\n\n", 0), 0u);
