@@ -59,6 +59,7 @@ std::vector<std::string> DirectiveInbox::OnResponse(
         continue;
       }
     }
+    if (inserted || e.answered) unanswered_.fetch_add(1, std::memory_order_release);
     e.directive = FromWire(d);
     e.answered = false;
     fresh.push_back(d.id());
@@ -68,6 +69,8 @@ std::vector<std::string> DirectiveInbox::OnResponse(
 
 std::vector<Directive> DirectiveInbox::Due(uint64_t step) const {
   std::vector<Directive> out;
+  // The training loop asks every step; almost always nothing is open.
+  if (unanswered_.load(std::memory_order_acquire) == 0) return out;
   absl::MutexLock lock(&mu_);
   for (const auto& [id, e] : entries_) {
     if (!e.answered && e.directive.apply_at_step <= step) out.push_back(e.directive);
@@ -82,6 +85,7 @@ bool DirectiveInbox::Answer(const std::string& id, DirectiveState state) {
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.applied) return false;
   if (state == DirectiveState::kReceived) return true;
+  if (!it->second.answered) unanswered_.fetch_sub(1, std::memory_order_relaxed);
   it->second.answered = true;
   it->second.applied = state == DirectiveState::kApplied;
   return true;

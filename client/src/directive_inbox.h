@@ -2,6 +2,7 @@
 #ifndef TRAINWATCH_CLIENT_SRC_DIRECTIVE_INBOX_H_
 #define TRAINWATCH_CLIENT_SRC_DIRECTIVE_INBOX_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,6 +43,9 @@ class DirectiveInbox {
   };
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  // Entries not answered (changed under mu_): Due() with none open takes
+  // no lock.
+  std::atomic<size_t> unanswered_{0};
 };
 
 }  // namespace trainwatch::internal

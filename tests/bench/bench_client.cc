@@ -109,6 +109,9 @@ struct RecordSetup {
   // Time each call on its own (steady_clock around it) and report median,
   // p99 and max; the Time column then includes the clock's cost.
   bool time_each_call = false;
+  // Each step also asks DueDirectives(step), as a closed-loop hook does
+  // before optimizer.step() (docs/closed-loop.md); none is ever due.
+  bool due_directives = false;
 };
 
 void RecordSteps(benchmark::State& state, RecordSetup setup) {
@@ -130,6 +133,7 @@ void RecordSteps(benchmark::State& state, RecordSetup setup) {
   for (auto _ : state) {
     trainwatch::Step s{.step = ++step,
                        .grad_norm = 0.5 + 1e-7 * static_cast<double>(step & 1023)};
+    if (setup.due_directives) benchmark::DoNotOptimize((*client)->DueDirectives(step));
     if (!setup.time_each_call) {
       benchmark::DoNotOptimize((*client)->Record(std::move(s)));
       continue;
@@ -162,6 +166,12 @@ void RecordSteps(benchmark::State& state, RecordSetup setup) {
 
 // What the training loop pays against a live server that acks everything.
 void BM_ClientRecord(benchmark::State& state) { RecordSteps(state, {}); }
+
+// The same with the closed loop's DueDirectives() every step (nothing due):
+// the hook's cost beside BM_ClientRecord's, in one run.
+void BM_ClientRecordAndDueDirectives(benchmark::State& state) {
+  RecordSteps(state, {.due_directives = true});
+}
 
 // During an outage (nothing listens at the address; the sender is retrying):
 // every step is buffered.
@@ -199,6 +209,9 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&n, args.data());
   if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
   benchmark::RegisterBenchmark("BM_ClientRecord", BM_ClientRecord)
+      ->Iterations(g_iterations);
+  benchmark::RegisterBenchmark("BM_ClientRecordAndDueDirectives",
+                               BM_ClientRecordAndDueDirectives)
       ->Iterations(g_iterations);
   benchmark::RegisterBenchmark("BM_ClientRecordServerDown", BM_ClientRecordServerDown)
       ->Iterations(g_iterations);
