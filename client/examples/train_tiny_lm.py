@@ -481,7 +481,12 @@ def main(argv=None):
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    corpus = markov_corpus(max(50_000, (args.batch * args.seq + 1) * 64), seed=args.seed)
+    tokens = max(50_000, (args.batch * args.seq + 1) * 64)
+    if args.fault != "none" or args.control != "off":
+        # No epoch wraps around within a run and its replays: a fault keyed
+        # to batch ids strikes once, where it was put.
+        tokens = max(tokens, 2 * args.steps * args.batch * args.seq + 1)
+    corpus = markov_corpus(tokens, seed=args.seed)
     data = Batches(corpus, args.batch, args.seq)
     model = TinyLM(seq=args.seq)
     betas, eps = (0.9, 0.95), 1e-8
