@@ -27,6 +27,21 @@ Faults to inject, to see the alerts fire:
                          checkpoint, skip its batches (trainwatch.SkipBatches)
                          and finish as attempt 1; the server then marks the
                          spike recovered (or recurred)
+  --fault spike          the batches of --fault-steps steps from --fault-at are
+                         random tokens: a loss spike the run recovers from
+                         (LossSpike, info: the closed loop leaves it alone)
+  --fault diverge        the same batches also train at --fault-lr-mult x the
+                         learning rate: the run is wrecked and its loss stays
+                         up (LossDivergence, critical, with a restart plan).
+                         Both faults are keyed to those batches' ids, so
+                         skipping them fixes the run
+  --control auto|propose apply the server's closed-loop directives with
+                         trainwatch.Control (docs/closed-loop.md): a rollback
+                         reloads the checkpoint in process, skips the batch
+                         ids it names and trains on as attempt + 1. The mode
+                         is the server's (--closed-loop, and rollback listed
+                         in closed_loop.auto for auto); in propose mode
+                         nothing arrives until `trainwatchctl approve ID`
   --lr 0.5               too high a learning rate: clipping on most steps
                          (ClipFractionHigh) and attention logits past the cap
                          (AttentionLogitGrowth); --lr 0.05 is not enough for
@@ -36,6 +51,14 @@ Faults to inject, to see the alerts fire:
     PYTHONPATH=build/python /usr/bin/python3 client/examples/train_tiny_lm.py \\
         --server 127.0.0.1:50051 --run tiny/demo --steps 500 --corrupt-batch-at 300
     build/bin/trainwatchctl spikes --run tiny/demo
+
+The closed loop (a checkpoint every 50 steps; closed_loop.auto listing
+rollback in the server's --config file):
+
+    build/bin/trainwatch-server --closed-loop auto --config auto.yaml &
+    PYTHONPATH=build/python /usr/bin/python3 client/examples/train_tiny_lm.py \\
+        --run tiny/diverge --steps 400 --fault diverge --control auto
+    build/bin/trainwatchctl directives --run tiny/diverge
 """
 
 import argparse
@@ -199,6 +222,43 @@ class DynamicLossScaler:
                 self.clean = 0
 
 
+def forward_backward(args, model, x, y, scaler, params, objective_scale=1.0):
+    """One batch's loss and gradients, clipped: (loss, log Z, pre-clip norm)."""
+    if args.drift_logits:
+        model.logit_mult.mul_(args.drift_rate)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(x)
+    logits = logits.float()
+    loss = F.cross_entropy(logits.view(-1, VOCAB), y.reshape(-1))
+    z = log_z(logits)
+    objective = loss
+    if not args.no_zloss:
+        objective = objective + 1e-4 * torch.logsumexp(logits, -1).pow(2).mean()
+    objective = objective * objective_scale
+    if scaler:
+        (objective * scaler.get_scale()).backward()
+        scaler.unscale_(params)
+    else:
+        objective.backward()
+    norm = torch.nn.utils.clip_grad_norm_(params, args.max_norm)
+    return loss, z, norm
+
+
+def snapshot(step, next_batch, model, opt, sched, scaler, **extra):
+    """A checkpoint in memory (a real run writes files)."""
+    return dict(step=step, next_batch=next_batch, model=copy.deepcopy(model.state_dict()),
+                opt=copy.deepcopy(opt.state_dict()), sched=sched.state_dict(),
+                scaler=copy.deepcopy(scaler.__dict__) if scaler else None, **extra)
+
+
+def restore(ckpt, model, opt, sched, scaler):
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    sched.load_state_dict(ckpt["sched"])
+    if scaler is not None:
+        scaler.__dict__.update(copy.deepcopy(ckpt["scaler"]))
+
+
 def run_attempt(args, data, model, opt, sched, scaler, corrupt_ids, checkpoints,
                 state, stop_at, betas, eps):
     """Trains one attempt from state["first_step"] (on batches from
@@ -230,24 +290,8 @@ def run_attempt(args, data, model, opt, sched, scaler, corrupt_ids, checkpoints,
                 x = torch.randint(0, VOCAB, x.shape)
                 y = torch.randint(0, VOCAB, y.shape)
                 print(f"CORRUPTED step={step} batch_ids={','.join(map(str, ids))}", flush=True)
-            if args.drift_logits:
-                model.logit_mult.mul_(args.drift_rate)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = model(x)
-            logits = logits.float()
-            loss = F.cross_entropy(logits.view(-1, VOCAB), y.reshape(-1))
-            z = log_z(logits)
-            objective = loss
-            if not args.no_zloss:
-                objective = objective + 1e-4 * torch.logsumexp(logits, -1).pow(2).mean()
-            if corrupt:
-                objective = objective * args.corrupt_scale
-            if scaler:
-                (objective * scaler.get_scale()).backward()
-                scaler.unscale_(params)
-            else:
-                objective.backward()
-            norm = torch.nn.utils.clip_grad_norm_(params, args.max_norm)
+            loss, z, norm = forward_backward(args, model, x, y, scaler, params,
+                                             args.corrupt_scale if corrupt else 1.0)
             hook.pre_step(step)
             if scaler is None or not scaler.found_inf:
                 opt.step()
@@ -259,11 +303,7 @@ def run_attempt(args, data, model, opt, sched, scaler, corrupt_ids, checkpoints,
             opt.zero_grad(set_to_none=True)
             if args.checkpoint_every and step > 0 and step % args.checkpoint_every == 0:
                 name = f"ckpt-{step}"
-                checkpoints[name] = dict(
-                    step=step, next_batch=consumed,
-                    model=copy.deepcopy(model.state_dict()),
-                    opt=copy.deepcopy(opt.state_dict()), sched=sched.state_dict(),
-                    scaler=copy.deepcopy(scaler.__dict__) if scaler else None)
+                checkpoints[name] = snapshot(step, consumed, model, opt, sched, scaler)
                 tw.event("checkpoint_saved", step, name)
             if step % 50 == 0 or step == args.steps - 1:
                 print(f"step {step:5d} loss {loss.item():.3f} norm {float(norm):.3g} "
@@ -282,6 +322,127 @@ def run_attempt(args, data, model, opt, sched, scaler, corrupt_ids, checkpoints,
           flush=True)
     state["next_batch"] = consumed
     return step
+
+
+def fault_ids(args, data):
+    """The sample ids --fault poisons: those of batches --fault-at ..
+    --fault-at + --fault-steps - 1. Keyed to ids, not steps: a replay that
+    skips them trains on clean batches."""
+    if args.fault == "none":
+        return frozenset()
+    return frozenset(i for b in range(args.fault_at, args.fault_at + args.fault_steps)
+                     for i in data.ids(b))
+
+
+def run_controlled(args, data, model, opt, sched, scaler, lr_scale, betas, eps):
+    """Trains 0..steps-1 as one loop under trainwatch.Control: a rollback
+    directive reloads a checkpoint in process and the loop goes on from its
+    step and data position as a new attempt. Returns the final loss (the
+    mean of the last 20 steps' losses)."""
+    poison = fault_ids(args, data)
+    tw = trainwatch.Client(args.server, run=args.run, precision="fp16" if scaler else "bf16",
+                           max_norm=args.max_norm, warmup_steps=args.warmup_steps,
+                           adam_eps=eps, adam_beta2=betas[1],
+                           labels={"model": "tiny-lm", "example": "train_tiny_lm"})
+    checkpoints = {}
+    position = {"next_batch": 0}  # the data position: the next batch index drawn
+
+    def load(step, name):
+        ckpt = checkpoints[name]
+        assert ckpt["step"] == step, (name, step)
+        restore(ckpt, model, opt, sched, scaler)
+        lr_scale[0] = ckpt["lr_scale"]
+        position["next_batch"] = ckpt["next_batch"]
+
+    def set_lr_scale(factor):
+        lr_scale[0] *= factor
+
+    def save(tag):
+        checkpoints[tag] = snapshot(step, position["next_batch"], model, opt, sched, scaler,
+                                    lr_scale=lr_scale[0],
+                                    control=control and control.state_dict())
+
+    stopped = []
+    control = None
+    if args.control != "off":
+        control = trainwatch.Control(tw, save=save, load=load, set_lr_scale=set_lr_scale,
+                                     stop=lambda: stopped.append(True))
+    params = list(model.parameters())
+
+    def start(first_batch):
+        position["next_batch"] = first_batch
+        source = batch_sampler(data, first_batch)
+        if control is not None:
+            source = control.filter(source)
+        hook = StepHook(tw, max_norm=args.max_norm, optimizer=opt, scaler=scaler,
+                        model=model, layer_stats_every=args.layer_stats_every)
+        return hook, hook.timed(iter(source))
+
+    hook, it = start(0)
+    losses = {}
+    step = 0
+    while step < args.steps:
+        index, ids = next(it)
+        position["next_batch"] = index + 1
+        x, y, ids = data.load(ids)
+        poisoned = bool(poison) and any(i in poison for i in ids)
+        if poisoned:
+            g = torch.Generator().manual_seed(index)
+            x = torch.randint(0, VOCAB, x.shape, generator=g)
+            y = torch.randint(0, VOCAB, y.shape, generator=g)
+            print(f"FAULT {args.fault} step={step} batch={index}", flush=True)
+        loss, z, norm = forward_backward(args, model, x, y, scaler, params)
+        if control is not None:
+            b = control.boundary(step)
+            for d in b.applied:
+                print(f"DIRECTIVE {d['id']} {d['action']} applied at step {step} "
+                      f"(apply_at_step {d['apply_at_step']}, alert {d['alert']})", flush=True)
+            if b.rollback:
+                opt.zero_grad(set_to_none=True)
+                tw = control.tw  # attempt + 1
+                r = b.rollback["rollback"]
+                print(f"ROLLBACK to {r['checkpoint']} (step {r['to_step']}), skipping "
+                      f"{len(r['skip_batch_ids'])} batch ids, LR x {r['lr_scale']}; "
+                      f"attempt {tw.attempt} resumes at step {b.resume_step}", flush=True)
+                step = b.resume_step
+                hook, it = start(position["next_batch"])
+                continue
+            if b.stop:
+                print(f"STOP at step {step}", flush=True)
+                break
+        hook.pre_step(step)
+        boost = args.fault_lr_mult if poisoned and args.fault == "diverge" else 1.0
+        for group in opt.param_groups:
+            group["lr"] *= boost
+        if scaler is None or not scaler.found_inf:
+            opt.step()
+        for group in opt.param_groups:
+            group["lr"] /= boost
+        if scaler:
+            scaler.update()
+        hook.post_step(step, norm, loss=loss, lr=sched.get_last_lr()[0], log_z=z,
+                       max_attn_logit=model.max_attn_logit(), batch_ids=ids)
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses[step] = loss.item()
+        if args.checkpoint_every and step > 0 and step % args.checkpoint_every == 0:
+            save(f"ckpt-{step}")
+            tw.event("checkpoint_saved", step, f"ckpt-{step}")
+        if step % 50 == 0 or step == args.steps - 1:
+            print(f"step {step:5d} loss {losses[step]:.3f} norm {float(norm):.3g} "
+                  f"logZ {float(z):.2f}", flush=True)
+        step += 1
+    last = sorted(losses)[-20:]
+    final = sum(losses[s] for s in last) / max(1, len(last))
+    tw.event("run_finished", max(losses) if losses else 0)
+    tw.flush(timeout=30.0)
+    tw.close()
+    if control is not None:
+        print(f"control: applied {len(control.log)} directives "
+              f"{[(i, at) for i, at, _ in control.log]}, skipped {control.skipped} batches",
+              flush=True)
+    print(f"final loss {final:.4f} (mean of the last {len(last)} steps)", flush=True)
+    return final
 
 
 # -- training ------------------------------------------------------------------
@@ -303,7 +464,12 @@ def main(argv=None):
     ap.add_argument("--drift-rate", type=float, default=1.01)
     ap.add_argument("--no-zloss", action="store_true")
     ap.add_argument("--fp16-scaler", action="store_true")
-    ap.add_argument("--checkpoint-every", type=int, default=100, metavar="K")
+    ap.add_argument("--checkpoint-every", type=int, default=50, metavar="K")
+    ap.add_argument("--fault", choices=("spike", "diverge", "none"), default="none")
+    ap.add_argument("--fault-at", type=int, default=250, metavar="BATCH")
+    ap.add_argument("--fault-steps", type=int, default=5, metavar="N")
+    ap.add_argument("--fault-lr-mult", type=float, default=100.0)
+    ap.add_argument("--control", choices=("auto", "propose", "off"), default="off")
     ap.add_argument("--layer-stats-every", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
@@ -315,15 +481,26 @@ def main(argv=None):
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    corpus = markov_corpus(max(50_000, (args.batch * args.seq + 1) * 64), seed=args.seed)
+    tokens = max(50_000, (args.batch * args.seq + 1) * 64)
+    if args.fault != "none" or args.control != "off":
+        # No epoch wraps around within a run and its replays: a fault keyed
+        # to batch ids strikes once, where it was put.
+        tokens = max(tokens, 2 * args.steps * args.batch * args.seq + 1)
+    corpus = markov_corpus(tokens, seed=args.seed)
     data = Batches(corpus, args.batch, args.seq)
     model = TinyLM(seq=args.seq)
     betas, eps = (0.9, 0.95), 1e-8
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=betas, eps=eps,
                             weight_decay=0.1)
+    lr_scale = [1.0]  # a directive's LR scale, on top of the schedule
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
+        opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)) * lr_scale[0])
     scaler = DynamicLossScaler() if args.fp16_scaler else None
+    if args.fault != "none" or args.control != "off":
+        started = time.monotonic()
+        run_controlled(args, data, model, opt, sched, scaler, lr_scale, betas, eps)
+        print(f"done: {args.steps} steps in {time.monotonic() - started:.1f} s", flush=True)
+        return 0
 
     corrupt_ids = data.ids(args.corrupt_batch_at) if args.corrupt_batch_at is not None else None
     checkpoints = {}  # name -> state after that step (a real run writes files)
@@ -352,11 +529,7 @@ def main(argv=None):
               f"skip={','.join(map(str, plan['skip_batch_ids']))}", flush=True)
         print(f"  why: {plan['why']}", flush=True)
         ckpt = checkpoints[plan["checkpoint"]]
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["opt"])
-        sched.load_state_dict(ckpt["sched"])
-        if scaler is not None:
-            scaler.__dict__.update(copy.deepcopy(ckpt["scaler"]))
+        restore(ckpt, model, opt, sched, scaler)
         state = dict(attempt=state["attempt"] + 1, first_step=ckpt["step"] + 1,
                      first_batch=ckpt["next_batch"], skip=plan["skip_batch_ids"])
         stop_at = None

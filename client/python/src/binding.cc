@@ -277,6 +277,53 @@ std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }
 
+// A directive as `trainwatchctl directives --json` shows one (json_out.cc):
+// id, seq, for_attempt, apply_at_step, alert, reason, approved_by, action
+// (its name: checkpoint_now, skip, rollback, scale_lr, stop) and, under the
+// action's name, its fields.
+py::dict DirectiveDict(const Directive& d) {
+  py::dict out;
+  out["id"] = d.id;
+  out["seq"] = d.seq;
+  out["for_attempt"] = d.for_attempt;
+  out["apply_at_step"] = d.apply_at_step;
+  out["alert"] = d.alert;
+  out["reason"] = d.reason;
+  out["approved_by"] = d.approved_by;
+  py::dict fields;
+  const char* action = "";
+  switch (d.action) {
+    case Directive::Action::kCheckpointNow:
+      action = "checkpoint_now";
+      fields["tag"] = d.checkpoint_tag;
+      break;
+    case Directive::Action::kSkip:
+      action = "skip";
+      fields["batch_ids"] = d.skip_batch_ids;
+      break;
+    case Directive::Action::kRollback:
+      action = "rollback";
+      fields["to_step"] = d.rollback_to_step;
+      fields["checkpoint"] = d.rollback_checkpoint;
+      fields["skip_batch_ids"] = d.skip_batch_ids;
+      fields["lr_scale"] = d.lr_scale;
+      break;
+    case Directive::Action::kScaleLr:
+      action = "scale_lr";
+      fields["factor"] = d.lr_scale;
+      break;
+    case Directive::Action::kStop:
+      action = "stop";
+      fields["checkpoint_first"] = d.checkpoint_first;
+      break;
+    case Directive::Action::kNone:
+      break;
+  }
+  out["action"] = action;
+  if (*action != '\0') out[action] = fields;
+  return out;
+}
+
 // Owns the C++ client. Thread-safety: as trainwatch::Client's.
 class PyClient {
  public:
@@ -386,6 +433,20 @@ class PyClient {
     const absl::Status status = client_->Refusal();
     if (status.ok()) return py::none();
     return py::str(status.ToString());
+  }
+
+  // The closed loop (Client::DueDirectives): the directives due at `step`
+  // that this client has not answered, by seq, as DirectiveDict makes them.
+  py::list DueDirectives(uint64_t step) {
+    py::list out;
+    for (const Directive& d : client_->DueDirectives(step)) out.append(DirectiveDict(d));
+    return out;
+  }
+
+  // `state` is a DirectiveState code (1 RECEIVED, 2 APPLIED, 3 REJECTED).
+  bool AckDirective(const std::string& id, int state, std::string detail) {
+    if (state < 1 || state > 3) throw py::value_error("unknown directive state");
+    return client_->AckDirective(id, static_cast<DirectiveState>(state), std::move(detail));
   }
 
   py::object RecommendedMaxNorm() const {
@@ -591,6 +652,8 @@ PYBIND11_MODULE(_trainwatch, m) {
       .def("close", &PyClient::Close)
       .def("stats", &PyClient::Stats)
       .def("recommended_max_norm", &PyClient::RecommendedMaxNorm)
+      .def("due_directives", &PyClient::DueDirectives)
+      .def("ack_directive", &PyClient::AckDirective)
       .def("refusal", &PyClient::Refusal)
       .def("set_layer_kinds", &PyClient::SetLayerKinds);
 }

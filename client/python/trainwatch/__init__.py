@@ -36,13 +36,17 @@ from typing import NamedTuple
 from . import _trainwatch
 from .restart import SkipBatches, restart_plan
 
-__all__ = ["Client", "Stats", "EVENT_KINDS", "restart_plan", "SkipBatches"]
+__all__ = ["Client", "Stats", "EVENT_KINDS", "DIRECTIVE_STATES", "restart_plan",
+           "SkipBatches", "Control", "Boundary", "EXIT_RESTART"]
 
 _RECORDED = _trainwatch.RECORDED
 _DEFERRED = _trainwatch.DEFERRED
 
 # RunEvent kinds (docs/contracts.md), as the C++ EventKind values.
 EVENT_KINDS = {"checkpoint_saved": 1, "run_finished": 2, "run_failed": 3}
+# A rank's answers to a closed-loop directive (docs/closed-loop.md), as the
+# C++ DirectiveState values.
+DIRECTIVE_STATES = {"received": 1, "applied": 2, "rejected": 3}
 
 # StepRecord fields record() takes after step, in the binding's order.
 _FIELDS = ("grad_norm", "loss", "loss_scale", "skipped", "clipped", "clip_coef",
@@ -146,6 +150,9 @@ class Client:
                  scaler_growth_interval=0, auth_token=None, tls=False,
                  tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
                  host=None, moe=None, last_applied_directive=0):
+        # Every argument as given, for new_attempt() to pass again.
+        self._args = {k: v for k, v in locals().items()
+                      if k not in ("self", "attempt", "last_applied_directive")}
         if not isinstance(address, str) or not address:
             raise ValueError("address must be a non-empty 'host:port' string")
         if not isinstance(run, str):
@@ -193,6 +200,9 @@ class Client:
         self._record = self._c.fast_record()
         self.run = run
         self.rank = rank
+        self.world_size = world_size
+        self.attempt = attempt
+        self.last_applied_directive = last_applied_directive
         # FIFO of ("step", args, host_buffers, cuda_event) and
         # ("event", args) waiting for a device-to-host copy to finish.
         self._pending = []
@@ -300,6 +310,43 @@ class Client:
         recorded, sent, acked, dropped, reconnects, rejected = self._c.stats()
         return Stats(recorded, sent, acked, dropped + self._pending_dropped,
                      reconnects, len(self._pending), rejected)
+
+    # -- the closed loop (docs/closed-loop.md) --------------------------------
+
+    def due_directives(self, step):
+        """The directives received with apply_at_step <= step that this
+        client has not answered, by seq; never blocks. Each is a dict as
+        `trainwatchctl directives --json` shows it: id, seq, for_attempt,
+        apply_at_step, alert, reason, approved_by, action ("checkpoint_now",
+        "skip", "rollback", "scale_lr" or "stop") and, under the action's
+        name, its fields ({"tag"}, {"batch_ids"}, {"to_step", "checkpoint",
+        "skip_batch_ids", "lr_scale"}, {"factor"}, {"checkpoint_first"}).
+        The client acks RECEIVED by itself. trainwatch.Control applies them;
+        call this yourself only to wire another loop."""
+        return self._c.due_directives(_step_index(step))
+
+    def ack_directive(self, id, state, detail=""):
+        """Answers a directive: "applied" once carried out (it is never due
+        again), "rejected" with a detail ("late" when step > apply_at_step:
+        the server reissues it for a later step). Sent in order with the
+        records. False for an id this client has not received or has
+        already answered applied."""
+        code = DIRECTIVE_STATES.get(state.lower() if isinstance(state, str) else state)
+        if code is None:
+            raise ValueError(f"state must be one of {sorted(DIRECTIVE_STATES)}, got {state!r}")
+        if not isinstance(detail, str):
+            raise ValueError("detail must be a string")
+        return self._c.ack_directive(str(id), code, detail)
+
+    def new_attempt(self, last_applied_directive=None):
+        """A new Client of the same run and options as attempt + 1 (a restart
+        from a checkpoint, in process or not: steps of one attempt never go
+        back). last_applied_directive: default this client's. Does not close
+        this one."""
+        if last_applied_directive is None:
+            last_applied_directive = self.last_applied_directive
+        return Client(attempt=self.attempt + 1,
+                      last_applied_directive=last_applied_directive, **self._args)
 
     @property
     def refusal(self):
@@ -705,3 +752,6 @@ def _fill_from_host(values, buffers):
             stat = list(values[pos][layer])
             stat[j] = float(chunk[0])
             values[pos][layer] = tuple(stat)
+
+
+from .control import Boundary, Control, EXIT_RESTART  # noqa: E402 (needs Client)

@@ -38,6 +38,25 @@ def restart_plan(address, run, auth_token=None, tls=False, tls_ca_file=None,
                                     float(timeout))
 
 
+def item_ids(item, key=None):
+    """The ids of a data item as SkipBatches and Control.filter read them:
+    key(item) when given; else, for a tuple or list item whose last element
+    holds ids (not a list of ints itself), that element; else the item
+    itself. A list of ints."""
+    if key is not None:
+        ids = key(item)
+    elif isinstance(item, (list, tuple)) and item and not all(
+            isinstance(x, int) for x in item):
+        ids = item[-1]  # (inputs, ..., ids)
+    else:
+        ids = item
+    if hasattr(ids, "tolist"):  # tensors, numpy arrays
+        ids = ids.tolist()
+    if isinstance(ids, (list, tuple)):
+        return [int(x) for x in ids]
+    return [int(ids)]
+
+
 class SkipBatches:
     """Iterates `source` (a sampler, a batch sampler, a DataLoader or any
     iterable) without the items whose ids are in `skip`.
@@ -59,23 +78,9 @@ class SkipBatches:
         self.skipped = 0
         self.dropped_ids = []
 
-    def _ids(self, item):
-        if self.key is not None:
-            ids = self.key(item)
-        elif isinstance(item, (list, tuple)) and item and not all(
-                isinstance(x, int) for x in item):
-            ids = item[-1]  # (inputs, ..., ids)
-        else:
-            ids = item
-        if hasattr(ids, "tolist"):  # tensors, numpy arrays
-            ids = ids.tolist()
-        if isinstance(ids, (list, tuple)):
-            return [int(x) for x in ids]
-        return [int(ids)]
-
     def __iter__(self):
         for item in self.source:
-            ids = self._ids(item)
+            ids = item_ids(item, self.key)
             hit = [i for i in ids if i in self.skip]
             if hit:
                 self.skipped += 1
