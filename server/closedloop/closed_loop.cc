@@ -133,8 +133,9 @@ void ClosedLoop::Submit(Ops ops, std::function<void(absl::Status)> done) {
   store_->Submit(std::move(last));
 }
 
-std::optional<std::string> ClosedLoop::OnAlertFired(const v1::Alert& alert, uint32_t attempt,
-                                                    const RecentBatches& recent) {
+std::optional<ClosedLoop::Answer> ClosedLoop::OnAlertFired(const v1::Alert& alert,
+                                                           uint32_t attempt,
+                                                           const RecentBatches& recent) {
   if (config_.mode == ClosedLoopConfig::Mode::kOff || !HasRestartPlan(alert.alertname()) ||
       alert.severity() != v1::SEVERITY_CRITICAL) {
     return std::nullopt;
@@ -142,7 +143,7 @@ std::optional<std::string> ClosedLoop::OnAlertFired(const v1::Alert& alert, uint
   absl::StatusOr<std::vector<v1::RunEvent>> events = store_->ListEvents(alert.run());
   if (!events.ok()) return std::nullopt;  // no plan without the events
   Ops ops;
-  std::optional<std::string> note;
+  Answer answer;
   {
     absl::MutexLock lock(&mu_);
     RunLoop& run = RunLocked(alert.run());
@@ -166,15 +167,17 @@ std::optional<std::string> ClosedLoop::OnAlertFired(const v1::Alert& alert, uint
     d.mutable_directive()->set_id(absl::StrCat(alert.run(), "#", seq));
     TransitionLocked(d, kProposed, "policy", d.directive().reason(), ops);
     MaybeApproveByPolicyLocked(run, d, ops);
+    answer.exhausted = p->exhausted;
+    if (p->exhausted) answer.reason = d.directive().reason();
     const std::string& id = d.directive().id();
-    note = d.state() == kApproved
+    answer.note = d.state() == kApproved
                ? absl::StrCat("Directive ", id, " (", ActionName(d.directive()),
                               ") was approved by policy (closed_loop.auto).")
                : absl::StrCat("Proposed directive ", id, " (", ActionName(d.directive()),
                               "): trainwatchctl approve ", id, " (or reject ", id, ").");
   }
   Submit(std::move(ops));
-  return note;
+  return answer;
 }
 
 void ClosedLoop::OnStreamStart(const v1::RunStart& start) {

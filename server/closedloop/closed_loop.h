@@ -61,13 +61,20 @@ class ClosedLoop {
 
   const ClosedLoopConfig& config() const { return config_; }
 
+  // What answered an alert: the sentence its description gains (the
+  // directive's id and the command that approves it), and, when the
+  // ladder ran out (the directive is the Stop), why.
+  struct Answer {
+    std::string note;
+    bool exhausted = false;
+    std::string reason;  // the Stop's, when exhausted
+  };
   // A critical alert fired on `attempt` of its run (the engine, on the run's
   // shard). `recent`: the lead's batch ids of its latest steps. Reads the
-  // run's events from the store (a small read, once per incident). Returns
-  // the sentence the alert's description gains when a directive was
-  // proposed: its id and the command that approves it.
-  std::optional<std::string> OnAlertFired(const v1::Alert& alert, uint32_t attempt,
-                                          const RecentBatches& recent);
+  // run's events from the store (a small read, once per incident); nullopt
+  // when no directive was proposed.
+  std::optional<Answer> OnAlertFired(const v1::Alert& alert, uint32_t attempt,
+                                     const RecentBatches& recent);
 
   // Ingest: a stream opened (a newer attempt expires what was not delivered
   // to the older one), and the highest step of a batch.

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "health/alert_catalog.h"
 #include "health/run/convert.h"
 #include "health/signals/moe_load.h"
 #include "trainwatch/v1/alert_names.h"
@@ -28,6 +30,7 @@ AlertRouter::AlertRouter(std::string run_id, Store* store, Metrics* metrics,
 
 void AlertRouter::SetLabels(const v1::RunStart& lead) {
   labels_ = lead.labels();
+  lead_attempt_ = lead.attempt();  // also on recovery, before Restore()
 }
 
 v1::Alert AlertRouter::Labelled(const v1::Alert& alert) const {
@@ -44,6 +47,10 @@ void AlertRouter::Route(v1::Alert alert) {
 }
 
 void AlertRouter::Restore(const v1::Alert& firing) {
+  if (firing.alertname() == Spec(AlertKind::kClosedLoopExhausted).name) {
+    // Resolved by the next attempt after the one the restart found.
+    exhausted_ = ExhaustedEpisode{firing, lead_attempt_};
+  }
   if (std::optional<AlertKind> kind = AlertKindByName(firing.alertname());
       kind.has_value() && run_metrics_ != nullptr) {
     run_metrics_->alert_active[static_cast<size_t>(*kind)].Set(1);
@@ -63,10 +70,14 @@ void AlertRouter::OnAlert(AlertKind kind, const v1::Alert& alert, bool update) {
     suspect = hosts_->OnAlertFired(kind, alert);
   }
   std::optional<std::pair<uint64_t, std::string>>& note = directive_notes_[i];
+  std::optional<v1::Alert> exhausted;
   if (firing && !update && closed_loop_ != nullptr) {
-    std::optional<std::string> proposed =
+    std::optional<ClosedLoop::Answer> proposed =
         closed_loop_->OnAlertFired(alert, lead_attempt_, recent_batches_);
-    if (proposed.has_value()) note.emplace(alert.started_step(), *std::move(proposed));
+    if (proposed.has_value()) {
+      note.emplace(alert.started_step(), proposed->note);
+      if (proposed->exhausted) exhausted = Exhausted(alert, proposed->reason);
+    }
   }
   if (note.has_value() && note->first == alert.started_step()) {
     v1::Alert named = alert;
@@ -76,6 +87,39 @@ void AlertRouter::OnAlert(AlertKind kind, const v1::Alert& alert, bool update) {
     Route(alert);
   }
   if (suspect.has_value()) Route(*std::move(suspect));
+  if (exhausted.has_value()) Route(*std::move(exhausted));
+}
+
+std::optional<v1::Alert> AlertRouter::Exhausted(const v1::Alert& cause,
+                                                const std::string& reason) {
+  if (exhausted_.has_value()) return std::nullopt;  // firing already
+  const AlertSpec& spec = Spec(AlertKind::kClosedLoopExhausted);
+  v1::Alert a;
+  a.set_alertname(std::string(spec.name));
+  a.set_run(run_id_);
+  a.set_severity(spec.severity);
+  a.set_state(v1::ALERT_STATE_FIRING);
+  a.set_started_step(cause.started_step());
+  a.set_onset_step(cause.onset_step());
+  a.set_started_unix_nanos(cause.started_unix_nanos());
+  a.set_peak_value(1);
+  a.set_summary(absl::StrCat("Closed loop exhausted on run ", run_id_));
+  a.set_description(absl::StrCat(reason, " Stop proposed: trainwatchctl directives --run ",
+                                 run_id_, "."));
+  a.set_likely_cause(std::string(spec.likely_cause));
+  a.set_fix(std::string(spec.fix));
+  a.set_caused_by(cause.alertname());
+  a.set_host(cause.host());
+  exhausted_ = ExhaustedEpisode{a, lead_attempt_};
+  SetActive(AlertKind::kClosedLoopExhausted, true, /*fired=*/true);
+  return a;
+}
+
+void AlertRouter::SetActive(AlertKind kind, bool firing, bool fired) {
+  if (run_metrics_ == nullptr) return;
+  const size_t i = static_cast<size_t>(kind);
+  run_metrics_->alert_active[i].Set(firing ? 1 : 0);
+  if (fired) run_metrics_->alerts_fired[i].Get().Increment();
 }
 
 void AlertRouter::OnSpikeOutcome(const SpikeOutcome& o) {
@@ -113,6 +157,15 @@ void AlertRouter::OnSpike(const SpikeInfo& s) {
 void AlertRouter::OnLeadChanged(const v1::RunStart& start) {
   SetLabels(start);
   lead_attempt_ = start.attempt();
+  if (exhausted_.has_value() && start.attempt() > exhausted_->attempt) {
+    // A person relaunched the run: the exhausted loop is theirs now.
+    v1::Alert resolved = exhausted_->alert;
+    resolved.set_state(v1::ALERT_STATE_RESOLVED);
+    resolved.set_resolved_unix_nanos(absl::GetCurrentTimeNanos());
+    exhausted_.reset();
+    SetActive(AlertKind::kClosedLoopExhausted, false, false);
+    Route(std::move(resolved));
+  }
   if (start.max_norm() > 0) run_metrics_->clip_threshold.Set(start.max_norm());
 }
 

@@ -59,6 +59,11 @@ class AlertRouter final : public RunObserver {
   static void SetFp8Worst(const v1::StepRecord& r, RunMetrics& m);
   // `alert` with the run's labels, as the notifier sends it.
   v1::Alert Labelled(const v1::Alert& alert) const;
+  // ClosedLoopExhausted, caused by `cause`, unless it fires already; it
+  // resolves when the run's lead starts a later attempt.
+  std::optional<v1::Alert> Exhausted(const v1::Alert& cause, const std::string& reason);
+  // The alert's series on /metrics (none for a run not held in memory).
+  void SetActive(AlertKind kind, bool firing, bool fired);
 
   const std::string run_id_;
   Store* const store_;
@@ -73,6 +78,11 @@ class AlertRouter final : public RunObserver {
   // Per alert, the episode (started_step) whose description names the
   // directive proposed for it, and that sentence: kept on its updates.
   std::array<std::optional<std::pair<uint64_t, std::string>>, kAlertKindCount> directive_notes_;
+  struct ExhaustedEpisode {
+    v1::Alert alert;
+    uint32_t attempt = 0;  // the lead's when it fired
+  };
+  std::optional<ExhaustedEpisode> exhausted_;
   google::protobuf::Map<std::string, std::string> labels_;
   // The started_step of each alert's episode counted as a host incident.
   std::array<std::optional<uint64_t>, kAlertKindCount> incident_counted_;

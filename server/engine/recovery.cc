@@ -40,6 +40,10 @@ absl::Status Engine::Rebuild(RunState& run, const v1::RunSummary& summary) {
     // as stored) are the tracker's.
     const std::optional<AlertKind> kind = AlertKindByName(a.alertname());
     if (!kind.has_value() || *kind == AlertKind::kHostSuspect) continue;
+    if (*kind == AlertKind::kClosedLoopExhausted) {  // the router's, not the tracker's
+      run.router.Restore(a);
+      continue;
+    }
     pipeline.RestoreAlert(a);
     run.router.Restore(a);
   }

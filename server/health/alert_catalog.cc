@@ -469,6 +469,21 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      {.summary = "An expert-parallel rank is overloaded on run {{ $labels.run }}",
       .details = kMoeDetails},
      AlertScope::kLead, {K::kMoeRouterCollapse}},
+    {K::kClosedLoopExhausted, "ClosedLoopExhausted", v1::SEVERITY_CRITICAL,
+     "The closed loop rolled the run back closed_loop.max_rollbacks times and "
+     "the same alert came back each time: the fault is not in the batches it "
+     "skipped (the data's content, the model, or a learning rate too high for "
+     "the recipe).",
+     "Approve the proposed stop (or hold the run), then find the cause by "
+     "hand: trainwatchctl directives --run R lists every rollback and why; "
+     "look at the data at those steps and the last change to the recipe "
+     "before relaunching.",
+     "the closed loop's rollbacks ran out: a person must look",
+     {},
+     {.summary = "Closed loop exhausted on run {{ $labels.run }}",
+      .details = "Details (the rollbacks, the proposed stop): trainwatchctl directives "
+                 "--run {{ $labels.run }}."},
+     AlertScope::kServer},
 }};
 
 // The table is in the enum's order, so that Spec() is an index.

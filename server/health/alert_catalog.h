@@ -63,6 +63,9 @@ enum class AlertKind {
   kMoeExpertBiasDrift,
   kMoeTokensDropped,
   kMoeExpertParallelImbalance,
+  // The closed loop's ladder ran out (server/closedloop): raised by the
+  // run's router when the policy proposes its Stop.
+  kClosedLoopExhausted,
   // Not an alert: the count of those above.
   kCount,
 };

@@ -180,7 +180,7 @@ class ClosedLoopTest : public ::testing::Test {
   }
 
   std::string Fire() {
-    std::optional<std::string> note =
+    std::optional<ClosedLoop::Answer> note =
         loop_->OnAlertFired(Critical("LossDivergence", 700, 710), 0, Batches(600, 711));
     EXPECT_TRUE(note.has_value());
     std::vector<v1::DirectiveRecord> list = loop_->List("r1");
