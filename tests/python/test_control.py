@@ -6,6 +6,7 @@ The example's runs (train_tiny_lm.py --fault diverge) take ~600 steps: the
 divergence needs a level of 100 losses before it and 50 steps of staying up
 after it, and the restart plan a checkpoint 100 steps before its onset."""
 
+import json
 import os
 import re
 import subprocess
@@ -23,8 +24,8 @@ EXAMPLE = REPO / "client" / "examples" / "train_tiny_lm.py"
 STEPS = 450
 
 
-def config(tmp_path, mode, **extra):
-    lines = ["closed_loop:", f"  mode: {mode}", "  auto: [checkpoint_now, skip, rollback]"]
+def config(tmp_path, mode, auto="checkpoint_now, skip, rollback", **extra):
+    lines = ["closed_loop:", f"  mode: {mode}", f"  auto: [{auto}]"]
     lines += [f"  {k}: {v}" for k, v in extra.items()]
     path = tmp_path / "closed_loop.yaml"
     path.write_text("\n".join(lines) + "\n")
@@ -378,3 +379,385 @@ def test_two_gloo_ranks_apply_the_rollback_at_the_same_step(tmp_path):
 
 def _rank_wrapper(rank, address, run, store, steps, outs):
     _rank_main(rank, address, run, store, steps, outs[rank])
+
+
+
+# -- a tiny single-rank loop, stepped one step at a time ------------------------
+
+BAD = 0  # the first token of the corrupt document (real tokens are 1..999)
+LR = 0.05
+
+
+class Tiny:
+    """A tiny PyTorch regression on CPU wired to the closed loop as
+    docs/closed-loop.md says, stepped by step(): batch i (ids [i]) holds
+    tokens and inputs generated from i; a checkpoint (model, optimizer, data
+    position, Control.state_dict()) every 50 steps, kept in memory and, with
+    ckpt_dir, on disk. Faults:
+      poison: batch ids whose first token is BAD (the same corrupt document
+          at several places of the corpus); the step of any batch whose
+          first token is BAD has a non-finite loss, whatever its id.
+      glitch: (attempt, step) whose reported gradient norm is NaN (a
+          transient fault: the data and the update are fine, and it does
+          not come back)."""
+
+    def __init__(self, tw, poison=(), glitch=None, report_ids=True, ckpt_dir=None,
+                 resume=None):
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(8, 1)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=LR)
+        self.w = torch.randn(8, 1, generator=torch.Generator().manual_seed(1))
+        self.poison, self.glitch, self.report_ids = set(poison), glitch, report_ids
+        self.ckpt_dir = ckpt_dir
+        self.checkpoints = {}
+        self.losses = []  # (attempt, step, loss)
+        self.loads, self.scales, self.stops, self.bad_steps = [], [], [], []
+        self.tw = tw
+        self.control = trainwatch.Control(tw, save=self.save, load=self.load,
+                                          set_lr_scale=self.set_lr_scale,
+                                          stop=lambda: self.stops.append(self.step))
+        self.step, self.next = 0, 0
+        if resume is not None:
+            self._restore(resume)
+            self.control.load_state_dict(resume["control"])
+            self.step = resume["step"] + 1
+        self.batches = self.control.filter((i, [i]) for i in range(self.next, 10 ** 6))
+
+    def data(self, i):
+        g = torch.Generator().manual_seed(i)
+        tokens = torch.randint(1, 1000, (4,), generator=g)
+        if i in self.poison:
+            tokens[0] = BAD
+        return tokens, torch.randn(16, 8, generator=g)
+
+    def state(self):
+        return {"model": {k: v.clone() for k, v in self.model.state_dict().items()},
+                "opt": self.opt.state_dict(), "next": self.next, "step": self.step,
+                "control": self.control.state_dict()}
+
+    def _restore(self, state):
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+        self.next = state["next"]
+
+    def save(self, tag):
+        state = self.state()
+        self.checkpoints[tag] = state
+        if self.ckpt_dir is not None:
+            torch.save(state, os.path.join(self.ckpt_dir, tag + ".pt"))
+            with open(os.path.join(self.ckpt_dir, "latest.tmp"), "w") as f:
+                f.write(tag)
+            os.replace(os.path.join(self.ckpt_dir, "latest.tmp"),
+                       os.path.join(self.ckpt_dir, "latest"))
+
+    def load(self, step, name):
+        state = self.checkpoints.get(name)
+        if state is None:  # saved by an earlier process
+            state = torch.load(os.path.join(self.ckpt_dir, name + ".pt"), weights_only=False)
+        assert state["step"] == step, (name, state["step"], step)
+        self._restore(state)
+        self.loads.append(name)
+
+    def set_lr_scale(self, factor):
+        self.scales.append(factor)
+        for g in self.opt.param_groups:
+            g["lr"] *= factor
+
+    def run(self, n=1):
+        """n steps, or fewer when a Stop ends the loop; the last Boundary."""
+        b = None
+        for _ in range(n):
+            b = self.train_step()
+            if b.stop:
+                break
+        return b
+
+    def train_step(self):
+        index, ids = next(self.batches)
+        self.next = index + 1
+        tokens, x = self.data(index)
+        loss = ((self.model(x) - x @ self.w) ** 2).mean()
+        if int(tokens[0]) == BAD:
+            loss = loss * float("nan")
+            self.bad_steps.append((self.tw.attempt, self.step))
+        loss.backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), 10.0))
+        reported = float("nan") if self.glitch == (self.tw.attempt, self.step) else norm
+        b = self.control.boundary(self.step)
+        if b:
+            self.opt.zero_grad()
+        if b.rollback:
+            self.tw, self.step = self.control.tw, b.resume_step
+            self.batches = self.control.filter((i, [i]) for i in range(self.next, 10 ** 6))
+            return b
+        if b.stop:
+            return b
+        self.opt.step()  # a non-finite one too: the rollback undoes it
+        self.opt.zero_grad()
+        self.losses.append((self.tw.attempt, self.step, loss.item()))
+        self.tw.record(self.step, grad_norm=reported, loss=loss.item(),
+                       batch_ids=ids if self.report_ids else None)
+        if self.step % 50 == 0:
+            tag = f"a{self.tw.attempt}-c{self.step}"
+            self.save(tag)
+            self.tw.event("checkpoint_saved", self.step, tag)
+        # In step with the server: each step's responses, and the directives
+        # on them, are in before the next step.
+        self.tw.flush(timeout=30)
+        self.step += 1
+        return b
+
+    def until(self, what, fn, max_steps=600):
+        """Steps until fn() is truthy (checked before each step)."""
+        for _ in range(max_steps):
+            v = fn()
+            if v:
+                return v
+            if self.train_step().stop:
+                break
+        v = fn()
+        assert v, f"{what}: not within {max_steps} steps"
+        return v
+
+    def received(self):
+        """The directives this client holds and has not answered, due or
+        not (a peek: due_directives of a step past any apply_at_step)."""
+        return self.tw.due_directives(10 ** 9)
+
+
+def directives(server, run):
+    return server.ctl_json("directives", "--run", run)
+
+
+def restart(server, tmp_path, args):
+    """A new trainwatch-server on the same --db and gRPC address."""
+    return Server(tmp_path, [*args, "--listen", server.address])
+
+
+def test_a_server_killed_between_delivery_and_application_still_applies_it_once(tmp_path):
+    """The directive reaches the trainer (RANK_RECEIVED), the server is
+    SIGKILLed and restarted on the same --db before its apply_at_step; the
+    trainer applies it once at that step, and the record shows it APPLIED
+    with one RANK_APPLIED."""
+    args = ["--config", config(tmp_path, "auto", lead_steps=20)]
+    server = Server(tmp_path, args)
+    run = "cl/server-killed"
+    try:
+        t = Tiny(trainwatch.Client(server.address, run=run, max_norm=10.0), glitch=(0, 150))
+        (d,) = t.until("the rollback received", t.received, 300)
+        step_received = t.step
+        t.run(1)  # its RECEIVED ack rides on this step's batch, flushed
+        assert t.step < d["apply_at_step"]
+        poll("RANK_RECEIVED", lambda: any(tr["state"] == "RANK_RECEIVED"
+                                          for tr in directives(server, run)[0]["transitions"]))
+        pid = server.proc.pid
+        server.proc.kill()  # SIGKILL, the server this test started
+        server.proc.wait(timeout=10)
+        server.stop()
+        server = restart(server, tmp_path, args)
+        assert server.proc.pid != pid
+        (back,) = directives(server, run)
+        assert back["state"] == "DELIVERED" and not rank_applied(back), back
+        assert t.loads == []
+
+        t.until("the rollback applied", lambda: t.loads, 100)
+        assert t.control.log == [(d["id"], d["apply_at_step"], d["apply_at_step"])], t.control.log
+        assert d["apply_at_step"] > step_received
+        t.run(30)  # and on: it is not applied again
+        t.tw.close(timeout=30)
+        final = poll("APPLIED", lambda: [x for x in directives(server, run)
+                                         if x["state"] == "APPLIED"])
+        assert len(directives(server, run)) == 1
+        assert len(rank_applied(final[0])) == 1, final[0]["transitions"]
+        assert t.loads == [d["rollback"]["checkpoint"]] and len(t.control.log) == 1
+    finally:
+        server.stop()
+
+
+def _trainer_process(address, run, ckpt_dir, out, steps):
+    """test_a_rank_killed_...'s trainer: from the latest checkpoint in
+    ckpt_dir when there is one (Control.load_state_dict, and the Client
+    opened as attempt + 1 with RunStart.last_applied_directive), else from
+    scratch with a NaN gradient norm reported at step 150. Attempt 0 stops
+    once it holds a directive (RECEIVED acked and flushed), writes
+    received.json and waits to be killed."""
+    resume = None
+    latest = os.path.join(ckpt_dir, "latest")
+    if os.path.exists(latest):
+        with open(latest) as f:
+            resume = torch.load(os.path.join(ckpt_dir, f.read() + ".pt"), weights_only=False)
+    attempt = 0 if resume is None else resume["control"]["attempt"] + 1
+    last = 0 if resume is None else resume["control"]["last_applied_seq"]
+    tw = trainwatch.Client(address, run=run, max_norm=10.0, attempt=attempt,
+                           last_applied_directive=last)
+    t = Tiny(tw, glitch=(0, 150), ckpt_dir=ckpt_dir, resume=resume)
+    while t.step < steps:
+        t.train_step()
+        if attempt == 0 and t.received():
+            t.run(1)  # the RECEIVED ack goes with this step's batch
+            with open(os.path.join(ckpt_dir, "received.tmp"), "w") as f:
+                json.dump({"directive": t.received()[0], "step": t.step}, f)
+            os.replace(os.path.join(ckpt_dir, "received.tmp"),
+                       os.path.join(ckpt_dir, "received.json"))
+            while True:  # hung until killed
+                time.sleep(1)
+    t.tw.close(timeout=30)
+    with open(out, "w") as f:
+        json.dump({"loads": t.loads, "log": t.control.log, "first_step": resume["step"] + 1
+                   if resume else 0, "attempt": attempt}, f)
+
+
+def test_a_rank_killed_between_received_and_applied_applies_it_once_overall(tmp_path):
+    """The trainer holds the directive (RANK_RECEIVED) and is SIGKILLed
+    before its apply_at_step; restarted from its last checkpoint it is sent
+    the directive again and applies it once at the same step: one
+    RANK_APPLIED, one load() over both processes."""
+    server = Server(tmp_path, ["--config", config(tmp_path, "auto", lead_steps=20)])
+    run = "cl/rank-killed"
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    out = tmp_path / "trainer.json"
+    cmd = [sys.executable, __file__, "trainer", server.address, run, str(ckpt_dir), str(out),
+           "260"]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(trainwatch.__path__[0]),
+                                           os.environ.get("PYTHONPATH", "")]))
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=env)
+    try:
+        marker = ckpt_dir / "received.json"
+        poll("the trainer to hold the directive",
+             lambda: marker.exists() or first.poll() is not None, 300)
+        assert first.poll() is None, first.communicate()[0]
+        received = json.loads(marker.read_text())
+        d = received["directive"]
+        assert received["step"] < d["apply_at_step"]
+        poll("RANK_RECEIVED", lambda: any(tr["state"] == "RANK_RECEIVED"
+                                          for tr in directives(server, run)[0]["transitions"]))
+        first.kill()  # SIGKILL, the process this test started
+        first.communicate(timeout=30)
+        (held,) = directives(server, run)
+        assert held["state"] == "DELIVERED" and not rank_applied(held), held
+
+        second = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, timeout=300)
+        assert second.returncode == 0, second.stdout
+        result = json.loads(out.read_text())
+        assert result["attempt"] == 1 and result["first_step"] <= received["step"], result
+        assert result["loads"] == [d["rollback"]["checkpoint"]], result
+        assert result["log"] == [[d["id"], d["apply_at_step"], d["apply_at_step"]]], result
+        final = poll("APPLIED", lambda: [x for x in directives(server, run)
+                                         if x["state"] == "APPLIED"])
+        assert len(directives(server, run)) == 1
+        assert len(rank_applied(final[0])) == 1, final[0]["transitions"]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+        server.stop()
+
+
+def test_a_rollback_with_an_empty_skip_list_replays_the_run_bit_for_bit(auto_server):
+    """A transient fault (a NaN gradient norm reported at step 150; the data
+    is fine) in a run that reports no batch ids: the policy's rollback
+    skips nothing, and from its checkpoint on the replay's losses are the
+    uninterrupted run's, bit for bit: the model, the optimizer and the data
+    position were restored."""
+    healthy = Tiny(trainwatch.Client(auto_server.address, run="cl/bits-healthy", max_norm=10.0),
+                   report_ids=False)
+    healthy.run(260)
+    faulty = Tiny(trainwatch.Client(auto_server.address, run="cl/bits", max_norm=10.0),
+                  report_ids=False, glitch=(0, 150))
+    faulty.until("the rollback", lambda: faulty.loads, 300)
+    faulty.until("the end", lambda: faulty.step >= 260, 300)
+    for t in (healthy, faulty):
+        t.tw.close(timeout=30)
+    assert directives(auto_server, "cl/bits-healthy") == []
+    (d,) = directives(auto_server, "cl/bits")
+    assert d["action"] == "rollback" and d["alert"] == "NonFiniteUpdate@150", d
+    assert d["rollback"].get("skip_batch_ids", []) == [], d
+    to_step = d["rollback"]["to_step"]
+    assert to_step <= 50
+    assert faulty.control.skip_ids == set() and faulty.control.skipped == 0
+    expected = {s: loss for _, s, loss in healthy.losses}
+    replay = [(s, loss) for a, s, loss in faulty.losses if a == 1]
+    assert [s for s, _ in replay] == list(range(to_step + 1, 260))
+    assert [loss for _, loss in replay] == [expected[s] for s, _ in replay]
+    # The attempt before the rollback also matched, up to its fault.
+    assert all(expected[s] == loss for a, s, loss in faulty.losses if a == 0)
+
+
+def test_a_fault_in_the_data_comes_back_and_climbs_the_ladder_to_a_stop(tmp_path):
+    """The same corrupt document at batch ids 160, 280, 400, 520, 640 (the
+    fault is keyed to its first token, not to the ids): each rollback skips
+    the ids it saw and the next copy trips it again: rollbacks at LR x 1.0,
+    0.9, 0.67 (closed_loop.max_rollbacks 3), then a Stop, and the trainer's
+    stop() ran.
+
+    The copies are 120 ids apart: the NonFiniteUpdate of one attempt is
+    still firing in the replay until resolve_after_steps (100) steps past
+    its last event, and a copy met before then extends that episode instead
+    of firing a new alert (so it proposes nothing)."""
+    server = Server(tmp_path, ["--config", config(
+        tmp_path, "auto", auto="checkpoint_now, skip, rollback, stop", max_rollbacks=3)])
+    run = "cl/ladder"
+    try:
+        t = Tiny(trainwatch.Client(server.address, run=run, max_norm=10.0),
+                 poison=range(160, 700, 120))
+        t.until("the stop", lambda: t.stops, 1500)
+        t.tw.close(timeout=30)
+        ds = directives(server, run)
+        assert [d["action"] for d in ds] == ["rollback"] * 3 + ["stop"], ds
+        assert all(d["state"] == "APPLIED" and len(rank_applied(d)) == 1 for d in ds), ds
+        assert [d["rollback"].get("lr_scale", 1.0) for d in ds[:3]] == pytest.approx(
+            [1.0, 0.9, 0.67]), ds
+        assert [d["for_attempt"] for d in ds] == [0, 1, 2, 3]
+        assert all(d["alert"].startswith("NonFiniteUpdate@") for d in ds), ds
+        assert "max_rollbacks" in ds[3]["reason"], ds[3]
+        # The fault came back once per attempt, each time on another batch id.
+        assert [a for a, _ in t.bad_steps] == [0, 1, 2, 3], t.bad_steps
+        assert t.scales == pytest.approx([0.9, 0.67]) and len(t.loads) == 3
+        assert len(t.stops) == 1 and t.control.log[-1][0] == ds[3]["id"]
+        skipped = set().union(*(d["rollback"]["skip_batch_ids"] for d in ds[:3]))
+        assert {160, 280, 400} <= skipped and 520 not in skipped
+        # The ladder ran out: a person is paged by name, caused by the alert
+        # that kept coming back.
+        exhausted = [a for a in server.ctl_json("alerts", "--run", run)
+                     if a["alertname"] == "ClosedLoopExhausted"]
+        assert len(exhausted) == 1, exhausted
+        assert exhausted[0]["severity"] == "critical", exhausted
+        assert exhausted[0]["caused_by"] == "NonFiniteUpdate", exhausted
+        assert "max_rollbacks" in exhausted[0]["description"], exhausted
+    finally:
+        server.stop()
+
+
+def test_a_hold_blocks_auto_until_released(auto_server):
+    """`trainwatchctl hold --run R --for 1h` before the fault: the rollback
+    stays PROPOSED and nothing is applied while the trainer goes on;
+    `release --run R` lets the policy approve it and the trainer apply it."""
+    run = "cl/held"
+    t = Tiny(trainwatch.Client(auto_server.address, run=run, max_norm=10.0), glitch=(0, 150))
+    t.run(10)
+    auto_server.ctl("hold", "--run", run, "--for", "1h")
+    (d,) = t.until("a proposal", lambda: directives(auto_server, run), 300)
+    assert d["state"] == "PROPOSED" and d["alert"] == "NonFiniteUpdate@150", d
+    t.run(40)  # 40 steps past the alert: lead_steps 2 would have applied it
+    (d,) = directives(auto_server, run)
+    assert d["state"] == "PROPOSED" and not rank_applied(d), d
+    assert t.loads == [] and t.received() == [] and t.control.log == []
+
+    auto_server.ctl("release", "--run", run)
+    t.until("the rollback applied", lambda: t.loads, 100)
+    t.run(10)
+    t.tw.close(timeout=30)
+    (d,) = directives(auto_server, run)
+    assert (d["state"], d["approved_by"]) == ("APPLIED", "policy"), d
+    assert len(rank_applied(d)) == 1 and len(t.loads) == 1
+    states = [tr["state"] for tr in d["transitions"]]
+    assert states.index("PROPOSED") < states.index("APPROVED"), states
+
+
+if __name__ == "__main__" and sys.argv[1] == "trainer":
+    _trainer_process(*sys.argv[2:6], int(sys.argv[6]))
