@@ -695,10 +695,10 @@ def test_a_fault_in_the_data_comes_back_and_climbs_the_ladder_to_a_stop(tmp_path
     0.9, 0.67 (closed_loop.max_rollbacks 3), then a Stop, and the trainer's
     stop() ran.
 
-    The copies are 120 ids apart: the NonFiniteUpdate of one attempt is
-    still firing in the replay until resolve_after_steps (100) steps past
-    its last event, and a copy met before then extends that episode instead
-    of firing a new alert (so it proposes nothing)."""
+    The copies are 120 ids apart, so that each attempt meets exactly one
+    (the ladder's skips are then known). A copy met soon after a restart is
+    an alert of its own too: the restart resolves the alerts of the steps it
+    abandoned (RunPipelineTest.AFaultThatComesBackAfterARestartIsAnAlertOfItsOwn)."""
     server = Server(tmp_path, ["--config", config(
         tmp_path, "auto", auto="checkpoint_now, skip, rollback, stop", max_rollbacks=3)])
     run = "cl/ladder"

@@ -170,6 +170,16 @@ void AlertTracker::Resolve(AlertKind kind, uint64_t step) {
   if (on_transition_) on_transition_(s.episode);
 }
 
+void AlertTracker::ResolveAbandoned(uint64_t from, uint64_t last_step) {
+  for (size_t i = 0; i < kAlertKindCount; ++i) {
+    const auto kind = static_cast<AlertKind>(i);
+    const State& s = states_[i];
+    if (s.episode.firing && kind != AlertKind::kRunSilent && s.episode.started_step >= from) {
+      Resolve(kind, last_step);
+    }
+  }
+}
+
 void AlertTracker::EndStep(uint64_t step) {
   deferring_ = false;
   ReportFires();

@@ -78,6 +78,12 @@ class AlertTracker final : public AlertSink {
   // pipeline's restart-loop verdicts and lifecycle).
   void Fire(AlertKind kind, uint64_t step, double value, AlertText text) override;
   void Resolve(AlertKind kind, uint64_t step) override;
+  // The run restarted from a checkpoint at `from`: the alerts that started
+  // at or after it belong to the abandoned steps and resolve (at
+  // `last_step`, the last step before the restart), so a fault that comes
+  // back in the replayed steps is an alert of its own (the restart loop and
+  // the closed loop judge recurrences by it). RunSilent, about time, stays.
+  void ResolveAbandoned(uint64_t from, uint64_t last_step);
 
   // Rewrites a firing alert's text (and raises its severity when `severity`
   // is not empty) and tells the listener, as an update: what a spike's

@@ -196,7 +196,10 @@ void RunHealth::Rewind(uint64_t step) {
     post_warmup_seen_ = window_.grad_norm.slots();
   }
   records_seen_ = 0;
-  if (last_step_.has_value()) timing_.OnRewind(step, *last_step_);
+  if (last_step_.has_value()) {
+    timing_.OnRewind(step, *last_step_);
+    tracker_.ResolveAbandoned(step, *last_step_);
+  }
   if (last_step_.has_value() && *last_step_ >= step) {
     last_step_ = step == 0 ? std::nullopt : std::optional<uint64_t>(step - 1);
   }

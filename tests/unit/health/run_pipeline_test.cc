@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "health/alert_catalog.h"
@@ -192,6 +193,27 @@ TEST_F(RunPipelineTest, ANewAttemptFromAnEarlierStepRewindsTheWindows) {
   EXPECT_EQ(pipeline_.health()->window().grad_norm.slots(), 25u);
   EXPECT_EQ(pipeline_.health()->last_step(), 24u);
   EXPECT_EQ(seen_.window_slots.back(), 25u);
+}
+
+TEST_F(RunPipelineTest, AFaultThatComesBackAfterARestartIsAnAlertOfItsOwn) {
+  // Attempt 0 meets a non-finite update at step 150; attempt 1 restarts
+  // from step 100 and meets it again at 150, well within the first alert's
+  // resolve_after_steps: the restart resolved the abandoned alert, so the
+  // recurrence fires anew (the closed loop's ladder counts on it).
+  pipeline_.OnStreamStarted(0, 0, std::nullopt);
+  pipeline_.OnStreamStarted(0, 1, std::nullopt);
+  std::vector<v1::StepRecord> first = Steps(0, 170);
+  first[150].set_grad_norm(std::numeric_limits<double>::quiet_NaN());
+  Send(Start(0, 0), first);
+  std::vector<v1::StepRecord> again = Steps(100, 170);
+  again[50].set_grad_norm(std::numeric_limits<double>::quiet_NaN());  // step 150
+  Send(Start(0, 1), again);
+  std::vector<std::string> nonfinite;
+  for (const std::string& a : seen_.alerts) {
+    if (absl::StrContains(a, "NonFiniteUpdate")) nonfinite.push_back(a);
+  }
+  EXPECT_THAT(nonfinite, ElementsAre("fire NonFiniteUpdate", "resolve NonFiniteUpdate",
+                                     "fire NonFiniteUpdate"));
 }
 
 TEST_F(RunPipelineTest, ANewAttemptPastTheLastStepKeepsTheWindows) {
