@@ -8,7 +8,8 @@ Each variant is timed per call with time.perf_counter_ns over --calls calls
 (after a warm-up), and the median is reported. The client points at a port
 nothing listens on with a capacity above the call count, so record() pays its
 full queue push and nothing is dropped; no server is needed. Budget
-(docs/performance.md): record() <= 2 us median. Not a test: nothing is asserted.
+(docs/performance.md): record() <= 2 us median; Control.boundary() with
+nothing due is measured beside it. Not a test: nothing is asserted.
 """
 
 import argparse
@@ -56,6 +57,14 @@ def main():
         tw.record(step[0], norm, loss=loss, loss_scale=scale, skipped=False,
                   clip_coef=coef, lr=lr)
     rows.append(("trainwatch record(), 5 CPU tensors", timed(rec_tensors, n // 4)))
+
+    # The closed loop's hook (docs/closed-loop.md), nothing due, no
+    # torch.distributed: what each step pays for Control.boundary().
+    control = trainwatch.Control(tw)
+
+    def boundary(i):
+        control.boundary(i)
+    rows.append(("trainwatch Control.boundary(), nothing due", timed(boundary, n)))
     dropped = tw.stats.dropped
     tw.close(timeout=0.1)
 
