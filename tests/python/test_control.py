@@ -212,6 +212,29 @@ def test_a_directive_is_applied_once_across_a_restart():
     assert c3.tw.acks[0][1] == "rejected" and c3.tw.acks[0][2].startswith("late")
 
 
+def test_a_rollback_without_a_load_callback_exits_75_and_the_restart_resumes_it(tmp_path):
+    """Where the loop cannot roll back in process (no `load`), the rollback
+    is acked APPLIED, its resume point written to restart_file, and the
+    process exits with EXIT_RESTART (75) for the launcher; the restarted
+    process reads it back and never applies the directive again."""
+    restart = tmp_path / "restart.json"
+    tw = FakeClient([ROLLBACK])
+    c = trainwatch.Control(tw, restart_file=restart)
+    with pytest.raises(SystemExit) as exit_:
+        c.boundary(10)
+    assert exit_.value.code == trainwatch.EXIT_RESTART == 75
+    assert ("r#1", "applied", "") in tw.acks
+    state = trainwatch.Control.read_restart_file(restart)
+    assert state["resume"] == {"to_step": 3, "checkpoint": "c3", "lr_scale": 0.9}
+    assert state["last_applied_seq"] == 1 and set(state["skip_batch_ids"]) == {7, 8}
+
+    tw2 = FakeClient([ROLLBACK], attempt=1)  # delivered again after the restart
+    c2 = trainwatch.Control(tw2, restart_file=restart)
+    c2.load_state_dict(state)
+    assert not c2.boundary(10)
+    assert tw2.acks == [("r#1", "applied", "already applied")]
+
+
 class DropAppliedAcks:
     """A real client whose APPLIED acks are lost: the trainer died after
     applying a directive and before its ack left."""
