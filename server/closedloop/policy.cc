@@ -5,6 +5,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "health/alert_catalog.h"
 
 namespace trainwatch {
 namespace {
@@ -39,11 +40,8 @@ const v1::RunEvent* PlanCheckpoint(const std::vector<v1::RunEvent>& events, uint
 }
 
 bool HasRestartPlan(std::string_view alertname) {
-  for (std::string_view name :
-       {"LossDivergence", "NonFiniteUpdate", "LossScaleCollapse", "ScalerStuck"}) {
-    if (alertname == name) return true;
-  }
-  return false;
+  const std::optional<AlertKind> kind = AlertKindByName(alertname);
+  return kind.has_value() && Spec(*kind).has_restart_plan;
 }
 
 const char* ActionName(const v1::Directive& d) {

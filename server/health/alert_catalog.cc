@@ -72,7 +72,8 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      {"loss_scale"},
      {.summary = "FP16 loss scale collapsing on run {{ $labels.run }}",
       .quote_label = "loss scale",
-      .quote = "trainwatch_loss_scale{run=%q}"}},
+      .quote = "trainwatch_loss_scale{run=%q}"},
+     AlertScope::kLead, {}, /*implicates_host=*/false, /*has_restart_plan=*/true},
     {K::kSkipRateHigh, "SkipRateHigh", v1::SEVERITY_WARNING,
      "Many optimizer steps are skipped for inf/NaN gradients: the fp16 range "
      "is exceeded often (activations or gradients too large).",
@@ -92,7 +93,8 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      {"loss_scale"},
      {.summary = "GradScaler stuck on run {{ $labels.run }}",
       .quote_label = "loss scale",
-      .quote = "trainwatch_loss_scale{run=%q}"}},
+      .quote = "trainwatch_loss_scale{run=%q}"},
+     AlertScope::kLead, {}, /*implicates_host=*/false, /*has_restart_plan=*/true},
     {K::kNonFiniteUpdate, "NonFiniteUpdate", v1::SEVERITY_CRITICAL,
      "A NaN or Inf gradient norm or loss on a step that was applied: the "
      "weights may now be corrupted.",
@@ -103,7 +105,8 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      {.summary = "NaN/Inf applied to the weights of run {{ $labels.run }}",
       .quote_label = "non-finite steps so far",
       .quote = "trainwatch_nonfinite_steps_total{run=%q}"},
-     AlertScope::kLead, {K::kLossScaleCollapse}, /*implicates_host=*/true},
+     AlertScope::kLead, {K::kLossScaleCollapse}, /*implicates_host=*/true,
+     /*has_restart_plan=*/true},
     {K::kClipBeforeUnscale, "ClipBeforeUnscale", v1::SEVERITY_CRITICAL,
      "Clipping runs on the scaled fp16 gradients: the norm tracks the loss "
      "scale and every step is clipped, so the effective learning rate is tiny.",
@@ -369,7 +372,8 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
           "$labels.run }}."},
      // An MoE router gone wrong is the root of a loss that follows it; a
      // spike under way, of one without.
-     AlertScope::kLead, {K::kMoeRouterCollapse, K::kMoeRouterZLossGrowth, K::kLossSpike}},
+     AlertScope::kLead, {K::kMoeRouterCollapse, K::kMoeRouterZLossGrowth, K::kLossSpike},
+     /*implicates_host=*/false, /*has_restart_plan=*/true},
     {K::kMoeRouterCollapse, "MoeRouterCollapse", v1::SEVERITY_CRITICAL,
      "An MoE layer's router sends (almost) every token to the same few "
      "experts: the rest stop learning and the layer is a dense one of their "

@@ -145,6 +145,10 @@ struct AlertSpec {
   AlertCauses causes = {};
   // A host it names counts toward HostSuspect (a lemon machine).
   bool implicates_host = false;
+  // It carries a restart plan: the closed loop answers it with a rollback,
+  // and a restart from before it resolves it (a recurrence in the replayed
+  // steps is an alert of its own, the rung above).
+  bool has_restart_plan = false;
 };
 
 const AlertSpec& Spec(AlertKind kind);

@@ -27,6 +27,7 @@ bool AlertTracker::AcrossRanks(AlertKind kind) {
 void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
                            double value, AlertText text,
                            const std::vector<int64_t>& batch_ids) {
+  s.event = false;  // Event() marks its own
   AlertEpisode& e = s.episode;
   e = AlertEpisode{.kind = kind,
                    .firing = true,
@@ -134,6 +135,7 @@ void AlertTracker::Event(AlertKind kind, uint64_t step, double value,
   State& s = states_[static_cast<size_t>(kind)];
   if (!s.episode.firing) {
     if (!muted_) FireNow(s, kind, step, value, text(), batch_ids);
+    s.event = true;
     return;
   }
   s.last_true_step = step;
@@ -174,7 +176,8 @@ void AlertTracker::ResolveAbandoned(uint64_t from, uint64_t last_step) {
   for (size_t i = 0; i < kAlertKindCount; ++i) {
     const auto kind = static_cast<AlertKind>(i);
     const State& s = states_[i];
-    if (s.episode.firing && kind != AlertKind::kRunSilent && s.episode.started_step >= from) {
+    if (s.episode.firing && (s.event || Spec(kind).has_restart_plan) &&
+        s.episode.started_step >= from) {
       Resolve(kind, last_step);
     }
   }

@@ -78,11 +78,12 @@ class AlertTracker final : public AlertSink {
   // pipeline's restart-loop verdicts and lifecycle).
   void Fire(AlertKind kind, uint64_t step, double value, AlertText text) override;
   void Resolve(AlertKind kind, uint64_t step) override;
-  // The run restarted from a checkpoint at `from`: the alerts that started
-  // at or after it belong to the abandoned steps and resolve (at
-  // `last_step`, the last step before the restart), so a fault that comes
-  // back in the replayed steps is an alert of its own (the restart loop and
-  // the closed loop judge recurrences by it). RunSilent, about time, stays.
+  // The run restarted from a checkpoint at `from`: the events (spikes,
+  // non-finite updates) and the alerts with a restart plan that started at
+  // or after it belong to the abandoned steps and resolve (at `last_step`,
+  // the last step before the restart), so a fault that comes back in the
+  // replayed steps is an alert of its own (the closed loop's next rung).
+  // A windowed condition stays: the replay judges it as it goes on.
   void ResolveAbandoned(uint64_t from, uint64_t last_step);
 
   // Rewrites a firing alert's text (and raises its severity when `severity`
@@ -111,6 +112,7 @@ class AlertTracker final : public AlertSink {
   struct State {
     AlertEpisode episode;
     uint64_t last_true_step = 0;
+    bool event = false;  // the episode was fired by Event()
   };
   bool Enabled(AlertKind kind) const;
   // The alert firing now that `kind`, firing at `step`, is a consequence of.
