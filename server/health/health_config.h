@@ -336,7 +336,7 @@ struct HealthConfig {
     double bias_flip_share = 0.75;
   } moe;
 
-  // SpikeHazard (detectors_hazard.cc): a layer statistic's jump over its
+  // SpikeHazard (detectors/hazard.cc): a layer statistic's jump over its
   // median of the last `window` reports, ln(x / median) - alpha ln(B) with
   // B = sqrt(1/(1-beta2)), >= theta in >= min_layers layers.
   struct {

@@ -8,8 +8,9 @@ a comment names (`README "Section"`) is a heading of the README; no comment
 points at a design file outside the repository ("DESIGN.md") or at a
 tracker's issue by number; and every
 series the server registers (a "trainwatch_..." name in server/metrics/) is
-listed in docs/metrics.md; and every flag of the server's flag table
-(server/server_flags.cc) is named in the README."""
+listed in docs/metrics.md; every flag of the server's flag table
+(server/server_flags.cc) is named in the README; and every C++ source file a
+C++ comment names exists in the tree."""
 import os
 import re
 import sys
@@ -96,6 +97,17 @@ doc_ref = re.compile(r"docs/([a-z0-9-]+\.md)(?:(#[a-z0-9-]+)|,\s+\"([^\"]+)\")?"
 readme_ref = re.compile(r"README(?:\.md)?(?:'s)?\s+\(?\"([^\"]+)\"")
 readme_sections = headings(readme)
 tree_refs = 0
+# Every C++ source file a C++ comment names (by its name, with or without a
+# folder) is a file of the tree: a comment that points at a file renamed
+# long ago sends the reader nowhere. Generated headers (*.pb.h) are built.
+tree_names = set()
+for dirpath, dirnames, files in os.walk(root):
+    rel_dir = os.path.relpath(dirpath, root)
+    dirnames[:] = [d for d in dirnames
+                   if d not in skip_dirs and not (rel_dir == "." and d.startswith("build"))]
+    tree_names.update(files)
+source_name = re.compile(r"(?<![.\w-])([A-Za-z_0-9]+\.(?:cc|h))\b")
+comment = re.compile(r"//(.*)")
 for dirpath, dirnames, files in os.walk(root):
     rel_dir = os.path.relpath(dirpath, root)
     dirnames[:] = [d for d in dirnames
@@ -111,6 +123,16 @@ for dirpath, dirnames, files in os.walk(root):
             text = open(path, encoding="utf-8").read()
         except UnicodeDecodeError:
             continue
+        if f.endswith((".cc", ".h")):
+            for line_no, line in enumerate(text.splitlines(), 1):
+                c = comment.search(line)
+                if c is None:
+                    continue
+                for name in source_name.findall(c.group(1)):
+                    tree_refs += 1
+                    if name not in tree_names and not name.endswith(".pb.h"):
+                        failures.append(f"{where}:{line_no}: a comment names {name}, "
+                                        "which is not a file of the tree")
         if "DESIGN.md" in text:
             failures.append(f"{where}: names DESIGN.md, a file outside the repository: point at docs/")
         # A tracker's numbers mean nothing to a reader of the repository.

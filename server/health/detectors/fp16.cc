@@ -310,7 +310,7 @@ void AddFp16Detectors(const HealthConfig& config, Detectors* out) {
   out->push_back(std::make_unique<LossScaleCollapse>());
   out->push_back(std::make_unique<SkipRateHigh>(config));
   out->push_back(std::make_unique<ScalerStuck>());
-  // Every precision's, not only fp16's (detectors_nonfinite.cc); here so
+  // Every precision's, not only fp16's (detectors/nonfinite.cc); here so
   // that a step's transitions keep their order.
   out->push_back(MakeNonFiniteUpdate(config));
   out->push_back(std::make_unique<ClipBeforeUnscale>(config));

@@ -1,4 +1,4 @@
-// What the detector files share: the factories MakeDetectors() (detectors.cc)
+// What the detector files share: the factories MakeDetectors() (detectors/registry.cc)
 // calls, and the change-detection helpers the level detectors use.
 #ifndef TRAINWATCH_SERVER_HEALTH_DETECTORS_INTERNAL_H_
 #define TRAINWATCH_SERVER_HEALTH_DETECTORS_INTERNAL_H_
@@ -20,43 +20,43 @@ namespace trainwatch {
 
 using Detectors = std::vector<std::unique_ptr<Detector>>;
 
-// detectors_clipping.cc: the clip fraction and the post-clip norm.
+// detectors/clipping.cc: the clip fraction and the post-clip norm.
 std::unique_ptr<Detector> MakeClipFractionHigh(const HealthConfig& config);
 std::unique_ptr<Detector> MakePostClipNormReported(const HealthConfig& config);
 
-// detectors_grad_norm.cc: spikes and drift of the gradient norm.
+// detectors/grad_norm.cc: spikes and drift of the gradient norm.
 std::unique_ptr<Detector> MakeGradNormSpike(const HealthConfig& config);
 std::unique_ptr<Detector> MakeGradNormDrift(const HealthConfig& config);
 
-// detectors_logits.cc: attention logits and log Z.
+// detectors/logits.cc: attention logits and log Z.
 std::unique_ptr<Detector> MakeAttentionLogitGrowth(const HealthConfig& config);
 std::unique_ptr<Detector> MakeLogZDrift(const HealthConfig& config);
 
-// detectors_loss.cc: LossSpike.
+// detectors/loss.cc: LossSpike.
 std::unique_ptr<Detector> MakeLossSpike(const HealthConfig& config);
 
-// detectors_fp16.cc: LossScaleCollapse, SkipRateHigh, ScalerStuck,
+// detectors/fp16.cc: LossScaleCollapse, SkipRateHigh, ScalerStuck,
 // ClipBeforeUnscale, Fp16WithoutScaler; it also places NonFiniteUpdate (any
 // precision) where it always ran among them, so that a step's transitions
 // keep their order.
 void AddFp16Detectors(const HealthConfig& config, Detectors* out);
-// detectors_nonfinite.cc: NonFiniteUpdate.
+// detectors/nonfinite.cc: NonFiniteUpdate.
 std::unique_ptr<Detector> MakeNonFiniteUpdate(const HealthConfig& config);
 
-// detectors_ranks.cc: RankNormMismatch, ShardNormMismatch.
-// detectors_layers.cc: AdamStaleSecondMoment, LayerUpdateStall.
+// detectors/ranks.cc: RankNormMismatch, ShardNormMismatch.
+// detectors/layers.cc: AdamStaleSecondMoment, LayerUpdateStall.
 void AddRankDetectors(const HealthConfig& config, Detectors* out);
 void AddLayerDetectors(const HealthConfig& config, Detectors* out);
 void AddMoeDetectors(const HealthConfig& config, Detectors* out);
 
-// detectors_fp8.cc: Fp8ScaleMismatch, Fp8AmaxGrowth, Fp8Overflow,
+// detectors/fp8.cc: Fp8ScaleMismatch, Fp8AmaxGrowth, Fp8Overflow,
 // Fp8Underflow (lead), Fp8AmaxDesync (across ranks).
 void AddFp8Detectors(const HealthConfig& config, Detectors* out);
-// detectors_hazard.cc: SpikeHazard.
+// detectors/hazard.cc: SpikeHazard.
 std::unique_ptr<Detector> MakeSpikeHazard(const HealthConfig& config);
 std::unique_ptr<Detector> MakeFp8AmaxDesync(const HealthConfig& config);
 
-// detectors_timing.cc: RankStraggler (across ranks), InputPipelineStall
+// detectors/timing.cc: RankStraggler (across ranks), InputPipelineStall
 // (lead), RunSilent (clock).
 std::unique_ptr<Detector> MakeRankStraggler(const HealthConfig& config);
 std::unique_ptr<Detector> MakeInputPipelineStall(const HealthConfig& config);

@@ -1,7 +1,7 @@
 // Where a run's time goes (docs/goodput-and-stragglers.md): its ranks' step
 // times, the lead rank's input waits, its goodput, and the replays of its
 // spikes (the restart loop). The run's pipeline feeds it every record; the
-// RankStraggler and InputPipelineStall detectors (detectors_timing.cc) ask
+// RankStraggler and InputPipelineStall detectors (detectors/timing.cc) ask
 // it whether their condition holds, and the alert tracker does the rest
 // (fire, hysteresis, resolve). Pure and single-threaded, like the pipeline
 // that owns it.

@@ -1,4 +1,4 @@
-// The fp16 detectors (detectors_fp16.cc) on simulated GradScaler runs, through
+// The fp16 detectors (detectors/fp16.cc) on simulated GradScaler runs, through
 // the real RunHealth and alert tracker.
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// The FP8 detectors (detectors_fp8.cc) on simulated per-tensor delayed
+// The FP8 detectors (detectors/fp8.cc) on simulated per-tensor delayed
 // scaling (the recipe of Transformer Engine: the cast of step t uses
 // fmt_max / max(amax history through t-1) / 2^margin), through the real
 // RunHealth and alert tracker.

@@ -1,4 +1,4 @@
-// SpikeHazard (detectors_hazard.cc) on layer stats sent every step, through
+// SpikeHazard (detectors/hazard.cc) on layer stats sent every step, through
 // the real RunHealth and alert tracker.
 #include <cmath>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The per-layer Adam detectors (detectors_layers.cc) on a simulated run that
+// The per-layer Adam detectors (detectors/layers.cc) on a simulated run that
 // sends layer_stats every 100 steps, through the real RunHealth and tracker.
 #include <cmath>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The cross-rank detectors (detectors_ranks.cc) on simulated multi-rank runs,
+// The cross-rank detectors (detectors/ranks.cc) on simulated multi-rank runs,
 // through the real RunHealth and alert tracker.
 #include <cmath>
 #include <cstdint>
