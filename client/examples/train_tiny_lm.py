@@ -222,6 +222,20 @@ class DynamicLossScaler:
                 self.clean = 0
 
 
+def optimizer_step(opt, scaler, lr_mult=1.0):
+    """The update: opt.step() unless the fp16 scaler found an overflow, then
+    the scaler's update; `lr_mult` scales the LR for this step only (the
+    diverge fault's batches)."""
+    for group in opt.param_groups:
+        group["lr"] *= lr_mult
+    if scaler is None or not scaler.found_inf:
+        opt.step()
+    for group in opt.param_groups:
+        group["lr"] /= lr_mult
+    if scaler:
+        scaler.update()
+
+
 def forward_backward(args, model, x, y, scaler, params, objective_scale=1.0):
     """One batch's loss and gradients, clipped: (loss, log Z, pre-clip norm)."""
     if args.drift_logits:
@@ -293,10 +307,7 @@ def run_attempt(args, data, model, opt, sched, scaler, corrupt_ids, checkpoints,
             loss, z, norm = forward_backward(args, model, x, y, scaler, params,
                                              args.corrupt_scale if corrupt else 1.0)
             hook.pre_step(step)
-            if scaler is None or not scaler.found_inf:
-                opt.step()
-            if scaler:
-                scaler.update()
+            optimizer_step(opt, scaler)
             hook.post_step(step, norm, loss=loss, lr=sched.get_last_lr()[0], log_z=z,
                            max_attn_logit=model.max_attn_logit(), batch_ids=ids)
             sched.step()
@@ -411,15 +422,8 @@ def run_controlled(args, data, model, opt, sched, scaler, lr_scale, betas, eps):
                 print(f"STOP at step {step}", flush=True)
                 break
         hook.pre_step(step)
-        boost = args.fault_lr_mult if poisoned and args.fault == "diverge" else 1.0
-        for group in opt.param_groups:
-            group["lr"] *= boost
-        if scaler is None or not scaler.found_inf:
-            opt.step()
-        for group in opt.param_groups:
-            group["lr"] /= boost
-        if scaler:
-            scaler.update()
+        optimizer_step(opt, scaler, args.fault_lr_mult
+                       if poisoned and args.fault == "diverge" else 1.0)
         hook.post_step(step, norm, loss=loss, lr=sched.get_last_lr()[0], log_z=z,
                        max_attn_logit=model.max_attn_logit(), batch_ids=ids)
         sched.step()
