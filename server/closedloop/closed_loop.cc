@@ -136,10 +136,7 @@ void ClosedLoop::Submit(Ops ops, std::function<void(absl::Status)> done) {
 std::optional<ClosedLoop::Answer> ClosedLoop::OnAlertFired(const v1::Alert& alert,
                                                            uint32_t attempt,
                                                            const RecentBatches& recent) {
-  if (config_.mode == ClosedLoopConfig::Mode::kOff || !HasRestartPlan(alert.alertname()) ||
-      alert.severity() != v1::SEVERITY_CRITICAL) {
-    return std::nullopt;
-  }
+  if (!Answers(alert, config_)) return std::nullopt;
   absl::StatusOr<std::vector<v1::RunEvent>> events = store_->ListEvents(alert.run());
   if (!events.ok()) return std::nullopt;  // no plan without the events
   Ops ops;

@@ -44,6 +44,11 @@ bool HasRestartPlan(std::string_view alertname) {
   return kind.has_value() && Spec(*kind).has_restart_plan;
 }
 
+bool Answers(const v1::Alert& alert, const ClosedLoopConfig& config) {
+  return config.mode != ClosedLoopConfig::Mode::kOff && HasRestartPlan(alert.alertname()) &&
+         alert.severity() == v1::SEVERITY_CRITICAL;
+}
+
 const char* ActionName(const v1::Directive& d) {
   switch (d.action_case()) {
     case v1::Directive::kCheckpointNow: return "checkpoint_now";
@@ -74,10 +79,7 @@ std::optional<Proposal> Propose(const v1::Alert& alert, uint32_t attempt,
                                 const std::vector<v1::DirectiveRecord>& history,
                                 const std::vector<v1::RunEvent>& events,
                                 const RecentBatches& recent, const ClosedLoopConfig& config) {
-  if (config.mode == ClosedLoopConfig::Mode::kOff || !HasRestartPlan(alert.alertname()) ||
-      alert.severity() != v1::SEVERITY_CRITICAL) {
-    return std::nullopt;
-  }
+  if (!Answers(alert, config)) return std::nullopt;
   const uint64_t alert_step = alert.started_step();
   const uint64_t onset =
       alert.onset_step() != 0 && alert.onset_step() <= alert_step ? alert.onset_step() : alert_step;

@@ -56,6 +56,10 @@ const v1::RunEvent* PlanCheckpoint(const std::vector<v1::RunEvent>& events, uint
 
 // The alerts that have a restart plan and propose a directive.
 bool HasRestartPlan(std::string_view alertname);
+// Whether the policy answers `alert` at all: the loop is on, and the alert
+// is critical and has a restart plan (what Propose() asks first; a caller
+// asks it before reading what Propose() needs).
+bool Answers(const v1::Alert& alert, const ClosedLoopConfig& config);
 
 // The action's name as closed_loop.auto lists it: checkpoint_now, skip,
 // rollback, scale_lr, stop ("" when unset).

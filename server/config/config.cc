@@ -221,6 +221,17 @@ std::vector<Field> Fields(HealthConfig& c) {
 
 constexpr absl::string_view kDisabledKey = "disabled";
 
+// The groups of `fields`, in the order they first appear.
+std::vector<absl::string_view> Groups(const std::vector<Field>& fields) {
+  std::vector<absl::string_view> groups;
+  for (const Field& f : fields) {
+    if (!f.group.empty() && std::find(groups.begin(), groups.end(), f.group) == groups.end()) {
+      groups.push_back(f.group);
+    }
+  }
+  return groups;
+}
+
 // Builds "NAME:LINE: message" errors. yaml-cpp counts lines from 0.
 class Errors {
  public:
@@ -388,12 +399,7 @@ absl::Status Apply(const YAML::Node& root, const Errors& errors,
     }
     if (group.empty()) {
       names.push_back(kDisabledKey);
-      for (const Field& f : fields) {
-        if (!f.group.empty() &&
-            std::find(names.begin(), names.end(), f.group) == names.end()) {
-          names.push_back(f.group);
-        }
-      }
+      for (absl::string_view g : Groups(fields)) names.push_back(g);
     }
     return absl::StrJoin(names, ", ");
   };
@@ -542,13 +548,7 @@ std::string PrintHealthConfig(const HealthConfig& config) {
   }
   absl::StrAppend(&out, kDisabledKey, ": [",
                   absl::StrJoin(config.disabled, ", "), "]\n");
-  std::vector<absl::string_view> groups;
-  for (const Field& f : fields) {
-    if (!f.group.empty() && std::find(groups.begin(), groups.end(), f.group) == groups.end()) {
-      groups.push_back(f.group);
-    }
-  }
-  for (absl::string_view group : groups) {
+  for (absl::string_view group : Groups(fields)) {
     absl::StrAppend(&out, group, ":\n");
     for (const Field& f : fields) {
       if (f.group == group) absl::StrAppend(&out, "  ", f.key, ": ", value(f.ref), "\n");

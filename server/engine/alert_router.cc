@@ -47,13 +47,10 @@ void AlertRouter::Route(v1::Alert alert) {
 }
 
 void AlertRouter::Restore(const v1::Alert& firing) {
-  if (firing.alertname() == Spec(AlertKind::kClosedLoopExhausted).name) {
+  if (std::optional<AlertKind> kind = AlertKindByName(firing.alertname())) {
+    SetActive(*kind, /*firing=*/true, /*fired=*/false);
     // Resolved by the next attempt after the one the restart found.
-    exhausted_ = ExhaustedEpisode{firing, lead_attempt_};
-  }
-  if (std::optional<AlertKind> kind = AlertKindByName(firing.alertname());
-      kind.has_value() && run_metrics_ != nullptr) {
-    run_metrics_->alert_active[static_cast<size_t>(*kind)].Set(1);
+    if (*kind == AlertKind::kClosedLoopExhausted) exhausted_ = ExhaustedEpisode{firing, lead_attempt_};
   }
   if (notifier_ != nullptr) notifier_->Restore(Labelled(firing));
 }
@@ -61,8 +58,7 @@ void AlertRouter::Restore(const v1::Alert& firing) {
 void AlertRouter::OnAlert(AlertKind kind, const v1::Alert& alert, bool update) {
   const size_t i = static_cast<size_t>(kind);
   const bool firing = v1::Firing(alert);
-  run_metrics_->alert_active[i].Set(firing ? 1 : 0);
-  if (firing && !update) run_metrics_->alerts_fired[i].Get().Increment();
+  SetActive(kind, firing, /*fired=*/firing && !update);
   std::optional<v1::Alert> suspect;
   if (firing && !update && hosts_ != nullptr &&
       incident_counted_[i] != alert.started_step()) {
@@ -93,23 +89,19 @@ void AlertRouter::OnAlert(AlertKind kind, const v1::Alert& alert, bool update) {
 std::optional<v1::Alert> AlertRouter::Exhausted(const v1::Alert& cause,
                                                 const std::string& reason) {
   if (exhausted_.has_value()) return std::nullopt;  // firing already
-  const AlertSpec& spec = Spec(AlertKind::kClosedLoopExhausted);
-  v1::Alert a;
-  a.set_alertname(std::string(spec.name));
-  a.set_run(run_id_);
-  a.set_severity(spec.severity);
-  a.set_state(v1::ALERT_STATE_FIRING);
-  a.set_started_step(cause.started_step());
-  a.set_onset_step(cause.onset_step());
-  a.set_started_unix_nanos(cause.started_unix_nanos());
-  a.set_peak_value(1);
-  a.set_summary(absl::StrCat("Closed loop exhausted on run ", run_id_));
-  a.set_description(absl::StrCat(reason, " Stop proposed: trainwatchctl directives --run ",
-                                 run_id_, "."));
-  a.set_likely_cause(std::string(spec.likely_cause));
-  a.set_fix(std::string(spec.fix));
-  a.set_caused_by(cause.alertname());
-  a.set_host(cause.host());
+  const AlertEpisode episode{
+      .kind = AlertKind::kClosedLoopExhausted,
+      .firing = true,
+      .started_step = cause.started_step(),
+      .started_unix_nanos = cause.started_unix_nanos(),
+      .peak_value = 1,
+      .text = {.summary = absl::StrCat("Closed loop exhausted on run ", run_id_),
+               .description = absl::StrCat(
+                   reason, " Stop proposed: trainwatchctl directives --run ", run_id_, "."),
+               .onset_step = cause.onset_step(),
+               .host = cause.host()},
+      .caused_by = AlertKindByName(cause.alertname())};
+  v1::Alert a = ToProto(run_id_, episode);
   exhausted_ = ExhaustedEpisode{a, lead_attempt_};
   SetActive(AlertKind::kClosedLoopExhausted, true, /*fired=*/true);
   return a;
@@ -156,7 +148,6 @@ void AlertRouter::OnSpike(const SpikeInfo& s) {
 
 void AlertRouter::OnLeadChanged(const v1::RunStart& start) {
   SetLabels(start);
-  lead_attempt_ = start.attempt();
   if (exhausted_.has_value() && start.attempt() > exhausted_->attempt) {
     // A person relaunched the run: the exhausted loop is theirs now.
     v1::Alert resolved = exhausted_->alert;

@@ -257,11 +257,16 @@ TEST_F(ClosedLoopTest, ALateRankGetsItReissuedForALaterStep) {
   EXPECT_EQ(State(id), kRejected);
 }
 
-TEST_F(ClosedLoopTest, AutoApprovesWhatItListsUnlessHeld) {
+// Auto mode with rollback approved by policy.
+ClosedLoopConfig AutoRollback() {
   ClosedLoopConfig config;
   config.mode = ClosedLoopConfig::Mode::kAuto;
   config.auto_actions = {"rollback"};
-  Open(config);
+  return config;
+}
+
+TEST_F(ClosedLoopTest, AutoApprovesWhatItListsUnlessHeld) {
+  Open(AutoRollback());
   loop_->Hold("r1", 3600, "alice");
   const std::string held = Fire();
   EXPECT_EQ(State(held), kProposed);
@@ -271,9 +276,7 @@ TEST_F(ClosedLoopTest, AutoApprovesWhatItListsUnlessHeld) {
 }
 
 TEST_F(ClosedLoopTest, AHoldOutlivesARestart) {
-  ClosedLoopConfig config;
-  config.mode = ClosedLoopConfig::Mode::kAuto;
-  config.auto_actions = {"rollback"};
+  const ClosedLoopConfig config = AutoRollback();
   Open(config);
   loop_->Hold("r1", 3600, "alice");
   Wait(WriteOp{.key = {"r1", 0, 0}, .body = WriteOp::Directive{}});  // stored

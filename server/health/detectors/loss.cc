@@ -105,8 +105,9 @@ class Loss final : public Detector {
     uint64_t onset = 0;
     bool from_spike = false;
     bool climbing = false;  // named while the rise is under way
-    bool left = false;      // from a spike, or the level has doubled since
-    uint64_t left_step = 0;  // the step `left` was first true
+    // The step the run left its level: a spike that did not come back, or
+    // the level doubled (nullopt while a climb is named before it doubled).
+    std::optional<uint64_t> left_at;
   };
 
   void Spike(const StepContext& ctx, const LossSpikeRule::Result& s, AlertSink& sink) {
@@ -124,7 +125,6 @@ class Loss final : public Detector {
       if (!diverged_.has_value()) {
         sink.Spike(SpikeInfo{.kind = SpikeInfo::Kind::kHardBatch,
                              .step = s.hard_batch->onset_step,
-                             .grad_norm = onset_norm_,
                              .batch_ids = high_batch_ids_,
                              .high_steps = s.hard_batch->high_steps,
                              .loss_peak = s.hard_batch->peak,
@@ -153,8 +153,8 @@ class Loss final : public Detector {
     // may be how the divergence goes on (its batches are worth skipping);
     // and a climb named early, before it doubled, may carry spikes of its
     // own.
-    if (s.fired_now && diverged_.has_value() && diverged_->left &&
-        r.step() >= diverged_->left_step + kDivergedSteps) {
+    if (s.fired_now && diverged_.has_value() && diverged_->left_at.has_value() &&
+        r.step() >= *diverged_->left_at + kDivergedSteps) {
       return;
     }
     const std::vector<int64_t> ids =
@@ -245,7 +245,7 @@ class Loss final : public Detector {
     // A spike that stayed.
     if (pending_.has_value() && r.step() >= pending_->onset + c.check_after_steps) {
       if (level >= c.spike_ratio * pending_->level_before) {
-        diverged_ = Diverged{pending_->level_before, SpikeOnset(c), true, false, true, r.step()};
+        diverged_ = Diverged{pending_->level_before, SpikeOnset(c), true, false, r.step()};
         spike_ids_ = pending_->batch_ids;
       }
       pending_.reset();
@@ -319,19 +319,17 @@ class Loss final : public Detector {
       if ((doubled || climbed) && !diverged_.has_value()) {
         if (pending_.has_value() && doubled) {
           // A spike under way that the level confirms: it did not come back.
-          diverged_ = Diverged{pending_->level_before, SpikeOnset(c), true, false, true,
-                               r.step()};
+          diverged_ = Diverged{pending_->level_before, SpikeOnset(c), true, false, r.step()};
           spike_ids_ = pending_->batch_ids;
         } else {
           // A rise (a spike under way, if any, is the climb seen late).
-          diverged_ = Diverged{best_->level, RiseOnset(c), false, !doubled, doubled, r.step()};
+          diverged_ = Diverged{best_->level, RiseOnset(c), false, !doubled};
           spike_ids_.clear();
         }
         pending_.reset();
       }
-      if (diverged_.has_value() && doubled && !diverged_->left) {
-        diverged_->left = true;
-        diverged_->left_step = r.step();
+      if (diverged_.has_value() && doubled && !diverged_->left_at.has_value()) {
+        diverged_->left_at = r.step();
       }
     }
     Report(ctx, sink, level);
