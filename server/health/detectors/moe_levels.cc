@@ -1,0 +1,169 @@
+#include "health/detectors/moe_levels.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "health/signals/moe_load.h"
+#include "health/signals/select.h"
+
+namespace trainwatch::moe {
+namespace {
+
+// Layers tracked at once, at most (the wire allows no more).
+constexpr size_t kMaxLayers = 1024;
+
+void TrackEmpty(const v1::MoeLayerStats& layer, uint64_t step, LayerState& s) {
+  const auto& counts = layer.tokens_per_expert();
+  if (s.empty_since.size() != static_cast<size_t>(counts.size())) {
+    s.empty_since.assign(counts.size(), 0);
+    s.empty_reports.assign(counts.size(), 0);
+  }
+  for (int e = 0; e < counts.size(); ++e) {
+    if (counts[e] > 0) {
+      s.empty_reports[e] = 0;
+    } else if (s.empty_reports[e]++ == 0) {
+      s.empty_since[e] = step;
+    }
+  }
+}
+
+void TrackBias(const v1::MoeLayerStats& layer, LayerState& s, uint32_t n, double flip_share) {
+  const auto& bias = layer.expert_bias();
+  if (bias.empty()) return;
+  double sum = 0, sq = 0;
+  for (float b : bias) sum += b;
+  const double mean = sum / bias.size();
+  for (float b : bias) sq += (b - mean) * (b - mean);
+  s.bias_mean = mean;
+  s.bias_sd = std::sqrt(sq / bias.size());
+  s.bias_mean_over_sd.Add(std::abs(mean) / std::max(s.bias_sd, 1e-12), n);
+  // Flips: the change's sign against the last change's, on consecutive
+  // reports of the same experts.
+  if (s.bias.size() == static_cast<size_t>(bias.size())) {
+    std::vector<float> delta(bias.size());
+    size_t flips = 0;
+    for (int e = 0; e < bias.size(); ++e) {
+      delta[e] = bias[e] - s.bias[e];
+      if (s.bias_delta.size() == delta.size() && delta[e] * s.bias_delta[e] < 0) ++flips;
+    }
+    const bool flipped = s.bias_delta.size() == delta.size() &&
+                         flips >= flip_share * static_cast<double>(bias.size());
+    if (flipped) {
+      if (s.flip_reports++ == 0) s.flip_start_imbalance = s.last_max_over_mean;
+    } else {
+      s.flip_reports = 0;
+    }
+    s.bias_delta = std::move(delta);
+  }
+  s.bias.assign(bias.begin(), bias.end());
+}
+
+// The load per expert-parallel block's hottest over the mean block's.
+void TrackBlocks(const v1::MoeLayerStats& layer, uint32_t ep_size, uint32_t n, LayerState& s) {
+  const std::vector<uint64_t> blocks = BlockLoads(layer, ep_size);
+  s.blocks_now = !blocks.empty();
+  if (blocks.empty()) return;
+  const auto max = std::max_element(blocks.begin(), blocks.end());
+  double sum = 0;
+  for (uint64_t b : blocks) sum += static_cast<double>(b);
+  if (sum > 0) {
+    s.blocks.Add(*max / (sum / blocks.size()), n);
+    s.hottest_block = static_cast<uint32_t>(max - blocks.begin());
+  }
+}
+
+}  // namespace
+
+void Level::Add(double v, uint32_t n, uint64_t step) {
+  if (!std::isfinite(v)) return;
+  if (values_.size() < n) {
+    values_.push_back(v);
+    steps_.push_back(step);
+  } else {
+    values_[next_] = v;
+    steps_[next_] = step;
+    next_ = (next_ + 1) % n;
+  }
+  if (values_.size() >= n) median_ = MedianOf(values_.data(), values_.size());
+}
+
+void Level::Clear() {
+  values_.clear();
+  steps_.clear();
+  next_ = 0;
+}
+
+bool Persistent::Update(bool holds, uint64_t step, uint64_t onset, uint32_t steps,
+                        uint32_t reports) {
+  if (!holds) {
+    reports_ = 0;
+    return false;
+  }
+  if (reports_++ == 0) {
+    since_ = step;
+    onset_ = onset;
+  }
+  return step - since_ >= steps && reports_ >= reports;
+}
+
+ReportLayers MoeLevels::Update(const v1::MoeStats& report, uint64_t step, uint32_t n,
+                               uint32_t ep_size, double flip_share) {
+  ReportLayers out;
+  MoeDrops drops;
+  for (const v1::MoeLayerStats& layer : report.layers()) {
+    auto it = layers_.find(layer.layer());
+    if (it == layers_.end()) {
+      if (layers_.size() >= kMaxLayers) continue;
+      it = layers_.emplace(layer.layer(), LayerState{}).first;
+    }
+    LayerState& s = it->second;
+    s.counts_now = s.blocks_now = false;
+    if (std::optional<MoeLayerLoad> load = LoadOf(layer)) {
+      drops.Add(layer, *load);
+      s.reports_counts = s.counts_now = true;
+      s.experts = layer.tokens_per_expert_size();
+      s.effective.Add(load->effective_experts, n, step);
+      s.share.Add(load->max_share, n, step);
+      s.max_over_mean.Add(load->max_over_mean, n, step);
+      s.last_max_over_mean = load->max_over_mean;
+      TrackEmpty(layer, step, s);
+      TrackBlocks(layer, ep_size, n, s);
+    }
+    if (layer.has_aux_loss()) s.aux.Add(layer.aux_loss(), n);
+    if (layer.has_z_loss()) {
+      s.z.Add(layer.z_loss(), n, step);
+      s.reports_z = true;
+    }
+    if (layer.has_router_logit_max()) s.logit.Add(layer.router_logit_max(), n, step);
+    TrackBias(layer, s, n, flip_share);
+    out.emplace_back(&it->first, &s);
+  }
+  if (const std::optional<double> share = drops.fraction()) dropped_.Add(*share, n);
+  return out;
+}
+
+void MoeLevels::Clear() {
+  layers_.clear();
+  dropped_.Clear();
+}
+
+double Worst(const Named& layers, bool largest) {
+  double w = largest ? 0.0 : INFINITY;
+  for (const auto& [name, v] : layers) w = largest ? std::max(w, v) : std::min(w, v);
+  return w;
+}
+
+double Held::Line(AlertKind kind, uint64_t step, double neutral, double fire,
+                  const HealthConfig& config) const {
+  const auto it = last_held_.find(kind);
+  const bool firing = it != last_held_.end() && step < it->second + config.resolve_after_steps;
+  return firing ? neutral + config.change.resolve_ratio * (fire - neutral) : fire;
+}
+
+void Held::Condition(AlertSink& sink, AlertKind kind, uint64_t step, bool holds, double value,
+                     const std::function<AlertText()>& text) {
+  if (holds) last_held_[kind] = step;
+  sink.Condition(kind, step, holds, value, text);
+}
+
+}  // namespace trainwatch::moe
