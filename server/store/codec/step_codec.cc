@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/descriptor.h"
@@ -331,10 +332,19 @@ absl::Status Corrupt(std::string_view what, const BitReader& r) {
       r.size_bits()));
 }
 
-absl::Status DecodeColumnar(std::string_view blob, bool moe_counts,
-                            RepeatedPtrField<StepRecord>* out) {
+// A chunk's columns, read back from its bits; the residues' bytes follow
+// at `at` (relative to the bits' start).
+struct ReadColumns {
+  std::vector<uint64_t> steps, times, norms, counts, first_ids, inner, lengths;
+  std::array<std::vector<uint8_t>, kOptionalDoubles.size()> present;
+  std::array<std::vector<uint64_t>, kOptionalDoubles.size()> values;
+  std::vector<uint8_t> clipped_present, clipped, skipped, has_residue;
+  size_t at = 0;
+};
+
+// The record count after the format byte; `pos` moves past it.
+absl::StatusOr<uint64_t> ReadCount(std::string_view blob, size_t& pos) {
   const auto* data = reinterpret_cast<const unsigned char*>(blob.data());
-  size_t pos = 1;
   uint64_t n = 0;
   for (int shift = 0;; shift += 7) {
     if (pos >= blob.size() || shift > 63) {
@@ -344,6 +354,123 @@ absl::Status DecodeColumnar(std::string_view blob, bool moe_counts,
     n |= static_cast<uint64_t>(b & 0x7f) << shift;
     if (b < 0x80) break;
   }
+  return n;
+}
+
+// The optional doubles' presence bitmaps and values, each with the
+// prediction it was coded against.
+absl::Status ReadOptionalDoubles(BitReader& r, uint64_t n, ReadColumns& c) {
+  for (size_t f = 0; f < kOptionalDoubles.size(); ++f) {
+    const OptionalDouble& field = kOptionalDoubles[f];
+    if (!GetBitmap(r, n, c.present[f])) {
+      return Corrupt(absl::StrCat("the presence of ", field.name), r);
+    }
+    const size_t m = std::count(c.present[f].begin(), c.present[f].end(), 1);
+    bool predicted = field.derived == Derived::kStepTime;
+    double max_norm = 0;
+    if (field.derived == Derived::kClipCoef && r.Get(1) != 0) {
+      predicted = true;
+      max_norm = std::bit_cast<double>(r.Get(64));
+    }
+    std::vector<uint64_t> pred;
+    if (predicted) pred = Predictions(field.derived, max_norm, c.present[f], c.norms, c.times);
+    if (!GetDoubles(r, m, c.values[f], predicted ? pred.data() : nullptr)) {
+      return Corrupt(field.name, r);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every column of n records from `bytes` bytes of bits (and residues, and
+// with moe_counts the MoE counts after them).
+absl::Status ReadAllColumns(BitReader& r, uint64_t n, size_t bytes, bool moe_counts,
+                            ReadColumns& c) {
+  constexpr auto kInt = SeriesKind::kInteger;
+  if (!GetSeries(r, n, kInt, c.steps)) return Corrupt("the steps", r);
+  if (!GetSeries(r, n, kInt, c.times)) return Corrupt("time_unix_nanos", r);
+  if (!GetDoubles(r, n, c.norms)) return Corrupt("grad_norm", r);
+  if (absl::Status s = ReadOptionalDoubles(r, n, c); !s.ok()) return s;
+  if (!GetBitmap(r, n, c.clipped_present)) return Corrupt("the presence of clipped", r);
+  const size_t clipped_n = std::count(c.clipped_present.begin(), c.clipped_present.end(), 1);
+  if (!GetBitmap(r, clipped_n, c.clipped)) return Corrupt("clipped", r);
+  if (!GetBitmap(r, n, c.skipped)) return Corrupt("skipped", r);
+  if (!GetSeries(r, n, kInt, c.counts)) return Corrupt("the batch id counts", r);
+  // Every id after a record's first costs at least a bit, so a count that
+  // asks for more cannot be right (and cannot ask for more memory).
+  const uint64_t max_ids = n + 8 * bytes;
+  uint64_t with_ids = 0, total_ids = 0;
+  for (uint64_t count : c.counts) {
+    if (count > max_ids - total_ids) return Corrupt("the batch id counts", r);
+    with_ids += count > 0;
+    total_ids += count;
+  }
+  if (!GetSeries(r, with_ids, kInt, c.first_ids)) return Corrupt("the first batch ids", r);
+  if (!GetSeries(r, total_ids - with_ids, kInt, c.inner)) return Corrupt("the batch ids", r);
+  if (!GetBitmap(r, n, c.has_residue)) return Corrupt("the residue bitmap", r);
+  const size_t residue_n = std::count(c.has_residue.begin(), c.has_residue.end(), 1);
+  if (!GetSeries(r, residue_n, kInt, c.lengths)) return Corrupt("the residue lengths", r);
+  c.at = r.AlignToByte();
+  uint64_t residue_bytes = 0;
+  for (uint64_t len : c.lengths) {
+    residue_bytes += len;
+    if (len > bytes || residue_bytes > bytes) return Corrupt("the residue lengths", r);
+  }
+  if (moe_counts ? c.at + residue_bytes > bytes : c.at + residue_bytes != bytes) {
+    return absl::DataLossError(absl::StrCat(
+        "step chunk: ", bytes - c.at, " bytes after the columns, ", residue_bytes,
+        " expected"));
+  }
+  return absl::OkStatus();
+}
+
+// The records from their columns and residues (`bits` the columns' first
+// byte); c.at moves past the residues.
+absl::Status Assemble(const unsigned char* bits, uint64_t n, ReadColumns& c,
+                      RepeatedPtrField<StepRecord>* out) {
+  out->Reserve(static_cast<int>(n));
+  std::array<size_t, kOptionalDoubles.size()> next{};
+  size_t next_clipped = 0, next_first = 0, next_inner = 0, next_residue = 0;
+  for (size_t i = 0; i < n; ++i) {
+    StepRecord& rec = *out->Add();
+    if (c.has_residue[i]) {
+      const uint64_t len = c.lengths[next_residue++];
+      if (!rec.ParseFromArray(bits + c.at, static_cast<int>(len))) {
+        return absl::DataLossError(absl::StrCat(
+            "step chunk: the residue of record ", i, " does not parse"));
+      }
+      c.at += len;
+    }
+    rec.set_step(c.steps[i]);
+    rec.set_time_unix_nanos(static_cast<int64_t>(c.times[i]));
+    rec.set_grad_norm(std::bit_cast<double>(c.norms[i]));
+    for (size_t f = 0; f < kOptionalDoubles.size(); ++f) {
+      if (c.present[f][i]) {
+        kOptionalDoubles[f].set(rec, std::bit_cast<double>(c.values[f][next[f]++]));
+      }
+    }
+    if (c.clipped_present[i]) rec.set_clipped(c.clipped[next_clipped++] != 0);
+    rec.set_skipped(c.skipped[i] != 0);
+    if (c.counts[i] > 0) {
+      auto* ids = rec.mutable_batch_ids();
+      ids->Reserve(static_cast<int>(c.counts[i]));
+      uint64_t id = c.first_ids[next_first++];
+      ids->Add(static_cast<int64_t>(id));
+      for (uint64_t j = 1; j < c.counts[i]; ++j) {
+        id += c.inner[next_inner++];
+        ids->Add(static_cast<int64_t>(id));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeColumnar(std::string_view blob, bool moe_counts,
+                            RepeatedPtrField<StepRecord>* out) {
+  const auto* data = reinterpret_cast<const unsigned char*>(blob.data());
+  size_t pos = 1;
+  const absl::StatusOr<uint64_t> count = ReadCount(blob, pos);
+  if (!count.ok()) return count.status();
+  const uint64_t n = *count;
   const size_t bytes = blob.size() - pos;
   if (n == 0) {
     if (bytes != 0) return absl::DataLossError("step chunk: bytes after an empty chunk");
@@ -354,103 +481,15 @@ absl::Status DecodeColumnar(std::string_view blob, bool moe_counts,
         "step chunk: ", n, " records cannot fit in ", blob.size(), " bytes"));
   }
   BitReader r(data + pos, bytes);
-  constexpr auto kInt = SeriesKind::kInteger;
-
-  std::vector<uint64_t> steps, times, norms, counts, first_ids, inner, lengths;
-  std::array<std::vector<uint8_t>, kOptionalDoubles.size()> present;
-  std::array<std::vector<uint64_t>, kOptionalDoubles.size()> values;
-  std::vector<uint8_t> clipped_present, clipped, skipped, has_residue;
-  if (!GetSeries(r, n, kInt, steps)) return Corrupt("the steps", r);
-  if (!GetSeries(r, n, kInt, times)) return Corrupt("time_unix_nanos", r);
-  if (!GetDoubles(r, n, norms)) return Corrupt("grad_norm", r);
-  for (size_t f = 0; f < kOptionalDoubles.size(); ++f) {
-    const OptionalDouble& field = kOptionalDoubles[f];
-    if (!GetBitmap(r, n, present[f])) {
-      return Corrupt(absl::StrCat("the presence of ", field.name), r);
-    }
-    const size_t m = std::count(present[f].begin(), present[f].end(), 1);
-    bool predicted = field.derived == Derived::kStepTime;
-    double max_norm = 0;
-    if (field.derived == Derived::kClipCoef && r.Get(1) != 0) {
-      predicted = true;
-      max_norm = std::bit_cast<double>(r.Get(64));
-    }
-    std::vector<uint64_t> pred;
-    if (predicted) pred = Predictions(field.derived, max_norm, present[f], norms, times);
-    if (!GetDoubles(r, m, values[f], predicted ? pred.data() : nullptr)) {
-      return Corrupt(field.name, r);
-    }
-  }
-  if (!GetBitmap(r, n, clipped_present)) return Corrupt("the presence of clipped", r);
-  const size_t clipped_n = std::count(clipped_present.begin(), clipped_present.end(), 1);
-  if (!GetBitmap(r, clipped_n, clipped)) return Corrupt("clipped", r);
-  if (!GetBitmap(r, n, skipped)) return Corrupt("skipped", r);
-  if (!GetSeries(r, n, kInt, counts)) return Corrupt("the batch id counts", r);
-  // Every id after a record's first costs at least a bit, so a count that
-  // asks for more cannot be right (and cannot ask for more memory).
-  const uint64_t max_ids = n + 8 * bytes;
-  uint64_t with_ids = 0, total_ids = 0;
-  for (uint64_t c : counts) {
-    if (c > max_ids - total_ids) return Corrupt("the batch id counts", r);
-    with_ids += c > 0;
-    total_ids += c;
-  }
-  if (!GetSeries(r, with_ids, kInt, first_ids)) return Corrupt("the first batch ids", r);
-  if (!GetSeries(r, total_ids - with_ids, kInt, inner)) return Corrupt("the batch ids", r);
-  if (!GetBitmap(r, n, has_residue)) return Corrupt("the residue bitmap", r);
-  const size_t residue_n = std::count(has_residue.begin(), has_residue.end(), 1);
-  if (!GetSeries(r, residue_n, kInt, lengths)) return Corrupt("the residue lengths", r);
-  size_t at = r.AlignToByte();
-  uint64_t residue_bytes = 0;
-  for (uint64_t len : lengths) {
-    residue_bytes += len;
-    if (len > bytes || residue_bytes > bytes) return Corrupt("the residue lengths", r);
-  }
-  if (moe_counts ? at + residue_bytes > bytes : at + residue_bytes != bytes) {
-    return absl::DataLossError(absl::StrCat(
-        "step chunk: ", bytes - at, " bytes after the columns, ", residue_bytes,
-        " expected"));
-  }
-
-  out->Reserve(static_cast<int>(n));
-  std::array<size_t, kOptionalDoubles.size()> next{};
-  size_t next_clipped = 0, next_first = 0, next_inner = 0, next_residue = 0;
-  for (size_t i = 0; i < n; ++i) {
-    StepRecord& rec = *out->Add();
-    if (has_residue[i]) {
-      const uint64_t len = lengths[next_residue++];
-      if (!rec.ParseFromArray(data + pos + at, static_cast<int>(len))) {
-        return absl::DataLossError(absl::StrCat(
-            "step chunk: the residue of record ", i, " does not parse"));
-      }
-      at += len;
-    }
-    rec.set_step(steps[i]);
-    rec.set_time_unix_nanos(static_cast<int64_t>(times[i]));
-    rec.set_grad_norm(std::bit_cast<double>(norms[i]));
-    for (size_t f = 0; f < kOptionalDoubles.size(); ++f) {
-      if (present[f][i]) {
-        kOptionalDoubles[f].set(rec, std::bit_cast<double>(values[f][next[f]++]));
-      }
-    }
-    if (clipped_present[i]) rec.set_clipped(clipped[next_clipped++] != 0);
-    rec.set_skipped(skipped[i] != 0);
-    if (counts[i] > 0) {
-      auto* ids = rec.mutable_batch_ids();
-      ids->Reserve(static_cast<int>(counts[i]));
-      uint64_t id = first_ids[next_first++];
-      ids->Add(static_cast<int64_t>(id));
-      for (uint64_t j = 1; j < counts[i]; ++j) {
-        id += inner[next_inner++];
-        ids->Add(static_cast<int64_t>(id));
-      }
-    }
-  }
+  ReadColumns c;
+  if (absl::Status s = ReadAllColumns(r, n, bytes, moe_counts, c); !s.ok()) return s;
+  if (absl::Status s = Assemble(data + pos, n, c, out); !s.ok()) return s;
   if (!moe_counts) return absl::OkStatus();
   std::vector<v1::MoeStats*> reports;
   for (StepRecord& rec : *out) {
     if (rec.has_moe()) reports.push_back(rec.mutable_moe());
   }
+  const size_t at = c.at;
   BitReader moe(data + pos + at, bytes - at);
   if (!codec::GetMoeCounts(moe, reports)) return Corrupt("the MoE counts", moe);
   if (moe.AlignToByte() != bytes - at) {
