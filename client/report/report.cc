@@ -279,42 +279,13 @@ std::vector<Chart> Fp8Charts(const std::vector<v1::StepRecord>& records,
   return {std::move(sc), std::move(sh)};
 }
 
-std::vector<Chart> BuildCharts(const ReportInput& in,
-                               const std::vector<v1::StepRecord>& records,
-                               bool moe_heatmap) {
+// Pre-clip norm: min/max columns, rolling p50/p90/p99 over the last W
+// post-warmup records (as the server's window), the threshold and the
+// recommended one.
+Chart NormChart(const ReportInput& in, const std::vector<Point>& norm,
+                const std::vector<Point>& post_norm, const std::vector<uint64_t>& nonfinite,
+                const Downsampler& ds, size_t w) {
   const v1::RunSummary& run = in.health.run();
-  const uint64_t first = records.empty() ? 0 : records.front().step();
-  const uint64_t last = records.empty() ? 0 : records.back().step();
-  const Downsampler ds(first, last, kReportColumns);
-
-  std::vector<Point> norm, post_norm, loss, lr, scale, attn, logz;
-  std::vector<uint64_t> skipped, nonfinite, post_steps;
-  std::vector<uint8_t> post_clipped;
-  for (const v1::StepRecord& r : records) {
-    norm.push_back({r.step(), r.grad_norm()});
-    if (!std::isfinite(r.grad_norm())) nonfinite.push_back(r.step());
-    if (r.step() > run.warmup_steps() || run.warmup_steps() == 0) {
-      post_norm.push_back({r.step(), r.grad_norm()});
-      post_clipped.push_back(Clipped(r, run.max_norm()) ? 1 : 0);
-    }
-    if (r.skipped()) skipped.push_back(r.step());
-    if (r.has_loss()) loss.push_back({r.step(), r.loss()});
-    if (r.has_lr()) lr.push_back({r.step(), r.lr()});
-    if (r.has_loss_scale()) scale.push_back({r.step(), r.loss_scale()});
-    if (r.has_max_attn_logit()) {
-      attn.push_back({r.step(), r.max_attn_logit()});
-    }
-    if (r.has_log_z()) logz.push_back({r.step(), r.log_z()});
-  }
-
-  std::vector<Chart> charts;
-  // The server's W when it says, else the input's.
-  const size_t w = in.health.window().window_size() > 0
-                       ? in.health.window().window_size()
-                       : in.window;
-  // Pre-clip norm: min/max columns, rolling p50/p90/p99 over the last W
-  // post-warmup records (as the server's window), the threshold and the
-  // recommended one.
   Chart nc = FieldChart("grad_norm", "Pre-clip gradient norm", true, norm, ds);
   if (!post_norm.empty()) {
     Line p50{"p50 over W"}, p90{"p90 over W"}, p99{"p99 over W"};
@@ -352,9 +323,14 @@ std::vector<Chart> BuildCharts(const ReportInput& in,
   }
   nc.marks_name = "non-finite norm";
   nc.marks = ds.Marks(nonfinite);
-  charts.push_back(std::move(nc));
+  return nc;
+}
 
-  // Clip fraction over the last W post-warmup records.
+// Clip fraction over the last W post-warmup records.
+Chart ClipFractionChart(const ReportInput& in, const std::vector<Point>& post_norm,
+                        const std::vector<uint8_t>& post_clipped, const Downsampler& ds,
+                        size_t w) {
+  const v1::RunSummary& run = in.health.run();
   Chart cf{.id = "clip_fraction", .title = "Clip fraction over the window"};
   {
     Line frac{"clipped share of the last W steps"};
@@ -380,7 +356,44 @@ std::vector<Chart> BuildCharts(const ReportInput& in,
     cf.hlines.push_back(
         {absl::StrCat(Num(100 * limit), "% (ClipFractionHigh)"), limit});
   }
-  charts.push_back(std::move(cf));
+  return cf;
+}
+
+std::vector<Chart> BuildCharts(const ReportInput& in,
+                               const std::vector<v1::StepRecord>& records,
+                               bool moe_heatmap) {
+  const v1::RunSummary& run = in.health.run();
+  const uint64_t first = records.empty() ? 0 : records.front().step();
+  const uint64_t last = records.empty() ? 0 : records.back().step();
+  const Downsampler ds(first, last, kReportColumns);
+
+  std::vector<Point> norm, post_norm, loss, lr, scale, attn, logz;
+  std::vector<uint64_t> skipped, nonfinite, post_steps;
+  std::vector<uint8_t> post_clipped;
+  for (const v1::StepRecord& r : records) {
+    norm.push_back({r.step(), r.grad_norm()});
+    if (!std::isfinite(r.grad_norm())) nonfinite.push_back(r.step());
+    if (r.step() > run.warmup_steps() || run.warmup_steps() == 0) {
+      post_norm.push_back({r.step(), r.grad_norm()});
+      post_clipped.push_back(Clipped(r, run.max_norm()) ? 1 : 0);
+    }
+    if (r.skipped()) skipped.push_back(r.step());
+    if (r.has_loss()) loss.push_back({r.step(), r.loss()});
+    if (r.has_lr()) lr.push_back({r.step(), r.lr()});
+    if (r.has_loss_scale()) scale.push_back({r.step(), r.loss_scale()});
+    if (r.has_max_attn_logit()) {
+      attn.push_back({r.step(), r.max_attn_logit()});
+    }
+    if (r.has_log_z()) logz.push_back({r.step(), r.log_z()});
+  }
+
+  std::vector<Chart> charts;
+  // The server's W when it says, else the input's.
+  const size_t w = in.health.window().window_size() > 0
+                       ? in.health.window().window_size()
+                       : in.window;
+  charts.push_back(NormChart(in, norm, post_norm, nonfinite, ds, w));
+  charts.push_back(ClipFractionChart(in, post_norm, post_clipped, ds, w));
 
   Chart sc = FieldChart("loss_scale", "Loss scale (fp16)", true, scale, ds);
   sc.marks_name = "skipped step";
@@ -571,14 +584,11 @@ std::vector<std::string> ReportVerdict(const ReportInput& in) {
   return lines;
 }
 
-std::string RenderReport(const ReportInput& in) {
+// The page's data (the charts, the heatmap, the alerts' spans) as the JSON
+// its script draws from, safe inside <script>.
+std::string ReportData(const ReportInput& in, uint64_t first, uint64_t last,
+                       const std::vector<Chart>& charts, const std::optional<MoeHeatmap>& moe) {
   const v1::RunSummary& run = in.health.run();
-  const std::vector<v1::StepRecord> records = SortedRecords(in);
-  const uint64_t first = records.empty() ? 0 : records.front().step();
-  const uint64_t last = records.empty() ? 0 : records.back().step();
-  const std::optional<MoeHeatmap> moe = BuildMoeHeatmap(records, first, last);
-  const std::vector<Chart> charts = BuildCharts(in, records, moe.has_value());
-
   std::string data;
   {
     JsonWriter w(&data);
@@ -626,6 +636,18 @@ std::string RenderReport(const ReportInput& in) {
   // Inside <script>, "</" would end the element: '<' only occurs inside JSON
   // strings, where \u003c means the same.
   data = absl::StrReplaceAll(data, {{"<", "\\u003c"}});
+  return data;
+}
+
+std::string RenderReport(const ReportInput& in) {
+  const v1::RunSummary& run = in.health.run();
+  const std::vector<v1::StepRecord> records = SortedRecords(in);
+  const uint64_t first = records.empty() ? 0 : records.front().step();
+  const uint64_t last = records.empty() ? 0 : records.back().step();
+  const std::optional<MoeHeatmap> moe = BuildMoeHeatmap(records, first, last);
+  const std::vector<Chart> charts = BuildCharts(in, records, moe.has_value());
+
+  const std::string data = ReportData(in, first, last, charts, moe);
 
   std::string verdict;
   for (const std::string& line : ReportVerdict(in)) {
