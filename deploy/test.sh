@@ -20,7 +20,9 @@ if [ ! -d ../shared/testdata ]; then
   echo "test.sh: ../shared/testdata is not beside this checkout: $skipped ctest case(s) that read it were skipped, and import_tests skipped its real TensorBoard files (pytest -rs in its output)"
 fi
 
-# The names and shapes docs/contracts.md promises, checked on the built tree.
+# The names and shapes docs/contracts.md promises, checked on the built tree:
+# ctest's contract_test runs the repo's copy (tests/contract/contract.sh);
+# the workplace's own runs here too where it is beside the checkout.
 if [ -x ../shared/checks/contract.sh ]; then
   BIN="$BUILD_DIR/bin" ../shared/checks/contract.sh || status=$?
 else
