@@ -18,6 +18,7 @@
 #include "trainwatch/v1/alert_names.h"
 #include "trainwatch/v1/fp8_format.h"
 #include "trainwatch/v1/quantile.h"
+#include "trainwatch/v1/clipping.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -106,7 +107,7 @@ std::vector<std::string> AlertsOn(absl::string_view id,
 
 bool Clipped(const v1::StepRecord& r, double max_norm) {
   if (r.has_clipped()) return r.clipped();
-  return max_norm > 0 && r.grad_norm() > max_norm;
+  return v1::ClippedAt(max_norm, r.grad_norm());
 }
 
 int SeverityRank(const v1::Alert& a) {

@@ -8,6 +8,7 @@
 #include "trainwatch/run_start.h"
 #include "trainwatch/run_start_fields.h"
 #include "trainwatch/step_fields.h"
+#include "trainwatch/v1/clipping.h"
 
 namespace trainwatch::internal {
 
@@ -79,22 +80,19 @@ v1::EventKind ToProto(EventKind kind) {
   return v1::EVENT_KIND_UNSPECIFIED;
 }
 
-// clip_grad_norm_ divides by (norm + 1e-6) so a zero norm does not divide by 0.
-constexpr double kClipEpsilon = 1e-6;
-
 }  // namespace
 
 void DeriveClipping(double max_norm, v1::StepRecord* record) {
   if (max_norm <= 0) return;
   const double norm = record->grad_norm();
   if (!record->has_clipped()) {
-    // +Inf is clipped (to zero); NaN compares false: clip_grad_norm_ turns it
-    // into a NaN coefficient, which scales nothing down.
-    record->set_clipped(norm > max_norm);
+    // +Inf is clipped (to zero); NaN is not: clip_grad_norm_ turns it into
+    // a NaN coefficient, which scales nothing down.
+    record->set_clipped(v1::ClippedAt(max_norm, norm));
   }
   if (!record->has_clip_coef()) {
     if (std::isfinite(norm)) {
-      record->set_clip_coef(std::min(1.0, max_norm / (norm + kClipEpsilon)));
+      record->set_clip_coef(v1::ClipCoef(max_norm, norm));
     } else if (norm > 0) {
       record->set_clip_coef(0.0);  // max_norm / +Inf
     }  // NaN: no meaningful coefficient, leave it absent.

@@ -21,6 +21,33 @@ def test_clip_fields_match_clip_grad_norm():
     assert clip_fields(0.5, 1.0) == (False, 1.0)
 
 
+def test_clip_fields_tensor_path_is_the_cpp_definition_at_the_boundary():
+    # One definition of "clipped" (trainwatch/v1/clipping.h): the float path
+    # is the C++ client's; the tensor path (torch arithmetic, no sync) must
+    # agree with it at max_norm, just under it (within clip_grad_norm_'s
+    # 1e-6) and just over, and on 0, +Inf and NaN norms. The tensor path
+    # computes in float32 as clip_grad_norm_ does on float32 grads: its
+    # coefficient is the double one to float32's precision, and only a norm
+    # within a float32 ulp of max_norm - 1e-6 could be judged apart (none
+    # here).
+    max_norm = 1.0
+    norms = [max_norm + d for d in (-2e-6, -5e-7, -1e-7, 0.0, 1e-7, 1e-6)]
+    norms += [0.0, 0.5, 2.0, math.inf, math.nan]
+    for norm in norms:
+        c_clipped, c_coef = trainwatch._trainwatch.clip_fields(norm, max_norm)
+        f_clipped, f_coef = clip_fields(norm, max_norm)
+        assert (f_clipped, f_coef) == (c_clipped, c_coef) or math.isnan(norm)
+        t_clipped, t_coef = clip_fields(torch.tensor(norm, dtype=torch.float64), max_norm)
+        assert bool(t_clipped) == c_clipped, norm
+        if not math.isnan(norm):
+            assert float(t_coef) == pytest.approx(c_coef, rel=1e-6, abs=0), norm
+    # Within 1e-6 under max_norm clip_grad_norm_ scales the gradients (by
+    # less than a part in 10^6): clipped, on both sides.
+    assert trainwatch._trainwatch.clip_fields(max_norm - 5e-7, max_norm)[0]
+    assert not trainwatch._trainwatch.clip_fields(math.nan, max_norm)[0]
+    assert trainwatch._trainwatch.clip_fields(math.inf, max_norm) == (True, 0.0)
+
+
 def test_clip_fields_with_clipping_off_never_clip():
     # max_norm 0 is "no clipping" in the RunStart; min(1, 0 / norm) would
     # report every step clipped with coefficient 0 (ClipFractionHigh at 100%).

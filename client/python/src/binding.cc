@@ -34,6 +34,7 @@
 #include "trainwatch/restart_plan.h"
 #include "trainwatch/run_start_fields.h"
 #include "trainwatch/step_fields.h"
+#include "trainwatch/v1/clipping.h"
 
 namespace py = pybind11;
 
@@ -628,6 +629,15 @@ PYBIND11_MODULE(_trainwatch, m) {
       names({TRAINWATCH_FIELDS(TRAINWATCH_MOE_CONFIG_FIELDS, TW_NAME)});
 #undef TW_NAME
 
+  // clip_grad_norm_'s (clipped, coefficient) for a float norm, as the C++
+  // client derives them (trainwatch/v1/clipping.h).
+  m.def(
+      "clip_fields",
+      [](double grad_norm, double max_norm) {
+        return py::make_tuple(trainwatch::v1::ClippedAt(max_norm, grad_norm),
+                              trainwatch::v1::ClipCoef(max_norm, grad_norm));
+      },
+      py::arg("grad_norm"), py::arg("max_norm"));
   m.def("restart_plan", &trainwatch::FetchPlan, py::arg("address"),
         py::arg("run"), py::arg("auth_token"), py::arg("tls"),
         py::arg("tls_ca_file"), py::arg("tls_cert_file"),

@@ -28,6 +28,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from . import _trainwatch
+
 __all__ = ["StepHook", "LayerStats", "log_z", "max_attention_logit",
            "AttentionLogitProbe", "clip_fields"]
 
@@ -36,7 +38,9 @@ _CLIP_EPS = 1e-6  # clip_grad_norm_'s: coef = max_norm / (norm + 1e-6)
 
 def clip_fields(grad_norm, max_norm):
     """(clipped, clip_coef) for a pre-clip norm, as clip_grad_norm_ computes
-    them. Tensors in, tensors out (no sync); floats in, floats out.
+    them. Tensors in, tensors out (no sync): the same arithmetic on the
+    device; floats in, floats out: the C++ client's own definition
+    (trainwatch/v1/clipping.h), which the tests check the tensor path against.
     max_norm <= 0 (or inf) is clipping off (the RunStart's "0 = none"):
     never clipped, coefficient 1, not min(1, 0 / norm) = 0 on every step."""
     off = not (0.0 < float(max_norm) < math.inf)
@@ -48,8 +52,8 @@ def clip_fields(grad_norm, max_norm):
         return coef < 1.0, coef
     if off:
         return False, 1.0
-    coef = min(1.0, max_norm / (float(grad_norm) + _CLIP_EPS))
-    return coef < 1.0, coef
+    clipped, coef = _trainwatch.clip_fields(float(grad_norm), float(max_norm))
+    return clipped, coef
 
 
 def log_z(logits, dim=-1):

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_format.h"
 #include "health/detectors/internal.h"
+#include "trainwatch/v1/clipping.h"
 
 namespace trainwatch {
 namespace {
@@ -180,7 +181,7 @@ class PostClipNormReported final : public Detector {
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     if (!ctx.post_warmup) return;
     const double max_norm = ctx.run.max_norm;
-    const double tolerance = kRelativeTolerance * max_norm + kClipEpsilon;
+    const double tolerance = kRelativeTolerance * max_norm + v1::kClipEpsilon;
     // Kept in step with ctx.window.grad_norm: same steps, same length.
     at_max_norm_.Push(ctx.record.step(),
                       max_norm > 0 && std::abs(ctx.record.grad_norm() -
@@ -211,7 +212,6 @@ class PostClipNormReported final : public Detector {
 
  private:
   static constexpr double kRelativeTolerance = 1e-5;
-  static constexpr double kClipEpsilon = 1e-6;
 
   FlagWindow at_max_norm_;
 };

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "health/detectors/internal.h"
 #include "health/signals/scale_bleed.h"
+#include "trainwatch/v1/clipping.h"
 
 namespace trainwatch {
 namespace {
@@ -24,7 +25,7 @@ bool IsFp16(const StepContext& ctx) {
 // Whether clipping fired; derived from max_norm when the client left it out.
 bool Clipped(const StepContext& ctx) {
   if (ctx.record.has_clipped()) return ctx.record.clipped();
-  return ctx.run.max_norm > 0 && ctx.record.grad_norm() > ctx.run.max_norm;
+  return v1::ClippedAt(ctx.run.max_norm, ctx.record.grad_norm());
 }
 
 // Catches a diverging fp16 run: gradients overflow at every scale, so the

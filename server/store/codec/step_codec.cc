@@ -19,6 +19,7 @@
 #include "store/codec/bits.h"
 #include "store/codec/moe_counts.h"
 #include "store/codec/series.h"
+#include "trainwatch/v1/clipping.h"
 
 namespace trainwatch {
 namespace {
@@ -81,11 +82,8 @@ constexpr std::array<OptionalDouble, 9> kOptionalDoubles = {
 };
 #undef TW_OPTIONAL_DOUBLE
 
-constexpr double kClipEpsilon = 1e-6;  // as the client and clip_grad_norm_
-
-double ClipCoef(double max_norm, double grad_norm) {
-  return std::min(1.0, max_norm / (grad_norm + kClipEpsilon));
-}
+using v1::ClipCoef;
+using v1::kClipEpsilon;
 
 // The max_norm that gives the first record with 0 < clip_coef < 1 its
 // coefficient exactly: the shortest decimal near clip_coef * (norm + 1e-6)
