@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "trainwatch/v1/step_bound.h"
 
 namespace trainwatch {
 namespace {
@@ -175,9 +176,7 @@ namespace {
 // 2^63 (usually a client's -1 read as unsigned) cannot be stored as sent,
 // so it is refused rather than acknowledged and clamped.
 absl::Status ValidateStep(uint64_t step, absl::string_view what) {
-  if (step <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return absl::OkStatus();
-  }
+  if (step <= v1::kMaxStep) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       what, step, " is not below 2^63 (", static_cast<int64_t>(step),
       " as a signed integer: a step of -1?); steps are stored as signed "

@@ -8,15 +8,17 @@
 #include <string>
 
 #include "google/protobuf/repeated_field.h"
+#include "trainwatch/v1/step_bound.h"
 
 namespace trainwatch {
 
-// Steps live in SQLite's signed 64-bit integers; larger ones are clamped on
-// the way in (no real run gets near 2^63 steps).
+// Steps live in SQLite's signed 64-bit integers. Validation refused every
+// step above v1::kMaxStep before it reached the store (ingest and the
+// engine's own ops carry validated steps), so the cast is exact; nothing
+// clamps.
 inline int64_t ToDb(uint64_t step) {
-  return step > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
-             ? std::numeric_limits<int64_t>::max()
-             : static_cast<int64_t>(step);
+  static_assert(v1::kMaxStep == static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+  return static_cast<int64_t>(step);
 }
 
 inline std::string PackIds(const google::protobuf::RepeatedField<int64_t>& ids) {

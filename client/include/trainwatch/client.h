@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "trainwatch/v1/step_bound.h"
 #include "absl/status/statusor.h"
 
 namespace trainwatch {
@@ -137,8 +138,9 @@ struct ClientOptions {
 
 // Steps are stored as signed 64-bit integers: Record() and RecordProto()
 // refuse a step above this (a -1 read as unsigned) and count it in
-// ClientStats::rejected, so it never reaches a batch.
-inline constexpr uint64_t kMaxStep = 9223372036854775807ULL;  // 2^63 - 1
+// ClientStats::rejected, so it never reaches a batch. The server's bound is
+// the same constant (trainwatch/v1/step_bound.h).
+using v1::kMaxStep;
 
 // What a layer is (the proto's LayerKind values): the per-layer rules leave
 // out embeddings and the output head, whose rows see a gradient only when
