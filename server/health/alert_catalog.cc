@@ -382,8 +382,8 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Restart from a checkpoint before the onset with the balancing on (aux "
      "loss coefficient 1e-2, or the aux-free bias with its update on) and a "
      "lower LR for the router; check the router's init (small, not zero).",
-     "MoE: a layer's routing collapsed onto a few experts (effective "
-     "experts <= 2 x top_k)",
+     "MoE: a layer's routing collapsed onto a few experts (90% of its "
+     "assignments on <= 2 x top_k experts)",
      {},
      {.summary = "MoE routing collapsed on run {{ $labels.run }}",
       .details = kMoeDetails},
@@ -428,11 +428,12 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      AlertScope::kLead,
      {K::kMoeRouterCollapse, K::kMoeDeadExpert, K::kMoeRouterZLossGrowth}},
     {K::kMoeRouterZLossGrowth, "MoeRouterZLossGrowth", v1::SEVERITY_WARNING,
-     "The router's logits keep growing (z-loss or max router logit 2x its "
-     "baseline): bf16 round-off in the router's softmax, then unstable "
-     "routing.",
+     "The router's logits run away (z-loss, or max router logit, 2x its "
+     "low of the last 500 steps): bf16 round-off in the router's softmax, "
+     "then unstable routing. A router that sharpens slowly as it learns is "
+     "not this.",
      "Add a router z-loss (coefficient 1e-3) and keep the router in fp32.",
-     "MoE: the router z-loss rises >= 2x its settled level: add z-loss, "
+     "MoE: the router z-loss doubles within 500 steps: add z-loss, "
      "keep the router in fp32",
      {},
      {.summary = "MoE router logits grow on run {{ $labels.run }}",

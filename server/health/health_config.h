@@ -309,10 +309,9 @@ struct HealthConfig {
   struct {
     uint32_t settle_steps = 200;
     uint32_t level_reports = 10;
-    // MoeRouterCollapse: effective experts <= collapse_top_k_multiple x
-    // top_k, or at top_k 1 one expert's share >= collapse_share.
+    // MoeRouterCollapse: the fewest experts carrying 90% of the
+    // assignments <= collapse_top_k_multiple x top_k (at most half the layer).
     double collapse_top_k_multiple = 2.0;
-    double collapse_share = 0.5;
     uint32_t dead_steps = 100;       // MoeDeadExpert: no assignment this long
     uint32_t dead_min_reports = 3;   // ... over at least this many reports
     double imbalance = 2.0;          // MoeImbalanceHigh: max/mean level
@@ -321,7 +320,12 @@ struct HealthConfig {
     // counts, aux_high - 1 above its level after settling) ...
     double aux_high = 1.2;
     double aux_low = 0.9;            // ... or < aux_low
-    double z_ratio = 2.0;            // MoeRouterZLossGrowth: level / baseline
+    // MoeRouterZLossGrowth: the level >= z_ratio x its lowest over the
+    // z_growth_steps before the rise: the logits growing, not a router that
+    // sharpens slowly as it learns (without z-loss its logits climb ~1.3x in
+    // 500 steps and stay healthy; a router that runs away doubles in 100).
+    double z_ratio = 2.0;
+    uint32_t z_growth_steps = 500;
     // MoeImbalanceHigh's line and MoeRouterZLossGrowth hold this long, on
     // every report and at least persist_reports of them, before they page:
     // a level that comes back sooner was an excursion.

@@ -133,7 +133,9 @@ for dirpath, dirnames, files in os.walk(root):
                     if name not in tree_names and not name.endswith(".pb.h"):
                         failures.append(f"{where}:{line_no}: a comment names {name}, "
                                         "which is not a file of the tree")
-        if "DESIGN.md" in text:
+        # tests/contract/contract.sh is the workplace's check, copied verbatim
+        # (contract_copy_test holds it to the original): its words are its own.
+        if "DESIGN.md" in text and where != os.path.join("tests", "contract", "contract.sh"):
             failures.append(f"{where}: names DESIGN.md, a file outside the repository: point at docs/")
         # A tracker's numbers mean nothing to a reader of the repository.
         for m in re.finditer(r"\b[Ii]ssue \d+", text):

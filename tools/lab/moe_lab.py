@@ -353,6 +353,57 @@ def score(runs, by_run, names=tuple(MATCH)):
     return rows
 
 
+# An event is named in budget when an alert that may name its kind started
+# within [onset - EARLY, due + BUDGET], or started before and was still
+# firing at the onset. due: the onset, or where the label says the condition
+# became one (a z growth's `crossed`, the first step at 2x), and never before
+# the rules judge at all (warmup + moe.settle_steps, 200: a condition there
+# from the start is due once they do). BUDGET: moe.persist_steps (100) and a
+# level's 10 reports, twice over. All set before the third held-out set was
+# judged.
+BUDGET = 200
+SETTLE_STEPS = 200  # the server's moe.settle_steps (the lab runs its defaults)
+
+
+def namers(kind):
+    return [a for a, kinds in MATCH.items() if kind in kinds]
+
+
+def event_named(e, alerts, judged_from):
+    """The first alert (name@started) that names event e in budget, or None."""
+    due = max(e.get("crossed", e["onset"]), judged_from)
+    for a in sorted(alerts, key=lambda a: a["started_step"]):
+        if a["alertname"] not in namers(e["kind"]):
+            continue
+        start, end = a["started_step"], a.get("resolved_step")
+        if e["onset"] - EARLY <= start <= due + BUDGET or (
+                start < e["onset"] - EARLY and (end is None or end >= e["onset"])):
+            return f"{a['alertname']}@{start}"
+    return None
+
+
+def events_table(runs, by_run, warmups):
+    """Per kind: its labelled events, those named in budget by any alert that
+    may name the kind, and the misses."""
+    out = [f"| kind | events | named in budget ([onset - {EARLY}, due + {BUDGET}], or "
+           "firing at the onset) | misses |", "|---|---|---|---|"]
+    for kind in moe_labeller.KINDS:
+        n, named, misses = 0, 0, []
+        for name, seed, lab in runs:
+            for e in lab["events"]:
+                if e["kind"] != kind:
+                    continue
+                n += 1
+                if event_named(e, by_run.get(run_id(name, seed), []),
+                               warmups[(name, seed)] + SETTLE_STEPS):
+                    named += 1
+                else:
+                    misses.append(f"{name}/s{seed}@{e['onset']}")
+        if n:
+            out.append(f"| {kind} | {n} | {named} | {', '.join(misses) or 'none'} |")
+    return "\n".join(out)
+
+
 def group_table(runs, by_run):
     """Per family group: each alert that fired there or had labels to name."""
     out = ["| family group | runs | alertname | fired | precision | events | recall | "
@@ -476,6 +527,10 @@ def main(argv=None):
     rows = score(runs, by_run)
     print(alert_table(rows))
     print("\n" + healthy_pages_line(runs, by_run, purpose, run_id))
+    print("\n## Events named in budget\n")
+    warmups = {(n, s): moe_labeller.read(stem(runs_dir, n, s).with_suffix(".jsonl"))[0]
+               .get("warmup_steps", 0) for n, s, _ in runs}
+    print(events_table(runs, by_run, warmups))
     print("\n## Per family group\n")
     print(group_table(runs, by_run))
     print("\n## Families\n")

@@ -40,28 +40,27 @@ using moe::Worst;
 // Layers named in a description, at most.
 constexpr size_t kNamed = 4;
 
-// Collapse: onto <= 2 top_k experts (of a layer with more than twice that),
-// or one expert taking half at top_k 1.
+// Collapse: the routing rests on a few experts, the rest starved: the
+// fewest experts that carry 90% of the assignments (n90) <= 2 x top_k, of
+// a layer with more than twice that. Not the entropy's effective number: a
+// thin spread over the starved experts counts as load there (two experts
+// with 92% and six with 1.3% each are 2.9 effective experts, n90 2); nor
+// the hottest expert's share, which is an imbalance (MoeImbalanceHigh) while
+// the rest still carry their part.
 class Collapse final : public Rule {
  public:
   void Judge(const Report& r, AlertSink& sink) override {
     const auto& cfg = r.cfg;
     Named collapsed;
     uint64_t onset = r.step;
+    double limit = 0;
     for (const auto& [name, s] : r.layers) {
       if (!r.settled || !s->counts_now) continue;
-      const double limit =
-          std::min(cfg.collapse_top_k_multiple * r.top_k, s->experts / 2.0);
-      const auto eff = s->effective.Of(r.n);
-      const auto share = s->share.Of(r.n);
-      if (eff && *eff <= r.Line(AlertKind::kMoeRouterCollapse, s->experts, limit)) {
-        collapsed.emplace_back(*name, *eff);
-        onset = std::min(onset, s->effective.since(r.step));
-      } else if (r.top_k == 1 && share &&
-                 *share >= r.Line(AlertKind::kMoeRouterCollapse, 1.0 / s->experts,
-                                  cfg.collapse_share)) {
-        collapsed.emplace_back(*name, *share * s->experts);
-        onset = std::min(onset, s->share.since(r.step));
+      limit = moe::CollapseLimit(r.top_k, cfg.collapse_top_k_multiple, s->experts);
+      const auto n90 = s->n90.Of(r.n);
+      if (n90 && *n90 <= r.Line(AlertKind::kMoeRouterCollapse, s->experts, limit)) {
+        collapsed.emplace_back(*name, *n90);
+        onset = std::min(onset, s->n90.since(r.step));
       }
     }
     r.held.Condition(sink, AlertKind::kMoeRouterCollapse, r.step, !collapsed.empty(),
@@ -69,10 +68,11 @@ class Collapse final : public Rule {
                        return AlertText{
                            absl::StrFormat("MoE routing collapsed in %d layer(s)",
                                            collapsed.size()),
-                           absl::StrFormat("step %d: effective experts (exp of the load's "
-                                           "entropy, median of the last %d reports) <= %g "
-                                           "(%g x top_k %d): %s",
-                                           r.step, r.n, cfg.collapse_top_k_multiple * r.top_k,
+                           absl::StrFormat("step %d: 90%% of the assignments go to %g "
+                                           "expert(s) (the fewest that carry them, median "
+                                           "of the last %d reports) <= %g (%g x top_k "
+                                           "%d): %s",
+                                           r.step, Worst(collapsed, false), r.n, limit,
                                            cfg.collapse_top_k_multiple, r.top_k,
                                            NameLayers(collapsed, kNamed, "layer ")),
                            onset};
@@ -279,15 +279,15 @@ class MoeRouting final : public Detector {
     if (!first_post_warmup_.has_value()) first_post_warmup_ = step;
     const v1::MoeConfig* moe = ctx.run.moe.has_value() ? &*ctx.run.moe : nullptr;
     const uint32_t ep_size = moe != nullptr ? moe->ep_size() : 0;
-    const moe::ReportLayers layers =
-        levels_.Update(rec.moe(), step, cfg.level_reports, ep_size, cfg.bias_flip_share);
+    const uint32_t top_k = moe != nullptr && moe->top_k() > 0 ? moe->top_k() : 1;
+    const moe::ReportLayers layers = levels_.Update(rec.moe(), step, ctx.config, top_k, ep_size);
     const Report report{
         ctx.config,
         cfg,
         step,
         step - *first_post_warmup_ >= cfg.settle_steps,
         cfg.level_reports,
-        moe != nullptr && moe->top_k() > 0 ? moe->top_k() : 1,
+        top_k,
         ep_size,
         moe != nullptr && moe->bias_update_rate() > 0 ? moe->bias_update_rate() : 1e-3,
         moe == nullptr || moe->balancing() != v1::NO_BALANCING,

@@ -106,8 +106,9 @@ bool Persistent::Update(bool holds, uint64_t step, uint64_t onset, uint32_t step
   return step - since_ >= steps && reports_ >= reports;
 }
 
-ReportLayers MoeLevels::Update(const v1::MoeStats& report, uint64_t step, uint32_t n,
-                               uint32_t ep_size, double flip_share) {
+ReportLayers MoeLevels::Update(const v1::MoeStats& report, uint64_t step,
+                               const HealthConfig& config, uint32_t top_k, uint32_t ep_size) {
+  const uint32_t n = config.moe.level_reports;
   ReportLayers out;
   MoeDrops drops;
   for (const v1::MoeLayerStats& layer : report.layers()) {
@@ -122,8 +123,13 @@ ReportLayers MoeLevels::Update(const v1::MoeStats& report, uint64_t step, uint32
       drops.Add(layer, *load);
       s.reports_counts = s.counts_now = true;
       s.experts = layer.tokens_per_expert_size();
-      s.effective.Add(load->effective_experts, n, step);
-      s.share.Add(load->max_share, n, step);
+      // n90, exact up to the collapse rule's highest line (its hysteresis
+      // line while firing): above it, only "above" matters.
+      const double experts = s.experts;
+      const double limit = CollapseLimit(top_k, config.moe.collapse_top_k_multiple, s.experts);
+      const auto at_most = static_cast<uint32_t>(
+          std::floor(experts - config.change.resolve_ratio * (experts - limit)));
+      s.n90.Add(ExpertsFor90(layer, *load, at_most), n, step);
       s.max_over_mean.Add(load->max_over_mean, n, step);
       s.last_max_over_mean = load->max_over_mean;
       TrackEmpty(layer, step, s);
@@ -135,7 +141,7 @@ ReportLayers MoeLevels::Update(const v1::MoeStats& report, uint64_t step, uint32
       s.reports_z = true;
     }
     if (layer.has_router_logit_max()) s.logit.Add(layer.router_logit_max(), n, step);
-    TrackBias(layer, s, n, flip_share);
+    TrackBias(layer, s, n, config.moe.bias_flip_share);
     out.emplace_back(&it->first, &s);
   }
   if (const std::optional<double> share = drops.fraction()) dropped_.Add(*share, n);

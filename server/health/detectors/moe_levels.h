@@ -9,7 +9,9 @@
 #ifndef TRAINWATCH_SERVER_HEALTH_DETECTORS_MOE_LEVELS_H_
 #define TRAINWATCH_SERVER_HEALTH_DETECTORS_MOE_LEVELS_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -65,11 +67,23 @@ class Persistent {
   uint32_t reports_ = 0;
 };
 
+// MoeRouterCollapse's limit for a layer of `experts` at top_k: the routing
+// rests on at most this many experts (its n90, the fewest carrying 90% of
+// the assignments): 2 x top_k, at most half the layer.
+inline double CollapseLimit(uint32_t top_k, double multiple, size_t experts) {
+  return std::min(multiple * top_k, experts / 2.0);
+}
+
 struct LayerState {
-  Level effective, share, max_over_mean, aux, z, logit, blocks;
-  // Baselines (the first level after settling): the router's logits and
-  // the balancing loss.
-  std::optional<double> z_base, logit_base, aux_base;
+  // n90: the fewest experts that carry 90% of the assignments.
+  Level n90, max_over_mean, aux, z, logit, blocks;
+  // The balancing loss's baseline (its first level after settling).
+  std::optional<double> aux_base;
+  // The router logits' levels (z-loss, else max logit) over the last
+  // moe.z_growth_steps while they were not rising, as a monotonic deque
+  // (ascending levels, oldest first): front() is their lowest.
+  std::deque<std::pair<uint64_t, double>> logit_lows;
+  bool lows_of_z = false;  // logit_lows holds z-loss levels
   bool reports_z = false;       // the layer has reported a z-loss
   bool reports_counts = false;  // ... its assignments per expert
   // What this report carried: counts, and counts in expert-parallel blocks.
@@ -97,8 +111,8 @@ class MoeLevels {
  public:
   // Takes one report in; returns its layers (a layer past the first
   // kMaxLayers is left out).
-  ReportLayers Update(const v1::MoeStats& report, uint64_t step, uint32_t n, uint32_t ep_size,
-                      double flip_share);
+  ReportLayers Update(const v1::MoeStats& report, uint64_t step, const HealthConfig& config,
+                      uint32_t top_k, uint32_t ep_size);
   // The report's share of dropped assignments over every layer (what
   // Summarize() gives /metrics), its level.
   const Level& dropped() const { return dropped_; }

@@ -71,29 +71,46 @@ class AuxOffBalance final : public Rule {
   }
 };
 
-// The router's logits grown from their settled level: its z-loss where the
-// layer reports one (a learning router's max logit grows while z-loss
-// keeps the logsumexp down), else its max logit.
+// The router's logits grown: their z-loss where the layer reports one (a
+// learning router's max logit grows while z-loss keeps the logsumexp down),
+// else its max logit; the level >= moe.z_ratio x its lowest over the
+// moe.z_growth_steps before the rise, held moe.persist_steps. Against a
+// recent low, not the level at settling: a router without z-loss sharpens
+// as it learns (its z-loss 40 -> 130 over 2500 steps, ~1.3x in 500, the run
+// healthy), while one that runs away doubles in ~100 steps. While the level
+// is over the line the low is frozen, so a growth that goes on stays one
+// alert.
 class ZGrowth final : public Rule {
  public:
   void Judge(const Report& r, AlertSink& sink) override {
     const auto& cfg = r.cfg;
     Named grown;
     uint64_t onset = r.step;
+    double low = 0;
     bool z_judged = false, logit_judged = false;  // what the grown layers were judged on
     for (const auto& [name, s] : r.layers) {
       if (!r.settled) continue;
       const Level& logits = s->reports_z ? s->z : s->logit;
-      std::optional<double>& base = s->reports_z ? s->z_base : s->logit_base;
       const std::optional<double> now = logits.Of(r.n);
-      if (now && !base) base = *now;
+      if (!now) continue;
+      auto& lows = s->logit_lows;
+      if (s->lows_of_z != s->reports_z) {  // the layer's z-loss arrived
+        lows.clear();
+        s->lows_of_z = s->reports_z;
+      }
       const double ratio = r.Line(AlertKind::kMoeRouterZLossGrowth, 1.0, cfg.z_ratio);
-      if (r.Persists(s->logits_grown, now && *base > 0 && *now >= ratio * *base,
-                     logits.since(r.step))) {
-        grown.emplace_back(*name, *now / *base);
+      const bool over = !lows.empty() && lows.front().second > 0 &&
+                        *now >= ratio * lows.front().second;
+      if (r.Persists(s->logits_grown, over, logits.since(r.step))) {
+        grown.emplace_back(*name, *now / lows.front().second);
+        low = lows.front().second;
         onset = std::min(onset, s->logits_grown.onset());
         (s->reports_z ? z_judged : logit_judged) = true;
       }
+      if (over) continue;  // the low stays what it was before the rise
+      while (!lows.empty() && lows.back().second >= *now) lows.pop_back();
+      lows.emplace_back(r.step, *now);
+      while (lows.front().first + cfg.z_growth_steps < r.step) lows.pop_front();
     }
     r.held.Condition(
         sink, AlertKind::kMoeRouterZLossGrowth, r.step, !grown.empty(), Worst(grown), [&] {
@@ -103,9 +120,10 @@ class ZGrowth final : public Rule {
           return AlertText{
               absl::StrFormat("Router logits grew %.3gx", Worst(grown)),
               absl::StrFormat("step %d: the %s (median of the last %d reports) >= %g x "
-                              "its level after settling since step %d (>= %d steps): %s",
-                              r.step, what, r.n, cfg.z_ratio, onset, cfg.persist_steps,
-                              NameLayers(grown, kNamed, "layer ")),
+                              "its lowest level over the %d steps before the rise (%.3g) "
+                              "since step %d (>= %d steps): %s",
+                              r.step, what, r.n, cfg.z_ratio, cfg.z_growth_steps, low, onset,
+                              cfg.persist_steps, NameLayers(grown, kNamed, "layer ")),
               onset};
         });
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 namespace trainwatch {
 namespace {
@@ -45,6 +46,32 @@ std::optional<MoeLayerLoad> LoadOf(const v1::MoeLayerStats& layer) {
   }
   out->effective_experts = std::exp(std::log(total) - sum_c_log_c / total);
   return out;
+}
+
+uint32_t ExpertsFor90(const v1::MoeLayerStats& layer, const MoeLayerLoad& load,
+                      uint32_t at_most) {
+  const auto& counts = layer.tokens_per_expert();
+  const double e = counts.size();
+  if (at_most >= counts.size()) at_most = counts.size();
+  if (at_most < e) {
+    // The largest entropy with >= 90% on at_most experts: 0.9 spread evenly
+    // over them, 0.1 over the rest (when the rest's share is the smaller).
+    const double m = std::max<double>(at_most, 1);
+    const double h = 0.9 * std::log(m / 0.9) + 0.1 * std::log((e - m) / 0.1);
+    const double bound = 0.1 / (e - m) <= 0.9 / m ? std::exp(h) : e;
+    // 1% over the bound: effective_experts is taken with float logs.
+    if (load.effective_experts > 1.01 * bound) return at_most + 1;
+  }
+  std::vector<uint64_t> sorted(counts.begin(), counts.end());
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  uint64_t acc = 0;
+  uint32_t n = 0;
+  for (uint64_t c : sorted) {
+    acc += c;
+    ++n;
+    if (10 * acc >= 9 * load.total) break;
+  }
+  return n;
 }
 
 std::vector<uint64_t> BlockLoads(const v1::MoeLayerStats& layer, uint32_t ep_size) {

@@ -31,6 +31,14 @@ struct MoeLayerLoad {
 // nullopt when the layer carries no counts (aggregates only) or none > 0.
 std::optional<MoeLayerLoad> LoadOf(const v1::MoeLayerStats& layer);
 
+// The fewest experts that carry 90% of the layer's assignments (its counts
+// sorted: E log E), or, when `load` shows that more than `at_most` experts
+// do, at_most + 1 without sorting: a load whose effective number of experts
+// is above what 90% on at_most experts and 10% spread over the rest could
+// give has no such at_most experts. Exact for "<= at_most".
+uint32_t ExpertsFor90(const v1::MoeLayerStats& layer, const MoeLayerLoad& load,
+                      uint32_t at_most);
+
 // Assignments per expert-parallel block (experts in contiguous blocks of
 // num_experts / ep_size); empty when the counts do not divide evenly.
 std::vector<uint64_t> BlockLoads(const v1::MoeLayerStats& layer, uint32_t ep_size);
