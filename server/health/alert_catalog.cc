@@ -395,8 +395,8 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "Check the balancing (aux loss coefficient, aux-free bias update); "
      "re-initialise the dead expert's router row or restart from a "
      "checkpoint before it died.",
-     "MoE: an expert gets no token for >= 100 post-warmup steps: names "
-     "layer and experts",
+     "MoE: an expert gets (almost) no token for >= 100 post-warmup steps: "
+     "names layer and experts",
      {},
      {.summary = "MoE experts are dead on run {{ $labels.run }}",
       .details = kMoeDetails},
@@ -407,8 +407,8 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "grows (tokens over capacity are dropped).",
      "Raise the load-balancing loss coefficient (or the aux-free bias "
      "update rate); if the data is one domain, some skew is expected.",
-     "MoE: a layer's load max/mean stays >= 2 after warmup, or is "
-     "forecast to",
+     "MoE: a layer's load max/mean stays >= 2, risen from where it "
+     "settled, or is forecast to",
      {},
      {.summary = "MoE load is uneven on run {{ $labels.run }}",
       .details = kMoeDetails},

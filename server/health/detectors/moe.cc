@@ -143,7 +143,13 @@ class Imbalance final : public Rule {
       if (!r.settled || !s->counts_now) continue;
       if (auto m = s->max_over_mean.Of(n)) {
         worst = std::max(worst, *m);
-        const bool over = *m >= r.Line(AlertKind::kMoeImbalanceHigh, 1.0, cfg.imbalance);
+        if (!s->imbalance_base) s->imbalance_base = *m;
+        // Over the line and risen from where the layer settled by as much
+        // as the line is above balance: a skew the run settled with is what
+        // its data gives (skewed data: 2-3x from the start, the run
+        // healthy); one that grows from there is the balancing failing.
+        const double line = r.Line(AlertKind::kMoeImbalanceHigh, 1.0, cfg.imbalance);
+        const bool over = *m >= line && *m - *s->imbalance_base >= line - 1.0;
         if (r.Persists(s->imbalanced, over, s->max_over_mean.since(r.step))) {
           imbalanced.emplace_back(*name, *m);
           onset = std::min(onset, s->imbalanced.onset());
@@ -290,7 +296,8 @@ class MoeRouting final : public Detector {
         top_k,
         ep_size,
         moe != nullptr && moe->bias_update_rate() > 0 ? moe->bias_update_rate() : 1e-3,
-        moe == nullptr || moe->balancing() != v1::NO_BALANCING,
+        moe == nullptr || (moe->balancing() != v1::NO_BALANCING &&
+                           moe->balancing() != v1::AUX_FREE_BIAS),
         layers,
         levels_,
         held_};

@@ -77,8 +77,9 @@ inline double CollapseLimit(uint32_t top_k, double multiple, size_t experts) {
 struct LayerState {
   // n90: the fewest experts that carry 90% of the assignments.
   Level n90, max_over_mean, aux, z, logit, blocks;
-  // The balancing loss's baseline (its first level after settling).
-  std::optional<double> aux_base;
+  // Baselines, the first level after settling: the balancing loss's, the
+  // load's max/mean and the router logits' (z-loss, else max logit).
+  std::optional<double> aux_base, imbalance_base, logit_base;
   // The router logits' levels (z-loss, else max logit) over the last
   // moe.z_growth_steps while they were not rising, as a monotonic deque
   // (ascending levels, oldest first): front() is their lowest.
@@ -89,9 +90,11 @@ struct LayerState {
   // What this report carried: counts, and counts in expert-parallel blocks.
   bool counts_now = false, blocks_now = false;
   Persistent imbalanced, logits_grown;
-  // Per expert: the first step of its run of empty reports, and their count.
+  // Per expert, its starved stretch: where it began (a report with no
+  // assignment), its reports, and those of them with some (at most
+  // kStarvedFedShare of them: more ends the stretch).
   std::vector<uint64_t> empty_since;
-  std::vector<uint32_t> empty_reports;
+  std::vector<uint32_t> empty_reports, fed_reports;
   size_t experts = 0;  // in the last report with counts
   // The aux-free bias: the last report's and its change.
   std::vector<float> bias, bias_delta;
@@ -156,8 +159,9 @@ struct Report {
   uint32_t n;    // reports in a level
   uint32_t top_k, ep_size;
   double bias_rate;
-  // A run that balances nothing has no balancing to be off: its aux loss
-  // is a diagnostic, and its load is judged by the load's own rules.
+  // A run whose balancing is not a loss (none, or the aux-free bias) has no
+  // balancing loss to be off: its aux loss is a diagnostic, and its load is
+  // judged by the load's own rules.
   bool judge_aux;
   const ReportLayers& layers;
   const MoeLevels& levels;

@@ -74,10 +74,12 @@ class AuxOffBalance final : public Rule {
 // The router's logits grown: their z-loss where the layer reports one (a
 // learning router's max logit grows while z-loss keeps the logsumexp down),
 // else its max logit; the level >= moe.z_ratio x its lowest over the
-// moe.z_growth_steps before the rise, held moe.persist_steps. Against a
-// recent low, not the level at settling: a router without z-loss sharpens
-// as it learns (its z-loss 40 -> 130 over 2500 steps, ~1.3x in 500, the run
-// healthy), while one that runs away doubles in ~100 steps. While the level
+// moe.z_growth_steps before the rise and >= moe.z_ratio x its level when
+// the run settled, held moe.persist_steps. Against a recent low: a router
+// without z-loss sharpens as it learns (its z-loss 40 -> 130 over 2500
+// steps, ~1.3x in 500, the run healthy), while one that runs away doubles
+// in ~100 steps. And above where it settled: a z-loss that held the logits
+// near 0 (z 3e-5) and lets them back to 1e-4 has not grown. While the level
 // is over the line the low is frozen, so a growth that goes on stays one
 // alert.
 class ZGrowth final : public Rule {
@@ -96,11 +98,16 @@ class ZGrowth final : public Rule {
       auto& lows = s->logit_lows;
       if (s->lows_of_z != s->reports_z) {  // the layer's z-loss arrived
         lows.clear();
+        s->logit_base.reset();
         s->lows_of_z = s->reports_z;
       }
+      if (!s->logit_base) s->logit_base = *now;
+      // Over both lines: a rise back from a dip (z-loss pulled the logits
+      // near 0, where doubling is noise: 3e-5 -> 7e-5) is not a growth.
       const double ratio = r.Line(AlertKind::kMoeRouterZLossGrowth, 1.0, cfg.z_ratio);
-      const bool over = !lows.empty() && lows.front().second > 0 &&
-                        *now >= ratio * lows.front().second;
+      const bool over = !lows.empty() && lows.front().second > 0 && *s->logit_base > 0 &&
+                        *now >= ratio * lows.front().second &&
+                        *now >= ratio * *s->logit_base;
       if (r.Persists(s->logits_grown, over, logits.since(r.step))) {
         grown.emplace_back(*name, *now / lows.front().second);
         low = lows.front().second;
@@ -144,8 +151,11 @@ class BiasDrift final : public Rule {
               r.Line(AlertKind::kMoeExpertBiasDrift, 0.0, 20 * r.bias_rate)) {
         drift.emplace_back(*name, s->bias_mean);
       }
+      // Flipping is what a sign update does at balance: it is the rate's
+      // fault only while the load stays uneven, half way to the imbalance
+      // line (max/mean 1.5) or more.
       if (s->flip_reports >= r.n && s->last_max_over_mean >= 0.95 * s->flip_start_imbalance &&
-          s->last_max_over_mean > 1.1) {
+          s->last_max_over_mean >= 1 + 0.5 * (cfg.imbalance - 1)) {
         flip.emplace_back(*name, s->last_max_over_mean);
       }
     }

@@ -323,6 +323,38 @@ TEST(MoeRouting, NoBalancingHasNoBalancingLossToJudge) {
   EXPECT_THAT(MoeFired(h), IsEmpty());
 }
 
+// Under the aux-free bias the balancing is the bias: an aux loss the run
+// reports is a diagnostic, judged like a run's that balances nothing (the
+// MoE lab's top-1 bias run on skewed data reported 1.21 and paged).
+TEST(MoeRouting, AnAuxFreeBiasRunsAuxLossIsNotJudged) {
+  HealthHarness h(MoeInfo(1, v1::AUX_FREE_BIAS));
+  Feed(h, 1000, [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    if (step >= 400 && layer == 0) r.aux_loss = 1.3;
+    return r;
+  });
+  EXPECT_THAT(h.Fired(AlertKind::kMoeAuxLossOffBalance), IsEmpty());
+}
+
+// A skew the layer settled with is what its data gives: the hottest expert
+// at 2.6x the mean from the start (skewed data) is no MoeImbalanceHigh; the
+// same layer's hot expert rising from 1.5x to 2.6x is one.
+TEST(MoeRouting, ASkewTheLayerSettledWithIsNotAnImbalance) {
+  for (uint64_t from : {0, 800}) {
+    SCOPED_TRACE(from);
+    HealthHarness h(MoeInfo());
+    Feed(h, 2000, [from](uint64_t step, uint32_t layer) {
+      Routing r = Healthy(step, layer);
+      if (step >= from && layer == 0) {
+        const double hot = 2.6, rest = (kExperts - hot) / (kExperts - 1);
+        for (uint32_t e = 0; e < kExperts; ++e) r.share[e] = (e == 0 ? hot : rest) / kExperts;
+      }
+      return r;
+    });
+    EXPECT_EQ(h.Fired(AlertKind::kMoeImbalanceHigh).size(), from == 0 ? 0u : 1u);
+  }
+}
+
 TEST(MoeRouting, AuxLossAboveAndBelowBalance) {
   for (double aux : {1.3, 0.85}) {
     SCOPED_TRACE(aux);
@@ -388,6 +420,20 @@ TEST(MoeRouting, ZLossThatFallsWhileTheMaxLogitGrowsIsNotAGrowth) {
   EXPECT_THAT(MoeFired(h), IsEmpty());
 }
 
+// A z-loss that holds the logits near 0 (z 3e-5) and lets them back to
+// 1e-4 has not grown: the level must also be 2x where the layer settled
+// (the MoE lab's top-1 run with z-loss and a 5x router LR paged 4 times).
+TEST(MoeRouting, AZLossNearZeroThatDoublesIsNotAGrowth) {
+  HealthHarness h(MoeInfo());
+  Feed(h, 3000, [](uint64_t step, uint32_t layer) {
+    Routing r = Healthy(step, layer);
+    r.z_loss = step < 600 ? 2.5 * std::exp(-static_cast<double>(step) / 60.0) + 3e-5
+                          : (step < 1500 ? 3e-5 : 1e-4);
+    return r;
+  });
+  EXPECT_THAT(h.Fired(AlertKind::kMoeRouterZLossGrowth), IsEmpty());
+}
+
 // A rise that comes back is not a growth: the z-loss at 2.5x its settled
 // level for 60 steps, then back; the same rise that stays is named once it
 // has held for moe.persist_steps.
@@ -429,6 +475,33 @@ TEST(MoeRouting, ExpertBiasThatIsNotRecentredDrifts) {
   const auto fired = h.Fired(AlertKind::kMoeExpertBiasDrift);
   ASSERT_EQ(fired.size(), 1u);
   EXPECT_THAT(fired[0].description, HasSubstr("not re-centred"));
+}
+
+// A sign update flips at balance: every expert's bias moving back and
+// forth while the load is near even (max/mean 1.3) is the update working,
+// not a rate too high (flipping while the load stays uneven is).
+TEST(MoeRouting, ABiasFlippingAtBalanceIsNotADrift) {
+  for (double hot : {1.3, 2.4}) {
+    SCOPED_TRACE(hot);
+    HealthHarness h(MoeInfo(1, v1::AUX_FREE_BIAS));
+    Feed(h, 1500, [hot](uint64_t step, uint32_t layer) {
+      Routing r = Healthy(step, layer);
+      const double rest = (kExperts - hot) / (kExperts - 1);
+      for (uint32_t e = 0; e < kExperts; ++e) r.share[e] = (e == layer ? hot : rest) / kExperts;
+      r.bias.resize(kExperts);
+      for (uint32_t e = 0; e < kExperts; ++e) {
+        r.bias[e] = static_cast<float>(0.01 * (e % 2 ? 1 : -1) + (step % 2 ? 1e-3 : -1e-3));
+      }
+      return r;
+    });
+    const auto fired = h.Fired(AlertKind::kMoeExpertBiasDrift);
+    if (hot < 1.5) {
+      EXPECT_THAT(fired, IsEmpty());
+    } else {
+      ASSERT_EQ(fired.size(), 1u);
+      EXPECT_THAT(fired[0].description, HasSubstr("changed sign"));
+    }
+  }
 }
 
 TEST(MoeRouting, ReCentredBiasDoesNotDrift) {
@@ -489,7 +562,9 @@ TEST(MoeRouting, ALevelHoveringAtItsLineIsOneAlert) {
     Feed(skew, 6000, [block](uint64_t step, uint32_t layer) {
       Routing r = Healthy(step, layer);
       if (step >= 1000 && layer == 0) {
-        const double hot = (step / block) % 2 ? 2.1 : 1.9;  // max/mean
+        // max/mean hovering at the line over where the layer settled
+        // (1.5): it fires at 1.5 + 1 and holds at 1.5 + 0.8.
+        const double hot = (step / block) % 2 ? 2.6 : 2.4;
         const double rest = (kExperts - hot) / (kExperts - 1);
         for (uint32_t e = 0; e < kExperts; ++e) r.share[e] = (e == 0 ? hot : rest) / kExperts;
       }
