@@ -50,7 +50,7 @@ constexpr Range kWindow = {10, false, 1'000'000, false,
 // Cross-rank digests: 12 bytes a step of lag, per run.
 constexpr Range kLag = {1, false, 10'000'000, false,
                         "an integer in [1, 10000000]"};
-constexpr Range kFlag = {0, false, 1, false, "0 or 1"};
+constexpr Range kFlag = {0, false, 1, false, "true or false"};  // bools
 constexpr Range kNonNegative = {0, false, kInf, true, ">= 0"};
 constexpr Range kAny = {-kInf, true, kInf, true, "a finite number"};
 // A tensor's last reports are kept as bits of one word.
@@ -64,7 +64,7 @@ bool InRange(double v, const Range& r) {
   return lo_ok && hi_ok;
 }
 
-using FieldRef = std::variant<double*, uint32_t*, int64_t*>;
+using FieldRef = std::variant<double*, uint32_t*, int64_t*, bool*>;
 
 // One settable value: its place in the YAML file and in the struct.
 struct Field {
@@ -273,6 +273,20 @@ absl::Status SetField(const Field& field, const YAML::Node& key,
                       const YAML::Node& value, const Errors& errors) {
   const YAML::Mark mark = MarkOf(value, key);
   const std::string name = field.Dotted();
+  if (bool* const* flag = std::get_if<bool*>(&field.ref)) {
+    // true or false (0 and 1 too: the files before bools were bools).
+    const std::string text = value.IsScalar() && value.Tag() != "!" ? value.Scalar() : "";
+    if (text == "true" || text == "1") {
+      **flag = true;
+    } else if (text == "false" || text == "0") {
+      **flag = false;
+    } else {
+      return errors.At(mark, absl::StrCat(name, ": expected true or false, got ",
+                                          value.IsScalar() ? absl::StrCat("'", text, "'")
+                                                           : NodeKind(value)));
+    }
+    return absl::OkStatus();
+  }
   const bool integer = !std::holds_alternative<double*>(field.ref);
   const char* wanted = integer ? "an integer" : "a number";
   // A quoted scalar is a string in YAML, even "0.05".
@@ -532,7 +546,9 @@ std::string PrintHealthConfig(const HealthConfig& config) {
   const auto value = [](const FieldRef& ref) {
     return std::visit(
         [](auto* p) -> std::string {
-          if constexpr (std::is_same_v<decltype(p), double*>) {
+          if constexpr (std::is_same_v<decltype(p), bool*>) {
+            return *p ? "true" : "false";
+          } else if constexpr (std::is_same_v<decltype(p), double*>) {
             char buf[32];  // the shortest text that reads back to the same double
             const auto r = std::to_chars(buf, buf + sizeof buf, *p);
             return std::string(buf, r.ptr);

@@ -346,8 +346,8 @@ struct HealthConfig {
   struct {
     // Off by default: on families it was not fitted on its precision is
     // under 0.5 (docs/detectors.md, "Held out by family").
-    uint32_t enabled = 0;
-    uint32_t use_update_ratio = 1;  // 1: update_rms_ratio, 0: g/sqrt(v) RMS
+    bool enabled = false;
+    bool use_update_ratio = true;  // true: update_rms_ratio, false: g/sqrt(v) RMS
     uint32_t window = 50;
     double alpha = 0.0;
     double theta = 1.25;            // ln 3.5

@@ -333,7 +333,7 @@ TEST(HealthConfigFile, EveryPrintedKeyIsSetAndReadBack) {
     return out;
   };
   const std::vector<std::string> base = lines(defaults);
-  size_t numeric = 0;
+  size_t numeric = 0, bools = 0;
   for (const auto& top : YAML::Load(defaults)) {
     const std::string group = top.first.Scalar();
     if (!top.second.IsMap()) continue;  // the top-level keys: below
@@ -341,6 +341,24 @@ TEST(HealthConfigFile, EveryPrintedKeyIsSetAndReadBack) {
       const std::string key = inner.first.Scalar();
       if (!inner.second.IsScalar() || key == "mode") continue;  // words and lists
       SCOPED_TRACE(group + "." + key);
+      const std::string& scalar = inner.second.Scalar();
+      if (scalar == "true" || scalar == "false") {  // a bool: its other value
+        const std::string other = scalar == "true" ? "false" : "true";
+        absl::StatusOr<HealthConfig> c = ParseHealthConfig(
+            absl::StrFormat("%s:\n  %s: %s\n", group, key, other), "one.yaml");
+        ASSERT_TRUE(c.ok()) << c.status();
+        const std::vector<std::string> got = lines(PrintHealthConfig(*c));
+        ASSERT_EQ(got.size(), base.size());
+        size_t changed = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (got[i] == base[i]) continue;
+          ++changed;
+          EXPECT_EQ(got[i], absl::StrCat("  ", key, ": ", other));
+        }
+        EXPECT_EQ(changed, 1u);
+        ++bools;
+        continue;
+      }
       const double d = inner.second.as<double>();
       bool set = false;
       for (double v : {d + 1, d * 2, d / 2, d + 0.5, 0.5, 2.0, 0.0}) {
@@ -367,11 +385,29 @@ TEST(HealthConfigFile, EveryPrintedKeyIsSetAndReadBack) {
     }
   }
   EXPECT_GT(numeric, 100u);
+  EXPECT_EQ(bools, 2u);  // hazard.enabled, hazard.use_update_ratio
   absl::StatusOr<HealthConfig> top =
       ParseHealthConfig("window_steps: 500\nresolve_after_steps: 7\n", "top.yaml");
   ASSERT_TRUE(top.ok()) << top.status();
   EXPECT_THAT(PrintHealthConfig(*top), ::testing::StartsWith("window_steps: 500\n"
                                                              "resolve_after_steps: 7\n"));
+}
+
+TEST(HealthConfigFile, BoolsAreTrueOrFalse) {
+  for (const char* on : {"true", "1"}) {
+    absl::StatusOr<HealthConfig> c =
+        ParseHealthConfig(absl::StrCat("hazard:\n  enabled: ", on, "\n"), "b.yaml");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(c->hazard.enabled);
+  }
+  absl::StatusOr<HealthConfig> off = ParseHealthConfig("hazard:\n  use_update_ratio: false\n", "b.yaml");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->hazard.use_update_ratio);
+  EXPECT_THAT(PrintHealthConfig(HealthConfig{}), HasSubstr("  enabled: false\n"));
+  absl::StatusOr<HealthConfig> bad = ParseHealthConfig("hazard:\n  enabled: 2\n", "b.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("b.yaml:2: hazard.enabled: expected true or false, got '2'"));
 }
 
 TEST(HealthConfigFile, OverridesChangeOnlyTheirKeys) {

@@ -42,7 +42,7 @@ class SpikeHazard final : public Detector {
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     const v1::StepRecord& r = ctx.record;
     const auto& cfg = ctx.config.hazard;
-    if (cfg.enabled == 0 || r.layer_stats().empty()) return;
+    if (!cfg.enabled || r.layer_stats().empty()) return;
     const double bound =
         ctx.run.adam_beta2.has_value() && *ctx.run.adam_beta2 > 0 && *ctx.run.adam_beta2 < 1
             ? std::log(std::sqrt(1.0 / (1.0 - *ctx.run.adam_beta2)))
@@ -56,7 +56,7 @@ class SpikeHazard final : public Detector {
     std::vector<Jump> jumps;
     for (const auto& [layer, stats] : r.layer_stats()) {
       if (IsTokenRowLayer(kinds_.Of(layer, stats))) continue;
-      const double x = cfg.use_update_ratio != 0
+      const double x = cfg.use_update_ratio
                            ? (stats.has_update_rms_ratio() ? stats.update_rms_ratio() : NAN)
                            : stats.g_over_sqrt_v_rms();
       if (!std::isfinite(x) || !(x > 0)) continue;
@@ -93,7 +93,7 @@ class SpikeHazard final : public Detector {
     const Jump& top = jumps.front();
     size_t over = 0;
     for (const Jump& j : jumps) over += j.jump >= cfg.theta ? 1 : 0;
-    const char* what = cfg.use_update_ratio != 0 ? "update_rms_ratio" : "g/sqrt(v) RMS";
+    const char* what = cfg.use_update_ratio ? "update_rms_ratio" : "g/sqrt(v) RMS";
     sink.Event(AlertKind::kSpikeHazard, r.step(), std::exp(top.jump), {}, [&] {
       return AlertText{
           .summary = absl::StrFormat("Loss spike likely soon: %s jumped in %s", what, top.layer),
