@@ -1,5 +1,5 @@
 // _trainwatch: the pybind11 binding of trainwatch::Client (client.h). The
-// public Python API is the thin layer in trainwatch/__init__.py; this module
+// public Python API is the thin layer in trainwatch/client.py; this module
 // is its private engine.
 //
 // record() is the hot path (once per optimizer step, budget 2 us from Python).
