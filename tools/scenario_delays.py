@@ -34,35 +34,25 @@ steps under other run ids) for one run. Standard library only.
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import tw_harness  # noqa: E402
 GENERATOR = os.path.join(ROOT, "tests", "testdata", "scenarios", "generate.py")
 CHUNK = 100
 
 
 def start_server(bindir, work, config=None):
-    log = open(os.path.join(work, "server.log"), "w+")
-    proc = subprocess.Popen(
-        [os.path.join(bindir, "trainwatch-server"), "--listen", "127.0.0.1:0",
-         "--metrics-listen", "127.0.0.1:0", "--db", os.path.join(work, "tw.db"),
-         *(["--config", config] if config else [])],
-        stdout=log, stderr=subprocess.STDOUT)
-    for _ in range(600):
-        log.seek(0)
-        m = re.search(r"gRPC on [^:]+:(\d+), /metrics", log.read())
-        if m:
-            return proc, f"127.0.0.1:{m.group(1)}"
-        if proc.poll() is not None:
-            break
-        time.sleep(0.02)
-    proc.kill()
-    log.seek(0)
-    sys.exit(f"trainwatch-server did not start: {log.read()}")
+    """(the server's process, its address): tools/tw_harness.py's launcher."""
+    try:
+        server = tw_harness.Server(bindir, work, config=config, db="tw.db")
+    except tw_harness.ServerError as e:
+        sys.exit(str(e))
+    return server.proc, server.address
 
 
 def ctl(bindir, address, *args):

@@ -14,11 +14,26 @@ stops the server at start with "--web-config-file FILE: what is wrong".
 Certificates come from the openssl CLI, the bcrypt hash from libcrypt.
 A missing tool is a failure, not a skip.
 """
-import ctypes, ctypes.util, json, os, re, shutil, signal, socket, subprocess, sys, tempfile, time
+import ctypes, ctypes.util, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
 import urllib.parse, urllib.request
 import yaml
 
 SRC, SERVER = (os.path.abspath(a) for a in sys.argv[1:3])
+sys.path.insert(0, os.path.join(SRC, "tools"))
+import tw_harness  # noqa: E402  (the one server launcher)
+
+
+def start_server(work, web_config, db):
+    """trainwatch-server with --web-config-file, by tools/tw_harness.py; its
+    process joins `procs` (killed and its log shown on a failure)."""
+    os.makedirs(work, exist_ok=True)
+    try:
+        srv = tw_harness.Server(os.path.dirname(SERVER), work, db=db, timeout=20,
+                                args=["--web-config-file", web_config])
+    except tw_harness.ServerError as e:
+        fatal(str(e))
+    srv.proc.log_path = str(srv.log_path); procs.append(srv.proc)
+    return srv
 PASSWORD = "s3cret-scrape"
 procs, failures = [], []
 
@@ -126,12 +141,10 @@ def main():
         check(r.returncode != 0 and f"--web-config-file {tmp}/missing.yml: cannot read" in r.stderr,
               "missing web config refused at start", r.stderr)
 
-        srv = start([SERVER, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db", f"{tmp}/tw.db",
-                     "--web-config-file", f"{tmp}/web.yml"], f"{tmp}/server.log")
-        m = poll("the server's ports", lambda: re.search(r"/metrics on https://([^/\s]+)/metrics", open(srv.log_path).read()),
-                 timeout=20)
-        addr = m.group(1)
-        url = f"https://{addr}/metrics"
+        srv = start_server(f"{tmp}/one", f"{tmp}/web.yml", "tw.db")
+        addr = srv.metrics_address
+        url = srv.metrics_url
+        check(url == f"https://{addr}/metrics", "the ready line says https", url)
         print("server /metrics:", url)
 
         code, status, body = curl("--cacert", f"{tmp}/ca.pem", "-u", f"prometheus:{PASSWORD}", url)
@@ -200,11 +213,8 @@ def main():
         mtls = {"tls_server_config": {**web["tls_server_config"], "client_ca_file": f"{tmp}/ca.pem",
                                       "client_auth_type": "RequireAndVerifyClientCert"}}
         yaml.safe_dump(mtls, open(f"{tmp}/mtls.yml", "w"))
-        srv2 = start([SERVER, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db", f"{tmp}/tw2.db",
-                      "--web-config-file", f"{tmp}/mtls.yml"], f"{tmp}/server2.log")
-        m2 = poll("the second server's ports",
-                  lambda: re.search(r"/metrics on https://([^/\s]+)/metrics", open(srv2.log_path).read()), timeout=20)
-        url2 = f"https://{m2.group(1)}/metrics"
+        srv2 = start_server(f"{tmp}/two", f"{tmp}/mtls.yml", "tw2.db")
+        url2 = srv2.metrics_url
         code, status, body = curl("--cacert", f"{tmp}/ca.pem", "--cert", f"{tmp}/client.pem", "--key", f"{tmp}/client.key", url2)
         check(status == 200 and "trainwatch_" in body, "client certificate required: curl with one gets 200", body)
         code, status, body = curl("--cacert", f"{tmp}/ca.pem", url2)

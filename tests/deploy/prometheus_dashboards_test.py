@@ -12,11 +12,13 @@ target is the server's /metrics, no Alertmanager. Prints the latency from the
 ack of the bad steps to the alert firing in /api/v1/alerts (at 1 s intervals).
 Loopback only. A missing prometheus is a failure, not a skip.
 """
-import json, math, os, random, re, shutil, signal, socket, subprocess, sys, tempfile, time
+import json, math, os, random, shutil, signal, socket, subprocess, sys, tempfile, time
 import urllib.parse, urllib.request
 import yaml
 
 SRC, SERVER, CTL = (os.path.abspath(a) for a in sys.argv[1:4])
+sys.path.insert(0, os.path.join(SRC, "tools"))
+import tw_harness  # noqa: E402  (the one server launcher)
 RUN = "deploy-test/unhealthy"
 DEADLINE_S = 60
 procs = []
@@ -84,9 +86,12 @@ def main():
     t0 = time.monotonic()
     try:
         # 1. trainwatch-server on free loopback ports.
-        srv = start([SERVER, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db", f"{tmp}/tw.db"], f"{tmp}/server.log")
-        m = poll("the server's ports", lambda: re.search(r"gRPC on ([^,\s]+), /metrics on http://([^/\s]+)/metrics", open(srv.log_path).read()), timeout=15)
-        grpc_addr, metrics_addr = m.group(1), m.group(2)
+        try:
+            srv = tw_harness.Server(os.path.dirname(SERVER), tmp, db="tw.db", timeout=15)
+        except tw_harness.ServerError as e:
+            fail(str(e))
+        srv.proc.log_path = str(srv.log_path); procs.append(srv.proc)
+        grpc_addr, metrics_addr = srv.address, srv.metrics_address
         print(f"server: gRPC {grpc_addr}, metrics {metrics_addr}")
 
         # 2. Prometheus with a test copy of the shipped config and the real rules.

@@ -6,13 +6,9 @@ binaries, its python/ the trainwatch package); default: ../../build from this
 file. ctest sets it, and PYTHONPATH, to the build being tested.
 """
 
-import json
 import os
 import pathlib
-import re
-import subprocess
 import sys
-import time
 
 import pytest
 
@@ -25,7 +21,11 @@ BIN_DIR = BUILD_DIR / "bin"
 if str(BUILD_DIR / "python") not in sys.path:
     sys.path.append(str(BUILD_DIR / "python"))
 
-_READY = re.compile(r"gRPC on ([^:\s]+):(\d+), /metrics on http://([^/\s]+)/metrics")
+# The one server launcher (tools/tw_harness.py), shared with the labs.
+sys.path.insert(0, str(REPO / "tools"))
+import tw_harness  # noqa: E402
+
+eventually = tw_harness.eventually
 
 
 def _binary(name):
@@ -36,50 +36,25 @@ def _binary(name):
     return str(path)
 
 
-class Server:
-    """One trainwatch-server process."""
+class Server(tw_harness.Server):
+    """One trainwatch-server process of the build under test; a launch that
+    fails, or a trainwatchctl that does, fails the test."""
 
     def __init__(self, tmp_path, extra_args=()):
-        self.db = tmp_path / "trainwatch.db"
-        self.log_path = tmp_path / "server.log"
-        self._log = open(self.log_path, "w+")
-        self.proc = subprocess.Popen(
-            [_binary("trainwatch-server"), "--listen", "127.0.0.1:0",
-             "--metrics-listen", "127.0.0.1:0", "--db", str(self.db),
-             *extra_args],
-            stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            text = self.log_path.read_text()
-            m = _READY.search(text)
-            if m:
-                self.address = f"{m.group(1)}:{m.group(2)}"
-                self.metrics_url = f"http://{m.group(3)}/metrics"
-                return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"trainwatch-server did not start:\n{text}")
-            time.sleep(0.05)
+        _binary("trainwatch-server")
+        try:
+            super().__init__(BIN_DIR, tmp_path, args=extra_args)
+        except tw_harness.ServerError as e:
+            pytest.fail(str(e))
 
-    def ctl(self, *args, check=True, flags=()):
-        """Runs trainwatchctl against this server (`flags` before the
-        command); returns stdout."""
-        r = subprocess.run([_binary("trainwatchctl"), "--server", self.address,
-                            *flags, *args],
-                           capture_output=True, text=True, timeout=60)
-        if check and r.returncode != 0:
-            raise AssertionError(f"trainwatchctl {' '.join(args)} exited {r.returncode}: "
-                                 f"{r.stderr}{r.stdout}")
-        return r.stdout
+    def ctl(self, *args, check=True, flags=(), timeout=60):
+        try:
+            return super().ctl(*args, check=check, flags=flags, timeout=timeout)
+        except tw_harness.ServerError as e:
+            raise AssertionError(str(e)) from None
 
-    def ctl_json(self, *args):
-        return json.loads(self.ctl(*args, "--json"))
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self._log.close()
+    def stop(self, graceful=False):
+        super().stop(graceful=graceful)
 
 
 @pytest.fixture

@@ -27,7 +27,6 @@ Not a test: it takes ~30 minutes on one core. A small subset runs in ctest
 
 import argparse
 import json
-import math
 import os
 import pathlib
 import re
@@ -39,10 +38,11 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 import labeller  # noqa: E402
+import tw_harness  # noqa: E402
 from lab_lm import CONFIGS  # noqa: E402
 
-_READY = re.compile(r"gRPC on ([^:\s]+):(\d+), /metrics on http://([^/\s]+)/metrics")
 
 # Which labelled kinds an alert may be right about. The first is the one its
 # recall is measured on; the others are consequences it may also name (a
@@ -71,48 +71,10 @@ PURPOSE = {
 }
 
 
-class Server:
-    """A trainwatch-server on free loopback ports with a temporary database."""
-
-    def __init__(self, bin_dir, workdir, config=None):
-        self.bin_dir = pathlib.Path(bin_dir)
-        self.log_path = pathlib.Path(workdir) / "server.log"
-        self._log = open(self.log_path, "w+")
-        self.proc = subprocess.Popen(
-            [str(self.bin_dir / "trainwatch-server"), "--listen", "127.0.0.1:0",
-             "--metrics-listen", "127.0.0.1:0", "--db", str(pathlib.Path(workdir) / "tw.db"),
-             *(("--config", str(config)) if config else ())],
-            stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            m = _READY.search(self.log_path.read_text())
-            if m:
-                self.address = f"{m.group(1)}:{m.group(2)}"
-                return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"trainwatch-server did not start:\n{self.log_path.read_text()}")
-            time.sleep(0.05)
-
-    def ctl(self, *args):
-        r = subprocess.run([str(self.bin_dir / "trainwatchctl"), "--server", self.address, *args],
-                           capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            raise RuntimeError(f"trainwatchctl {' '.join(args)}: {r.stderr}{r.stdout}")
-        return r.stdout
-
-    def alerts(self, run=None):
-        return json.loads(self.ctl("alerts", *(("--run", run) if run else ()), "--json"))
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+def Server(bin_dir, workdir, config=None):
+    """A trainwatch-server on free loopback ports with a database in
+    workdir (tools/tw_harness.py, the one launcher)."""
+    return tw_harness.Server(bin_dir, workdir, config=config, db="tw.db")
 
 
 def run_id(config, seed):
