@@ -407,7 +407,15 @@ std::vector<Chart> BuildCharts(const ReportInput& in,
                               attn, ds));
   charts.push_back(FieldChart("log_z", "log Z of the output softmax", false,
                               logz, ds));
-  charts.push_back(FieldChart("loss", "Loss", false, loss, ds));
+  // The loss with its hard batches marked (1-2 high losses of 5, listed
+  // apart from the spikes: `trainwatchctl spikes --hard-batches`).
+  Chart lc = FieldChart("loss", "Loss", false, loss, ds);
+  std::vector<uint64_t> hard;
+  for (const v1::HardBatch& b : in.health.hard_batches()) hard.push_back(b.step());
+  std::sort(hard.begin(), hard.end());
+  lc.marks_name = "hard batch";
+  lc.marks = ds.Marks(hard);
+  charts.push_back(std::move(lc));
   charts.push_back(FieldChart("lr", "Learning rate", false, lr, ds));
   // FP8 runs only: a run without fp8 stats gets no empty FP8 charts.
   if (std::any_of(records.begin(), records.end(),
@@ -471,6 +479,35 @@ std::string SpikesHtml(const v1::GetRunHealthResponse& h) {
                                          : absl::StrJoin(s.batch_ids(), ", ")),
         "</td><td>", HtmlEscape(PlanText(s)), "</td><td>",
         HtmlEscape(s.outcome().empty() ? "-" : s.outcome()), "</td></tr>\n");
+  }
+  return out + "</tbody></table>\n";
+}
+
+// The run's hard batches, newest first (the last kHardBatchRows): a loss
+// high on 1-2 of 5 steps, then back: its step, its peak over the level and
+// the batch ids of its high steps, to look at, not to restart for.
+constexpr int kHardBatchRows = 50;
+
+std::string HardBatchesHtml(const v1::GetRunHealthResponse& h) {
+  if (h.hard_batches().empty()) return "";
+  std::string out = absl::StrCat(
+      "<h3>Hard batches</h3>\n<p class=\"legend\">", h.hard_batches_size(),
+      " hard batch(es): the loss high on 1-2 of 5 steps and back (marked on the loss chart); "
+      "not spikes, no restart plan. The newest ", kHardBatchRows,
+      " below.</p>\n<table class=\"hard-batches\"><thead><tr><th>Step</th><th>High steps</th>"
+      "<th>Peak</th><th>Batch ids</th></tr></thead><tbody>\n");
+  const int n = h.hard_batches_size();
+  for (int i = n - 1; i >= 0 && i >= n - kHardBatchRows; --i) {
+    const v1::HardBatch& b = h.hard_batches(i);
+    const std::string peak = b.peak_is_ratio()
+                                 ? absl::StrFormat("%.2fx the level %s", b.peak(), Num(b.level()))
+                                 : absl::StrFormat("+%s over the level %s", Num(b.peak()),
+                                                   Num(b.level()));
+    absl::StrAppend(&out, "<tr class=\"hard-batch\" data-step=\"", b.step(), "\"><td>",
+                    b.step(), "</td><td>", b.high_steps(), "</td><td>", HtmlEscape(peak),
+                    "</td><td>",
+                    HtmlEscape(b.batch_ids().empty() ? "-" : absl::StrJoin(b.batch_ids(), ", ")),
+                    "</td></tr>\n");
   }
   return out + "</tbody></table>\n";
 }
@@ -709,7 +746,7 @@ std::string RenderReport(const ReportInput& in) {
                   AlertsHtml(in.alerts),
                   "</section>\n<section id=\"spikes\">\n<h2>Spikes and restart "
                   "plans</h2>\n",
-                  SpikesHtml(in.health), "</section>\n");
+                  SpikesHtml(in.health), HardBatchesHtml(in.health), "</section>\n");
   for (const ReportSection& s : in.extra_sections) {
     absl::StrAppend(&out, "<section id=\"", HtmlEscape(s.id), "\">\n<h2>",
                     HtmlEscape(s.title), "</h2>\n", s.html, "</section>\n");

@@ -155,6 +155,43 @@ std::vector<std::vector<nlohmann::json>> Loads(const nlohmann::json& layer) {
   return layer["load"].get<std::vector<std::vector<nlohmann::json>>>();
 }
 
+// Hard batches are marked on the loss chart and listed apart from the
+// spikes, newest first, with their peak and batch ids.
+TEST(RenderReport, HardBatchesAreMarkedOnTheLossAndListedApart) {
+  ReportInput in = MakeRun(300, 150);
+  for (uint64_t step : {120, 240}) {
+    v1::HardBatch* b = in.health.add_hard_batches();
+    b->set_step(step);
+    b->set_high_steps(step == 120 ? 1 : 2);
+    b->set_peak(1.84);
+    b->set_level(3.0);
+    b->set_peak_is_ratio(true);
+    b->add_batch_ids(static_cast<int64_t>(step) * 10);
+  }
+  const std::string html = RenderReport(in);
+  const nlohmann::json data = ReportData(html);
+  bool found = false;
+  for (const auto& chart : data["charts"]) {
+    if (chart["id"] != "loss") continue;
+    found = true;
+    EXPECT_EQ(chart["marks"]["name"], "hard batch");
+    ASSERT_EQ(chart["marks"]["x"].size(), 2u);
+    EXPECT_EQ(chart["marks"]["x"][0], 120);
+    EXPECT_EQ(chart["marks"]["x"][1], 240);
+  }
+  EXPECT_TRUE(found);
+  EXPECT_THAT(html, HasSubstr("<h3>Hard batches</h3>"));
+  // Newest first: 240 before 120.
+  const size_t newest = html.find("class=\"hard-batch\" data-step=\"240\"");
+  const size_t oldest = html.find("class=\"hard-batch\" data-step=\"120\"");
+  ASSERT_NE(newest, std::string::npos);
+  ASSERT_NE(oldest, std::string::npos);
+  EXPECT_LT(newest, oldest);
+  EXPECT_THAT(html, HasSubstr("<td>1.84x the level 3</td><td>2400</td>"));
+  // A run without hard batches has no such table.
+  EXPECT_THAT(RenderReport(MakeRun(300, 150)), Not(HasSubstr("Hard batches")));
+}
+
 TEST(RenderReportMoe, EachCellIsTheExpertsShareAgainstAnEvenShare) {
   ReportInput in = MakeRun(10, 0);
   for (v1::StepRecord& r : in.records) {
