@@ -80,7 +80,19 @@ TEST(Lifecycle, ABackupUnderLoadOpensInAFreshServerWithEveryRecordAckedBeforeIt)
       }
     });
   }
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  // Ingest under way on every stream (a few thousand steps acknowledged
+  // each) before the backup begins.
+  const bool under_way = Eventually([&] {
+    for (const auto& c : clients) {
+      if (c->Stats().acked < 2000) return false;
+    }
+    return true;
+  });
+  if (!under_way) {
+    stop = true;
+    for (std::thread& t : trainers) t.join();
+    FAIL() << "ingest did not get under way on every stream";
+  }
   // What was acknowledged before the backup began: each stream's steps are
   // acked in order, so its first `acked` steps are stored.
   std::vector<uint64_t> acked_before(kStreams);
