@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import REPO, Server
+from conftest import REPO, Server, eventually
 
 torch = pytest.importorskip("torch")
 import trainwatch  # noqa: E402  (the build's package, found by conftest)
@@ -60,15 +60,9 @@ def final_loss(out):
 
 
 def poll(what, fn, timeout=120):
-    """fn()'s first truthy value, polled until `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    """fn()'s first truthy value, polled until `timeout` seconds (the
+    harness's eventually())."""
+    return eventually(fn, timeout=timeout, interval=0.1, what=what)
 
 
 def applied_steps(out):
