@@ -556,6 +556,10 @@ class Server {
         if (s.ok()) current_run_->OnEvent(current_->start, request.event());
         return;
       }
+      case v1::ReportRequest::kDirectiveAck:
+        // A rank's answer to a directive goes to the closed loop, not to the
+        // records or their health (closed_loop_test covers it).
+        return;
       case v1::ReportRequest::MSG_NOT_SET:
         return;
     }

@@ -52,7 +52,8 @@ uint32_t ExpertsFor90(const v1::MoeLayerStats& layer, const MoeLayerLoad& load,
                       uint32_t at_most) {
   const auto& counts = layer.tokens_per_expert();
   const double e = counts.size();
-  if (at_most >= counts.size()) at_most = counts.size();
+  const auto size = static_cast<uint32_t>(counts.size());
+  if (at_most >= size) at_most = size;
   if (at_most < e) {
     // The largest entropy with >= 90% on at_most experts: 0.9 spread evenly
     // over them, 0.1 over the rest (when the rest's share is the smaller).
