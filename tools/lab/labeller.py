@@ -88,6 +88,8 @@ import math
 import statistics
 import sys
 
+import steplog
+
 EMBEDDING_SUFFIXES = ("tok", "pos", "embed", "wte", "wpe", "embeddings", "embed_tokens",
                       "embed_positions", "word_embeddings", "position_embeddings",
                       "tok_embeddings", "pos_embeddings")
@@ -125,25 +127,8 @@ HEALTHY_BEFORE = 10
 HEALTHY_AFTER = 100
 
 
-def _float(x):
-    if x is None:
-        return math.nan
-    if isinstance(x, str):
-        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[x]
-    return float(x)
-
-
-def read(path):
-    """(run_start dict, [step dicts]) of a JSONL step log."""
-    start, steps = {}, []
-    with open(path) as f:
-        for line in f:
-            obj = json.loads(line)
-            if "run_start" in obj:
-                start = obj["run_start"]
-            elif "step" in obj:
-                steps.append(obj)
-    return start, steps
+_float = steplog.number
+read = steplog.read  # (run_start dict, [step dicts]) of a JSONL step log
 
 
 def _median(xs):

@@ -46,6 +46,8 @@ import math
 import statistics
 import sys
 
+import steplog
+
 LEVEL_REPORTS = 9        # reports in a level's centred median
 MIN_STEPS = 50           # a condition holds this long to be sustained
 MERGE_GAP = 20           # stretches closer than this are one
@@ -60,19 +62,12 @@ KINDS = ("collapse", "dead_expert", "imbalance", "drops", "z_growth", "bias_drif
 
 def read(path):
     """(run_start dict, [step records with a moe field])."""
-    start, steps = {}, []
-    with open(path) as f:
-        for line in f:
-            obj = json.loads(line)
-            if "run_start" in obj:
-                start = obj["run_start"]
-            elif "step" in obj and obj.get("moe"):
-                steps.append(obj)
-    return start, steps
+    return steplog.read(path, keep=lambda step: step.get("moe"))
 
 
-def _num(x):
-    return float("nan") if isinstance(x, str) else float(x)
+# "Infinity" is +inf, as every reader of a step log reads it (it was NaN
+# here, +inf in labeller.py).
+_num = steplog.number
 
 
 def levels(values):
