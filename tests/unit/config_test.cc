@@ -19,6 +19,7 @@
 namespace trainwatch {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
@@ -333,6 +334,16 @@ TEST(HealthConfigFile, EveryPrintedKeyIsSetAndReadBack) {
     return out;
   };
   const std::vector<std::string> base = lines(defaults);
+  // The printed lines of `c` that differ from the defaults' (same count).
+  const auto changed_lines = [&](const HealthConfig& c) {
+    const std::vector<std::string> got = lines(PrintHealthConfig(c));
+    EXPECT_EQ(got.size(), base.size());
+    std::vector<std::string> out;
+    for (size_t i = 0; i < got.size() && i < base.size(); ++i) {
+      if (got[i] != base[i]) out.push_back(got[i]);
+    }
+    return out;
+  };
   size_t numeric = 0, bools = 0;
   for (const auto& top : YAML::Load(defaults)) {
     const std::string group = top.first.Scalar();
@@ -347,15 +358,7 @@ TEST(HealthConfigFile, EveryPrintedKeyIsSetAndReadBack) {
         absl::StatusOr<HealthConfig> c = ParseHealthConfig(
             absl::StrFormat("%s:\n  %s: %s\n", group, key, other), "one.yaml");
         ASSERT_TRUE(c.ok()) << c.status();
-        const std::vector<std::string> got = lines(PrintHealthConfig(*c));
-        ASSERT_EQ(got.size(), base.size());
-        size_t changed = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          if (got[i] == base[i]) continue;
-          ++changed;
-          EXPECT_EQ(got[i], absl::StrCat("  ", key, ": ", other));
-        }
-        EXPECT_EQ(changed, 1u);
+        EXPECT_THAT(changed_lines(*c), ElementsAre(absl::StrCat("  ", key, ": ", other)));
         ++bools;
         continue;
       }
@@ -366,17 +369,11 @@ TEST(HealthConfigFile, EveryPrintedKeyIsSetAndReadBack) {
         absl::StatusOr<HealthConfig> c = ParseHealthConfig(
             absl::StrFormat("%s:\n  %s: %.17g\n", group, key, v), "one.yaml");
         if (!c.ok()) continue;  // out of its range: try another
-        const std::vector<std::string> got = lines(PrintHealthConfig(*c));
-        ASSERT_EQ(got.size(), base.size());
-        size_t changed = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          if (got[i] == base[i]) continue;
-          ++changed;
-          const std::string prefix = absl::StrCat("  ", key, ": ");
-          ASSERT_TRUE(absl::StartsWith(got[i], prefix)) << got[i];
-          EXPECT_EQ(std::stod(got[i].substr(prefix.size())), v) << got[i];
-        }
-        EXPECT_EQ(changed, 1u) << "set to " << v;
+        const std::vector<std::string> changed = changed_lines(*c);
+        ASSERT_EQ(changed.size(), 1u) << "set to " << v;
+        const std::string prefix = absl::StrCat("  ", key, ": ");
+        ASSERT_TRUE(absl::StartsWith(changed[0], prefix)) << changed[0];
+        EXPECT_EQ(std::stod(changed[0].substr(prefix.size())), v) << changed[0];
         set = true;
         break;
       }
