@@ -37,3 +37,19 @@ def test_each_module_names_what_it_defines_for_users():
 
 # restart.item_ids: the batch ids of an item, for SkipBatches and Control.
 SHARED_HELPERS = {"item_ids"}
+
+
+def test_the_enums_are_the_protos():
+    # Built from the binding's descriptors: each name is a proto value's
+    # (less its enum's UNSPECIFIED, kept only for the balancing), at its number.
+    from trainwatch import _trainwatch
+    protos = _trainwatch.ENUMS
+    assert trainwatch.LAYER_KINDS == {k: v for k, v in protos["LayerKind"].items() if v}
+    assert trainwatch.FP8_FORMATS == {k: v for k, v in protos["Fp8Format"].items() if v}
+    assert trainwatch.EVENT_KINDS == {k.lower(): v for k, v in protos["EventKind"].items() if v}
+    assert trainwatch.DIRECTIVE_STATES["applied"] == protos["DirectiveState"]["APPLIED"]
+    assert trainwatch.MOE_BALANCING["UNSPECIFIED"] == 0
+    assert trainwatch.MOE_BALANCING["AUX_FREE_BIAS"] == protos["MoeBalancing"]["AUX_FREE_BIAS"]
+    # What users pass did not change: the names they wrote before.
+    assert set(trainwatch.EVENT_KINDS) == {"checkpoint_saved", "run_finished", "run_failed"}
+    assert set(trainwatch.LAYER_KINDS) == {"DENSE", "EMBEDDING", "OUTPUT", "NORM", "ROUTER"}

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "google/protobuf/descriptor.h"
 #include "trainwatch/client.h"
 #include "trainwatch/restart_plan.h"
 #include "trainwatch/run_start_fields.h"
@@ -638,6 +639,24 @@ PYBIND11_MODULE(_trainwatch, m) {
                               trainwatch::v1::ClipCoef(max_norm, grad_norm));
       },
       py::arg("grad_norm"), py::arg("max_norm"));
+  // The proto's enums the Python layer takes by name, from their
+  // descriptors: {enum: {value name: number}} (trainwatch/_fields.py builds
+  // its tables from them, so a value added to the proto reaches Python).
+  {
+    namespace v1 = trainwatch::v1;
+    py::dict enums;
+    for (const google::protobuf::EnumDescriptor* d :
+         {v1::LayerKind_descriptor(), v1::MoeBalancing_descriptor(), v1::Fp8Format_descriptor(),
+          v1::EventKind_descriptor(), v1::DirectiveState_descriptor(),
+          v1::Precision_descriptor()}) {
+      py::dict values;
+      for (int i = 0; i < d->value_count(); ++i) {
+        values[py::str(std::string(d->value(i)->name()))] = d->value(i)->number();
+      }
+      enums[py::str(std::string(d->name()))] = values;
+    }
+    m.attr("ENUMS") = enums;
+  }
   m.def("restart_plan", &trainwatch::FetchPlan, py::arg("address"),
         py::arg("run"), py::arg("auth_token"), py::arg("tls"),
         py::arg("tls_ca_file"), py::arg("tls_cert_file"),

@@ -108,7 +108,7 @@ def _fp8_entries(value):
             raise ValueError(f"record(): fp8[{tensor!r}] has unknown keys {sorted(unknown)}")
         fmt = stat.get("format")
         code = FP8_FORMATS.get(fmt.upper()) if isinstance(fmt, str) else fmt
-        if code not in (1, 2, 3, 4):
+        if code not in FP8_FORMATS.values():
             raise ValueError(f"record(): fp8[{tensor!r}].format must be one of "
                              f"{sorted(FP8_FORMATS)}, got {fmt!r}")
         try:

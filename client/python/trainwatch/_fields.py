@@ -9,11 +9,27 @@ from . import _trainwatch
 # The enums a user passes by name (the rest is the client's).
 __all__ = ["EVENT_KINDS", "DIRECTIVE_STATES", "LAYER_KINDS", "FP8_FORMATS", "MOE_BALANCING"]
 
+
+
+def _enum(name, lower=False, unspecified=None):
+    """The proto enum `name`'s values by name, from the binding's
+    descriptors (_trainwatch.ENUMS): its *_UNSPECIFIED value left out, or
+    kept as `unspecified`; names lowercased where users write them so."""
+    out = {}
+    for value, number in _trainwatch.ENUMS[name].items():
+        if number == 0:
+            if unspecified is not None:
+                out[unspecified] = 0
+            continue
+        out[value.lower() if lower else value] = number
+    return out
+
+
 # RunEvent kinds (docs/contracts.md), as the C++ EventKind values.
-EVENT_KINDS = {"checkpoint_saved": 1, "run_finished": 2, "run_failed": 3}
+EVENT_KINDS = _enum("EventKind", lower=True)
 # A rank's answers to a closed-loop directive (docs/closed-loop.md), as the
 # C++ DirectiveState values.
-DIRECTIVE_STATES = {"received": 1, "applied": 2, "rejected": 3}
+DIRECTIVE_STATES = _enum("DirectiveState", lower=True)
 
 # StepRecord fields record() takes after step, in the binding's order.
 _FIELDS = ("grad_norm", "loss", "loss_scale", "skipped", "clipped", "clip_coef",
@@ -39,7 +55,7 @@ _LAST_SCALAR = _FIELDS.index("batch_ids")  # fields before it are scalars
 
 
 # LayerKind values (docs/contracts.md LayerStats.kind), by name.
-LAYER_KINDS = {"DENSE": 1, "EMBEDDING": 2, "OUTPUT": 3, "NORM": 4, "ROUTER": 5}
+LAYER_KINDS = _enum("LayerKind")
 
 
 # A layer_stats entry's values, in the binding's order, and their defaults
@@ -50,15 +66,14 @@ _check_fields("LAYER_STAT_FIELDS", _LAYER_STAT_KEYS + ("kind",), "record(layer_s
 
 
 # Fp8Format values (docs/contracts.md fp8), by the names a user passes.
-FP8_FORMATS = {"E4M3": 1, "E5M2": 2, "E4M3_FNUZ": 3, "E5M2_FNUZ": 4}
+FP8_FORMATS = _enum("Fp8Format")
 _FP8_KEYS = ("format", "amax", "scale", "amax_history_len", "margin",
              "overflow_fraction", "underflow_fraction", "amax_group")
 _check_fields("FP8_STAT_FIELDS", _FP8_KEYS, "record(fp8=...)")
 
 
 # MoeBalancing values (docs/contracts.md RunStart.moe), by the names a user passes.
-MOE_BALANCING = {"UNSPECIFIED": 0, "AUX_LOSS": 1, "SEQ_AUX_LOSS": 2, "GLOBAL_AUX_LOSS": 3,
-                 "AUX_FREE_BIAS": 4, "NO_BALANCING": 5}
+MOE_BALANCING = _enum("MoeBalancing", unspecified="UNSPECIFIED")
 _MOE_CONFIG_KEYS = ("num_experts", "top_k", "ep_size", "balancing", "aux_loss_coeff",
                     "z_loss_coeff", "bias_update_rate", "capacity_factor")
 _MOE_KEYS = ("layer", "tokens_per_expert", "dropped", "aux_loss", "z_loss", "expert_bias",
