@@ -134,7 +134,7 @@ for dirpath, dirnames, files in os.walk(root):
                         failures.append(f"{where}:{line_no}: a comment names {name}, "
                                         "which is not a file of the tree")
         # tests/contract/contract.sh is the workplace's check, copied verbatim
-        # (contract_copy_test holds it to the original): its words are its own.
+        # (not edited apart: refreshed from ../shared): its words are its own.
         if "DESIGN.md" in text and where != os.path.join("tests", "contract", "contract.sh"):
             failures.append(f"{where}: names DESIGN.md, a file outside the repository: point at docs/")
         # A tracker's numbers mean nothing to a reader of the repository.
