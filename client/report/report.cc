@@ -333,30 +333,28 @@ Chart ClipFractionChart(const ReportInput& in, const std::vector<Point>& post_no
                         size_t w) {
   const v1::RunSummary& run = in.health.run();
   Chart cf{.id = "clip_fraction", .title = "Clip fraction over the window"};
-  {
-    Line frac{"clipped share of the last W steps"};
-    std::vector<uint64_t> prefix(post_clipped.size() + 1, 0);
-    for (size_t i = 0; i < post_clipped.size(); ++i) {
-      prefix[i + 1] = prefix[i] + post_clipped[i];
-    }
-    for (size_t end : ds.ColumnEnds(post_norm)) {
-      const size_t begin = end + 1 > w ? end + 1 - w : 0;
-      frac.x.push_back(post_norm[end].step);
-      frac.y.push_back(static_cast<double>(prefix[end + 1] - prefix[begin]) /
-                       (end + 1 - begin));
-    }
-    cf.points = post_norm.size();
-    if (run.max_norm() <= 0) {
-      cf.note = "no clip threshold (max_norm) was given for this run";
-    }
-    cf.lines.push_back(std::move(frac));
-    // The server's configured threshold (5% unless configured otherwise).
-    const double limit = in.health.window().clip_fraction_threshold() > 0
-                             ? in.health.window().clip_fraction_threshold()
-                             : 0.05;
-    cf.hlines.push_back(
-        {absl::StrCat(Num(100 * limit), "% (ClipFractionHigh)"), limit});
+  Line frac{"clipped share of the last W steps"};
+  std::vector<uint64_t> prefix(post_clipped.size() + 1, 0);
+  for (size_t i = 0; i < post_clipped.size(); ++i) {
+    prefix[i + 1] = prefix[i] + post_clipped[i];
   }
+  for (size_t end : ds.ColumnEnds(post_norm)) {
+    const size_t begin = end + 1 > w ? end + 1 - w : 0;
+    frac.x.push_back(post_norm[end].step);
+    frac.y.push_back(static_cast<double>(prefix[end + 1] - prefix[begin]) /
+                     (end + 1 - begin));
+  }
+  cf.points = post_norm.size();
+  if (run.max_norm() <= 0) {
+    cf.note = "no clip threshold (max_norm) was given for this run";
+  }
+  cf.lines.push_back(std::move(frac));
+  // The server's configured threshold (5% unless configured otherwise).
+  const double limit = in.health.window().clip_fraction_threshold() > 0
+                           ? in.health.window().clip_fraction_threshold()
+                           : 0.05;
+  cf.hlines.push_back(
+      {absl::StrCat(Num(100 * limit), "% (ClipFractionHigh)"), limit});
   return cf;
 }
 

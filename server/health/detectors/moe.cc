@@ -80,8 +80,8 @@ class Collapse final : public Rule {
   }
 };
 
-// Experts with no assignment for moe.dead_steps (and moe.dead_min_reports
-// reports).
+// Experts starved for moe.dead_steps (and moe.dead_min_reports reports): no
+// assignment on at least 90% of the reports of the stretch (moe_levels.cc).
 class Dead final : public Rule {
  public:
   void Judge(const Report& r, AlertSink& sink) override {
@@ -99,7 +99,7 @@ class Dead final : public Rule {
       return AlertText{
           absl::StrFormat("%g dead expert(s) in %d layer(s)", Worst(dead), dead.size()),
           absl::StrFormat("step %d: experts with no assignment in the global "
-                          "batch for >= %d steps (%d+ reports): %s",
+                          "batch on 90%%+ of the reports for >= %d steps (%d+ reports): %s",
                           r.step, cfg.dead_steps, cfg.dead_min_reports, experts),
           onset};
     });

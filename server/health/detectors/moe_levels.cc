@@ -48,8 +48,8 @@ void TrackBias(const v1::MoeLayerStats& layer, LayerState& s, uint32_t n, double
   const double mean = sum / bias.size();
   for (float b : bias) sq += (b - mean) * (b - mean);
   s.bias_mean = mean;
-  s.bias_sd = std::sqrt(sq / bias.size());
-  s.bias_mean_over_sd.Add(std::abs(mean) / std::max(s.bias_sd, 1e-12), n);
+  const double sd = std::sqrt(sq / bias.size());
+  s.bias_mean_over_sd.Add(std::abs(mean) / std::max(sd, 1e-12), n);
   // Flips: the change's sign against the last change's, on consecutive
   // reports of the same experts.
   if (s.bias.size() == static_cast<size_t>(bias.size())) {

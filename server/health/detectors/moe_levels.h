@@ -101,7 +101,7 @@ struct LayerState {
   uint32_t flip_reports = 0;          // reports in a row that flipped
   double flip_start_imbalance = 0.0;  // max/mean when that run began
   Level bias_mean_over_sd;
-  double bias_mean = 0.0, bias_sd = 0.0;
+  double bias_mean = 0.0;  // the last report's, across experts
   uint32_t hottest_block = 0;  // the EP rank with the most assignments
   double last_max_over_mean = 0.0;
 };
