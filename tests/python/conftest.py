@@ -28,24 +28,15 @@ import tw_harness  # noqa: E402
 eventually = tw_harness.eventually
 
 
-def _binary(name):
-    path = BIN_DIR / name
-    if not path.exists():
-        pytest.fail(f"{path} not found: build it (cmake --build {BUILD_DIR}) "
-                    f"or set TRAINWATCH_BUILD_DIR")
-    return str(path)
-
-
 class Server(tw_harness.Server):
     """One trainwatch-server process of the build under test; a launch that
     fails, or a trainwatchctl that does, fails the test."""
 
     def __init__(self, tmp_path, extra_args=()):
-        _binary("trainwatch-server")
         try:
             super().__init__(BIN_DIR, tmp_path, args=extra_args)
         except tw_harness.ServerError as e:
-            pytest.fail(str(e))
+            pytest.fail(f"{e} (TRAINWATCH_BUILD_DIR: {BUILD_DIR})")
 
     def ctl(self, *args, check=True, flags=(), timeout=60):
         try:

@@ -434,7 +434,7 @@ def event_named(e, alerts, judged_from):
     return None
 
 
-def events_table(runs, by_run, warmups):
+def events_table(runs, by_run):
     """Per kind: its labelled events, those named in budget by any alert that
     may name the kind, and the misses."""
     out = [f"| kind | events | named in budget ([onset - {EARLY}, due + {BUDGET}], or "
@@ -447,7 +447,7 @@ def events_table(runs, by_run, warmups):
                     continue
                 n += 1
                 if event_named(e, by_run.get(run_id(name, seed), []),
-                               warmups[(name, seed)] + SETTLE_STEPS):
+                               lab["warmup_steps"] + SETTLE_STEPS):
                     named += 1
                 else:
                     misses.append(f"{name}/s{seed}@{e['onset']}")
@@ -580,9 +580,7 @@ def main(argv=None):
     print(alert_table(rows))
     print("\n" + healthy_pages_line(runs, by_run, purpose, run_id))
     print("\n## Events named in budget\n")
-    warmups = {(n, s): moe_labeller.read(stem(runs_dir, n, s).with_suffix(".jsonl"))[0]
-               .get("warmup_steps", 0) for n, s, _ in runs}
-    print(events_table(runs, by_run, warmups))
+    print(events_table(runs, by_run))
     print("\n## Per family group\n")
     print(group_table(runs, by_run))
     print("\n## Families\n")

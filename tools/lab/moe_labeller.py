@@ -227,7 +227,8 @@ def merged(events):
 
 def label_file(path):
     start, steps = read(path)
-    return {"events": label(start, steps), "steps": steps[-1]["step"] + 1 if steps else 0}
+    return {"events": label(start, steps), "steps": steps[-1]["step"] + 1 if steps else 0,
+            "warmup_steps": int(start.get("warmup_steps", 0) or 0)}  # as the log says
 
 
 if __name__ == "__main__":
