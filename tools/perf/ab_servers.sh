@@ -25,16 +25,13 @@ cleanup() { [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null; rm -rf "$W
 trap cleanup EXIT
 
 # One load against `server`; prints "records/s cpu_us_per_record".
+source "$(dirname "${BASH_SOURCE[0]}")/server.sh"
+
 one() {
   local server=$1 db
   db=$(mktemp -d -p "$WORK")
-  "$server" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --db "$db/ab.db" \
-    --max-active-runs 20000 >"$db/server.log" 2>&1 &
-  SERVER_PID=$!
-  for _ in $(seq 100); do grep -q "gRPC on" "$db/server.log" && break; sleep 0.1; done
-  local grpc metrics runs t0 t1 out acked rate
-  grpc=$(sed -n 's/.*gRPC on \([0-9.:]*\),.*/\1/p' "$db/server.log" | head -1)
-  metrics=$(sed -n 's|.*/metrics on \(http://[0-9.:]*/metrics\).*|\1|p' "$db/server.log" | head -1)
+  tw_start_server "$server" "$db/server.log" "$db/ab.db" --max-active-runs 20000
+  local grpc=$GRPC metrics=$METRICS runs t0 t1 out acked rate
   runs=$(( STREAMS < 16 ? STREAMS : 16 ))
   t0=$(awk '{print $14 + $15}' "/proc/$SERVER_PID/stat")
   out=$("$LOADGEN" --server "$grpc" --metrics "$metrics" --streams "$STREAMS" --runs "$runs" \

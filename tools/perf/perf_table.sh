@@ -22,18 +22,9 @@ SERVER_PID=
 cleanup() { [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
+source "$(dirname "${BASH_SOURCE[0]}")/server.sh"
 start_server() {  # $1: name; sets SERVER_PID, GRPC, METRICS
-  local log=$WORK/$1.log
-  "$BIN/trainwatch-server" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
-    --db "$WORK/$1.db" --max-active-runs 20000 >"$log" 2>&1 &
-  SERVER_PID=$!
-  for _ in $(seq 100); do
-    if grep -q "gRPC on" "$log"; then break; fi
-    sleep 0.1
-  done
-  GRPC=$(sed -n 's/.*gRPC on \([0-9.:]*\),.*/\1/p' "$log" | head -1)
-  METRICS=$(sed -n 's|.*/metrics on \(http://[0-9.:]*/metrics\).*|\1|p' "$log" | head -1)
-  [[ -n "$GRPC" && -n "$METRICS" ]] || { echo "server did not start:"; cat "$log"; exit 1; }
+  tw_start_server "$BIN/trainwatch-server" "$WORK/$1.log" "$WORK/$1.db" --max-active-runs 20000
 }
 stop_server() { kill -TERM "$SERVER_PID"; wait "$SERVER_PID" || true; SERVER_PID=; }
 cpu_seconds() {  # utime + stime of the server, in seconds

@@ -16,12 +16,8 @@ SERVER_PID=
 cleanup() { [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null; [[ -n "${KEEP_PERF:-}" ]] && cp "$WORK/perf.data" "$KEEP_PERF"; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-"$BIN/trainwatch-server" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
-  --db "$WORK/p.db" --max-active-runs 20000 >"$WORK/server.log" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 100); do grep -q "gRPC on" "$WORK/server.log" && break; sleep 0.1; done
-GRPC=$(sed -n 's/.*gRPC on \([0-9.:]*\),.*/\1/p' "$WORK/server.log" | head -1)
-METRICS=$(sed -n 's|.*/metrics on \(http://[0-9.:]*/metrics\).*|\1|p' "$WORK/server.log" | head -1)
+source "$(dirname "${BASH_SOURCE[0]}")/server.sh"
+tw_start_server "$BIN/trainwatch-server" "$WORK/server.log" "$WORK/p.db" --max-active-runs 20000
 runs=$(( STREAMS < 16 ? STREAMS : 16 ))
 "$BIN/trainwatch-loadgen" --server "$GRPC" --metrics "$METRICS" --streams "$STREAMS" \
   --runs "$runs" --batch 1024 --seconds $(( SECS + 2 )) --alert-probes 10 --json >"$WORK/load.out" &

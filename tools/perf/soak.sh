@@ -24,13 +24,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$BIN/trainwatch-server" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
-  --db "$WORK/soak.db" >"$WORK/server.log" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 100); do grep -q "gRPC on" "$WORK/server.log" && break; sleep 0.1; done
-GRPC=$(sed -n 's/.*gRPC on \([0-9.:]*\),.*/\1/p' "$WORK/server.log" | head -1)
-METRICS=$(sed -n 's|.*/metrics on \(http://[0-9.:]*/metrics\).*|\1|p' "$WORK/server.log" | head -1)
-[[ -n "$GRPC" ]] || { cat "$WORK/server.log"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/server.sh"
+tw_start_server "$BIN/trainwatch-server" "$WORK/server.log" "$WORK/soak.db"
 
 SECS=$(( MINUTES * 60 ))
 "$BIN/trainwatch-loadgen" --server "$GRPC" --metrics "$METRICS" --streams 16 --runs 16 \

@@ -28,15 +28,9 @@ SERVER_PID=
 cleanup() { [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
+source "$(dirname "${BASH_SOURCE[0]}")/server.sh"
 start_server() {  # sets SERVER_PID, GRPC
-  local log=$WORK/server.log
-  : >"$log"
-  "$BIN/trainwatch-server" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
-    --db "$WORK/tw.db" >"$log" 2>&1 &
-  SERVER_PID=$!
-  for _ in $(seq 100); do grep -q "gRPC on" "$log" && break; sleep 0.1; done
-  GRPC=$(sed -n 's/.*gRPC on \([0-9.:]*\),.*/\1/p' "$log" | head -1)
-  [[ -n "$GRPC" ]] || { echo "server did not start:"; cat "$log"; exit 1; }
+  tw_start_server "$BIN/trainwatch-server" "$WORK/server.log" "$WORK/tw.db"
 }
 # SIGTERM: the server commits what it acked and closes the database, which
 # checkpoints the WAL into the file.
