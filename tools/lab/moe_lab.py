@@ -495,23 +495,31 @@ def event_named(e, alerts, judged_from):
 
 def events_table(runs, by_run):
     """Per kind: its labelled events, those named in budget by any alert that
-    may name the kind, and the misses."""
+    may name the kind, the misses, and those over before the rules judge
+    (the router settling in: no Moe rule judges a layer in its first
+    settle steps after warmup, by design; such an event is no miss and
+    no hit)."""
     out = [f"| kind | events | named in budget ([onset - {EARLY}, due + {BUDGET}], or "
-           "firing at the onset) | misses |", "|---|---|---|---|"]
+           "firing at the onset) | misses | over before the rules judge |",
+           "|---|---|---|---|---|"]
     for kind in moe_labeller.KINDS:
-        n, named, misses = 0, 0, []
+        n, named, misses, early = 0, 0, [], []
         for name, seed, lab in runs:
+            judged_from = lab["warmup_steps"] + SETTLE_STEPS
             for e in lab["events"]:
                 if e["kind"] != kind:
                     continue
                 n += 1
-                if event_named(e, by_run.get(run_id(name, seed), []),
-                               lab["warmup_steps"] + SETTLE_STEPS):
+                where = f"{name}/s{seed}@{e['onset']}"
+                if event_named(e, by_run.get(run_id(name, seed), []), judged_from):
                     named += 1
+                elif e["end"] < judged_from:
+                    early.append(f"{where}-{e['end']}")
                 else:
-                    misses.append(f"{name}/s{seed}@{e['onset']}")
+                    misses.append(where)
         if n:
-            out.append(f"| {kind} | {n} | {named} | {', '.join(misses) or 'none'} |")
+            out.append(f"| {kind} | {n} | {named} | {', '.join(misses) or 'none'} | "
+                       f"{', '.join(early) or 'none'} |")
     return "\n".join(out)
 
 

@@ -21,8 +21,9 @@ initialisation, not a failure.
 Kinds (each event: kind, layer, onset, end; some also crossed):
   collapse     a layer's n90 <= max(top_k, E / 4): the routing rests on a
                few experts, the rest are starved
-  dead_expert  an expert of a layer gets no assignment on every report for
-               DEAD_STEPS steps (onset: its first report at zero)
+  dead_expert  an expert of a layer gets no assignment on the reports of
+               DEAD_STEPS steps, and over that stretch at most DEAD_WORK
+               of an even share (onset: its first report at zero)
   imbalance    a layer's max/mean >= 2: its busiest expert does twice the
                mean's work (the step waits on it)
   drops        the step's dropped share over every layer > 1%
@@ -52,6 +53,7 @@ LEVEL_REPORTS = 9        # reports in a level's centred median
 MIN_STEPS = 50           # a condition holds this long to be sustained
 MERGE_GAP = 20           # stretches closer than this are one
 DEAD_STEPS = 50
+DEAD_WORK = 0.01         # a dead expert's assignments: at most this of an even share
 SETTLE = 100             # post-warmup steps a router takes to settle in
 IMBALANCE = 2.0
 DROP_SHARE = 0.01
@@ -94,6 +96,19 @@ def stretches(steps, held, min_steps=MIN_STEPS):
             out.append([s, s])
     last = steps[-1] if steps else 0
     return [(a, b) for a, b in out if b - a >= min_steps or (b == last and b - a >= 10)]
+
+
+def _idle(steps, counts, x, first, last):
+    """Expert x did no work over [first, last]: its assignments there are at
+    most DEAD_WORK of an even share of them (the merge over gaps lets fed
+    reports into a stretch of zeros; a starved expert that still does a
+    third of its share is not dead)."""
+    got = share = 0.0
+    for s, c in zip(steps, counts):
+        if first <= s <= last:
+            got += c[x]
+            share += sum(c) / len(c)
+    return got <= DEAD_WORK * share
 
 
 def n90(counts):
@@ -155,7 +170,8 @@ def label(start, steps):
             dead = {}
             for x in range(e):
                 for a, b in stretches(cst, [c[x] == 0 for c in cc], DEAD_STEPS):
-                    dead.setdefault((a, b), []).append(x)
+                    if _idle(cst, cc, x, a, b):
+                        dead.setdefault((a, b), []).append(x)
             for (a, b), experts in sorted(dead.items()):
                 events.append({"kind": "dead_expert", "layer": name, "onset": a, "end": b,
                                "experts": experts})
