@@ -148,6 +148,34 @@ class Server::Service final : public ServiceBase {
     return Reply(query_->HoldRun(*request, *who), response);
   }
 
+  // Reference runs: setting them needs write scope for the run; showing
+  // and comparing, read scope for the run and for every baseline.
+  grpc::Status SetBaselines(grpc::ServerContext* context, const v1::SetBaselinesRequest* request,
+                            v1::BaselinesResponse* response) override {
+    absl::StatusOr<std::string> who = WriterOf(*context, request->run_id(), "");
+    if (!who.ok()) return ToGrpcStatus(who.status());
+    for (const v1::BaselineRef& ref : request->baselines()) {
+      if (grpc::Status s = CheckReadRun(*context, ref.run()); !s.ok()) return s;
+    }
+    return Reply(query_->SetBaselines(*request), response);
+  }
+  grpc::Status GetBaselines(grpc::ServerContext* context, const v1::GetBaselinesRequest* request,
+                            v1::BaselinesResponse* response) override {
+    if (grpc::Status s = CheckReadRun(*context, request->run_id()); !s.ok()) return s;
+    return Reply(query_->GetBaselines(*request), response);
+  }
+  grpc::Status CompareRuns(grpc::ServerContext* context, const v1::CompareRunsRequest* request,
+                           v1::CompareRunsResponse* response) override {
+    if (grpc::Status s = CheckReadRun(*context, request->run_id()); !s.ok()) return s;
+    absl::StatusOr<v1::CompareRunsResponse> r = query_->CompareRuns(*request);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    for (const v1::BaselineRef& ref : r->refs()) {
+      if (grpc::Status s = CheckReadRun(*context, ref.run()); !s.ok()) return s;
+    }
+    *response = std::move(*r);
+    return grpc::Status::OK;
+  }
+
  private:
   template <typename T>
   static grpc::Status Reply(absl::StatusOr<T> r, T* response) {

@@ -68,6 +68,14 @@ Commands:
   hold --run R --for DUR, release --run R
       Nothing of the run is approved by policy for DUR (90s, 30m, 2h);
       release ends the hold.
+  baseline set --run R --ref RUN[@ATTEMPT] [--ref ...], baseline show --run R,
+  baseline clear --run R   [--json]
+      The reference runs R is judged against (BaselineDeviation); without
+      any, attempt N is compared with attempt N-1 (docs/baselines.md).
+  compare --run R [--ref RUN@ATTEMPT ...] [--metric loss|grad_norm|log_z|
+          max_attn_logit] [--axis tokens|step] [--json]
+      R's 20-step bins against its baselines' band (x, value, ref median,
+      lo, hi, z) and the step it left the band.
 
 Options (before or after the command):
   --server ADDR      server address (default 127.0.0.1:50051): a server or a
@@ -135,6 +143,8 @@ const std::vector<Command>& Commands() {
       {"reject", RunReject, {{"note"}}},
       {"hold", RunHold, {{"run"}, {"for"}}},
       {"release", RunRelease, {{"run"}}},
+      {"baseline", RunBaseline, {{"run"}, {"ref"}, {"json", false}}},
+      {"compare", RunCompare, {{"run"}, {"ref"}, {"metric"}, {"axis"}, {"json", false}}},
   };
   return *commands;
 }

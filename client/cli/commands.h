@@ -77,6 +77,9 @@ absl::Status RunApprove(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunReject(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunHold(const GlobalOptions& global, const ParsedArgs& args);
 absl::Status RunRelease(const GlobalOptions& global, const ParsedArgs& args);
+// Reference runs (baseline_cmd.cc, docs/baselines.md).
+absl::Status RunBaseline(const GlobalOptions& global, const ParsedArgs& args);
+absl::Status RunCompare(const GlobalOptions& global, const ParsedArgs& args);
 
 // A stub on a channel to global.server with global.credentials (plaintext
 // when null).

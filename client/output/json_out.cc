@@ -221,6 +221,10 @@ void WriteStep(JsonWriter& w, const v1::StepRecord& r, uint32_t rank,
 #define TW_WRITE(name) OptionalDouble(w, #name, r.has_##name(), r.name());
   TRAINWATCH_STEP_OPTIONAL_DOUBLES(TW_WRITE)
 #undef TW_WRITE
+  if (r.has_tokens()) {
+    w.Key("tokens");
+    w.Uint(r.tokens());
+  }
   w.Key("time_unix_nanos");
   w.Int(r.time_unix_nanos());
   if (!r.batch_ids().empty()) {

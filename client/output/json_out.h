@@ -97,6 +97,12 @@ void WritePlan(JsonWriter& w, const RestartPlan& plan);
 // transitions [{state, who, unix_nanos, why}]. Every key is always present.
 void WriteDirective(JsonWriter& w, const v1::DirectiveRecord& record);
 
+// `compare --json` (compare_out.cc): {run, attempt, refs: ["run@1"], metric,
+// axis, bins: [{x, first_step, last_step, value, ref_median, lo, hi, z,
+// outside}], left_band, first_step_outside (null when within),
+// band_half_width}.
+void WriteCompare(JsonWriter& w, const v1::CompareRunsResponse& r);
+
 // The run, window, recommendation, active alerts and every spike (oldest
 // first).
 void WriteHealth(JsonWriter& w, const v1::GetRunHealthResponse& health);

@@ -58,6 +58,32 @@ void AssignAll(const google::protobuf::RepeatedField<W>& in, std::vector<T>* out
   out->assign(in.begin(), in.end());
 }
 
+// A repeated message: each element through `convert` (the ToWire / FromWire
+// of the table's function, which a template here cannot name).
+template <typename T, typename W, typename Convert>
+void AddAll(const std::vector<T>& in, google::protobuf::RepeatedPtrField<W>* out,
+            Convert convert) {
+  for (const T& value : in) convert(value, out->Add());
+}
+
+template <typename T, typename W, typename Convert>
+void AssignAll(const google::protobuf::RepeatedPtrField<W>& in, std::vector<T>* out,
+               Convert convert) {
+  out->clear();
+  for (const W& value : in) convert(value, &out->emplace_back());
+}
+
+// A repeated scalar (the converter is not needed).
+template <typename T, typename W, typename Convert>
+void AddAll(const std::vector<T>& in, google::protobuf::RepeatedField<W>* out, Convert) {
+  AddAll(in, out);
+}
+
+template <typename T, typename W, typename Convert>
+void AssignAll(const google::protobuf::RepeatedField<W>& in, std::vector<T>* out, Convert) {
+  AssignAll(in, out);
+}
+
 // The values of a map<string, string>.
 inline void ToWire(const std::string& in, std::string* out) { *out = in; }
 inline void FromWire(const std::string& in, std::string* out) { *out = in; }
@@ -78,8 +104,9 @@ inline void FromWire(const std::string& in, std::string* out) { *out = in; }
   }
 #define TW_TO_WIRE_MESSAGE(name) \
   if (in.name.has_value()) ToWire(*in.name, out->mutable_##name());
-#define TW_TO_WIRE_REPEATED(name) \
-  ::trainwatch::internal::AddAll(in.name, out->mutable_##name());
+#define TW_TO_WIRE_REPEATED(name)                                \
+  ::trainwatch::internal::AddAll(in.name, out->mutable_##name(), \
+                                 [](const auto& v, auto* o) { ToWire(v, o); });
 #define TW_TO_WIRE_MAP(name) \
   for (const auto& [key, value] : in.name) ToWire(value, &(*out->mutable_##name())[key]);
 #define TW_TO_WIRE_WRAPPED(name, inner) \
@@ -100,8 +127,9 @@ inline void FromWire(const std::string& in, std::string* out) { *out = in; }
 #define TW_FROM_WIRE_MESSAGE(name) \
   out->name.reset();               \
   if (in.has_##name()) FromWire(in.name(), &out->name.emplace());
-#define TW_FROM_WIRE_REPEATED(name) \
-  ::trainwatch::internal::AssignAll(in.name(), &out->name);
+#define TW_FROM_WIRE_REPEATED(name)                       \
+  ::trainwatch::internal::AssignAll(in.name(), &out->name, \
+                                    [](const auto& v, auto* o) { FromWire(v, o); });
 #define TW_FROM_WIRE_MAP(name) \
   out->name.clear();           \
   for (const auto& [key, value] : in.name()) FromWire(value, &out->name[key]);

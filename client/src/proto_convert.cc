@@ -59,6 +59,14 @@ void ToWire(const MoeConfig& in, v1::MoeConfig* out) {
 void FromWire(const v1::MoeConfig& in, MoeConfig* out) {
   TW_APPLY(TRAINWATCH_MOE_CONFIG_FIELDS, TW_FROM_WIRE)
 }
+void ToWire(const BaselineRef& in, v1::BaselineRef* out) {
+  TW_APPLY(TRAINWATCH_BASELINE_REF_FIELDS, TW_TO_WIRE)
+}
+
+void FromWire(const v1::BaselineRef& in, BaselineRef* out) {
+  TW_APPLY(TRAINWATCH_BASELINE_REF_FIELDS, TW_FROM_WIRE)
+}
+
 void ToWire(const ClientOptions& in, v1::RunStart* out) {
   TW_APPLY(TRAINWATCH_RUN_START_FIELDS, TW_TO_WIRE)
 }

@@ -114,6 +114,17 @@ absl::Status ValidateRunStart(const v1::RunStart& start,
         absl::StrCat("RunStart has ", start.labels_size(), " labels; at most ",
                      limits.max_labels));
   }
+  // Reference runs (docs/baselines.md): each is read when the run starts.
+  constexpr int kMaxBaselines = 16;
+  if (start.baselines_size() > kMaxBaselines) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunStart has ", start.baselines_size(), " baselines; at most ", kMaxBaselines));
+  }
+  for (const v1::BaselineRef& ref : start.baselines()) {
+    if (absl::Status s = ValidateRunId(ref.run()); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("baseline: ", s.message()));
+    }
+  }
   for (const auto& [key, value] : start.labels()) {
     if (!IsLabelKey(key) || key.size() > limits.max_label_key_chars) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -6,6 +6,7 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "engine/baseline_loader.h"
 #include "engine/run_state.h"
 #include "health/run/convert.h"
 
@@ -36,6 +37,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
   if (absl::Status s = engine->host_watch_.Load(clock->NowUnixNanos()); !s.ok()) {
     return s;
   }
+  if (absl::Status s = engine->LoadBaselineSets(); !s.ok()) return s;
   for (const v1::RunSummary& summary : *runs) {
     if (summary.state() != "running") continue;
     std::shared_ptr<RunState> run;
@@ -65,6 +67,8 @@ void Engine::Stop() {
   }
   stop_cv_.SignalAll();
   if (silence_thread_.joinable()) silence_thread_.join();
+  // Its last loads post to the shards, which finish them.
+  if (baseline_loader_ != nullptr) baseline_loader_->Stop();
   for (auto& shard : shards_) shard->Stop();
 }
 
@@ -135,11 +139,9 @@ absl::StatusOr<StreamHandle> Engine::OpenStream(const v1::RunStart& start,
   store_->Submit(WriteOp{.key = handle->key,
                          .body = WriteOp::Start{start},
                          .received_unix_nanos = clock_->NowUnixNanos(),
-                         .done = [handle, done = std::move(done)](WriteResult r) {
+                         .done = [this, handle, done = std::move(done)](WriteResult r) {
         absl::Status status = r.status;
-        handle->shard->Post([handle, r = std::move(r)] {
-          OnStartCommitted(*handle, r);
-        });
+        StartCommitted(handle, std::move(r));
         done(status);
       }});
   return handle;

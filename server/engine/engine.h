@@ -52,6 +52,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -213,6 +214,18 @@ class Engine {
   // Deletes the runs retention_days no longer keeps. Called by the timer.
   void ApplyRetention();
 
+  // Stores the run's reference runs (`trainwatchctl baseline set`; empty:
+  // cleared), which it is judged against from now on: a live run's
+  // reference curves are loaded again, off the shard. Blocks until committed.
+  absl::Status SetBaselines(const std::string& run_id, std::vector<v1::BaselineRef> refs);
+  // What a stream of the run with `start` is judged against and why ("set",
+  // "run_start", "previous_attempt", "none"): the stored set, else the
+  // RunStart's, else the previous attempt. No disk.
+  std::pair<std::vector<v1::BaselineRef>, std::string> ResolveBaselines(
+      const v1::RunStart& start);
+  // The detectors' configuration (CompareRuns judges as they do).
+  const HealthConfig& health_config() const { return options_.health; }
+
   // Finishes queued work; later callbacks run inline. Call after the store
   // has closed, so every commit's callback has been posted.
   void Stop();
@@ -242,6 +255,12 @@ class Engine {
   absl::Status ResolveAlertsOfFinishedRuns(
       const std::vector<v1::RunSummary>& runs);
   void SilenceLoop();
+  // The store's callback for a stream's RunStart: a lead stream with
+  // reference runs has them loaded (BaselineLoader) before its records are
+  // processed; any other goes on at once.
+  void StartCommitted(const StreamHandle& stream, WriteResult result);
+  // At start: the stored baseline sets, and the loader (baselines.cc).
+  absl::Status LoadBaselineSets();
 
   const EngineOptions options_;
   Store* const store_;
@@ -262,6 +281,11 @@ class Engine {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar stop_cv_;
   std::thread silence_thread_;
+  // Each run's reference runs as `baseline set` stored them (read at start,
+  // kept by BaselinesChanged), so a stream's start needs no read to know.
+  absl::flat_hash_map<std::string, std::vector<v1::BaselineRef>> set_baselines_
+      ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<class BaselineLoader> baseline_loader_;
 };
 
 }  // namespace trainwatch

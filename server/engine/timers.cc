@@ -158,6 +158,7 @@ absl::StatusOr<v1::DeleteRunResponse> Engine::DeleteRun(const std::string& run_i
   {
     absl::MutexLock lock(&mu_);
     deleting_.erase(run_id);
+    if (result.status.ok()) set_baselines_.erase(run_id);  // deleted with the run
   }
   if (!result.status.ok()) return result.status;
   v1::DeleteRunResponse out;

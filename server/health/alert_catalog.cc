@@ -489,6 +489,27 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
       .details = "Details (the rollbacks, the proposed stop): trainwatchctl directives "
                  "--run {{ $labels.run }}."},
      AlertScope::kServer},
+    {K::kBaselineDeviation, "BaselineDeviation", v1::SEVERITY_WARNING,
+     "The run left the band of its reference runs (its previous attempt, or "
+     "runs of the same recipe) at the same tokens or step: something changed "
+     "between them, the data (a shard, the mixture, the order), the learning "
+     "rate or schedule, the batch size, or a kernel or library version.",
+     "Compare the run with its baselines (trainwatchctl compare --run R) from "
+     "the step it left the band, and diff the two runs' configs, data and "
+     "code there; if the change is meant, set new baselines (trainwatchctl "
+     "baseline set).",
+     "the loss (or log grad norm, log Z, max attention logit) left its "
+     "reference runs' band at the same tokens or step",
+     {"loss"},
+     {.summary = "Run {{ $labels.run }} left its baseline's band",
+      .quote_label = "last loss",
+      .quote = "trainwatch_loss{run=%q}",
+      .details = "Details (the baseline, the axis, the step it left the band): "
+                 "trainwatchctl alerts --run {{ $labels.run }} --active; trainwatchctl "
+                 "compare --run {{ $labels.run }}."},
+     // A spike or a divergence under way is the page; the deviation is its
+     // consequence at the same steps.
+     AlertScope::kLead, {K::kLossDivergence, K::kLossSpike}},
 }};
 
 // The table is in the enum's order, so that Spec() is an index.

@@ -66,6 +66,8 @@ enum class AlertKind {
   // The closed loop's ladder ran out (server/closedloop): raised by the
   // run's router when the policy proposes its Stop.
   kClosedLoopExhausted,
+  // The run left its reference runs' band (detectors/baseline.cc).
+  kBaselineDeviation,
   // Not an alert: the count of those above.
   kCount,
 };

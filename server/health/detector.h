@@ -56,6 +56,9 @@ struct AlertText {
   // The machine the alert names ("" = none) and the rank, if it names one.
   std::string host;
   std::optional<uint32_t> rank;
+  // The episode's severity when it is not the catalog's (a BaselineDeviation
+  // that is better than its band is info); unspecified: the catalog's.
+  v1::Severity severity = v1::SEVERITY_UNSPECIFIED;
 };
 
 // An entry of `trainwatchctl spikes`: a spike (of the gradient norm or of
@@ -112,6 +115,9 @@ class AlertSink {
                     AlertText text) = 0;
   // Resolves the alert if it is firing: its condition ended outright.
   virtual void Resolve(AlertKind kind, uint64_t step) = 0;
+  // Rewrites a firing alert's text and, when `severity` is not unspecified,
+  // its severity (a deviation that has grown past twice its band is critical).
+  virtual void Amend(AlertKind kind, AlertText text, v1::Severity severity) {}
 };
 
 // Whether a lead step counts as clipped for the clip share: clipping fired
@@ -121,6 +127,7 @@ inline bool Clipped(const v1::StepRecord& r) {
 }
 
 class RunTiming;
+struct BaselineReferences;
 
 // What a detector sees for one lead-stream record.
 struct StepContext {
@@ -195,6 +202,9 @@ class Detector {
   virtual void OnAlertFired(const FiredContext& ctx, AlertSink& sink) {}
   // The job restarted from a checkpoint: forget state of steps >= `step`.
   virtual void OnRewind(uint64_t step) {}
+  // The reference runs the run is judged against (loaded off the shard by
+  // the engine; null: none), before the records they are to judge.
+  virtual void OnBaselines(std::shared_ptr<const BaselineReferences> refs) {}
 };
 
 // The detectors of the lead stream's records, for one run: every per-run

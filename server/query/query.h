@@ -59,6 +59,14 @@ class Query {
   absl::StatusOr<v1::HoldRunResponse> HoldRun(const v1::HoldRunRequest& request,
                                               const std::string& who) const;
 
+  // Reference runs (docs/baselines.md): a run's baselines, set (empty:
+  // cleared; at most kMaxBaselines, valid run ids) and shown with where they
+  // come from; and the run's bins against them (compare.cc).
+  absl::StatusOr<v1::BaselinesResponse> SetBaselines(const v1::SetBaselinesRequest& request) const;
+  absl::StatusOr<v1::BaselinesResponse> GetBaselines(const v1::GetBaselinesRequest& request) const;
+  absl::StatusOr<v1::CompareRunsResponse> CompareRuns(const v1::CompareRunsRequest& request) const;
+  static constexpr int kMaxBaselines = 16;
+
   // A consistent copy of the database (Store::Backup into a staging file of
   // backup_dir, mode 0600, created exclusively, unlinked as soon as it is
   // open, so a kill mid-stream leaves nothing), sent to `sink` in chunks of

@@ -209,6 +209,19 @@ CREATE TABLE IF NOT EXISTS directive_transitions (
 ) WITHOUT ROWID;
 )sql";
 
+// Version 11: each run's reference runs as `trainwatchctl baseline set`
+// named them (docs/baselines.md), by run id: they may be set before the run
+// starts, and go with the run when it is deleted.
+constexpr const char* kSchemaV11 = R"sql(
+CREATE TABLE IF NOT EXISTS baselines (
+  run_id      TEXT NOT NULL,
+  n           INTEGER NOT NULL,  -- 0, 1, ... in the order given
+  ref_run     TEXT NOT NULL,
+  ref_attempt INTEGER NOT NULL,
+  PRIMARY KEY (run_id, n)
+) WITHOUT ROWID;
+)sql";
+
 absl::StatusOr<int> UserVersion(sqlite3* db) {
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
   if (!s.ok()) return s.status();
@@ -256,6 +269,9 @@ absl::Status MigrateSchema(sqlite3* db, int target_version) {
     }
     if (*version < 10 && target_version >= 10) {
       if (absl::Status s = sqlite::Exec(db, kSchemaV10); !s.ok()) return s;
+    }
+    if (*version < 11 && target_version >= 11) {
+      if (absl::Status s = sqlite::Exec(db, kSchemaV11); !s.ok()) return s;
     }
     return sqlite::Exec(
         db, absl::StrCat("PRAGMA user_version = ", target_version).c_str());

@@ -40,6 +40,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -229,8 +230,13 @@ struct WriteOp {
   struct Hold {
     HoldRow hold;
   };
+  // key.run_id's reference runs (trainwatchctl baseline set); none: cleared.
+  struct Baselines {
+    std::vector<v1::BaselineRef> refs;
+  };
   using Body = std::variant<Start, Batch, Event, Alert, Spike, HardBatch,
-                            SpikeOutcome, HostIncident, DeleteRun, Directive, Hold>;
+                            SpikeOutcome, HostIncident, DeleteRun, Directive, Hold,
+                            Baselines>;
 
   StreamKey key;
   Body body;
@@ -307,6 +313,18 @@ class Store {
   absl::StatusOr<std::vector<v1::DirectiveRecord>> ListDirectives(
       const std::string& run_id) const;
 
+  // The reference runs set for a run (trainwatchctl baseline set), in the
+  // order given; empty when none are set. A run need not be stored yet.
+  absl::StatusOr<std::vector<v1::BaselineRef>> GetBaselines(
+      const std::string& run_id) const;
+  // Every run's set reference runs, by run id (read once at start).
+  absl::StatusOr<std::vector<std::pair<std::string, std::vector<v1::BaselineRef>>>>
+  ListBaselines() const;
+  // The RunStart of one attempt's lead stream (its lowest rank); NOT_FOUND
+  // when the run has no such attempt.
+  absl::StatusOr<v1::RunStart> GetAttemptStart(const std::string& run_id,
+                                               uint32_t attempt) const;
+
   // Events of a run, in step order.
   absl::StatusOr<std::vector<v1::RunEvent>> ListEvents(
       const std::string& run_id) const;
@@ -316,7 +334,7 @@ class Store {
   // connection of its own, a snapshot of what was committed when it began.
   absl::Status Backup(const std::string& path) const;
 
-  static constexpr int kSchemaVersion = 10;
+  static constexpr int kSchemaVersion = 11;
 
  private:
   // A statement on a read-only connection of its own (store_reads.cc);

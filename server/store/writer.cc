@@ -124,6 +124,7 @@ absl::Status StoreWriter::ApplyOne(const WriteOp& op, WriteResult& result) {
         if constexpr (std::is_same_v<T, WriteOp::DeleteRun>) return ApplyDeleteRun(op, result);
         if constexpr (std::is_same_v<T, WriteOp::Directive>) return ApplyDirective(op);
         if constexpr (std::is_same_v<T, WriteOp::Hold>) return ApplyHold(op);
+        if constexpr (std::is_same_v<T, WriteOp::Baselines>) return ApplyBaselines(op);
       },
       op.body);
 }

@@ -129,6 +129,7 @@ class StoreWriter {
   absl::Status ApplySpike(const WriteOp& op);
   absl::Status ApplyHardBatch(const WriteOp& op);
   absl::Status ApplyHold(const WriteOp& op);
+  absl::Status ApplyBaselines(const WriteOp& op);
   absl::Status ApplySpikeOutcome(const WriteOp& op);
   absl::Status ApplyHostIncident(const WriteOp& op);
   absl::Status ApplyDeleteRun(const WriteOp& op, WriteResult& result);

@@ -96,6 +96,27 @@ absl::Status StoreWriter::ApplyHostIncident(const WriteOp& op) {
   return insert_host_incident_.Run();
 }
 
+// Rare (a person's command): prepared per op, not kept.
+absl::Status StoreWriter::ApplyBaselines(const WriteOp& op) {
+  const auto& refs = std::get<WriteOp::Baselines>(op.body).refs;
+  absl::StatusOr<sqlite::Stmt> clear =
+      sqlite::Stmt::Prepare(db_.get(), "DELETE FROM baselines WHERE run_id = ?1");
+  if (!clear.ok()) return clear.status();
+  clear->Bind(1, op.key.run_id);
+  if (absl::Status s = clear->Run(); !s.ok()) return s;
+  absl::StatusOr<sqlite::Stmt> insert = sqlite::Stmt::Prepare(
+      db_.get(), "INSERT OR IGNORE INTO baselines (run_id, n, ref_run, ref_attempt) "
+                 "VALUES (?1, ?2, ?3, ?4)");
+  if (!insert.ok()) return insert.status();
+  int64_t n = 0;
+  for (const v1::BaselineRef& ref : refs) {
+    insert->Bind(1, op.key.run_id).Bind(2, n++).Bind(3, ref.run()).Bind(
+        4, static_cast<int64_t>(ref.attempt()));
+    if (absl::Status s = insert->Run(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StoreWriter::ApplyHold(const WriteOp& op) {
   const HoldRow& h = std::get<WriteOp::Hold>(op.body).hold;
   upsert_hold_.Bind(1, op.key.run_id).Bind(2, h.until_unix_nanos).Bind(3, h.who)
@@ -162,7 +183,8 @@ absl::Status StoreWriter::ApplyDeleteRun(const WriteOp& op, WriteResult& result)
     if (absl::Status r = s->Run(); !r.ok()) return r;
   }
   for (const char* sql : {"DELETE FROM host_incidents WHERE run_id = ?1",
-                          "DELETE FROM directive_holds WHERE run_id = ?1"}) {
+                          "DELETE FROM directive_holds WHERE run_id = ?1",
+                          "DELETE FROM baselines WHERE run_id = ?1"}) {
     absl::StatusOr<sqlite::Stmt> by_id = sqlite::Stmt::Prepare(db_.get(), sql);
     if (!by_id.ok()) return by_id.status();
     by_id->Bind(1, op.key.run_id);

@@ -83,6 +83,13 @@ struct MoeConfig {
   double capacity_factor = 0.0;  // 0: dropless
 };
 
+// A reference run this run is judged against (RunStart.baselines,
+// docs/baselines.md): one attempt of a run of the same recipe.
+struct BaselineRef {
+  std::string run;
+  uint32_t attempt = 0;
+};
+
 struct ClientOptions {
   // Server address, host:port.
   std::string address = "127.0.0.1:50051";
@@ -112,6 +119,9 @@ struct ClientOptions {
   // restored from the trainer's checkpoint: the server sends none at or
   // below it. 0 = none.
   uint64_t last_applied_directive = 0;
+  // The runs this one is compared with (BaselineDeviation); empty: its
+  // previous attempt, or what `trainwatchctl baseline set` names.
+  std::vector<BaselineRef> baselines;
   // Fill what a live trainer knows about itself: `host` from gethostname()
   // and each step's step_time_s (the time since this client's previous
   // Record(), from the steps' time_unix_nanos) when the step does not give
@@ -214,6 +224,8 @@ struct Step {
   // it spent waiting for the input pipeline.
   std::optional<double> step_time_s;
   std::optional<double> data_wait_s;
+  // Tokens consumed so far, the axis of a comparison with reference runs.
+  std::optional<uint64_t> tokens;
 };
 
 enum class EventKind { kCheckpointSaved = 1, kRunFinished = 2, kRunFailed = 3 };

@@ -26,7 +26,8 @@
   MAP(labels)                                                               \
   VALUE(host)                                                               \
   MESSAGE(moe)                                                              \
-  VALUE(last_applied_directive)
+  VALUE(last_applied_directive)                                             \
+  REPEATED(baselines)
 
 // MoeConfig (the proto's) <-> MoeConfig (the client's).
 #define TRAINWATCH_MOE_CONFIG_FIELDS(VALUE, OPTIONAL, MESSAGE, REPEATED, MAP, \
@@ -39,5 +40,11 @@
   VALUE(z_loss_coeff)                                                        \
   VALUE(bias_update_rate)                                                    \
   VALUE(capacity_factor)
+
+// BaselineRef (the proto's) <-> BaselineRef (the client's).
+#define TRAINWATCH_BASELINE_REF_FIELDS(VALUE, OPTIONAL, MESSAGE, REPEATED, \
+                                       MAP, WRAPPED)                      \
+  VALUE(run)                                                              \
+  VALUE(attempt)
 
 #endif  // TRAINWATCH_CLIENT_INCLUDE_TRAINWATCH_RUN_START_FIELDS_H_

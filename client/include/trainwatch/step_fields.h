@@ -10,7 +10,8 @@
 //                          enum (an enum class of the same values)
 //   OPTIONAL(name)         std::optional<T> <-> a proto3 `optional` scalar
 //   MESSAGE(name)          std::optional<S> <-> a message field
-//   REPEATED(name)         std::vector<T> <-> a repeated scalar
+//   REPEATED(name)         std::vector<T> <-> a repeated scalar, or a
+//                          repeated message (T then has its own ToWire)
 //   MAP(name)              std::map<std::string, S> <-> a map
 //   WRAPPED(name, inner)   std::vector<S> <-> a message whose one field is
 //                          `repeated inner`
@@ -42,6 +43,7 @@
   VALUE(grad_norm)                                                      \
   OPTIONAL(clipped)                                                     \
   TRAINWATCH_STEP_OPTIONAL_DOUBLES(OPTIONAL)                            \
+  OPTIONAL(tokens)                                                      \
   VALUE(skipped)                                                        \
   VALUE(time_unix_nanos)                                                \
   REPEATED(batch_ids)                                                   \

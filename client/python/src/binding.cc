@@ -88,6 +88,28 @@ bool OptionalDouble(PyObject* o, std::optional<double>* out) {
   return true;
 }
 
+// None, a non-negative int, or a float holding one (a count read back from
+// a device tensor as float64).
+bool OptionalCount(PyObject* o, std::optional<uint64_t>* out) {
+  if (o == Py_None) return true;
+  if (PyLong_CheckExact(o)) {
+    const unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;  // negative
+    }
+    *out = v;
+    return true;
+  }
+  if (PyFloat_CheckExact(o)) {
+    const double d = PyFloat_AS_DOUBLE(o);
+    if (!(d >= 0 && d < 18446744073709551616.0) || d != std::floor(d)) return false;
+    *out = static_cast<uint64_t>(d);
+    return true;
+  }
+  return false;
+}
+
 // True, False, 0 or 1 (ints are what bool(tensor) users sometimes pass).
 bool PlainBool(PyObject* o, bool* out) {
   if (o == Py_True || o == Py_False) {
@@ -344,7 +366,7 @@ class PyClient {
              py::handle loss_scale, py::handle skipped, py::handle clipped,
              py::handle clip_coef, py::handle max_attn_logit, py::handle log_z,
              py::handle lr, py::handle step_time_s, py::handle data_wait_s,
-             py::handle batch_ids, py::handle shard_sq_sum,
+             py::handle tokens, py::handle batch_ids, py::handle shard_sq_sum,
              py::handle layer_stats, py::handle fp8, py::handle moe,
              int64_t time_unix_nanos) {
     Step s;
@@ -365,7 +387,8 @@ class PyClient {
         !OptionalDouble(lr.ptr(), &s.lr) ||
         !OptionalDouble(step_time_s.ptr(), &s.step_time_s) ||
         !OptionalDouble(data_wait_s.ptr(), &s.data_wait_s) ||
-        !OptionalDouble(shard_sq_sum.ptr(), &s.shard_sq_sum)) {
+        !OptionalDouble(shard_sq_sum.ptr(), &s.shard_sq_sum) ||
+        !OptionalCount(tokens.ptr(), &s.tokens)) {
       return kDeferred;
     }
     if (clipped.ptr() != Py_None) {
@@ -467,7 +490,7 @@ class PyClient {
 // pybind11's dispatcher (argument vectors, overload loop, casts) cost more
 // than the rest of record() together. The capsule's context holds a
 // reference to the pybind11 object, so the function keeps its client alive.
-constexpr int kRecordArgs = 18;
+constexpr int kRecordArgs = 19;
 static_assert(kRecordArgs == 0 TRAINWATCH_FIELDS(TRAINWATCH_STEP_FIELDS, TW_ONE),
               "record() takes one argument per StepRecord field");
 
@@ -485,7 +508,7 @@ PyObject* FastRecord(PyObject* capsule, PyObject* const* args,
   const int r = client->Record(args[0], args[1], args[2], args[3], args[4],
                                args[5], args[6], args[7], args[8], args[9],
                                args[10], args[11], args[12], args[13], args[14],
-                               args[15], args[16], stamp);
+                               args[15], args[16], args[17], stamp);
   return PyLong_FromLong(r);  // a cached small int
 }
 
@@ -526,9 +549,13 @@ std::unique_ptr<PyClient> CreateClient(
     std::map<std::string, std::string> labels, size_t capacity,
     std::string auth_token, bool tls, std::string tls_ca_file,
     std::string tls_cert_file, std::string tls_key_file, std::string host,
-    std::optional<MoeConfigTuple> moe, uint64_t last_applied_directive) {
+    std::optional<MoeConfigTuple> moe, uint64_t last_applied_directive,
+    const std::vector<std::pair<std::string, uint32_t>>& baselines) {
   ClientOptions options;
   options.last_applied_directive = last_applied_directive;
+  for (const auto& [run, attempt] : baselines) {
+    options.baselines.push_back(BaselineRef{.run = run, .attempt = attempt});
+  }
   if (moe) {
     const auto& [experts, top_k, ep_size, balancing, aux, z, rate, capacity] = *moe;
     if (balancing < 0 || balancing > 5) throw py::value_error("unknown MoE balancing");
@@ -671,7 +698,8 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("capacity"), py::arg("auth_token"), py::arg("tls"),
            py::arg("tls_ca_file"), py::arg("tls_cert_file"),
            py::arg("tls_key_file"), py::arg("host"), py::arg("moe") = py::none(),
-           py::arg("last_applied_directive") = 0)
+           py::arg("last_applied_directive") = 0,
+           py::arg("baselines") = std::vector<std::pair<std::string, uint32_t>>{})
       // Positional only: keyword matching would cost more than Record().
       .def("record", &PyClient::Record)
       // The same, as a builtin that skips pybind11's dispatcher (hot path).

@@ -127,6 +127,28 @@ def _fp8_entries(value):
     return out
 
 
+def _baseline_refs(baselines):
+    """Client(baselines=...) as the binding's (run, attempt) pairs: each
+    entry "run", "run@attempt" or a (run, attempt) pair."""
+    if baselines is None:
+        return []
+    if isinstance(baselines, (str, tuple)):
+        baselines = [baselines]
+    out = []
+    for ref in baselines:
+        if isinstance(ref, str):
+            run, at, attempt = ref.rpartition("@") if "@" in ref else (ref, "", "0")
+            if not run or not attempt.isdigit():
+                raise ValueError(f"baselines: {ref!r} is not 'run' or 'run@attempt'")
+            ref = (run, int(attempt))
+        if (not isinstance(ref, tuple) or len(ref) != 2 or not isinstance(ref[0], str)
+                or not ref[0] or isinstance(ref[1], bool) or not isinstance(ref[1], int)
+                or ref[1] < 0):
+            raise ValueError(f"baselines: {ref!r} is not 'run@attempt' or (run, attempt)")
+        out.append(ref)
+    return out
+
+
 def _moe_config(moe):
     """Client(moe=...) as the binding's tuple, or None."""
     if moe is None:

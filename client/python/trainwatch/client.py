@@ -10,7 +10,7 @@ import weakref
 from typing import NamedTuple
 
 from . import _trainwatch
-from ._convert import _fill_from_host, _host_value, _is_ids, _moe_config, _plain, _step_index
+from ._convert import _baseline_refs, _fill_from_host, _host_value, _is_ids, _moe_config, _plain, _step_index
 from ._fields import (_BOOL_POSITIONS, _FIELDS, _LAST_SCALAR, _check_fields, DIRECTIVE_STATES,
                       EVENT_KINDS, LAYER_KINDS)
 
@@ -79,6 +79,10 @@ class Client:
     last_applied_directive: the seq of the last closed-loop directive this
         lineage applied, restored from the checkpoint (docs/closed-loop.md);
         the server sends none at or below it. 0: none.
+    baselines: the reference runs this run is compared with
+        (BaselineDeviation, docs/baselines.md): "run" or "run@attempt"
+        strings, or (run, attempt) pairs. Default: the previous attempt of
+        this run, or what `trainwatchctl baseline set` names.
 
     Raises ValueError for invalid arguments and FileNotFoundError for a TLS
     file that cannot be read. Does not wait for the server: an unreachable
@@ -94,7 +98,7 @@ class Client:
                  adam_eps=None, adam_beta2=None, capacity=100000,
                  scaler_growth_interval=0, auth_token=None, tls=False,
                  tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
-                 host=None, moe=None, last_applied_directive=0):
+                 host=None, moe=None, last_applied_directive=0, baselines=None):
         # Every argument as given, for new_attempt() to pass again.
         self._args = {k: v for k, v in locals().items()
                       if k not in ("self", "attempt", "last_applied_directive")}
@@ -135,13 +139,14 @@ class Client:
             raise ValueError("auth_token must be a string")
         if host is not None and not isinstance(host, str):
             raise ValueError("host must be a string")
+        refs = _baseline_refs(baselines)
         self._c = _trainwatch.Client(address, run, rank, world_size, attempt,
                                      precision, max_norm, warmup_steps,
                                      scaler_growth_interval, adam_eps, adam_beta2,
                                      labels, capacity, auth_token, bool(tls),
                                      files["tls_ca_file"], files["tls_cert_file"],
                                      files["tls_key_file"], host or "",
-                                     _moe_config(moe), last_applied_directive)
+                                     _moe_config(moe), last_applied_directive, refs)
         self._record = self._c.fast_record()
         self.run = run
         self.rank = rank
@@ -161,7 +166,7 @@ class Client:
     def record(self, step, grad_norm, loss=None, loss_scale=None, skipped=False,
                clipped=None, clip_coef=None, max_attn_logit=None, log_z=None,
                lr=None, batch_ids=None, shard_sq_sum=None, layer_stats=None,
-               step_time_s=None, data_wait_s=None, fp8=None, moe=None):
+               step_time_s=None, data_wait_s=None, fp8=None, moe=None, tokens=None):
         """Records one optimizer step; never blocks.
 
         Every value may be a float/int/bool, a numpy scalar or a torch tensor
@@ -184,6 +189,9 @@ class Client:
         counts them on the device), dropped, aux_loss (without its
         coefficient, 1.0 = balanced), z_loss, expert_bias, router_logit_max},
         each optional but the counts; CUDA tensors are copied without a sync.
+        tokens: tokens consumed so far (an int), the axis on which the run
+        is compared with its baselines (StepHook fills it from
+        tokens_per_step).
 
         Returns False when the step was dropped (buffer full, or the client
         is closed); True otherwise, including a step queued behind a CUDA copy.
@@ -191,14 +199,15 @@ class Client:
         if not self._pending:
             r = self._record(step, grad_norm, loss, loss_scale, skipped, clipped,
                              clip_coef, max_attn_logit, log_z, lr, step_time_s,
-                             data_wait_s, batch_ids, shard_sq_sum, layer_stats, fp8, moe, 0)
+                             data_wait_s, tokens, batch_ids, shard_sq_sum, layer_stats, fp8,
+                             moe, 0)
             if r != _DEFERRED:
                 if r == _RECORDED:
                     self._last_step = step
                 return r == _RECORDED
         return self._record_slow(step, (grad_norm, loss, loss_scale, skipped,
                                         clipped, clip_coef, max_attn_logit,
-                                        log_z, lr, step_time_s, data_wait_s,
+                                        log_z, lr, step_time_s, data_wait_s, tokens,
                                         batch_ids, shard_sq_sum, layer_stats, fp8, moe))
 
     # -- events, flush, close -------------------------------------------------

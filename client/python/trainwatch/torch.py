@@ -400,10 +400,17 @@ class StepHook:
     hook.data_ready() once the step's batch is in hand, which counts the
     time since the previous post_step() as waiting. step_time_s is measured
     by the client (the time between records).
+
+    tokens_per_step: the tokens one optimizer step consumes (global batch x
+    sequence length); each record then carries tokens, the running total
+    (the first step counts the steps before it, its index x tokens_per_step,
+    for a run resumed from a checkpoint), so that the run is compared with
+    its baselines by tokens (docs/baselines.md). Set the attribute when the
+    batch size changes mid-run; post_step(..., tokens=N) overrides it.
     """
 
     def __init__(self, client, max_norm, optimizer=None, scaler=None, model=None,
-                 layer_stats_every=100):
+                 layer_stats_every=100, tokens_per_step=None):
         self.client = client
         self.max_norm = float(max_norm)
         self.optimizer = optimizer
@@ -422,6 +429,8 @@ class StepHook:
         self._send_update_ratio = True
         self._data_wait = None      # seconds waited for this step's input
         self._last_post = None      # perf_counter() at the previous post_step
+        self.tokens_per_step = tokens_per_step
+        self._tokens = None         # tokens consumed through the last post_step
 
     def timed(self, loader):
         """Yields what `loader` yields, adding the time each next() takes to
@@ -474,6 +483,11 @@ class StepHook:
         if self._data_wait is not None:
             fields.setdefault("data_wait_s", self._data_wait)
         self._data_wait = None
+        if self.tokens_per_step:
+            if self._tokens is None:
+                self._tokens = int(step) * int(self.tokens_per_step)
+            self._tokens += int(self.tokens_per_step)
+            fields.setdefault("tokens", self._tokens)
         record = dict(grad_norm=_detach(grad_norm), loss=loss, lr=lr,
                       clipped=clipped, clip_coef=clip_coef, **fields)
         layers = record.get("layer_stats")

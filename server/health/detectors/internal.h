@@ -32,6 +32,9 @@ std::unique_ptr<Detector> MakeGradNormDrift(const HealthConfig& config);
 std::unique_ptr<Detector> MakeAttentionLogitGrowth(const HealthConfig& config);
 std::unique_ptr<Detector> MakeLogZDrift(const HealthConfig& config);
 
+// detectors/baseline.cc: BaselineDeviation, against the reference runs.
+std::unique_ptr<Detector> MakeBaselineDeviation(const HealthConfig& config);
+
 // detectors/loss.cc: LossSpike.
 std::unique_ptr<Detector> MakeLossSpike(const HealthConfig& config);
 

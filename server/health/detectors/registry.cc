@@ -24,6 +24,8 @@ std::vector<std::unique_ptr<Detector>> MakeDetectors(const HealthConfig& config)
   AddFp8Detectors(config, &out);
   AddMoeDetectors(config, &out);
   out.push_back(MakeInputPipelineStall(config));
+  // After LossSpike and LossDivergence, its causes at the same steps.
+  out.push_back(MakeBaselineDeviation(config));
   return out;
 }
 

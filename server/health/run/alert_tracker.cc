@@ -38,6 +38,7 @@ void AlertTracker::FireNow(State& s, AlertKind kind, uint64_t step,
   e.batch_ids.assign(batch_ids.begin(),
                      batch_ids.begin() + std::min(batch_ids.size(), kMaxBatchIds));
   if (e.text.rank.has_value()) e.rank = *e.text.rank;
+  e.severity = e.text.severity;
   s.last_true_step = step;
   held_.push_back(kind);
   if (!deferring_) ReportFires(kind);  // outside a step: at once

@@ -89,7 +89,7 @@ class AlertTracker final : public AlertSink {
   // Rewrites a firing alert's text (and raises its severity when `severity`
   // is not empty) and tells the listener, as an update: what a spike's
   // recurrence learned.
-  void Amend(AlertKind kind, AlertText text, v1::Severity severity);
+  void Amend(AlertKind kind, AlertText text, v1::Severity severity) override;
 
   // Marks an alert as firing without telling the listener: its fire was
   // stored before a server restart and must not be sent again.

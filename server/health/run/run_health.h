@@ -57,6 +57,9 @@ class RunHealth {
   void Rewind(uint64_t step);
   // The lead stream's RunStart changed (a new attempt or a lower rank).
   void set_info(RunInfo info) { info_ = std::move(info); }
+  // The reference runs the lead is judged against (null: none); kept across
+  // ResetLead.
+  void SetBaselines(std::shared_ptr<const BaselineReferences> refs);
 
   const RunInfo& info() const { return info_; }
   const RunWindow& window() const { return window_; }
@@ -95,6 +98,7 @@ class RunHealth {
   std::vector<std::unique_ptr<Detector>> detectors_;       // the lead's
   std::vector<std::unique_ptr<Detector>> rank_detectors_;  // cross-rank
   std::vector<std::unique_ptr<Detector>> clock_detectors_;  // RunSilent
+  std::shared_ptr<const BaselineReferences> baseline_refs_;
   RankProgress progress_;
   std::optional<uint64_t> judged_through_;  // of progress_.attempt()
   uint32_t judged_attempt_ = 0;

@@ -47,6 +47,12 @@ void RunPipeline::EnsureHealth(const v1::RunStart& start) {
         if (s.kind == SpikeInfo::Kind::kHardBatch) return;
         OnSpikeVerdicts(health_->timing().OnSpike(s.step, s.batch_ids), s.step);
       });
+  if (baseline_refs_ != nullptr) health_->SetBaselines(baseline_refs_);
+}
+
+void RunPipeline::SetBaselines(std::shared_ptr<const BaselineReferences> refs) {
+  baseline_refs_ = std::move(refs);
+  if (health_ != nullptr) health_->SetBaselines(baseline_refs_);
 }
 
 void RunPipeline::SetLead(const v1::RunStart& start) {

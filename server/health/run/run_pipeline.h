@@ -141,6 +141,10 @@ class RunPipeline {
               int64_t now_unix_nanos);
   void EndReplay();
 
+  // The reference runs the lead is judged against from now on (null: none),
+  // loaded by the engine off the shard.
+  void SetBaselines(std::shared_ptr<const BaselineReferences> refs);
+
   // The live health for GetRunHealth; empty before the first lead record.
   HealthSnapshot Snapshot() const;
 
@@ -177,6 +181,7 @@ class RunPipeline {
   const HealthConfig& config_;
   RunObserver* const observer_;
   std::unique_ptr<RunHealth> health_;
+  std::shared_ptr<const BaselineReferences> baseline_refs_;
   static constexpr uint32_t kNoLead = std::numeric_limits<uint32_t>::max();
   uint32_t lead_rank_ = kNoLead;
   uint32_t lead_attempt_ = 0;

@@ -1,0 +1,172 @@
+// BaselineDeviation: the run left its reference runs' band (docs/baselines.md).
+// A restarted attempt or a new run of a known recipe whose loss sits above its
+// references' at the same tokens is the earliest sign that something changed
+// (data, learning rate, a kernel), long before the loss is bad on its own.
+// Per metric (the loss; in log space the grad norm and max attention logit;
+// log Z), each 20-step bin's standardised residual against the band
+// (signals/baseline_band.h) feeds one-sided CUSUMs, with the false-alarm rate
+// of change.arl0: worse is a warning, critical once the run stays beyond
+// twice the band for 5 bins in a row; better than the band is info.
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "health/detectors/internal.h"
+#include "health/signals/baseline_band.h"
+
+namespace trainwatch {
+
+namespace {
+
+// Bins in a row beyond twice the band that make a deviation critical.
+constexpr uint32_t kCriticalBins = 5;
+
+// 1,234,567
+std::string Thousands(uint64_t v) {
+  std::string digits = absl::StrCat(v);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return out;
+}
+
+// 1.2B, 450M, 12k, 980.
+std::string Count(double v) {
+  if (v >= 1e9) return absl::StrFormat("%.3gB", v / 1e9);
+  if (v >= 1e6) return absl::StrFormat("%.3gM", v / 1e6);
+  if (v >= 1e4) return absl::StrFormat("%.3gk", v / 1e3);
+  return absl::StrFormat("%.0f", v);
+}
+
+// "loss 3.41 vs baseline 2.97, 1.15x, band +-0.05, at 1.2B tokens (step
+// 8,420); left the band at step 8,400".
+std::string Describe(BaselineMetric metric, BaselineAxis axis, const BandBin& b,
+                     uint64_t onset_step) {
+  const double value = BaselineUnits(metric, b.value);
+  const double ref = BaselineUnits(metric, b.ref_median);
+  const double half = (BaselineUnits(metric, b.hi) - BaselineUnits(metric, b.lo)) / 2;
+  const std::string versus =
+      metric == BaselineMetric::kLogZ ? absl::StrFormat("%+.3g", value - ref)
+                                      : absl::StrFormat("%.3gx", value / ref);
+  const std::string at =
+      axis == BaselineAxis::kTokens
+          ? absl::StrCat(Count(b.x), " tokens (step ", Thousands(b.last_step), ")")
+          : absl::StrCat("step ", Thousands(b.last_step));
+  return absl::StrFormat("%s %.4g vs baseline %.4g, %s, band +-%.3g, at %s; left the band at step %s",
+                         BaselineMetricName(metric), value, ref, versus, half, at,
+                         Thousands(onset_step));
+}
+
+class BaselineDeviation final : public Detector {
+ public:
+  explicit BaselineDeviation(const HealthConfig& config) : config_(config) {}
+
+  void OnBaselines(std::shared_ptr<const BaselineReferences> refs) override {
+    refs_ = std::move(refs);
+    watches_.clear();
+    severity_ = v1::SEVERITY_UNSPECIFIED;
+  }
+
+  void OnRewind(uint64_t step) override { watches_.clear(); }
+
+  void OnStep(const StepContext& ctx, AlertSink& sink) override {
+    if (refs_ == nullptr || refs_->runs.empty() || !ctx.post_warmup) return;
+    if (watches_.empty()) Start(ctx.record);
+    bool judged = false;
+    for (Watch& w : watches_) {
+      std::optional<BandBin> bin = w.band.Add(ctx.record);
+      if (!bin.has_value()) continue;
+      w.last = *bin;
+      w.verdict = w.cusum.Add(*bin);
+      judged = true;
+    }
+    if (judged) Judge(ctx.record.step(), sink);
+  }
+
+ private:
+  struct Watch {
+    Watch(BaselineMetric metric, BaselineAxis axis, std::shared_ptr<const BaselineReferences> refs,
+          const HealthConfig& config)
+        : band(metric, axis, std::move(refs)),
+          cusum(config.change.arl0, BandOptions{}.bin_steps) {}
+    BaselineBand band;
+    ResidualCusum cusum;
+    std::optional<BandBin> last;
+    ResidualCusum::Verdict verdict;
+  };
+
+  // The axis is chosen on the run's first post-warmup record.
+  void Start(const v1::StepRecord& first) {
+    axis_ = ChooseAxis(first, *refs_);
+    for (BaselineMetric m : kBaselineMetrics) watches_.emplace_back(m, axis_, refs_, config_);
+  }
+
+  void Judge(uint64_t step, AlertSink& sink) {
+    // The worst metric: a worse side first (the largest residual), else a
+    // better one.
+    const Watch* worst = nullptr;
+    for (const Watch& w : watches_) {
+      if (!w.last.has_value() || !(w.verdict.worse || w.verdict.better)) continue;
+      const auto rank = [](const Watch& x) {
+        return (x.verdict.worse ? 1e6 : 0) + std::abs(x.last->z);
+      };
+      if (worst == nullptr || rank(w) > rank(*worst)) worst = &w;
+    }
+    if (worst == nullptr) {
+      severity_ = v1::SEVERITY_UNSPECIFIED;
+      return;
+    }
+    const v1::Severity wanted = !worst->verdict.worse ? v1::SEVERITY_INFO
+                                : worst->verdict.beyond_twice >= kCriticalBins
+                                    ? v1::SEVERITY_CRITICAL
+                                    : v1::SEVERITY_WARNING;
+    const auto text = [&] { return Text(*worst, wanted); };
+    const bool firing_before = severity_ != v1::SEVERITY_UNSPECIFIED;
+    sink.Condition(AlertKind::kBaselineDeviation, step, true, std::abs(worst->last->z), text);
+    if (firing_before && Rank(wanted) > Rank(severity_)) {
+      sink.Amend(AlertKind::kBaselineDeviation, text(), wanted);
+    }
+    if (!firing_before || Rank(wanted) > Rank(severity_)) severity_ = wanted;
+  }
+
+  static int Rank(v1::Severity s) {
+    return s == v1::SEVERITY_CRITICAL ? 3 : s == v1::SEVERITY_WARNING ? 2 : s == v1::SEVERITY_INFO;
+  }
+
+  AlertText Text(const Watch& w, v1::Severity severity) const {
+    const BaselineMetric metric = w.band.metric();
+    const bool better = !w.verdict.worse;
+    AlertText t;
+    t.summary = absl::StrCat("Run ", better ? "is better than" : "left", " its baseline's band (",
+                             BaselineMetricName(metric), ")");
+    t.description = absl::StrCat(
+        Describe(metric, axis_, *w.last, w.verdict.onset_step), "; baseline ",
+        DescribeRefs(*refs_), " (", refs_->source, "), by ", BaselineAxisName(axis_),
+        severity == v1::SEVERITY_CRITICAL ? "; beyond twice the band for 5 bins in a row" : "",
+        better ? "; better than the band: recorded, not paged" : "");
+    t.onset_step = w.verdict.onset_step;
+    t.severity = severity == v1::SEVERITY_WARNING ? v1::SEVERITY_UNSPECIFIED : severity;
+    return t;
+  }
+
+  const HealthConfig& config_;
+  std::shared_ptr<const BaselineReferences> refs_;
+  BaselineAxis axis_ = BaselineAxis::kStep;
+  std::vector<Watch> watches_;
+  // The severity reported for the episode under way (unspecified: none).
+  v1::Severity severity_ = v1::SEVERITY_UNSPECIFIED;
+};
+
+}  // namespace
+
+std::unique_ptr<Detector> MakeBaselineDeviation(const HealthConfig& config) {
+  return std::make_unique<BaselineDeviation>(config);
+}
+
+}  // namespace trainwatch

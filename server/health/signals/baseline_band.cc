@@ -1,0 +1,276 @@
+#include "health/signals/baseline_band.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "health/signals/change_detection.h"
+
+namespace trainwatch {
+
+namespace {
+
+// The sd of a normal sample from its median absolute deviation.
+constexpr double kMadToSd = 1.4826;
+// The sd of a median of n normal values is about this times sd / sqrt(n).
+constexpr double kMedianEfficiency = 1.2533;
+// Successive differences kept for the run's noise.
+constexpr size_t kNoiseDiffs = 400;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + mid, v.end());
+  double m = v[mid];
+  if (v.size() % 2 == 0) {
+    m = (m + *std::max_element(v.begin(), v.begin() + mid)) / 2;
+  }
+  return m;
+}
+
+// The robust sd of one value from successive differences d (each of two
+// values' noise): MAD(d) * 1.4826 / sqrt(2). A trend shifts every d alike
+// and leaves their spread.
+double NoiseFromDiffs(const std::vector<double>& d) {
+  if (d.size() < 4) return 0;
+  const double med = Median(d);
+  std::vector<double> dev(d.size());
+  for (size_t i = 0; i < d.size(); ++i) dev[i] = std::abs(d[i] - med);
+  return Median(std::move(dev)) * kMadToSd / std::sqrt(2.0);
+}
+
+}  // namespace
+
+const char* BaselineMetricName(BaselineMetric metric) {
+  switch (metric) {
+    case BaselineMetric::kLoss:
+      return "loss";
+    case BaselineMetric::kGradNorm:
+      return "grad_norm";
+    case BaselineMetric::kLogZ:
+      return "log_z";
+    case BaselineMetric::kMaxAttnLogit:
+      return "max_attn_logit";
+  }
+  return "?";
+}
+
+std::optional<BaselineMetric> BaselineMetricByName(std::string_view name) {
+  for (BaselineMetric m : kBaselineMetrics) {
+    if (std::string_view(BaselineMetricName(m)) == name) return m;
+  }
+  return std::nullopt;
+}
+
+std::optional<double> BaselineValue(BaselineMetric metric, const v1::StepRecord& r) {
+  double v = 0;
+  switch (metric) {
+    case BaselineMetric::kLoss:
+      if (!r.has_loss()) return std::nullopt;
+      v = r.loss();
+      break;
+    case BaselineMetric::kGradNorm:
+      if (r.skipped()) return std::nullopt;  // an fp16 overflow's norm is no level
+      v = r.grad_norm();
+      break;
+    case BaselineMetric::kLogZ:
+      if (!r.has_log_z() || !std::isfinite(r.log_z())) return std::nullopt;
+      return r.log_z();
+    case BaselineMetric::kMaxAttnLogit:
+      if (!r.has_max_attn_logit()) return std::nullopt;
+      v = r.max_attn_logit();
+      break;
+  }
+  if (!std::isfinite(v) || v <= 0) return std::nullopt;
+  return std::log(v);
+}
+
+double BaselineUnits(BaselineMetric metric, double value) {
+  return metric == BaselineMetric::kLogZ ? value : std::exp(value);
+}
+
+const char* BaselineAxisName(BaselineAxis axis) {
+  return axis == BaselineAxis::kTokens ? "tokens" : "step";
+}
+
+bool ReferenceRun::HasTokens() const {
+  if (points.empty()) return false;
+  for (const ReferencePoint& p : points) {
+    if (!p.tokens.has_value()) return false;
+  }
+  return true;
+}
+
+std::string DescribeRefs(const BaselineReferences& refs) {
+  std::string out;
+  for (const ReferenceRun& r : refs.runs) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", r.ref.run(), "@", r.ref.attempt());
+  }
+  return out;
+}
+
+BaselineAxis ChooseAxis(const v1::StepRecord& first_record, const BaselineReferences& refs,
+                        std::optional<BaselineAxis> wanted) {
+  if (wanted == BaselineAxis::kStep) return BaselineAxis::kStep;
+  bool tokens = first_record.has_tokens() && !refs.runs.empty();
+  for (const ReferenceRun& r : refs.runs) tokens = tokens && r.HasTokens();
+  return tokens ? BaselineAxis::kTokens : BaselineAxis::kStep;
+}
+
+BaselineBand::BaselineBand(BaselineMetric metric, BaselineAxis axis,
+                           std::shared_ptr<const BaselineReferences> refs,
+                           BandOptions options)
+    : metric_(metric), axis_(axis), refs_(std::move(refs)), options_(options) {
+  const size_t m = static_cast<size_t>(metric);
+  for (const ReferenceRun& run : refs_->runs) {
+    RefCurve& c = curves_.emplace_back();
+    std::vector<double> diffs;
+    for (const ReferencePoint& p : run.points) {
+      const double v = p.value[m];
+      if (!std::isfinite(v)) continue;
+      if (axis_ == BaselineAxis::kTokens && !p.tokens.has_value()) continue;
+      const double x = axis_ == BaselineAxis::kTokens ? static_cast<double>(*p.tokens)
+                                                      : static_cast<double>(p.step);
+      if (!c.x.empty() && x < c.x.back()) continue;  // the axis must not go back
+      if (!c.v.empty()) diffs.push_back(v - c.v.back());
+      c.x.push_back(x);
+      c.v.push_back(v);
+    }
+    c.noise = NoiseFromDiffs(diffs);
+  }
+}
+
+void BaselineBand::Reset() {
+  bin_.clear();
+  last_value_.reset();
+}
+
+std::optional<BandBin> BaselineBand::Add(const v1::StepRecord& record) {
+  const std::optional<double> v = BaselineValue(metric_, record);
+  if (!v.has_value()) return std::nullopt;
+  if (axis_ == BaselineAxis::kTokens && !record.has_tokens()) return std::nullopt;
+  const double x = axis_ == BaselineAxis::kTokens ? static_cast<double>(record.tokens())
+                                                  : static_cast<double>(record.step());
+  if (last_value_.has_value()) {
+    run_diffs_.push_back(*v - *last_value_);
+    if (run_diffs_.size() > kNoiseDiffs) run_diffs_.pop_front();
+  }
+  last_value_ = *v;
+  bin_.push_back(Sample{record.step(), x, *v});
+  if (bin_.size() < options_.bin_steps) return std::nullopt;
+  std::optional<BandBin> out = Close();
+  bin_.clear();
+  return out;
+}
+
+std::optional<std::pair<double, int>> BaselineBand::RefValue(size_t ref, double x0,
+                                                             double x1) const {
+  const RefCurve& c = curves_[ref];
+  if (c.x.empty() || c.x.front() > x0 || c.x.back() < x1) return std::nullopt;
+  const auto lo = std::lower_bound(c.x.begin(), c.x.end(), x0);
+  const auto hi = std::upper_bound(c.x.begin(), c.x.end(), x1);
+  if (hi - lo >= 3) {
+    std::vector<double> in(c.v.begin() + (lo - c.x.begin()), c.v.begin() + (hi - c.x.begin()));
+    const int n = static_cast<int>(in.size());
+    return std::make_pair(Median(std::move(in)), n);
+  }
+  // Too few of its records in the range: interpolate at the centre.
+  const double xc = (x0 + x1) / 2;
+  const size_t j = std::lower_bound(c.x.begin(), c.x.end(), xc) - c.x.begin();
+  if (j == 0) return std::make_pair(c.v.front(), 1);
+  if (j >= c.x.size()) return std::make_pair(c.v.back(), 1);
+  const double span = c.x[j] - c.x[j - 1];
+  const double t = span > 0 ? (xc - c.x[j - 1]) / span : 0;
+  return std::make_pair(c.v[j - 1] + t * (c.v[j] - c.v[j - 1]), 1);
+}
+
+std::optional<BandBin> BaselineBand::Close() {
+  BandBin b;
+  b.first_step = bin_.front().step;
+  b.last_step = bin_.back().step;
+  b.x_first = bin_.front().x;
+  b.x_last = bin_.back().x;
+  b.x = (b.x_first + b.x_last) / 2;
+  std::vector<double> values;
+  for (const Sample& s : bin_) values.push_back(s.value);
+  b.value = Median(std::move(values));
+  const double n_run = static_cast<double>(bin_.size());
+
+  std::vector<double> ref_values;
+  double noise_var = 0;  // of the references' median, from their noise
+  for (size_t i = 0; i < curves_.size(); ++i) {
+    const auto r = RefValue(i, b.x_first, b.x_last);
+    if (!r.has_value()) continue;
+    ref_values.push_back(r->first);
+    const double sd = kMedianEfficiency * curves_[i].noise / std::sqrt(r->second);
+    noise_var += sd * sd;
+  }
+  if (ref_values.empty()) return std::nullopt;
+  b.refs = static_cast<int>(ref_values.size());
+  const double k = static_cast<double>(ref_values.size());
+  b.ref_median = Median(ref_values);
+
+  // Noise: the run's bin median against the references' (the mean of k
+  // independent medians has var sum / k^2; their median is close to it).
+  const double run_sd = kMedianEfficiency * NoiseFromDiffs({run_diffs_.begin(), run_diffs_.end()}) /
+                        std::sqrt(n_run);
+  const double noise_sd = std::sqrt(run_sd * run_sd + noise_var / (k * k));
+  double sd = noise_sd;
+  if (ref_values.size() >= 2) {
+    // Spread: the references' sd around their median, pooled over recent
+    // bins; the run is one more draw, so its residual has var s^2 (1 + 1/k).
+    double ss = 0;
+    for (double v : ref_values) ss += (v - b.ref_median) * (v - b.ref_median);
+    spreads_.push_back(std::sqrt(ss / (k - 1)));
+    if (spreads_.size() > options_.spread_bins) spreads_.pop_front();
+    const double spread = Median({spreads_.begin(), spreads_.end()}) * std::sqrt(1 + 1 / k);
+    sd = ref_values.size() >= 3 ? spread : std::max(spread, noise_sd);
+  }
+  sd = std::max(sd, options_.min_half_width / options_.band_sigmas);
+  b.half_width = options_.band_sigmas * sd;
+  b.lo = b.ref_median - b.half_width;
+  b.hi = b.ref_median + b.half_width;
+  b.z = (b.value - b.ref_median) / sd;
+  return b;
+}
+
+ResidualCusum::ResidualCusum(double arl0_records, uint32_t bin_steps, double k)
+    : threshold_(GaussianCusumThreshold(k, std::max(2.0, arl0_records / std::max(1u, bin_steps)))),
+      k_(k) {}
+
+void ResidualCusum::Reset() {
+  up_ = Side{};
+  down_ = Side{};
+  beyond_twice_ = 0;
+}
+
+bool ResidualCusum::Step(Side& side, double increment, const BandBin& bin, bool outside,
+                         double threshold) {
+  const double was = side.s;
+  side.s = std::max(0.0, side.s + increment);
+  if (side.s == 0) {
+    side = Side{};
+    return false;
+  }
+  if (was == 0) side.onset = bin.first_step;
+  if (outside && side.first_outside == 0) side.first_outside = std::max<uint64_t>(bin.first_step, 1);
+  if (side.s > threshold) side.alarmed = true;
+  return side.alarmed;
+}
+
+ResidualCusum::Verdict ResidualCusum::Add(const BandBin& bin) {
+  Verdict v;
+  v.worse = Step(up_, bin.z - k_, bin, bin.value > bin.hi, threshold_);
+  v.better = Step(down_, -bin.z - k_, bin, bin.value < bin.lo, threshold_);
+  beyond_twice_ = bin.value - bin.ref_median > 2 * bin.half_width ? beyond_twice_ + 1 : 0;
+  v.beyond_twice = beyond_twice_;
+  const Side& side = v.worse ? up_ : down_;
+  if (v.worse || v.better) {
+    v.onset_step = side.first_outside != 0 ? side.first_outside : side.onset;
+  }
+  return v;
+}
+
+}  // namespace trainwatch

@@ -1,0 +1,207 @@
+// A run against its reference runs (docs/baselines.md): the band of the
+// references' 20-step bins on a common axis, and the run's standardised
+// residual against it. One definition, used by the BaselineDeviation detector
+// (detectors/baseline.cc) as the records arrive and by CompareRuns
+// (`trainwatchctl compare`, the report) over a stored run.
+//
+// The axis is the tokens consumed when the run and every reference carry
+// them, else the step: a run with another batch size is compared at the same
+// tokens. Each bin holds 20 post-warmup records of the run; its value is the
+// median of their metric (in log space: loss, grad norm, max attention logit;
+// log Z as it is). A reference's value in the bin is the median of its own
+// records whose x falls in the bin's range (linearly interpolated at the bin's
+// centre when none does: a reference with far fewer records per x); a
+// reference whose records do not cover the range is left out, and a bin that
+// no reference covers is not judged. The band is the references' median +-
+// band_sigmas standard deviations of the residual, which comes
+//  - with one reference, from both curves' own noise (the robust spread of
+//    successive differences, which a trend does not inflate), as the sd of
+//    the difference of two bin medians;
+//  - with three or more, from the references' spread around their median
+//    (the run is one more draw of the recipe), the median over the last bins
+//    so that one bin's three values do not set it;
+//  - with two, the larger of both;
+// never below min_half_width / band_sigmas (curves that agree to the last
+// digit do not make a band of zero width).
+//
+// Pure and single-threaded: no I/O, no clock.
+#ifndef TRAINWATCH_SERVER_HEALTH_SIGNALS_BASELINE_BAND_H_
+#define TRAINWATCH_SERVER_HEALTH_SIGNALS_BASELINE_BAND_H_
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trainwatch/v1/trainwatch.pb.h"
+
+namespace trainwatch {
+
+// What a run is compared on.
+enum class BaselineMetric { kLoss, kGradNorm, kLogZ, kMaxAttnLogit };
+inline constexpr size_t kBaselineMetricCount = 4;
+inline constexpr std::array<BaselineMetric, kBaselineMetricCount> kBaselineMetrics = {
+    BaselineMetric::kLoss, BaselineMetric::kGradNorm, BaselineMetric::kLogZ,
+    BaselineMetric::kMaxAttnLogit};
+
+// "loss", "grad_norm", "log_z", "max_attn_logit" (the StepRecord fields).
+const char* BaselineMetricName(BaselineMetric metric);
+std::optional<BaselineMetric> BaselineMetricByName(std::string_view name);
+// The record's value of `metric` in the band's space (the log of a loss,
+// norm or logit; log Z as it is); nullopt when absent, not finite, or not
+// positive where a log is taken.
+std::optional<double> BaselineValue(BaselineMetric metric, const v1::StepRecord& r);
+// A value of the band's space in the metric's own units.
+double BaselineUnits(BaselineMetric metric, double value);
+
+enum class BaselineAxis { kStep, kTokens };
+const char* BaselineAxisName(BaselineAxis axis);
+
+// One post-warmup record of a reference run, as the band reads it.
+struct ReferencePoint {
+  uint64_t step = 0;
+  std::optional<uint64_t> tokens;
+  // In the band's space; NaN: absent.
+  std::array<float, kBaselineMetricCount> value{};
+};
+
+// One reference run: its post-warmup lead records in step order.
+struct ReferenceRun {
+  v1::BaselineRef ref;
+  std::vector<ReferencePoint> points;
+  // Every point carries tokens.
+  bool HasTokens() const;
+};
+
+// The reference runs of one run, and where they come from ("set",
+// "run_start", "previous_attempt").
+struct BaselineReferences {
+  std::vector<ReferenceRun> runs;
+  std::string source;
+};
+
+// "run@1, other@0".
+std::string DescribeRefs(const BaselineReferences& refs);
+
+struct BandOptions {
+  uint32_t bin_steps = 20;          // records of the run per bin
+  double band_sigmas = 2.0;         // the band's half-width, in residual sds
+  // In the band's space: 2% of a loss, about what seeds of one recipe
+  // differ by (tools/lab/baseline_lab.py measures it).
+  double min_half_width = 0.02;
+  uint32_t spread_bins = 10;        // bins the references' spread is pooled over
+};
+
+// One judged bin. value, ref_median, lo and hi are in the band's space.
+struct BandBin {
+  double x = 0;                     // the centre of the bin's x range
+  double x_first = 0, x_last = 0;
+  uint64_t first_step = 0, last_step = 0;
+  double value = 0;
+  double ref_median = 0;
+  double lo = 0, hi = 0;
+  double z = 0;                     // (value - ref_median) / residual sd
+  double half_width = 0;            // (hi - lo) / 2
+  int refs = 0;                     // references that covered it
+  bool outside() const { return value < lo || value > hi; }
+};
+
+// The band of one metric on one axis, fed the run's post-warmup records.
+class BaselineBand {
+ public:
+  // `refs` must not be null.
+  BaselineBand(BaselineMetric metric, BaselineAxis axis,
+               std::shared_ptr<const BaselineReferences> refs, BandOptions options = {});
+
+  // A post-warmup record of the run, in step order. Returns the bin it
+  // closed, when the references cover it. A record without the metric (or
+  // without tokens on the token axis) is left out.
+  std::optional<BandBin> Add(const v1::StepRecord& record);
+  // Drops the bin being filled (a rewind to an earlier step).
+  void Reset();
+
+  BaselineMetric metric() const { return metric_; }
+  BaselineAxis axis() const { return axis_; }
+
+ private:
+  struct Sample {
+    uint64_t step;
+    double x;
+    double value;
+  };
+  std::optional<BandBin> Close();
+  // The reference's median over [x0, x1] and the count of its points there;
+  // nullopt when it does not cover the range.
+  std::optional<std::pair<double, int>> RefValue(size_t ref, double x0, double x1) const;
+
+  const BaselineMetric metric_;
+  const BaselineAxis axis_;
+  const std::shared_ptr<const BaselineReferences> refs_;
+  const BandOptions options_;
+  // Per reference: its points' x and value (finite values only), x sorted,
+  // and its noise (robust sd of one record).
+  struct RefCurve {
+    std::vector<double> x, v;
+    double noise = 0;
+  };
+  std::vector<RefCurve> curves_;
+  std::vector<Sample> bin_;
+  // The run's successive differences (the last few hundred), for its noise.
+  std::deque<double> run_diffs_;
+  std::optional<double> last_value_;
+  std::deque<double> spreads_;  // the references' spread in recent bins
+};
+
+// The axis a run is compared on: tokens when the run's record and every
+// reference carry them (or `wanted` says so and they do), else the step.
+BaselineAxis ChooseAxis(const v1::StepRecord& first_record,
+                        const BaselineReferences& refs,
+                        std::optional<BaselineAxis> wanted = std::nullopt);
+
+// The one-sided CUSUMs on a band's standardised residual, upward (worse:
+// for every metric a rise is the failure's direction) and downward (better),
+// S_up = max(0, S_up + z - k) and S_down = max(0, S_down - z - k) per bin,
+// with k the band's half-width (2 sds): they add up how far and how long the
+// run is outside the band, so a healthy seed that sits a sd off its
+// references all along is no alarm; the threshold is for the false-alarm
+// rate of change.arl0 (counted in records, so arl0 / bin_steps bins). The
+// episode's onset is the first step of the first bin outside the band since
+// the statistic last stood at 0 (else of the bin it left 0 in).
+class ResidualCusum {
+ public:
+  ResidualCusum(double arl0_records, uint32_t bin_steps, double k = BandOptions{}.band_sigmas);
+
+  struct Verdict {
+    bool worse = false;       // the upward CUSUM is past its threshold
+    bool better = false;      // the downward one is
+    uint64_t onset_step = 0;  // of the side that holds (worse first)
+    // Bins in a row beyond twice the band on the worse side.
+    uint32_t beyond_twice = 0;
+  };
+  Verdict Add(const BandBin& bin);
+  void Reset();
+  double threshold() const { return threshold_; }
+
+ private:
+  struct Side {
+    double s = 0;
+    uint64_t onset = 0;         // where it left 0
+    uint64_t first_outside = 0; // 0: none since
+    bool alarmed = false;       // past the threshold; holds until s is 0
+  };
+  static bool Step(Side& side, double increment, const BandBin& bin, bool outside,
+                   double threshold);
+
+  double threshold_;
+  double k_;
+  Side up_, down_;
+  uint32_t beyond_twice_ = 0;
+};
+
+}  // namespace trainwatch
+
+#endif  // TRAINWATCH_SERVER_HEALTH_SIGNALS_BASELINE_BAND_H_

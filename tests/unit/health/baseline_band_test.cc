@@ -1,0 +1,229 @@
+// The band of reference runs and BaselineDeviation (docs/baselines.md), on
+// synthetic loss curves: a power-law decay with lognormal noise per step and
+// a small per-seed offset, as seeds of one recipe look.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "health/signals/baseline_band.h"
+#include "health_test_util.h"
+
+namespace trainwatch {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+using testing::HealthHarness;
+
+constexpr uint64_t kWarmup = 50;
+
+// The loss of seed `seed` at `tokens`, times `factor` from `from_tokens` on.
+struct Curve {
+  uint32_t seed = 0;
+  uint64_t tokens_per_step = 1024;
+  double factor = 1.0;
+  uint64_t from_tokens = UINT64_MAX;
+  double noise = 0.02;
+
+  v1::StepRecord At(uint64_t step, std::mt19937& rng) const {
+    const uint64_t tokens = (step + 1) * tokens_per_step;
+    std::normal_distribution<double> g(0.0, noise);
+    const double offset = 0.004 * (static_cast<double>(seed % 5) - 2);  // seeds differ
+    double loss = (2.0 + 3.0 * std::pow(1.0 + tokens / 20000.0, -0.5)) *
+                  std::exp(offset + g(rng));
+    if (tokens >= from_tokens) loss *= factor;
+    v1::StepRecord r;
+    r.set_step(step);
+    r.set_tokens(tokens);
+    r.set_loss(loss);
+    r.set_grad_norm(0.5 * std::exp(g(rng)));
+    return r;
+  }
+};
+
+ReferenceRun Reference(const Curve& c, uint64_t steps, uint32_t attempt = 0) {
+  std::mt19937 rng(1000 + c.seed);
+  ReferenceRun run;
+  run.ref.set_run("ref-" + std::to_string(c.seed));
+  run.ref.set_attempt(attempt);
+  for (uint64_t s = kWarmup; s < steps; ++s) {
+    const v1::StepRecord r = c.At(s, rng);
+    ReferencePoint p;
+    p.step = s;
+    p.tokens = r.tokens();
+    for (BaselineMetric m : kBaselineMetrics) {
+      const std::optional<double> v = BaselineValue(m, r);
+      p.value[static_cast<size_t>(m)] = v ? static_cast<float>(*v) : std::nanf("");
+    }
+    run.points.push_back(p);
+  }
+  return run;
+}
+
+std::shared_ptr<const BaselineReferences> Refs(std::vector<Curve> curves, uint64_t steps) {
+  auto refs = std::make_shared<BaselineReferences>();
+  refs->source = "set";
+  for (const Curve& c : curves) refs->runs.push_back(Reference(c, steps));
+  return refs;
+}
+
+TEST(BaselineBand, BinsAreTwentyRecordsJudgedAgainstTheReferencesMedian) {
+  auto refs = Refs({{.seed = 1}, {.seed = 2}}, 600);
+  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kTokens, refs);
+  std::mt19937 rng(3);
+  std::vector<BandBin> bins;
+  for (uint64_t s = kWarmup; s < 600; ++s) {
+    if (auto b = band.Add(Curve{.seed = 3}.At(s, rng))) bins.push_back(*b);
+  }
+  ASSERT_THAT(bins, SizeIs(550 / 20));
+  for (const BandBin& b : bins) {
+    EXPECT_EQ(b.last_step - b.first_step, 19u);
+    EXPECT_EQ(b.refs, 2);
+    EXPECT_LT(b.lo, b.ref_median);
+    EXPECT_GT(b.hi, b.ref_median);
+    EXPECT_GE(b.half_width, BandOptions{}.min_half_width);
+  }
+  // The same recipe: the band holds the run nearly everywhere.
+  int outside = 0;
+  for (const BandBin& b : bins) outside += b.outside() ? 1 : 0;
+  EXPECT_LE(outside, 2);
+}
+
+TEST(BaselineBand, AReferenceThatDoesNotCoverABinIsNotJudged) {
+  auto refs = Refs({{.seed = 1}}, 300);  // the reference ends at step 299
+  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kStep, refs);
+  std::mt19937 rng(3);
+  uint64_t last_judged = 0;
+  for (uint64_t s = kWarmup; s < 600; ++s) {
+    if (auto b = band.Add(Curve{.seed = 3}.At(s, rng))) last_judged = b->last_step;
+  }
+  EXPECT_LE(last_judged, 299u);
+  EXPECT_GT(last_judged, 250u);
+}
+
+TEST(BaselineBand, TokensAlignARunWithAnotherBatchSize) {
+  // The references consume 1024 tokens a step, the run 2048: at the same
+  // step it is ahead (lower loss), at the same tokens it is the same recipe.
+  auto refs = Refs({{.seed = 1}, {.seed = 2}, {.seed = 4}}, 1200);
+  const Curve run{.seed = 3, .tokens_per_step = 2048};
+  for (BaselineAxis axis : {BaselineAxis::kTokens, BaselineAxis::kStep}) {
+    BaselineBand band(BaselineMetric::kLoss, axis, refs);
+    ResidualCusum cusum(1e6, 20);
+    std::mt19937 rng(3);
+    bool better = false, worse = false;
+    for (uint64_t s = kWarmup; s < 600; ++s) {
+      if (auto b = band.Add(run.At(s, rng))) {
+        const auto v = cusum.Add(*b);
+        better |= v.better;
+        worse |= v.worse;
+      }
+    }
+    EXPECT_FALSE(worse) << BaselineAxisName(axis);
+    EXPECT_EQ(better, axis == BaselineAxis::kStep) << BaselineAxisName(axis);
+  }
+}
+
+TEST(BaselineBand, ChoosesTokensOnlyWhenEveryRunCarriesThem) {
+  auto refs = Refs({{.seed = 1}}, 200);
+  std::mt19937 rng(3);
+  v1::StepRecord with = Curve{}.At(60, rng);
+  EXPECT_EQ(ChooseAxis(with, *refs), BaselineAxis::kTokens);
+  EXPECT_EQ(ChooseAxis(with, *refs, BaselineAxis::kStep), BaselineAxis::kStep);
+  v1::StepRecord without = with;
+  without.clear_tokens();
+  EXPECT_EQ(ChooseAxis(without, *refs), BaselineAxis::kStep);
+  auto mixed = std::make_shared<BaselineReferences>(*refs);
+  mixed->runs[0].points[10].tokens.reset();
+  EXPECT_EQ(ChooseAxis(with, *mixed), BaselineAxis::kStep);
+}
+
+TEST(ResidualCusum, ALoneBinOutsideIsNoAlarmASustainedShiftIs) {
+  ResidualCusum cusum(1e6, 20);
+  BandBin b{.value = 0, .ref_median = 0, .lo = -2, .hi = 2, .z = 0, .half_width = 2};
+  uint64_t step = 0;
+  const auto add = [&](double z) {
+    b.first_step = step;
+    b.last_step = step + 19;
+    step += 20;
+    b.value = z;
+    b.z = z;
+    return cusum.Add(b);
+  };
+  for (int i = 0; i < 200; ++i) EXPECT_FALSE(add(i == 100 ? 3.0 : 0.0).worse);
+  const uint64_t shift_at = step;
+  ResidualCusum::Verdict v;
+  int bins = 0;
+  while (!v.worse && bins < 50) {
+    v = add(3.0);
+    ++bins;
+  }
+  EXPECT_TRUE(v.worse);
+  EXPECT_LE(bins, 4);  // threshold ~2 at k = 2: 1 a bin
+  EXPECT_EQ(v.onset_step, shift_at);  // the first bin outside the band
+  EXPECT_GE(v.beyond_twice, 0u);
+  for (int i = 0; i < 5; ++i) v = add(5.0);  // beyond twice the band (4)
+  EXPECT_GE(v.beyond_twice, 5u);
+}
+
+RunInfo Lm() {
+  return RunInfo{.run_id = "r", .precision = v1::BF16, .warmup_steps = kWarmup};
+}
+
+void Feed(HealthHarness& h, const Curve& c, uint64_t steps, uint32_t rng_seed) {
+  std::mt19937 rng(rng_seed);
+  for (uint64_t s = 0; s < steps; ++s) h.Lead(c.At(s, rng));
+}
+
+TEST(BaselineDeviation, AHealthySeedAgainstTwoSeedsOfItsRecipeRaisesNothing) {
+  for (uint32_t seed = 3; seed < 13; ++seed) {
+    HealthHarness h(Lm());
+    h.health().SetBaselines(Refs({{.seed = 1}, {.seed = 2}}, 2000));
+    Feed(h, Curve{.seed = seed}, 2000, seed);
+    EXPECT_THAT(h.Fired(AlertKind::kBaselineDeviation), IsEmpty()) << "seed " << seed;
+  }
+}
+
+TEST(BaselineDeviation, ALossAboveTheBandIsNamedWithItsNumbersAndOnset) {
+  HealthHarness h(Lm());
+  h.health().SetBaselines(Refs({{.seed = 1}, {.seed = 2}}, 2000));
+  // From 800k tokens (step 780) the loss is 8% above its recipe's.
+  Feed(h, Curve{.seed = 3, .factor = 1.08, .from_tokens = 800 * 1024}, 2000, 3);
+  const auto fired = h.Fired(AlertKind::kBaselineDeviation);
+  ASSERT_THAT(fired, SizeIs(1));
+  EXPECT_GE(fired[0].onset_step, 760u);
+  EXPECT_LE(fired[0].onset_step, 820u);
+  EXPECT_LE(fired[0].step, 880u);  // named within 100 steps
+  EXPECT_THAT(fired[0].description, HasSubstr("loss "));
+  EXPECT_THAT(fired[0].description, HasSubstr("vs baseline"));
+  EXPECT_THAT(fired[0].description, HasSubstr("x, band +-"));
+  EXPECT_THAT(fired[0].description, HasSubstr("k tokens"));
+  EXPECT_THAT(fired[0].description, HasSubstr("left the band at step"));
+  EXPECT_THAT(fired[0].description, HasSubstr("ref-1@0, ref-2@0 (set), by tokens"));
+  // 8% is far beyond twice the band on every bin since: critical.
+  EXPECT_EQ(h.health().tracker().episode(AlertKind::kBaselineDeviation).severity,
+            v1::SEVERITY_CRITICAL);
+}
+
+TEST(BaselineDeviation, BetterThanTheBandIsInfo) {
+  HealthHarness h(Lm());
+  h.health().SetBaselines(Refs({{.seed = 1}, {.seed = 2}}, 2000));
+  Feed(h, Curve{.seed = 3, .factor = 0.93, .from_tokens = 800 * 1024}, 1200, 3);
+  ASSERT_THAT(h.Fired(AlertKind::kBaselineDeviation), SizeIs(1));
+  EXPECT_EQ(h.health().tracker().episode(AlertKind::kBaselineDeviation).severity,
+            v1::SEVERITY_INFO);
+}
+
+TEST(BaselineDeviation, WithoutReferencesNothingIsJudged) {
+  HealthHarness h(Lm());
+  Feed(h, Curve{.seed = 3, .factor = 1.5, .from_tokens = 100 * 1024}, 800, 3);
+  EXPECT_THAT(h.Fired(AlertKind::kBaselineDeviation), IsEmpty());
+}
+
+}  // namespace
+}  // namespace trainwatch
