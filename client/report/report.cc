@@ -70,6 +70,7 @@ const std::map<std::string, std::vector<std::string>>& AlertCharts() {
       {"Fp8AmaxDesync", {"fp8_scaled"}},
       {"Fp8AmaxGrowth", {"fp8_scaled"}},
       {"LossDivergence", {"loss"}},
+      {"BaselineDeviation", {"loss"}},
       // END generated
   };
   return *m;

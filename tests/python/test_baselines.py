@@ -5,6 +5,8 @@ and `compare --json`."""
 import math
 import random
 
+import pytest
+
 import trainwatch
 
 
@@ -42,17 +44,17 @@ def test_tokens_and_baselines_reach_the_server(server):
 
 
 def test_baseline_set_show_clear(server):
-    shown = server.ctl_json("baseline", "show", "--run", "x/new", "--json")
+    shown = server.ctl_json("baseline", "show", "--run", "x/new")
     assert shown == {"run": "x/new", "source": "none", "baselines": []}
     set_ = server.ctl_json("baseline", "set", "--run", "x/new", "--ref", "ref/a@2",
-                           "--ref", "ref/b", "--json")
+                           "--ref", "ref/b")
     assert set_["source"] == "set"
     assert [(b["run"], b["attempt"]) for b in set_["baselines"]] == [("ref/a", 2), ("ref/b", 0)]
-    assert server.ctl_json("baseline", "show", "--run", "x/new", "--json") == set_
-    cleared = server.ctl_json("baseline", "clear", "--run", "x/new", "--json")
+    assert server.ctl_json("baseline", "show", "--run", "x/new") == set_
+    cleared = server.ctl_json("baseline", "clear", "--run", "x/new")
     assert cleared["source"] == "none" and cleared["baselines"] == []
-    bad = server.ctl("baseline", "set", "--run", "x/new", "--ref", "bad run!", check=False)
-    assert bad.returncode != 0
+    with pytest.raises(AssertionError, match="bad run!"):
+        server.ctl("baseline", "set", "--run", "x/new", "--ref", "bad run!")
 
 
 def test_a_healthy_seed_raises_nothing_a_shifted_one_is_named_and_compared(server):
