@@ -61,6 +61,23 @@ absl::Status ValidateOptions(const ClientOptions& options) {
         absl::StrCat("rank ", options.rank, " is not below world_size ",
                      options.world_size));
   }
+  for (size_t i = 0; i < options.local_ranks.size(); ++i) {
+    const uint32_t r = options.local_ranks[i];
+    if (r >= options.world_size ||
+        std::find(options.local_ranks.begin(), options.local_ranks.begin() + i, r) !=
+            options.local_ranks.begin() + i) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "local_ranks[", i, "] = ", r, ": each a rank below world_size ", options.world_size,
+          ", once"));
+    }
+  }
+  if (!options.local_ranks.empty() &&
+      std::find(options.local_ranks.begin(), options.local_ranks.end(), options.rank) ==
+          options.local_ranks.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "local_ranks does not list rank ", options.rank,
+        ": a host stream is sent by one of its ranks"));
+  }
   if (!std::isfinite(options.max_norm) || options.max_norm < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_norm must be finite and >= 0 (0: no clipping), got ",
@@ -111,15 +128,22 @@ class Client::Impl {
  public:
   Impl(const ClientOptions& options,
        std::shared_ptr<grpc::ChannelCredentials> credentials)
-      : measure_step_time_(options.measure_locally),
+      : measure_step_time_(options.measure_locally && options.local_ranks.empty()),
         rank_(options.rank),
+        local_ranks_(options.local_ranks),
         intake_(options.capacity),
         sender_(options, &intake_, std::move(credentials), &inbox_) {}
 
   void Start() { sender_.Start(); }
 
   bool Record(Step&& step) {
-    if (step.step > kMaxStep) return Reject();
+    if (step.step > kMaxStep) {
+      return Reject("refused a step above 2^63 - 1 (a step of -1?)");
+    }
+    if (!CarriesRank(step.rank)) {
+      return Reject("refused a step whose rank is not one of local_ranks (a host stream's "
+                    "steps name their rank)");
+    }
     const StepTime time = TimeStep(step.time_unix_nanos);
     step.time_unix_nanos = time.unix_nanos;
     if (!step.step_time_s.has_value()) step.step_time_s = time.since_previous_s;
@@ -127,7 +151,14 @@ class Client::Impl {
   }
 
   bool RecordProto(v1::StepRecord&& record) {
-    if (record.step() > kMaxStep) return Reject();
+    if (record.step() > kMaxStep) {
+      return Reject("refused a step above 2^63 - 1 (a step of -1?)");
+    }
+    if (!CarriesRank(record.has_rank() ? std::optional<uint32_t>(record.rank())
+                                       : std::nullopt)) {
+      return Reject("refused a step whose rank is not one of local_ranks (a host stream's "
+                    "steps name their rank)");
+    }
     const StepTime time = TimeStep(record.time_unix_nanos());
     record.set_time_unix_nanos(time.unix_nanos);
     if (!record.has_step_time_s() && time.since_previous_s.has_value()) {
@@ -217,14 +248,20 @@ class Client::Impl {
   absl::Status LastRejection() const { return sender_.last_rejection(); }
 
  private:
-  // A step the store cannot hold as sent: refused here, counted.
-  bool Reject() {
+  // A step the server would refuse: refused here, counted; the first said.
+  bool Reject(const char* why) {
     if (rejected_.fetch_add(1, std::memory_order_relaxed) == 0) {
-      std::fprintf(stderr,
-                   "trainwatch: refused a step above 2^63 - 1 (a step of -1?); "
-                   "counted in Stats().rejected, not sent\n");
+      std::fprintf(stderr, "trainwatch: %s; counted in Stats().rejected, not sent\n", why);
     }
     return false;
+  }
+
+  // Whether a step of `rank` belongs on this stream: on a host stream, one
+  // of its local ranks; on a rank's own, none named or its own.
+  bool CarriesRank(std::optional<uint32_t> rank) const {
+    if (local_ranks_.empty()) return !rank.has_value() || *rank == rank_;
+    return rank.has_value() &&
+           std::find(local_ranks_.begin(), local_ranks_.end(), *rank) != local_ranks_.end();
   }
 
   // A step's time, and the seconds since the step recorded before it when
@@ -251,6 +288,7 @@ class Client::Impl {
 
   const bool measure_step_time_;
   const uint32_t rank_;
+  const std::vector<uint32_t> local_ranks_;  // a host stream's; empty: rank_'s own
   // The step of the latest DueDirectives(), which an ack reports.
   std::atomic<uint64_t> last_due_step_{0};
   // Declared before the sender, which borrows it.
@@ -292,6 +330,12 @@ Client::~Client() {
 }
 
 bool Client::Record(Step step) { return impl_->Record(std::move(step)); }
+
+bool Client::RecordRanks(std::vector<Step> steps) {
+  bool all = true;
+  for (Step& s : steps) all &= impl_->Record(std::move(s));
+  return all;
+}
 
 bool Client::RecordProto(v1::StepRecord record) {
   return impl_->RecordProto(std::move(record));

@@ -51,6 +51,10 @@ size_t Utf8Chars(std::string_view s);
 // run_id: 1..128 chars of [A-Za-z0-9._:/-].
 absl::Status ValidateRunId(std::string_view run_id);
 
+// Ranks one host stream may carry (RunStart.local_ranks): a host's GPUs,
+// with room for the largest nodes.
+inline constexpr size_t kMaxLocalRanks = 256;
+
 absl::Status ValidateRunStart(const v1::RunStart& start,
                               const ValidationLimits& limits);
 

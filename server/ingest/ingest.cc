@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "auth/call_token.h"
 #include "common/grpc_status.h"
@@ -154,22 +156,29 @@ class ReportReactor final
               Authorizer::CheckWriteRun(*scope_, request_.start().run_id());
           if (!s.ok()) return s;
         }
-        ++pending_;
         std::optional<RunQuota> quota;
         if (scope_ != nullptr && scope_->max_active_runs.has_value()) {
           quota = RunQuota{.token = scope_->line,
                            .max_active_runs = *scope_->max_active_runs};
         }
-        absl::StatusOr<StreamHandle> stream = ingest_->engine_->OpenStream(
-            request_.start(), [this](absl::Status s) { OnDurable(0, s); }, quota);
-        if (!stream.ok()) {
-          --pending_;
-          return stream.status();
-        }
-        stream_ = *std::move(stream);
         last_applied_directive_ = request_.start().last_applied_directive();
-        if (ClosedLoop* loop = opts.closed_loop; loop != nullptr) {
-          loop->OnStreamStart(request_.start());
+        if (request_.start().local_ranks_size() == 0) {
+          absl::StatusOr<StreamHandle> stream = OpenLocked(request_.start(), quota);
+          if (!stream.ok()) return stream.status();
+          stream_ = *std::move(stream);
+          return absl::OkStatus();
+        }
+        // A host stream: each of its ranks is a stream of its own to the
+        // engine, with the RunStart that rank would have sent.
+        const v1::RunStart& start = request_.start();
+        for (uint32_t r : start.local_ranks()) {
+          v1::RunStart one = start;
+          one.clear_local_ranks();
+          one.set_rank(r);
+          absl::StatusOr<StreamHandle> stream = OpenLocked(one, quota);
+          if (!stream.ok()) return stream.status();
+          if (r == start.rank()) stream_ = *stream;
+          ranks_.push_back(*std::move(stream));
         }
         return absl::OkStatus();
       }
@@ -183,6 +192,7 @@ class ReportReactor final
           return InStream(s);
         }
         RefuseBadRecordsLocked(request_.mutable_batch());
+        RefuseForeignRanksLocked(request_.mutable_batch());
         uint64_t seq = request_.batch().seq();
         const size_t n = static_cast<size_t>(request_.batch().records_size());
         if (ClosedLoop* loop = opts.closed_loop; loop != nullptr && n > 0) {
@@ -191,13 +201,17 @@ class ReportReactor final
           loop->OnProgress(stream_->key.run_id, top);
         }
         last_batch_records_ = n;
-        ++pending_;
         ++unprocessed_;
         ingest_->Submitted(n);
+        if (!ranks_.empty()) {
+          SubmitHostBatchLocked(seq);
+          return absl::OkStatus();
+        }
+        ++pending_;
         ingest_->engine_->SubmitBatch(
             stream_, std::move(*request_.mutable_batch()),
             [this, seq](absl::Status s) { OnDurable(seq, s); },
-            [this, n] { OnProcessed(n); });
+            [this, seq, n] { OnProcessed(seq, n); });
         return absl::OkStatus();
       }
       case v1::ReportRequest::kEvent: {
@@ -213,10 +227,17 @@ class ReportReactor final
         if (ClosedLoop* loop = opts.closed_loop; loop != nullptr) {
           loop->OnEvent(stream_->key.run_id, request_.event());
         }
-        ++pending_;
-        ingest_->engine_->SubmitEvent(
-            stream_, std::move(*request_.mutable_event()),
-            [this, seq](absl::Status s) { OnDurable(seq, s); });
+        // A host stream's event is each of its ranks' (a RUN_FINISHED ends
+        // them all), acked once every rank's is stored.
+        const std::vector<StreamHandle> to =
+            ranks_.empty() ? std::vector<StreamHandle>{stream_} : ranks_;
+        if (to.size() > 1) parts_[seq] = Parts{.durable = to.size(), .processed = 0};
+        for (const StreamHandle& rank : to) {
+          ++pending_;
+          ingest_->engine_->SubmitEvent(
+              rank, request_.event(),
+              [this, seq](absl::Status s) { OnDurable(seq, s); });
+        }
         return absl::OkStatus();
       }
       case v1::ReportRequest::kDirectiveAck: {
@@ -231,9 +252,19 @@ class ReportReactor final
               kMaxAckDetailBytes)));
         }
         uint64_t seq = ack.seq();
+        // On a host stream each rank answers for itself, through its sender.
+        StreamHandle rank = stream_;
+        if (!ranks_.empty()) {
+          rank = RankStreamLocked(ack.rank());
+          if (rank == nullptr) {
+            return InStream(absl::InvalidArgumentError(absl::StrCat(
+                "directive_ack of rank ", ack.rank(), ", not one of this host stream's "
+                "local_ranks")));
+          }
+        }
         ++pending_;
         ingest_->engine_->SubmitDirectiveAck(
-            stream_, std::move(*request_.mutable_directive_ack()),
+            rank, std::move(*request_.mutable_directive_ack()),
             [this, seq](absl::Status s) { OnDurable(seq, s); });
         return absl::OkStatus();
       }
@@ -258,19 +289,131 @@ class ReportReactor final
     ingest_->CountRejectedRecords(refused);
   }
 
-  // From the engine's shard: a batch of `records` went through the
-  // detectors (always before its OnDurable).
-  void OnProcessed(size_t records) {
+  // Opens the engine's stream for `start` (one rank's); its commit is op 0.
+  absl::StatusOr<StreamHandle> OpenLocked(const v1::RunStart& start,
+                                          std::optional<RunQuota> quota)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++pending_;
+    absl::StatusOr<StreamHandle> stream = ingest_->engine_->OpenStream(
+        start, [this](absl::Status s) { OnDurable(0, s); }, quota);
+    if (!stream.ok()) {
+      --pending_;
+      return stream.status();
+    }
+    if (ClosedLoop* loop = ingest_->options_.closed_loop; loop != nullptr) {
+      loop->OnStreamStart(start);
+    }
+    return stream;
+  }
+
+  // The engine stream of local rank `rank` on a host stream; null if it is
+  // not one of them.
+  StreamHandle RankStreamLocked(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const StreamHandle& s : ranks_) {
+      if (s->key.rank == rank) return s;
+    }
+    return nullptr;
+  }
+
+  // Takes out the records of a rank this stream does not carry: on a host
+  // stream, one without a rank or of a rank not in its local_ranks; on a
+  // rank's own stream, one that names another rank. Refused alone, counted
+  // like an invalid record.
+  void RefuseForeignRanksLocked(v1::StepBatch* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto* records = batch->mutable_records();
+    const int n = records->size();
+    int kept = 0;
+    std::string first;
+    for (int i = 0; i < n; ++i) {
+      const v1::StepRecord& r = records->Get(i);
+      bool ok;
+      if (ranks_.empty()) {
+        ok = !r.has_rank() || r.rank() == stream_->key.rank;
+      } else {
+        ok = r.has_rank() && RankStreamLocked(r.rank()) != nullptr;
+      }
+      if (!ok) {
+        if (first.empty()) {
+          first = !ranks_.empty() && !r.has_rank()
+                      ? absl::StrCat("step ", r.step(), ": a host stream's record names its "
+                                     "rank (StepRecord.rank)")
+                      : absl::StrCat("step ", r.step(), ": rank ", r.rank(),
+                                     " is not a rank this stream carries");
+        }
+        continue;
+      }
+      if (kept != i) records->SwapElements(kept, i);
+      ++kept;
+    }
+    if (kept == n) return;
+    records->DeleteSubrange(kept, n - kept);
+    if (rejected_reason_.empty()) {
+      rejected_reason_ = std::string(InStream(absl::InvalidArgumentError(first)).message());
+    }
+    rejected_records_ += n - kept;
+    ingest_->CountRejectedRecords(n - kept);
+  }
+
+  // A host stream's batch: each rank's records, in their order, go to its
+  // engine stream as a batch of the same seq (without StepRecord.rank, as
+  // its own stream would have sent them; the dropped count is the
+  // sender's); the seq is acked once every part is durable.
+  void SubmitHostBatchLocked(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    v1::StepBatch& batch = *request_.mutable_batch();
+    std::vector<v1::StepBatch> parts(ranks_.size());
+    for (v1::StepRecord& r : *batch.mutable_records()) {
+      size_t i = 0;
+      while (ranks_[i]->key.rank != r.rank()) ++i;  // RefuseForeignRanks kept it
+      r.clear_rank();
+      parts[i].mutable_records()->Add(std::move(r));
+    }
+    size_t sender = 0;
+    while (ranks_[sender] != stream_) ++sender;
+    parts[sender].set_dropped(batch.dropped());
+    std::vector<size_t> sent;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i].records_size() > 0 || i == sender) sent.push_back(i);
+    }
+    parts_[seq] = Parts{.durable = sent.size(), .processed = sent.size()};
+    for (size_t i : sent) {
+      parts[i].set_seq(seq);
+      const size_t records = static_cast<size_t>(parts[i].records_size());
+      ++pending_;
+      ingest_->engine_->SubmitBatch(
+          ranks_[i], std::move(parts[i]),
+          [this, seq](absl::Status s) { OnDurable(seq, s); },
+          [this, seq, records] { OnProcessed(seq, records); });
+    }
+  }
+
+  // From the engine's shard: a batch (or a host batch's part) of `records`
+  // went through the detectors (always before its OnDurable).
+  void OnProcessed(uint64_t seq, size_t records) {
     ingest_->Processed(records);
     mu_.Lock();
+    if (auto it = parts_.find(seq); it != parts_.end() && it->second.processed > 0) {
+      if (--it->second.processed > 0) {
+        ProgressAndUnlock();
+        return;
+      }
+      if (it->second.durable == 0) parts_.erase(it);
+    }
     --unprocessed_;
     ProgressAndUnlock();
   }
 
-  // From the engine (any thread): the op with `seq` is durable, or failed.
+  // From the engine (any thread): the op with `seq` (or one of its parts)
+  // is durable, or failed.
   void OnDurable(uint64_t seq, absl::Status status) {
     mu_.Lock();
     --pending_;
+    if (auto it = parts_.find(seq); status.ok() && it != parts_.end()) {
+      if (--it->second.durable > 0) {
+        ProgressAndUnlock();
+        return;
+      }
+      if (it->second.processed == 0) parts_.erase(it);
+    }
     if (status.ok()) {
       if (seq > acked_seq_) acked_seq_ = seq;
     } else {
@@ -305,7 +448,7 @@ class ReportReactor final
       return;
     }
     if (!end_status_.has_value() && !read_in_flight_ &&
-        pending_ < ingest_->options_.max_inflight_batches &&
+        pending_ < ingest_->options_.max_inflight_batches * std::max<size_t>(1, ranks_.size()) &&
         unprocessed_ < ingest_->options_.max_unprocessed_batches &&
         AdmittedLocked()) {
       read_in_flight_ = true;
@@ -322,9 +465,14 @@ class ReportReactor final
       // Approved directives ride on every ack until this rank applied them.
       response_.clear_directives();
       if (ClosedLoop* loop = ingest_->options_.closed_loop; loop != nullptr && stream_ != nullptr) {
-        for (v1::Directive& d : loop->ToDeliver(stream_->key.run_id, stream_->key.rank,
-                                                last_applied_directive_)) {
-          response_.add_directives()->Swap(&d);
+        // A host stream's: what any of its ranks has not applied, once.
+        absl::flat_hash_set<std::string> ids;
+        for (const StreamHandle& rank :
+             ranks_.empty() ? std::vector<StreamHandle>{stream_} : ranks_) {
+          for (v1::Directive& d : loop->ToDeliver(rank->key.run_id, rank->key.rank,
+                                                  last_applied_directive_)) {
+            if (ids.insert(d.id()).second) response_.add_directives()->Swap(&d);
+          }
         }
       }
       bool own_buffer = false;
@@ -342,7 +490,10 @@ class ReportReactor final
     grpc::Status finish_status = next_io == kFinish ? *end_status_ : grpc::Status();
     // Nothing of the stream is pending: it is over for its run (DeleteRun
     // may go ahead as soon as the client sees the status).
-    if (next_io == kFinish && stream_ != nullptr) stream_->Close();
+    if (next_io == kFinish) {
+      if (stream_ != nullptr) stream_->Close();
+      for (const StreamHandle& rank : ranks_) rank->Close();
+    }
     mu_.Unlock();
     if (next_read == kRead) StartRead(&request_bytes_);
     if (next_io == kWrite) StartWrite(&response_bytes_);
@@ -356,7 +507,17 @@ class ReportReactor final
   v1::ReportRequest request_;        // the last message read, parsed
   v1::ReportResponse response_;
   grpc::ByteBuffer response_bytes_;  // owned by the write in flight
-  StreamHandle stream_;          // set by the first message
+  StreamHandle stream_;          // set by the first message: the sender's rank
+  // A host stream's ranks (RunStart.local_ranks), each an engine stream;
+  // empty for a rank's own stream. Set by the first message.
+  std::vector<StreamHandle> ranks_;
+  // The parts of a host stream's batch or event not yet processed and
+  // durable, by seq: its ack waits for the last.
+  struct Parts {
+    size_t durable = 0;
+    size_t processed = 0;
+  };
+  absl::flat_hash_map<uint64_t, Parts> parts_ ABSL_GUARDED_BY(mu_);
   v1::MoeConfig moe_;            // the RunStart's, for the records' moe stats
   uint64_t last_applied_directive_ = 0;  // the RunStart's
   // A DirectiveAck's strings (a directive id is a run id, '#' and a seq).

@@ -107,7 +107,8 @@ const char kUsage[] =
     "         [--records-per-run R] [--streams N] [--batch B]\n"
     "       trainwatch-loadgen --server HOST:PORT --ranks N [--steps S]\n"
     "         [--slow-rank K --slow-factor F [--slow-from STEP]]\n"
-    "         [--step-seconds T] [--ranks-per-host H] [--channels C]\n"
+    "         [--step-seconds T] [--ranks-per-host H] [--ranks-per-stream K]\n"
+    "         [--channels C]\n"
     "         [--server-pid PID] [--json]\n";
 
 bool ParseArgs(int argc, char** argv, Options* o) {
@@ -148,6 +149,7 @@ bool ParseArgs(int argc, char** argv, Options* o) {
     else if (a == "--step-seconds") o->ranks.step_seconds = atof(value());
     else if (a == "--ranks-per-host") o->ranks.ranks_per_host = static_cast<uint32_t>(atol(value()));
     else if (a == "--channels") o->ranks.channels = atoi(value());
+    else if (a == "--ranks-per-stream") o->ranks.ranks_per_stream = static_cast<uint32_t>(atol(value()));
     else if (a == "--server-pid") o->ranks.server_pid = atoi(value());
     else if (a == "--help" || a == "-h") { fputs(kUsage, stdout); exit(0); }
     else { fprintf(stderr, "unknown flag %s\n%s", a.c_str(), kUsage); return false; }
@@ -163,7 +165,8 @@ bool ParseArgs(int argc, char** argv, Options* o) {
   o->ranks.json = o->json;
   if (o->ranks.ranks > 0 &&
       (o->ranks.steps < 1 || o->ranks.step_seconds < 0 || o->ranks.channels < 1 ||
-       o->ranks.ranks_per_host < 1)) {
+       o->ranks.ranks_per_host < 1 || o->ranks.ranks_per_stream < 1 ||
+       o->ranks.ranks_per_host % o->ranks.ranks_per_stream != 0)) {
     fputs(kUsage, stderr);
     return false;
   }

@@ -1,5 +1,6 @@
 // trainwatch-loadgen --ranks N: one run of N ranks, one Report stream a rank
-// (as N trainer processes would open), every rank's record every step at
+// (as N trainer processes would open) or, with --ranks-per-stream K, one a
+// K ranks (a host stream, as a host's local rank 0 opens), every rank's record every step at
 // --step-seconds (1 by default), one rank slowed by --slow-factor from
 // --slow-from on. The streams are gRPC callback reactors spread over a few
 // channels, so 16,384 ranks need neither 16,384 threads nor connections.
@@ -181,9 +182,13 @@ int RunRanks(const RanksOptions& o) {
     stubs.push_back(v1::TrainingHealth::NewStub(channels.back()));
   }
   const Clock::time_point t0 = Clock::now();
+  // Stream i carries ranks [i * per, (i + 1) * per).
+  const uint32_t per = std::max(1u, o.ranks_per_stream);
+  const uint32_t n_streams = (o.ranks + per - 1) / per;
   std::vector<std::unique_ptr<RankStream>> streams;
-  streams.reserve(o.ranks);
-  for (uint32_t rank = 0; rank < o.ranks; ++rank) {
+  streams.reserve(n_streams);
+  for (uint32_t i = 0; i < n_streams; ++i) {
+    const uint32_t rank = i * per;
     v1::ReportRequest start;
     v1::RunStart* s = start.mutable_start();
     s->set_run_id(run);
@@ -192,11 +197,15 @@ int RunRanks(const RanksOptions& o) {
     s->set_precision(v1::BF16);
     s->set_max_norm(1.0);
     s->set_host(Host(rank, o.ranks_per_host));
+    if (per > 1) {
+      for (uint32_t r = rank; r < std::min(o.ranks, rank + per); ++r) s->add_local_ranks(r);
+    }
     (*s->mutable_labels())["source"] = "loadgen";
     streams.push_back(std::make_unique<RankStream>(
-        stubs[rank % stubs.size()].get(), std::move(start)));
+        stubs[i % stubs.size()].get(), std::move(start)));
   }
-  std::printf("opened %u streams over %d channels in %.1f s\n", o.ranks, o.channels,
+  std::printf("opened %u streams (%u ranks each) over %d channels in %.1f s\n", n_streams,
+              per, o.channels,
               std::chrono::duration<double>(Clock::now() - t0).count());
 
   const double cpu_before = o.server_pid > 0 ? CpuSeconds(o.server_pid) : 0;
@@ -212,26 +221,29 @@ int RunRanks(const RanksOptions& o) {
     const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
-    for (uint32_t rank = 0; rank < o.ranks; ++rank) {
+    for (uint32_t i = 0; i < n_streams; ++i) {
       v1::ReportRequest req;
       v1::StepBatch* batch = req.mutable_batch();
       batch->set_seq(step + 1);
-      v1::StepRecord* r = batch->add_records();
-      r->set_step(step);
-      // The global norm, as every rank of a data-parallel run reports it,
-      // and this rank's share of its squares.
-      r->set_grad_norm(g);
-      r->set_clipped(g > 1.0);
-      r->set_clip_coef(std::min(1.0, 1.0 / (g + 1e-6)));
-      r->set_shard_sq_sum(g * g / o.ranks);
-      r->set_loss(2.5);
-      r->set_lr(3e-4);
-      r->set_time_unix_nanos(now);
-      double t = 1.0 + jitter(rng);
-      if (rank == o.slow_rank && step >= o.slow_from) t *= o.slow_factor;
-      r->set_step_time_s(t);
-      r->set_data_wait_s(0.01);
-      streams[rank]->Send(std::move(req));
+      for (uint32_t rank = i * per; rank < std::min(o.ranks, (i + 1) * per); ++rank) {
+        v1::StepRecord* r = batch->add_records();
+        r->set_step(step);
+        if (per > 1) r->set_rank(rank);
+        // The global norm, as every rank of a data-parallel run reports it,
+        // and this rank's share of its squares.
+        r->set_grad_norm(g);
+        r->set_clipped(g > 1.0);
+        r->set_clip_coef(std::min(1.0, 1.0 / (g + 1e-6)));
+        r->set_shard_sq_sum(g * g / o.ranks);
+        r->set_loss(2.5);
+        r->set_lr(3e-4);
+        r->set_time_unix_nanos(now);
+        double t = 1.0 + jitter(rng);
+        if (rank == o.slow_rank && step >= o.slow_from) t *= o.slow_factor;
+        r->set_step_time_s(t);
+        r->set_data_wait_s(0.01);
+      }
+      streams[i]->Send(std::move(req));
     }
     if ((step + 1) % 10 == 0) {
       std::printf("step %llu sent to %u ranks%s\n",

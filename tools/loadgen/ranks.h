@@ -1,5 +1,7 @@
 // trainwatch-loadgen --ranks N (ranks.cc): one run of N ranks at a step a
-// second, one rank slowed; reports whether RankStraggler named it.
+// second, one rank slowed; reports whether RankStraggler named it. With
+// --ranks-per-stream K, a stream carries K ranks (a host's, as its local
+// rank 0 sends them).
 #ifndef TRAINWATCH_TOOLS_LOADGEN_RANKS_H_
 #define TRAINWATCH_TOOLS_LOADGEN_RANKS_H_
 
@@ -18,6 +20,9 @@ struct RanksOptions {
   double slow_factor = 1.0;     // its step time x this from slow_from on
   uint64_t slow_from = 30;
   uint32_t ranks_per_host = 8;  // host = node-(rank / ranks_per_host)
+  // Ranks a Report stream carries (a host stream: RunStart.local_ranks, sent
+  // by its first rank); 1 = a stream a rank. Divides ranks_per_host.
+  uint32_t ranks_per_stream = 1;
   int channels = 16;            // HTTP/2 connections the streams share
   int server_pid = 0;           // > 0: report the server's peak RSS
   bool json = false;

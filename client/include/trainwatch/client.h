@@ -122,6 +122,11 @@ struct ClientOptions {
   // The runs this one is compared with (BaselineDeviation); empty: its
   // previous attempt, or what `trainwatchctl baseline set` names.
   std::vector<BaselineRef> baselines;
+  // A host stream (docs/contracts.md): the ranks whose records this client
+  // sends, `rank` among them; each Step then names its rank (Step::rank).
+  // Empty: this client sends `rank`'s records only. A host stream's client
+  // measures no step_time_s (each rank's is its own process's to measure).
+  std::vector<uint32_t> local_ranks;
   // Fill what a live trainer knows about itself: `host` from gethostname()
   // and each step's step_time_s (the time since this client's previous
   // Record(), from the steps' time_unix_nanos) when the step does not give
@@ -226,6 +231,9 @@ struct Step {
   std::optional<double> data_wait_s;
   // Tokens consumed so far, the axis of a comparison with reference runs.
   std::optional<uint64_t> tokens;
+  // The rank the step is of, on a host stream (ClientOptions::local_ranks);
+  // absent: the client's own rank.
+  std::optional<uint32_t> rank;
 };
 
 enum class EventKind { kCheckpointSaved = 1, kRunFinished = 2, kRunFailed = 3 };
@@ -258,7 +266,8 @@ struct ClientStats {
   uint64_t sent = 0;      // steps written to a stream (a resend counts again)
   uint64_t acked = 0;     // steps the server acknowledged as durable
   uint64_t dropped = 0;   // steps dropped because the buffer was full
-  // Steps refused alone: by Record() (a step above kMaxStep) or by the
+  // Steps refused alone: by Record() (a step above kMaxStep, or on a host
+  // stream one of no rank of local_ranks) or by the
   // server, which stored the rest of their batch (ReportResponse
   // rejected_records). Not counted in acked.
   uint64_t rejected = 0;
@@ -277,7 +286,14 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // Queues one step. Never blocks; returns false when the step was dropped.
+  // On a host stream (ClientOptions::local_ranks) the step names its rank,
+  // one of them: one without is refused (counted in ClientStats::rejected).
   bool Record(Step step);
+
+  // A host stream's step: one Step per local rank (each naming its rank),
+  // queued in order as one stream's records. Never blocks; returns false
+  // when any was dropped or refused.
+  bool RecordRanks(std::vector<Step> steps);
 
   // Queues a step that is already a wire record (a step log's or an
   // imported log's, as trainwatchctl replay and import have it), and sends

@@ -27,7 +27,8 @@
   VALUE(host)                                                               \
   MESSAGE(moe)                                                              \
   VALUE(last_applied_directive)                                             \
-  REPEATED(baselines)
+  REPEATED(baselines)                                                       \
+  REPEATED(local_ranks)
 
 // MoeConfig (the proto's) <-> MoeConfig (the client's).
 #define TRAINWATCH_MOE_CONFIG_FIELDS(VALUE, OPTIONAL, MESSAGE, REPEATED, MAP, \

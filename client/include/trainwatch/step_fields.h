@@ -49,7 +49,8 @@
   REPEATED(batch_ids)                                                   \
   MAP(layer_stats)                                                      \
   MAP(fp8)                                                              \
-  WRAPPED(moe, layers)
+  WRAPPED(moe, layers)                                                  \
+  OPTIONAL(rank)
 
 // LayerStats <-> LayerStat.
 #define TRAINWATCH_LAYER_STAT_FIELDS(VALUE, OPTIONAL, MESSAGE, REPEATED, \

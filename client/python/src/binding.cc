@@ -366,7 +366,8 @@ class PyClient {
              py::handle loss_scale, py::handle skipped, py::handle clipped,
              py::handle clip_coef, py::handle max_attn_logit, py::handle log_z,
              py::handle lr, py::handle step_time_s, py::handle data_wait_s,
-             py::handle tokens, py::handle batch_ids, py::handle shard_sq_sum,
+             py::handle tokens, py::handle rank, py::handle batch_ids,
+             py::handle shard_sq_sum,
              py::handle layer_stats, py::handle fp8, py::handle moe,
              int64_t time_unix_nanos) {
     Step s;
@@ -390,6 +391,11 @@ class PyClient {
         !OptionalDouble(shard_sq_sum.ptr(), &s.shard_sq_sum) ||
         !OptionalCount(tokens.ptr(), &s.tokens)) {
       return kDeferred;
+    }
+    if (std::optional<uint64_t> r; !OptionalCount(rank.ptr(), &r) || r > UINT32_MAX) {
+      return kDeferred;
+    } else if (r.has_value()) {
+      s.rank = static_cast<uint32_t>(*r);
     }
     if (clipped.ptr() != Py_None) {
       bool b;
@@ -490,7 +496,7 @@ class PyClient {
 // pybind11's dispatcher (argument vectors, overload loop, casts) cost more
 // than the rest of record() together. The capsule's context holds a
 // reference to the pybind11 object, so the function keeps its client alive.
-constexpr int kRecordArgs = 19;
+constexpr int kRecordArgs = 20;
 static_assert(kRecordArgs == 0 TRAINWATCH_FIELDS(TRAINWATCH_STEP_FIELDS, TW_ONE),
               "record() takes one argument per StepRecord field");
 
@@ -508,7 +514,7 @@ PyObject* FastRecord(PyObject* capsule, PyObject* const* args,
   const int r = client->Record(args[0], args[1], args[2], args[3], args[4],
                                args[5], args[6], args[7], args[8], args[9],
                                args[10], args[11], args[12], args[13], args[14],
-                               args[15], args[16], args[17], stamp);
+                               args[15], args[16], args[17], args[18], stamp);
   return PyLong_FromLong(r);  // a cached small int
 }
 
@@ -550,9 +556,11 @@ std::unique_ptr<PyClient> CreateClient(
     std::string auth_token, bool tls, std::string tls_ca_file,
     std::string tls_cert_file, std::string tls_key_file, std::string host,
     std::optional<MoeConfigTuple> moe, uint64_t last_applied_directive,
-    const std::vector<std::pair<std::string, uint32_t>>& baselines) {
+    const std::vector<std::pair<std::string, uint32_t>>& baselines,
+    const std::vector<uint32_t>& local_ranks) {
   ClientOptions options;
   options.last_applied_directive = last_applied_directive;
+  options.local_ranks = local_ranks;
   for (const auto& [run, attempt] : baselines) {
     options.baselines.push_back(BaselineRef{.run = run, .attempt = attempt});
   }
@@ -699,7 +707,8 @@ PYBIND11_MODULE(_trainwatch, m) {
            py::arg("tls_ca_file"), py::arg("tls_cert_file"),
            py::arg("tls_key_file"), py::arg("host"), py::arg("moe") = py::none(),
            py::arg("last_applied_directive") = 0,
-           py::arg("baselines") = std::vector<std::pair<std::string, uint32_t>>{})
+           py::arg("baselines") = std::vector<std::pair<std::string, uint32_t>>{},
+           py::arg("local_ranks") = std::vector<uint32_t>{})
       // Positional only: keyword matching would cost more than Record().
       .def("record", &PyClient::Record)
       // The same, as a builtin that skips pybind11's dispatcher (hot path).

@@ -34,7 +34,7 @@ DIRECTIVE_STATES = _enum("DirectiveState", lower=True)
 # StepRecord fields record() takes after step, in the binding's order.
 _FIELDS = ("grad_norm", "loss", "loss_scale", "skipped", "clipped", "clip_coef",
            "max_attn_logit", "log_z", "lr", "step_time_s", "data_wait_s",
-           "tokens", "batch_ids", "shard_sq_sum", "layer_stats", "fp8", "moe")
+           "tokens", "rank", "batch_ids", "shard_sq_sum", "layer_stats", "fp8", "moe")
 
 
 def _check_fields(table, taken, where):

@@ -83,6 +83,10 @@ class Client:
         (BaselineDeviation, docs/baselines.md): "run" or "run@attempt"
         strings, or (run, attempt) pairs. Default: the previous attempt of
         this run, or what `trainwatchctl baseline set` names.
+    local_ranks: a host stream (docs/contracts.md): the ranks whose records
+        this client sends (a host's, `rank` among them), each record() then
+        naming its rank; trainwatch.torch.HostGather gathers them. Default:
+        this client sends its own rank's records.
 
     Raises ValueError for invalid arguments and FileNotFoundError for a TLS
     file that cannot be read. Does not wait for the server: an unreachable
@@ -98,7 +102,8 @@ class Client:
                  adam_eps=None, adam_beta2=None, capacity=100000,
                  scaler_growth_interval=0, auth_token=None, tls=False,
                  tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
-                 host=None, moe=None, last_applied_directive=0, baselines=None):
+                 host=None, moe=None, last_applied_directive=0, baselines=None,
+                 local_ranks=None):
         # Every argument as given, for new_attempt() to pass again.
         self._args = {k: v for k, v in locals().items()
                       if k not in ("self", "attempt", "last_applied_directive")}
@@ -140,13 +145,22 @@ class Client:
         if host is not None and not isinstance(host, str):
             raise ValueError("host must be a string")
         refs = _baseline_refs(baselines)
+        local_ranks = [] if local_ranks is None else list(local_ranks)
+        if not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < world_size
+                   for r in local_ranks):
+            raise ValueError(f"local_ranks must be ranks below world_size {world_size}, "
+                             f"got {local_ranks!r}")
+        if local_ranks and rank not in local_ranks:
+            raise ValueError(f"local_ranks must list this client's rank {rank}: a host "
+                             "stream is sent by one of its ranks")
         self._c = _trainwatch.Client(address, run, rank, world_size, attempt,
                                      precision, max_norm, warmup_steps,
                                      scaler_growth_interval, adam_eps, adam_beta2,
                                      labels, capacity, auth_token, bool(tls),
                                      files["tls_ca_file"], files["tls_cert_file"],
                                      files["tls_key_file"], host or "",
-                                     _moe_config(moe), last_applied_directive, refs)
+                                     _moe_config(moe), last_applied_directive, refs,
+                                     local_ranks)
         self._record = self._c.fast_record()
         self.run = run
         self.rank = rank
@@ -166,7 +180,7 @@ class Client:
     def record(self, step, grad_norm, loss=None, loss_scale=None, skipped=False,
                clipped=None, clip_coef=None, max_attn_logit=None, log_z=None,
                lr=None, batch_ids=None, shard_sq_sum=None, layer_stats=None,
-               step_time_s=None, data_wait_s=None, fp8=None, moe=None, tokens=None):
+               step_time_s=None, data_wait_s=None, fp8=None, moe=None, tokens=None, rank=None):
         """Records one optimizer step; never blocks.
 
         Every value may be a float/int/bool, a numpy scalar or a torch tensor
@@ -191,7 +205,9 @@ class Client:
         each optional but the counts; CUDA tensors are copied without a sync.
         tokens: tokens consumed so far (an int), the axis on which the run
         is compared with its baselines (StepHook fills it from
-        tokens_per_step).
+        tokens_per_step). rank: on a host stream (Client(local_ranks=...)),
+        the rank this step is of, one of local_ranks; else None (this
+        client's rank).
 
         Returns False when the step was dropped (buffer full, or the client
         is closed); True otherwise, including a step queued behind a CUDA copy.
@@ -199,8 +215,8 @@ class Client:
         if not self._pending:
             r = self._record(step, grad_norm, loss, loss_scale, skipped, clipped,
                              clip_coef, max_attn_logit, log_z, lr, step_time_s,
-                             data_wait_s, tokens, batch_ids, shard_sq_sum, layer_stats, fp8,
-                             moe, 0)
+                             data_wait_s, tokens, rank, batch_ids, shard_sq_sum, layer_stats,
+                             fp8, moe, 0)
             if r != _DEFERRED:
                 if r == _RECORDED:
                     self._last_step = step
@@ -208,7 +224,7 @@ class Client:
         return self._record_slow(step, (grad_norm, loss, loss_scale, skipped,
                                         clipped, clip_coef, max_attn_logit,
                                         log_z, lr, step_time_s, data_wait_s, tokens,
-                                        batch_ids, shard_sq_sum, layer_stats, fp8, moe))
+                                        rank, batch_ids, shard_sq_sum, layer_stats, fp8, moe))
 
     # -- events, flush, close -------------------------------------------------
 
