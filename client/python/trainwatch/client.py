@@ -164,6 +164,7 @@ class Client:
         self._record = self._c.fast_record()
         self.run = run
         self.rank = rank
+        self.local_ranks = local_ranks
         self.world_size = world_size
         self.attempt = attempt
         self.last_applied_directive = last_applied_directive
