@@ -78,6 +78,39 @@ absl::Status ValidateRunId(std::string_view run_id) {
   return absl::OkStatus();
 }
 
+// A host stream's ranks: its sender among them, each once, each a rank of
+// the run.
+static absl::Status ValidateLocalRanks(const v1::RunStart& start, uint32_t world_size) {
+  if (start.local_ranks_size() == 0) return absl::OkStatus();  // a rank's own stream
+  if (static_cast<size_t>(start.local_ranks_size()) > kMaxLocalRanks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunStart has ", start.local_ranks_size(), " local_ranks; a stream carries at most ",
+        kMaxLocalRanks, " (run ", start.run_id(), ")"));
+  }
+  bool has_sender = false;
+  for (int i = 0; i < start.local_ranks_size(); ++i) {
+    const uint32_t r = start.local_ranks(i);
+    if (r >= world_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "local_ranks[", i, "] = ", r, " is not below world_size ", world_size, " (run ",
+          start.run_id(), ")"));
+    }
+    for (int j = 0; j < i; ++j) {
+      if (start.local_ranks(j) == r) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "local_ranks lists rank ", r, " twice (run ", start.run_id(), ")"));
+      }
+    }
+    has_sender |= r == start.rank();
+  }
+  if (!has_sender) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "local_ranks does not list the stream's own rank ", start.rank(),
+        ": a host stream is sent by one of its ranks (run ", start.run_id(), ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRunStart(const v1::RunStart& start,
                               const ValidationLimits& limits) {
   if (absl::Status s = ValidateRunId(start.run_id()); !s.ok()) return s;
@@ -114,36 +147,7 @@ absl::Status ValidateRunStart(const v1::RunStart& start,
         absl::StrCat("RunStart has ", start.labels_size(), " labels; at most ",
                      limits.max_labels));
   }
-  // A host stream's ranks: its sender among them, each once, each a rank
-  // of the run.
-  if (start.local_ranks_size() > 0) {
-    if (static_cast<size_t>(start.local_ranks_size()) > kMaxLocalRanks) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RunStart has ", start.local_ranks_size(), " local_ranks; a stream carries at most ",
-          kMaxLocalRanks, " (run ", start.run_id(), ")"));
-    }
-    bool has_sender = false;
-    for (int i = 0; i < start.local_ranks_size(); ++i) {
-      const uint32_t r = start.local_ranks(i);
-      if (r >= world_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "local_ranks[", i, "] = ", r, " is not below world_size ", world_size, " (run ",
-            start.run_id(), ")"));
-      }
-      for (int j = 0; j < i; ++j) {
-        if (start.local_ranks(j) == r) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "local_ranks lists rank ", r, " twice (run ", start.run_id(), ")"));
-        }
-      }
-      has_sender |= r == start.rank();
-    }
-    if (!has_sender) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "local_ranks does not list the stream's own rank ", start.rank(),
-          ": a host stream is sent by one of its ranks (run ", start.run_id(), ")"));
-    }
-  }
+  if (absl::Status s = ValidateLocalRanks(start, world_size); !s.ok()) return s;
   // Reference runs (docs/baselines.md): each is read when the run starts.
   constexpr int kMaxBaselines = 16;
   if (start.baselines_size() > kMaxBaselines) {

@@ -498,8 +498,9 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "the step it left the band, and diff the two runs' configs, data and "
      "code there; if the change is meant, set new baselines (trainwatchctl "
      "baseline set).",
-     "the loss (or log grad norm, log Z, max attention logit) left its "
-     "reference runs' band at the same tokens or step",
+     "the loss left its reference runs' band at the same tokens or step, "
+     "for 2 bins of 20 steps (the grad norm, log Z and attention logit "
+     "out too are named with it)",
      {"loss"},
      {.summary = "Run {{ $labels.run }} left its baseline's band",
       .quote_label = "last loss",

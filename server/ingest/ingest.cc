@@ -141,46 +141,7 @@ class ReportReactor final
     const IngestOptions& opts = ingest_->options_;
     switch (request_.msg_case()) {
       case v1::ReportRequest::kStart: {
-        if (stream_ != nullptr) {
-          return InStream(absl::InvalidArgumentError(
-              "RunStart repeated on one stream; open a new stream for another "
-              "rank or attempt"));
-        }
-        if (absl::Status s = ValidateRunStart(request_.start(), opts.limits);
-            !s.ok()) {
-          return s;
-        }
-        moe_ = request_.start().moe();
-        if (scope_ != nullptr) {
-          absl::Status s =
-              Authorizer::CheckWriteRun(*scope_, request_.start().run_id());
-          if (!s.ok()) return s;
-        }
-        std::optional<RunQuota> quota;
-        if (scope_ != nullptr && scope_->max_active_runs.has_value()) {
-          quota = RunQuota{.token = scope_->line,
-                           .max_active_runs = *scope_->max_active_runs};
-        }
-        last_applied_directive_ = request_.start().last_applied_directive();
-        if (request_.start().local_ranks_size() == 0) {
-          absl::StatusOr<StreamHandle> stream = OpenLocked(request_.start(), quota);
-          if (!stream.ok()) return stream.status();
-          stream_ = *std::move(stream);
-          return absl::OkStatus();
-        }
-        // A host stream: each of its ranks is a stream of its own to the
-        // engine, with the RunStart that rank would have sent.
-        const v1::RunStart& start = request_.start();
-        for (uint32_t r : start.local_ranks()) {
-          v1::RunStart one = start;
-          one.clear_local_ranks();
-          one.set_rank(r);
-          absl::StatusOr<StreamHandle> stream = OpenLocked(one, quota);
-          if (!stream.ok()) return stream.status();
-          if (r == start.rank()) stream_ = *stream;
-          ranks_.push_back(*std::move(stream));
-        }
-        return absl::OkStatus();
+        return StartLocked();
       }
       case v1::ReportRequest::kBatch: {
         if (stream_ == nullptr) {
@@ -273,6 +234,51 @@ class ReportReactor final
     }
     return absl::InvalidArgumentError(
         "empty ReportRequest: set one of start, batch, event or directive_ack");
+  }
+
+  // The stream's RunStart: validated, authorised, and opened in the engine
+  // (a host stream's ranks each as a stream of its own).
+  absl::Status StartLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stream_ != nullptr) {
+      return InStream(absl::InvalidArgumentError(
+          "RunStart repeated on one stream; open a new stream for another "
+          "rank or attempt"));
+    }
+    if (absl::Status s = ValidateRunStart(request_.start(), ingest_->options_.limits);
+        !s.ok()) {
+      return s;
+    }
+    moe_ = request_.start().moe();
+    if (scope_ != nullptr) {
+      absl::Status s =
+          Authorizer::CheckWriteRun(*scope_, request_.start().run_id());
+      if (!s.ok()) return s;
+    }
+    std::optional<RunQuota> quota;
+    if (scope_ != nullptr && scope_->max_active_runs.has_value()) {
+      quota = RunQuota{.token = scope_->line,
+                       .max_active_runs = *scope_->max_active_runs};
+    }
+    last_applied_directive_ = request_.start().last_applied_directive();
+    if (request_.start().local_ranks_size() == 0) {
+      absl::StatusOr<StreamHandle> stream = OpenLocked(request_.start(), quota);
+      if (!stream.ok()) return stream.status();
+      stream_ = *std::move(stream);
+      return absl::OkStatus();
+    }
+    // A host stream: each of its ranks is a stream of its own to the
+    // engine, with the RunStart that rank would have sent.
+    const v1::RunStart& start = request_.start();
+    for (uint32_t r : start.local_ranks()) {
+      v1::RunStart one = start;
+      one.clear_local_ranks();
+      one.set_rank(r);
+      absl::StatusOr<StreamHandle> stream = OpenLocked(one, quota);
+      if (!stream.ok()) return stream.status();
+      if (r == start.rank()) stream_ = *stream;
+      ranks_.push_back(*std::move(stream));
+    }
+    return absl::OkStatus();
   }
 
   // Takes the records that fail validation out of `batch`, in place and in

@@ -63,12 +63,17 @@ TEST(ReplayIntegration, StoresEveryFieldOfTheLogsRunStartAndSteps) {
   start.mutable_moe()->set_num_experts(2);  // the records' tokens_per_expert
   start.mutable_moe()->set_top_k(1);
   start.mutable_moe()->set_ep_size(2);
+  // A host stream of its one rank: local_ranks and each record's rank say
+  // which stream a record is of, and are not stored (host_stream_test).
+  start.clear_local_ranks();
+  start.add_local_ranks(0);
   std::vector<v1::StepRecord> records;
   for (uint64_t step = 1; step <= 50; ++step) {
     v1::StepRecord r = FilledMessage<v1::StepRecord>();
     r.set_step(step);
     r.set_time_unix_nanos(1'700'000'000'000'000'000 + static_cast<int64_t>(step) * 1'000'000'000);
     r.set_clip_coef(0.5);
+    r.set_rank(0);
     for (auto& [tensor, stats] : *r.mutable_fp8()) {
       stats.set_overflow_fraction(0.001);
       stats.set_underflow_fraction(0.01);
@@ -84,6 +89,8 @@ TEST(ReplayIntegration, StoresEveryFieldOfTheLogsRunStartAndSteps) {
   Replay(server, log);
 
   const RunRank stream{"replay/every-field", 0};
+  start.clear_local_ranks();
+  for (v1::StepRecord& r : records) r.clear_rank();
   std::map<RunRank, v1::RunStart> starts = ReadStoredStarts(dir.File("tw.db"));
   ASSERT_EQ(starts.count(stream), 1u);
   EXPECT_EQ(Differences(start, starts[stream]), "")

@@ -849,6 +849,11 @@ def train(cfg, seed, run, out, server=None, meta=None, batch=16, seq=32, log_eve
             x = torch.randint(0, VOCAB, (batch, seq + 1), generator=g)
         else:
             x = lang.sample(batch, hard=hard)
+        if cfg.get("shard_from") is not None and step >= cfg["shard_from"]:
+            # A corrupted data shard: from shard_from on, shard_share of each
+            # batch's sequences are random tokens (a bad file in the mix).
+            bad = max(1, int(round(cfg["shard_share"] * batch)))
+            x[:bad] = torch.randint(0, VOCAB, (bad, seq + 1), generator=g)
         inp, tgt = x[:, :-1], x[:, 1:]
         if bf16:
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -885,7 +890,7 @@ def train(cfg, seed, run, out, server=None, meta=None, batch=16, seq=32, log_eve
             n = float(norm)
             rec = {"step": step, "grad_norm": _num(n), "loss": _num(loss), "lr": lr_at(cfg, step),
                    "max_attn_logit": _num(model.max_attn_logit()), "log_z": _num(lz),
-                   "batch_ids": ids,
+                   "batch_ids": ids, "tokens": (step + 1) * batch * seq,
                    "layer_stats": {k: {"grad_norm": _num(v[0]), "grad_rms": _num(v[1]),
                                        "g_over_sqrt_v_rms": _num(v[2]),
                                        "update_rms_ratio": _num(v[3])}
@@ -947,12 +952,18 @@ def main(argv=None):
     ap.add_argument("--hard-every", type=int, default=None)
     ap.add_argument("--eps", type=float, default=None)
     ap.add_argument("--max-norm", type=float, default=None)
+    ap.add_argument("--batch", type=int, default=16, help="sequences a step")
+    ap.add_argument("--shard-from", type=int, default=None, metavar="STEP",
+                    help="from STEP on, --shard-share of each batch is random tokens")
+    ap.add_argument("--shard-share", type=float, default=0.25)
     args = ap.parse_args(argv)
     cfg = config(args.config, steps=args.steps, lr=args.lr, beta2=args.beta2, warmup=args.warmup,
                  jumps=args.jumps, rare=args.rare, hard_rare=args.hard_rare,
-                 hard_every=args.hard_every, eps=args.eps, max_norm=args.max_norm)
+                 hard_every=args.hard_every, eps=args.eps, max_norm=args.max_norm,
+                 shard_from=args.shard_from,
+                 shard_share=args.shard_share if args.shard_from is not None else None)
     run = args.run or f"lab/{args.config}/s{args.seed}"
-    train(cfg, args.seed, run, args.out, server=args.server, meta=args.meta)
+    train(cfg, args.seed, run, args.out, server=args.server, meta=args.meta, batch=args.batch)
     return 0
 
 

@@ -24,6 +24,8 @@ namespace {
 
 // Bins in a row beyond twice the band that make a deviation critical.
 constexpr uint32_t kCriticalBins = 5;
+// Bins in a row out of the band before the loss has left it (40 steps).
+constexpr uint32_t kLevelBins = 2;
 
 // 1,234,567
 std::string Thousands(uint64_t v) {
@@ -84,6 +86,8 @@ class BaselineDeviation final : public Detector {
       if (!bin.has_value()) continue;
       w.last = *bin;
       w.verdict = w.cusum.Add(*bin);
+      w.above = bin->value > bin->hi ? w.above + 1 : 0;
+      w.below = bin->value < bin->lo ? w.below + 1 : 0;
       judged = true;
     }
     if (judged) Judge(ctx.record.step(), sink);
@@ -93,12 +97,16 @@ class BaselineDeviation final : public Detector {
   struct Watch {
     Watch(BaselineMetric metric, BaselineAxis axis, std::shared_ptr<const BaselineReferences> refs,
           const HealthConfig& config)
-        : band(metric, axis, std::move(refs)),
+        : metric(metric),
+          band(metric, axis, std::move(refs)),
           cusum(config.change.arl0, BandOptions{}.bin_steps) {}
+    BaselineMetric metric;
     BaselineBand band;
     ResidualCusum cusum;
     std::optional<BandBin> last;
     ResidualCusum::Verdict verdict;
+    // Bins in a row above and below the band, up to the last.
+    uint32_t above = 0, below = 0;
   };
 
   // The axis is chosen on the run's first post-warmup record.
@@ -107,21 +115,29 @@ class BaselineDeviation final : public Detector {
     for (BaselineMetric m : kBaselineMetrics) watches_.emplace_back(m, axis_, refs_, config_);
   }
 
+  // The loss decides: it is the recipe's outcome, where another seed or
+  // batch size of the same recipe lands in the band. The grad norm moves
+  // with the batch (its noise ~ 1/sqrt(B)) and across a restart, log Z and
+  // the attention logit with the seed: alone they raise nothing (compare
+  // --metric shows them); when the loss left too, the alert names those out
+  // of their band as well.
   void Judge(uint64_t step, AlertSink& sink) {
-    // The worst metric: a worse side first (the largest residual), else a
-    // better one.
-    const Watch* worst = nullptr;
+    // A level that left: the CUSUM over its line and the last kLevelBins
+    // bins out of the band on its side. One bin far out is a spike or a
+    // hard batch's (LossSpike's to name), not the run leaving its recipe.
+    const Watch* loss = nullptr;
     for (const Watch& w : watches_) {
-      if (!w.last.has_value() || !(w.verdict.worse || w.verdict.better)) continue;
-      const auto rank = [](const Watch& x) {
-        return (x.verdict.worse ? 1e6 : 0) + std::abs(x.last->z);
-      };
-      if (worst == nullptr || rank(w) > rank(*worst)) worst = &w;
+      if (w.metric == BaselineMetric::kLoss && w.last.has_value() &&
+          ((w.verdict.worse && w.above >= kLevelBins) ||
+           (w.verdict.better && w.below >= kLevelBins))) {
+        loss = &w;
+      }
     }
-    if (worst == nullptr) {
+    if (loss == nullptr) {
       severity_ = v1::SEVERITY_UNSPECIFIED;
       return;
     }
+    const Watch* worst = loss;
     const v1::Severity wanted = !worst->verdict.worse ? v1::SEVERITY_INFO
                                 : worst->verdict.beyond_twice >= kCriticalBins
                                     ? v1::SEVERITY_CRITICAL
@@ -149,10 +165,29 @@ class BaselineDeviation final : public Detector {
         Describe(metric, axis_, *w.last, w.verdict.onset_step), "; baseline ",
         DescribeRefs(*refs_), " (", refs_->source, "), by ", BaselineAxisName(axis_),
         severity == v1::SEVERITY_CRITICAL ? "; beyond twice the band for 5 bins in a row" : "",
-        better ? "; better than the band: recorded, not paged" : "");
+        better ? "; better than the band: recorded, not paged" : "", AlsoOut(w));
     t.onset_step = w.verdict.onset_step;
     t.severity = severity == v1::SEVERITY_WARNING ? v1::SEVERITY_UNSPECIFIED : severity;
     return t;
+  }
+
+  // "; also out of their band: grad_norm 1.61x, log_z +1.51" (the other
+  // metrics whose CUSUM holds on the same side as `w`'s).
+  std::string AlsoOut(const Watch& w) const {
+    std::string out;
+    for (const Watch& o : watches_) {
+      if (&o == &w || !o.last.has_value() ||
+          !(w.verdict.worse ? o.verdict.worse : o.verdict.better)) {
+        continue;
+      }
+      const double value = BaselineUnits(o.metric, o.last->value);
+      const double ref = BaselineUnits(o.metric, o.last->ref_median);
+      absl::StrAppend(&out, out.empty() ? "; also out of their band: " : ", ",
+                      BaselineMetricName(o.metric), " ",
+                      o.metric == BaselineMetric::kLogZ ? absl::StrFormat("%+.3g", value - ref)
+                                                        : absl::StrFormat("%.3gx", value / ref));
+    }
+    return out;
   }
 
   const HealthConfig& config_;

@@ -1,0 +1,199 @@
+#!/usr/bin/python3
+"""The reference-run lab: BaselineDeviation judged on real CPU runs of one
+recipe, through a real server with `trainwatchctl replay`.
+
+The recipe is a held-out dense family (lab_lm.py healthy-hf: a Hugging
+Face-named 2-layer LM, 600 steps, warmup 100), none of whose runs the band's
+constants were set on. Two healthy seeds are the references; each case is
+another run of the recipe, replayed with those two as its RunStart.baselines
+(the JSONL run_start line's "baselines"):
+
+  healthy-s3, healthy-s4  other seeds: must raise no BaselineDeviation
+  lr-10x                  the same model and data at 10x the LR
+  shard-from-300          from step 300 a quarter of each batch is random
+                          tokens (a corrupted data shard)
+  batch-2x-tokens         twice the batch, aligned by tokens (both carry them):
+                          the same recipe at the same tokens, must raise nothing
+  batch-2x-steps          the same run without its tokens: aligned by step, it
+                          is two steps' worth of data ahead, and is named
+
+Where a run leaves the healthy runs' range is read from the logs alone: the
+first 20-step bin (post-warmup) from which its median log loss is above both
+references' (max) for 3 bins in a row. A case is named when a
+BaselineDeviation (warning or critical) starts within [leave - 20, leave +
+100]; for batch-2x-steps, better than the band (info) or worse both count.
+False alarms: BaselineDeviation warning/critical on the healthy cases per
+10^4 of their judged (post-warmup) steps.
+
+    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build
+"""
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+import tw_harness  # noqa: E402
+
+FAMILY = "healthy-hf"
+REFS = (1, 2)
+BIN = 20
+# name: (lab_lm.py arguments, seed, strip tokens, what it should raise)
+CASES = {
+    "healthy-s3": ([], 3, False, "nothing"),
+    "healthy-s4": ([], 4, False, "nothing"),
+    "lr-10x": (["--lr", "0.03"], 3, False, "worse"),
+    "shard-from-300": (["--shard-from", "300"], 3, False, "worse"),
+    "batch-2x-tokens": (["--batch", "32"], 3, False, "nothing"),
+    "batch-2x-steps": (["--batch", "32"], 3, True, "any"),
+}
+
+
+def train(runs, name, args, seed):
+    out = runs / f"{name}.jsonl"
+    meta = runs / f"{name}.meta.json"
+    key = json.dumps({"args": args, "seed": seed})
+    if out.exists() and meta.exists() and json.loads(meta.read_text()).get("key") == key:
+        return out
+    t0 = time.monotonic()
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    subprocess.run(["nice", "-n", "10", sys.executable, str(HERE / "lab_lm.py"), "--config",
+                    FAMILY, "--seed", str(seed), "--out", str(out), *args],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    meta.write_text(json.dumps({"key": key, "seconds": time.monotonic() - t0}))
+    print(f"  trained {name} in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def read(path):
+    start, steps = None, []
+    for line in open(path):
+        obj = json.loads(line)
+        if "run_start" in obj:
+            start = obj["run_start"]
+        elif "step" in obj and "loss" in obj:
+            steps.append(obj)
+    return start, steps
+
+
+def bins(path):
+    """{bin index: median log loss} over post-warmup steps, by step."""
+    start, steps = read(path)
+    warm = start.get("warmup_steps", 0)
+    out = {}
+    for s in steps:
+        if s["step"] < warm or not isinstance(s["loss"], (int, float)) or s["loss"] <= 0:
+            continue
+        out.setdefault((s["step"] - warm) // BIN, []).append(math.log(s["loss"]))
+    return warm, {b: statistics.median(v) for b, v in out.items()}
+
+
+def leaves(path, refs):
+    """The first step from which the run's binned log loss is above every
+    reference's for 3 bins in a row; None if never."""
+    warm, mine = bins(path)
+    theirs = [bins(r)[1] for r in refs]
+    run = 0
+    for b in sorted(mine):
+        if all(b in t for t in theirs) and mine[b] > max(t[b] for t in theirs):
+            run += 1
+            if run == 3:
+                return warm + (b - 2) * BIN
+        else:
+            run = 0
+    return None
+
+
+def with_baselines(src, dst, run, refs, strip_tokens):
+    with open(src) as f, open(dst, "w") as g:
+        for line in f:
+            obj = json.loads(line)
+            if "run_start" in obj:
+                obj["run_start"]["run_id"] = run
+                obj["run_start"]["baselines"] = [{"run": r, "attempt": 0} for r in refs]
+            elif strip_tokens:
+                obj.pop("tokens", None)
+            g.write(json.dumps(obj) + "\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--runs", default=None, help="cache (default BUILD/baseline-lab/runs)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    runs = pathlib.Path(args.runs or pathlib.Path(args.build) / "baseline-lab" / "runs")
+    runs.mkdir(parents=True, exist_ok=True)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(pathlib.Path(args.build) / "python"), os.environ.get("PYTHONPATH", "")])
+    ref_logs = [train(runs, f"ref-s{s}", [], s) for s in REFS]
+    case_logs = {n: train(runs, n, a, seed) for n, (a, seed, _, _) in CASES.items()}
+    ref_runs = [f"baseline-lab/ref/s{s}" for s in REFS]
+    rows, result = [], {}
+    with tempfile.TemporaryDirectory(prefix="tw-baseline-lab-") as tmp:
+        server = tw_harness.Server(pathlib.Path(args.build) / "bin", tmp)
+        try:
+            for log, run in zip(ref_logs, ref_runs):
+                server.ctl("replay", str(log), "--run", run)
+            for name, (_, _, strip, want) in CASES.items():
+                run = f"baseline-lab/{name}"
+                dst = pathlib.Path(tmp) / f"{name}.jsonl"
+                with_baselines(case_logs[name], dst, run, ref_runs, strip)
+                server.ctl("replay", str(dst))
+                alerts = [a for a in server.alerts(run) if a["alertname"] == "BaselineDeviation"]
+                compare = server.ctl_json("compare", "--run", run)
+                result[name] = {"alerts": alerts, "compare": compare}
+                leave = leaves(case_logs[name], ref_logs)
+                pages = [a for a in alerts if a["severity"] in ("warning", "critical")]
+                first = min((a["started_step"] for a in (alerts if want == "any" else pages)),
+                            default=None)
+                _, steps = read(case_logs[name])
+                warm = read(case_logs[name])[0].get("warmup_steps", 0)
+                judged = max(0, len(steps) - warm)
+                if want == "nothing":
+                    verdict = "right" if not pages else "false alarm"
+                elif first is None:
+                    verdict = "missed"
+                elif leave is None:
+                    verdict = "named (its loss never left the range)"
+                else:
+                    verdict = "right" if leave - 20 <= first <= leave + 100 else "late"
+                rows.append((name, want, leave, first,
+                             None if first is None or leave is None else first - leave,
+                             len(pages), judged, verdict,
+                             compare.get("first_step_outside"), alerts))
+        finally:
+            server.stop()
+    print("| case | should raise | loss leaves the healthy range at | BaselineDeviation "
+          "started at | delay (steps) | warning/critical alerts | judged steps | verdict | "
+          "compare's first step outside the band |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, want, leave, first, delay, pages, judged, verdict, outside, _ in rows:
+        print(f"| {name} | {want} | {leave if leave is not None else '-'} | "
+              f"{first if first is not None else '-'} | {delay if delay is not None else '-'} "
+              f"| {pages} | {judged} | {verdict} | {outside if outside is not None else '-'} |")
+    healthy = [r for r in rows if r[1] == "nothing"]
+    steps = sum(r[6] for r in healthy)
+    alarms = sum(r[5] for r in healthy)
+    print(f"\nFalse alarms: {alarms} over {steps} judged healthy steps "
+          f"({1e4 * alarms / max(1, steps):.1f} per 10^4).")
+    for name, *_, alerts in rows:
+        for a in alerts:
+            print(f"- {name}: {a['severity']} @{a['started_step']}: {a['description']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
