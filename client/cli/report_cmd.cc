@@ -85,6 +85,21 @@ absl::Status RunReport(const GlobalOptions& fleet, const ParsedArgs& args) {
     if (!status.ok()) return RpcError("report", "ListAlerts", status);
     input.alerts.assign(response.alerts().begin(), response.alerts().end());
   }
+  {
+    // The loss against its baselines, when it has any (none, or none
+    // stored: no band, not an error).
+    v1::CompareRunsRequest request;
+    request.set_run_id(*run);
+    request.set_metric("loss");
+    auto context = NewContext(global, kUnaryDeadline);
+    grpc::Status status = NewStub(global)->CompareRuns(context.get(), request, &input.baseline);
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+        status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      input.baseline.Clear();
+    } else if (!status.ok()) {
+      return RpcError("report", "CompareRuns", status);
+    }
+  }
   absl::StatusOr<std::vector<v1::StepRecord>> records =
       LeadRecords(global, *run);
   if (!records.ok()) return records.status();

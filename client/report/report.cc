@@ -34,9 +34,17 @@ struct HLine {
   double y;
 };
 
+// The reference runs' band of a metric, by step (CompareRuns' bins).
+struct RefBand {
+  std::string name;
+  std::vector<uint64_t> x;
+  std::vector<double> lo, median, hi;
+};
+
 struct Chart {
   std::string id, title, note;
   bool log = false;
+  std::optional<RefBand> ref;  // drawn under the series
   std::optional<Columns> band;
   std::string band_name;
   std::vector<Line> lines;
@@ -167,6 +175,21 @@ void WriteChart(JsonWriter& w, const Chart& chart) {
   w.Bool(chart.log);
   w.Key("points");
   w.Uint(chart.points);
+  if (chart.ref.has_value()) {
+    w.Key("ref");
+    w.BeginObject();
+    w.Key("name");
+    w.String(chart.ref->name);
+    w.Key("x");
+    UintArray(w, chart.ref->x);
+    w.Key("lo");
+    DoubleArray(w, chart.ref->lo);
+    w.Key("median");
+    DoubleArray(w, chart.ref->median);
+    w.Key("hi");
+    DoubleArray(w, chart.ref->hi);
+    w.EndObject();
+  }
   if (chart.band.has_value()) {
     w.Key("band");
     w.BeginObject();
@@ -359,6 +382,24 @@ Chart ClipFractionChart(const ReportInput& in, const std::vector<Point>& post_no
   return cf;
 }
 
+// The loss's band of its reference runs, placed at each bin's middle step;
+// none without bins.
+std::optional<RefBand> BaselineBand(const v1::CompareRunsResponse& c) {
+  if (c.bins().empty()) return std::nullopt;
+  RefBand b;
+  std::vector<std::string> refs;
+  for (const v1::BaselineRef& r : c.refs()) refs.push_back(absl::StrCat(r.run(), "@", r.attempt()));
+  b.name = absl::StrCat("band of ", absl::StrJoin(refs, ", "), " (by ", c.axis(), ")");
+  // The chart's title says which runs (the legend keeps to a line).
+  for (const v1::CompareBin& bin : c.bins()) {
+    b.x.push_back((bin.first_step() + bin.last_step()) / 2);
+    b.lo.push_back(bin.lo());
+    b.median.push_back(bin.ref_median());
+    b.hi.push_back(bin.hi());
+  }
+  return b;
+}
+
 std::vector<Chart> BuildCharts(const ReportInput& in,
                                const std::vector<v1::StepRecord>& records,
                                bool moe_heatmap) {
@@ -414,6 +455,8 @@ std::vector<Chart> BuildCharts(const ReportInput& in,
   std::sort(hard.begin(), hard.end());
   lc.marks_name = "hard batch";
   lc.marks = ds.Marks(hard);
+  lc.ref = BaselineBand(in.baseline);
+  if (lc.ref.has_value()) lc.title = absl::StrCat("Loss, over the ", lc.ref->name);
   charts.push_back(std::move(lc));
   charts.push_back(FieldChart("lr", "Learning rate", false, lr, ds));
   // FP8 runs only: a run without fp8 stats gets no empty FP8 charts.

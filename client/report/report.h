@@ -49,6 +49,9 @@ struct ReportInput {
   // Rolling window of the p50/p90/p99 and clip-fraction curves when the
   // health does not say (health.window().window_size(), the server's W).
   size_t window = 1000;
+  // The loss against the run's baselines (CompareRuns, metric loss): the
+  // band is drawn under the loss curve. No bins: no baselines.
+  v1::CompareRunsResponse baseline;
   // Hook for later sections (goodput, stragglers): rendered in order.
   std::vector<ReportSection> extra_sections;
 };

@@ -31,6 +31,7 @@
       if (v > hi) hi = v;
     }
     if (chart.band) { chart.band.lo.forEach(take); chart.band.hi.forEach(take); }
+    if (chart.ref) { chart.ref.lo.forEach(take); chart.ref.hi.forEach(take); }
     chart.lines.forEach(function (l) { l.y.forEach(take); });
     chart.hlines.forEach(function (h) { take(h.y); });
     if (!isFinite(lo)) return null;
@@ -97,6 +98,21 @@
       el("rect", { x: L, y: T, width: Math.max(sx(data.warmup_steps) - L, 0),
                    height: H - T - B, fill: "#adb5bd", opacity: 0.12 }, svg);
     }
+    // The reference runs' band, under everything of the run's own.
+    if (chart.ref && chart.ref.x.length) {
+      var up = "", down = "", mid = "";
+      for (var k = 0; k < chart.ref.x.length; k++) {
+        var rx = sx(chart.ref.x[k]).toFixed(1);
+        up += (up ? "L" : "M") + rx + "," + sy(chart.ref.hi[k]).toFixed(1);
+        mid += (mid ? "L" : "M") + rx + "," + sy(chart.ref.median[k]).toFixed(1);
+      }
+      for (var j = chart.ref.x.length - 1; j >= 0; j--) {
+        down += "L" + sx(chart.ref.x[j]).toFixed(1) + "," + sy(chart.ref.lo[j]).toFixed(1);
+      }
+      el("path", { "class": "ref-band", d: up + down + "Z" }, svg);
+      el("path", { "class": "ref-median", d: mid }, svg);
+      box.setAttribute("data-ref-bins", String(chart.ref.x.length));
+    }
     // Min/max per column: a zigzag through each column's max and min.
     if (chart.band && chart.band.x.length) {
       var d = "";
@@ -135,6 +151,10 @@
       var t = el("text", { "class": "legend-item " + (cls || ""), x: W - R + 4, y: ly }, svg);
       t.textContent = text;
       ly += 14;
+    }
+    if (chart.ref) {
+      legend("shaded: the baselines' band", "ref-legend");
+      legend("dashed: their median", "ref-legend");
     }
     if (chart.band) legend("min/max per column");
     chart.lines.forEach(function (l) { legend(l.name); });

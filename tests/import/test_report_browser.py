@@ -196,3 +196,57 @@ def test_fp8_report_draws_the_scaling_charts_in_chromium(server, tmp_path):
     assert "fc1:input" in dom.stdout
 
     screenshot(page, "report-fp8.png", 2450)
+
+
+def baseline_run(path, run, seed, shift_from=None, baselines=None, steps=800):
+    """A power-law loss in tokens with 2% lognormal noise, seeded; 1.15x from
+    `shift_from` on."""
+    rnd = random.Random(seed)
+    start = {"run_id": run, "precision": "BF16", "max_norm": 1.0, "warmup_steps": 50}
+    if baselines:
+        start["baselines"] = [{"run": r, "attempt": 0} for r in baselines]
+    lines = [json.dumps({"run_start": start})]
+    for s in range(steps):
+        tokens = (s + 1) * 4096
+        loss = 8.0 * tokens ** -0.12 * math.exp(rnd.gauss(0, 0.02))
+        if shift_from is not None and s >= shift_from:
+            loss *= 1.15
+        lines.append(json.dumps({"step": s, "grad_norm": math.exp(rnd.gauss(math.log(0.5), 0.1)),
+                                 "loss": loss, "tokens": tokens}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_report_draws_the_baseline_band_under_the_loss_in_chromium(server, tmp_path):
+    for seed in (1, 2):
+        log = tmp_path / f"ref{seed}.jsonl"
+        baseline_run(log, f"recipe/s{seed}", seed)
+        server.ctl("replay", str(log))
+    log = tmp_path / "shifted.jsonl"
+    baseline_run(log, "recipe/shifted", 3, shift_from=500,
+                 baselines=["recipe/s1", "recipe/s2"])
+    server.ctl("replay", str(log))
+    alerts = [a for a in server.ctl_json("alerts", "--run", "recipe/shifted")
+              if a["alertname"] == "BaselineDeviation"]
+    assert alerts and alerts[0]["severity"] in ("warning", "critical"), alerts
+    assert 490 <= alerts[0]["onset_step"] <= 560, alerts  # the bin of 490-509 holds 500
+
+    page = tmp_path / "report-baseline.html"
+    server.ctl("report", "--run", "recipe/shifted", "--out", str(page))
+    dom = dump_dom(page)
+    parser = ChartParser()
+    parser.feed(dom.stdout)
+    loss = parser.charts["loss"]
+    assert loss.get("data-drawn") == "1"
+    # A bin every 20 post-warmup steps: (800 - 50) / 20 of them.
+    assert int(loss.get("data-ref-bins", "0")) == (800 - 50) // 20, loss
+    assert "Loss, over the band of recipe/s1@0, recipe/s2@0 (by tokens)" in dom.stdout
+    assert "BaselineDeviation" in parser.spans
+    screenshot(page, "report-baseline.png", 1400)
+
+    # A run without baselines gets no band, and the report still writes.
+    page2 = tmp_path / "report-plain.html"
+    server.ctl("report", "--run", "recipe/s1", "--out", str(page2))
+    plain = ChartParser()
+    plain.feed(dump_dom(page2).stdout)
+    assert plain.charts["loss"].get("data-drawn") == "1"
+    assert "data-ref-bins" not in plain.charts["loss"]
