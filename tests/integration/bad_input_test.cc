@@ -32,6 +32,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "harness.h"
+#include "raw_stream.h"
 #include "trainwatch/v1/trainwatch.grpc.pb.h"
 #include "eventually.h"
 
@@ -50,84 +51,6 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 const std::vector<std::string> kKeepaliveArgs = {"--keepalive-time", "1",
                                                  "--keepalive-timeout", "1"};
 
-// A Report stream driven with the generated stub. A reader thread takes the
-// acks as they come (as the real client does), so keepalive pings are
-// answered while the test thread waits.
-class RawStream {
- public:
-  explicit RawStream(const std::string& address)
-      : stub_(v1::TrainingHealth::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
-    ctx_.set_deadline(std::chrono::system_clock::now() +
-                      std::chrono::seconds(180));
-    stream_ = stub_->Report(&ctx_);
-    reader_ = std::thread([this] {
-      v1::ReportResponse resp;
-      while (stream_->Read(&resp)) {
-        std::lock_guard<std::mutex> lock(mu_);
-        acked_ = std::max(acked_, resp.acked_seq());
-        rejected_ += resp.rejected_records();
-        if (reason_.empty()) reason_ = resp.rejected_reason();
-        cv_.notify_all();
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      ended_ = true;
-      cv_.notify_all();
-    });
-  }
-  ~RawStream() {
-    if (reader_.joinable()) {
-      ctx_.TryCancel();
-      reader_.join();
-    }
-  }
-
-  bool Send(const v1::ReportRequest& r) { return stream_->Write(r); }
-
-  // True once an ack covers `seq`; false if the stream ended first.
-  bool WaitAck(uint64_t seq) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(60),
-                 [&] { return acked_ >= seq || ended_; });
-    return acked_ >= seq;
-  }
-
-  uint64_t acked() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return acked_;
-  }
-
-  // Records the responses said were refused alone, and the first reason.
-  uint64_t rejected() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return rejected_;
-  }
-  std::string reason() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return reason_;
-  }
-
-  // Closes our side, takes the remaining acks and returns the final status.
-  grpc::Status Finish() {
-    stream_->WritesDone();
-    reader_.join();
-    return stream_->Finish();
-  }
-
- private:
-  std::unique_ptr<v1::TrainingHealth::Stub> stub_;
-  grpc::ClientContext ctx_;
-  std::unique_ptr<
-      grpc::ClientReaderWriter<v1::ReportRequest, v1::ReportResponse>>
-      stream_;
-  std::thread reader_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t acked_ = 0;
-  bool ended_ = false;
-  uint64_t rejected_ = 0;
-  std::string reason_;
-};
 
 v1::ReportRequest Start(const std::string& run, uint32_t rank = 0,
                         uint32_t world_size = 1) {
