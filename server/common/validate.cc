@@ -149,8 +149,7 @@ absl::Status ValidateRunStart(const v1::RunStart& start,
   }
   if (absl::Status s = ValidateLocalRanks(start, world_size); !s.ok()) return s;
   // Reference runs (docs/baselines.md): each is read when the run starts.
-  constexpr int kMaxBaselines = 16;
-  if (start.baselines_size() > kMaxBaselines) {
+  if (static_cast<size_t>(start.baselines_size()) > kMaxBaselines) {
     return absl::InvalidArgumentError(absl::StrCat(
         "RunStart has ", start.baselines_size(), " baselines; at most ", kMaxBaselines));
   }

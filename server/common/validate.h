@@ -55,6 +55,10 @@ absl::Status ValidateRunId(std::string_view run_id);
 // with room for the largest nodes.
 inline constexpr size_t kMaxLocalRanks = 256;
 
+// Reference runs one run may name (RunStart.baselines, `baseline set`):
+// each is read when the run starts.
+inline constexpr size_t kMaxBaselines = 16;
+
 absl::Status ValidateRunStart(const v1::RunStart& start,
                               const ValidationLimits& limits);
 

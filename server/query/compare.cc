@@ -19,9 +19,9 @@ namespace trainwatch {
 namespace {
 
 absl::Status ValidateRefs(const google::protobuf::RepeatedPtrField<v1::BaselineRef>& refs) {
-  if (refs.size() > Query::kMaxBaselines) {
+  if (static_cast<size_t>(refs.size()) > kMaxBaselines) {
     return absl::InvalidArgumentError(
-        absl::StrCat(refs.size(), " baselines: at most ", Query::kMaxBaselines));
+        absl::StrCat(refs.size(), " baselines: at most ", kMaxBaselines));
   }
   for (const v1::BaselineRef& ref : refs) {
     if (absl::Status s = ValidateRunId(ref.run()); !s.ok()) {

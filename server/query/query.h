@@ -60,12 +60,11 @@ class Query {
                                               const std::string& who) const;
 
   // Reference runs (docs/baselines.md): a run's baselines, set (empty:
-  // cleared; at most kMaxBaselines, valid run ids) and shown with where they
+  // cleared; at most kMaxBaselines of common/validate.h, valid run ids) and shown with where they
   // come from; and the run's bins against them (compare.cc).
   absl::StatusOr<v1::BaselinesResponse> SetBaselines(const v1::SetBaselinesRequest& request) const;
   absl::StatusOr<v1::BaselinesResponse> GetBaselines(const v1::GetBaselinesRequest& request) const;
   absl::StatusOr<v1::CompareRunsResponse> CompareRuns(const v1::CompareRunsRequest& request) const;
-  static constexpr int kMaxBaselines = 16;
 
   // A consistent copy of the database (Store::Backup into a staging file of
   // backup_dir, mode 0600, created exclusively, unlinked as soon as it is
