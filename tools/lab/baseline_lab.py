@@ -6,7 +6,9 @@ The recipe is a held-out dense family (--family; lab_lm.py healthy-hf by
 default: a Hugging Face-named 2-layer LM, 600 steps, warmup 100). healthy-hf
 was judged first and used to set the detector's rules (docs/baselines.md);
 healthy-zipf (a Zipfian language, noisier) was chosen and frozen before any
-of its runs was trained, and judged once after. Two healthy seeds are the references; each case is
+of its runs was trained, and judged once after; then healthy-megatron
+(Megatron-Core module names), frozen the same way before the CUSUM's
+reference value was changed on the first two, to be judged once after. Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
 
@@ -30,6 +32,8 @@ False alarms: BaselineDeviation warning/critical on the healthy cases per
     PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build
     PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
         --family healthy-zipf
+    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
+        --family healthy-megatron
 """
 
 import argparse
@@ -140,6 +144,7 @@ def main(argv=None):
                     help=f"the recipe, a lab_lm.py family (default {FAMILY})")
     ap.add_argument("--runs", default=None, help="cache (default BUILD/baseline-lab/FAMILY)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--train-only", action="store_true", help="train what is not cached, no server")
     args = ap.parse_args(argv)
     runs = pathlib.Path(args.runs or pathlib.Path(args.build) / "baseline-lab" / args.family)
     runs.mkdir(parents=True, exist_ok=True)
@@ -147,6 +152,8 @@ def main(argv=None):
         [str(pathlib.Path(args.build) / "python"), os.environ.get("PYTHONPATH", "")])
     ref_logs = [train(runs, args.family, f"ref-s{s}", [], s) for s in REFS]
     case_logs = {n: train(runs, args.family, n, a, seed) for n, (a, seed, _, _) in CASES.items()}
+    if args.train_only:
+        return 0
     ref_runs = [f"baseline-lab/ref/s{s}" for s in REFS]
     rows, result = [], {}
     with tempfile.TemporaryDirectory(prefix="tw-baseline-lab-") as tmp:
