@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/fleet.h"
 #include "output/json_out.h"
+#include "output/text_out.h"
 
 namespace trainwatch::cli {
 namespace {
@@ -40,10 +41,7 @@ absl::Status AddRefs(const ParsedArgs& args,
 }
 
 std::string Refs(const google::protobuf::RepeatedPtrField<v1::BaselineRef>& refs) {
-  std::string out;
-  for (const v1::BaselineRef& r : refs) {
-    absl::StrAppend(&out, out.empty() ? "" : ", ", r.run(), "@", r.attempt());
-  }
+  const std::string out = BaselineRefs(refs);
   return out.empty() ? "-" : out;
 }
 

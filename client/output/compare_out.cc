@@ -1,5 +1,5 @@
-#include "absl/strings/str_cat.h"
 #include "output/json_out.h"
+#include "output/text_out.h"
 
 namespace trainwatch::cli {
 
@@ -11,7 +11,7 @@ void WriteCompare(JsonWriter& w, const v1::CompareRunsResponse& r) {
   w.Uint(r.attempt());
   w.Key("refs");
   w.BeginArray();
-  for (const v1::BaselineRef& ref : r.refs()) w.String(absl::StrCat(ref.run(), "@", ref.attempt()));
+  for (const v1::BaselineRef& ref : r.refs()) w.String(BaselineRefText(ref));
   w.EndArray();
   w.Key("metric");
   w.String(r.metric());

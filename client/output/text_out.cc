@@ -45,6 +45,18 @@ std::string OptNum(bool present, double value) {
   return present ? Num(value) : "-";
 }
 
+std::string BaselineRefText(const v1::BaselineRef& ref) {
+  return absl::StrCat(ref.run(), "@", ref.attempt());
+}
+
+std::string BaselineRefs(const google::protobuf::RepeatedPtrField<v1::BaselineRef>& refs) {
+  std::string out;
+  for (const v1::BaselineRef& r : refs) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", BaselineRefText(r));
+  }
+  return out;
+}
+
 std::string BatchIds(const google::protobuf::RepeatedField<int64_t>& ids,
                      int limit) {
   if (ids.empty()) return "-";

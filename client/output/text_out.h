@@ -33,6 +33,11 @@ std::string Num(double value);
 // "-" for an absent optional value.
 std::string OptNum(bool present, double value);
 
+// A reference run as `baseline set --ref` takes it: "run@attempt"; and a
+// list of them, ", "-separated ("" for none).
+std::string BaselineRefText(const v1::BaselineRef& ref);
+std::string BaselineRefs(const google::protobuf::RepeatedPtrField<v1::BaselineRef>& refs);
+
 // At most `limit` ids, comma-separated, then "... (N more)".
 std::string BatchIds(const google::protobuf::RepeatedField<int64_t>& ids,
                      int limit = 16);

@@ -178,8 +178,6 @@ void WriteChart(JsonWriter& w, const Chart& chart) {
   if (chart.ref.has_value()) {
     w.Key("ref");
     w.BeginObject();
-    w.Key("name");
-    w.String(chart.ref->name);
     w.Key("x");
     UintArray(w, chart.ref->x);
     w.Key("lo");
@@ -387,10 +385,7 @@ Chart ClipFractionChart(const ReportInput& in, const std::vector<Point>& post_no
 std::optional<RefBand> BaselineBand(const v1::CompareRunsResponse& c) {
   if (c.bins().empty()) return std::nullopt;
   RefBand b;
-  std::vector<std::string> refs;
-  for (const v1::BaselineRef& r : c.refs()) refs.push_back(absl::StrCat(r.run(), "@", r.attempt()));
-  b.name = absl::StrCat("band of ", absl::StrJoin(refs, ", "), " (by ", c.axis(), ")");
-  // The chart's title says which runs (the legend keeps to a line).
+  b.name = absl::StrCat("band of ", BaselineRefs(c.refs()), " (by ", c.axis(), ")");
   for (const v1::CompareBin& bin : c.bins()) {
     b.x.push_back((bin.first_step() + bin.last_step()) / 2);
     b.lo.push_back(bin.lo());
@@ -456,6 +451,7 @@ std::vector<Chart> BuildCharts(const ReportInput& in,
   lc.marks_name = "hard batch";
   lc.marks = ds.Marks(hard);
   lc.ref = BaselineBand(in.baseline);
+  // The chart's title says which runs (the legend keeps to a line).
   if (lc.ref.has_value()) lc.title = absl::StrCat("Loss, over the ", lc.ref->name);
   charts.push_back(std::move(lc));
   charts.push_back(FieldChart("lr", "Learning rate", false, lr, ds));

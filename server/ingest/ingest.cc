@@ -164,7 +164,7 @@ class ReportReactor final
         last_batch_records_ = n;
         ++unprocessed_;
         ingest_->Submitted(n);
-        if (!ranks_.empty()) {
+        if (host_stream_) {
           SubmitHostBatchLocked(seq);
           return absl::OkStatus();
         }
@@ -190,10 +190,8 @@ class ReportReactor final
         }
         // A host stream's event is each of its ranks' (a RUN_FINISHED ends
         // them all), acked once every rank's is stored.
-        const std::vector<StreamHandle> to =
-            ranks_.empty() ? std::vector<StreamHandle>{stream_} : ranks_;
-        if (to.size() > 1) parts_[seq] = Parts{.durable = to.size(), .processed = 0};
-        for (const StreamHandle& rank : to) {
+        if (ranks_.size() > 1) parts_[seq] = Parts{.durable = ranks_.size(), .processed = 0};
+        for (const StreamHandle& rank : ranks_) {
           ++pending_;
           ingest_->engine_->SubmitEvent(
               rank, request_.event(),
@@ -215,7 +213,7 @@ class ReportReactor final
         uint64_t seq = ack.seq();
         // On a host stream each rank answers for itself, through its sender.
         StreamHandle rank = stream_;
-        if (!ranks_.empty()) {
+        if (host_stream_) {
           rank = RankStreamLocked(ack.rank());
           if (rank == nullptr) {
             return InStream(absl::InvalidArgumentError(absl::StrCat(
@@ -264,8 +262,10 @@ class ReportReactor final
       absl::StatusOr<StreamHandle> stream = OpenLocked(request_.start(), quota);
       if (!stream.ok()) return stream.status();
       stream_ = *std::move(stream);
+      ranks_.push_back(stream_);
       return absl::OkStatus();
     }
+    host_stream_ = true;
     // A host stream: each of its ranks is a stream of its own to the
     // engine, with the RunStart that rank would have sent.
     const v1::RunStart& start = request_.start();
@@ -333,14 +333,14 @@ class ReportReactor final
     for (int i = 0; i < n; ++i) {
       const v1::StepRecord& r = records->Get(i);
       bool ok;
-      if (ranks_.empty()) {
+      if (!host_stream_) {
         ok = !r.has_rank() || r.rank() == stream_->key.rank;
       } else {
         ok = r.has_rank() && RankStreamLocked(r.rank()) != nullptr;
       }
       if (!ok) {
         if (first.empty()) {
-          first = !ranks_.empty() && !r.has_rank()
+          first = host_stream_ && !r.has_rank()
                       ? absl::StrCat("step ", r.step(), ": a host stream's record names its "
                                      "rank (StepRecord.rank)")
                       : absl::StrCat("step ", r.step(), ": rank ", r.rank(),
@@ -473,8 +473,7 @@ class ReportReactor final
       if (ClosedLoop* loop = ingest_->options_.closed_loop; loop != nullptr && stream_ != nullptr) {
         // A host stream's: what any of its ranks has not applied, once.
         absl::flat_hash_set<std::string> ids;
-        for (const StreamHandle& rank :
-             ranks_.empty() ? std::vector<StreamHandle>{stream_} : ranks_) {
+        for (const StreamHandle& rank : ranks_) {
           for (v1::Directive& d : loop->ToDeliver(rank->key.run_id, rank->key.rank,
                                                   last_applied_directive_)) {
             if (ids.insert(d.id()).second) response_.add_directives()->Swap(&d);
@@ -497,7 +496,6 @@ class ReportReactor final
     // Nothing of the stream is pending: it is over for its run (DeleteRun
     // may go ahead as soon as the client sees the status).
     if (next_io == kFinish) {
-      if (stream_ != nullptr) stream_->Close();
       for (const StreamHandle& rank : ranks_) rank->Close();
     }
     mu_.Unlock();
@@ -514,9 +512,11 @@ class ReportReactor final
   v1::ReportResponse response_;
   grpc::ByteBuffer response_bytes_;  // owned by the write in flight
   StreamHandle stream_;          // set by the first message: the sender's rank
-  // A host stream's ranks (RunStart.local_ranks), each an engine stream;
-  // empty for a rank's own stream. Set by the first message.
+  // The engine streams this one feeds, set by the first message: a host
+  // stream's ranks (RunStart.local_ranks, the sender's among them), or
+  // stream_ alone.
   std::vector<StreamHandle> ranks_;
+  bool host_stream_ = false;  // RunStart.local_ranks was given
   // The parts of a host stream's batch or event not yet processed and
   // durable, by seq: its ack waits for the last.
   struct Parts {

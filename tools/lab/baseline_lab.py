@@ -173,8 +173,8 @@ def main(argv=None):
                 pages = [a for a in alerts if a["severity"] in ("warning", "critical")]
                 first = min((a["started_step"] for a in (alerts if want == "any" else pages)),
                             default=None)
-                _, steps = read(case_logs[name])
-                warm = read(case_logs[name])[0].get("warmup_steps", 0)
+                start, steps = read(case_logs[name])
+                warm = start.get("warmup_steps", 0)
                 judged = max(0, len(steps) - warm)
                 if want == "nothing":
                     verdict = "right" if not pages else "false alarm"

@@ -46,6 +46,13 @@ std::string Count(double v) {
   return absl::StrFormat("%.0f", v);
 }
 
+// The run's value against the references': "+1.51" for log Z (a log
+// already), "1.15x" for the rest.
+std::string Versus(BaselineMetric metric, double value, double ref) {
+  return metric == BaselineMetric::kLogZ ? absl::StrFormat("%+.3g", value - ref)
+                                         : absl::StrFormat("%.3gx", value / ref);
+}
+
 // "loss 3.41 vs baseline 2.97, 1.15x, band +-0.05, at 1.2B tokens (step
 // 8,420); left the band at step 8,400".
 std::string Describe(BaselineMetric metric, BaselineAxis axis, const BandBin& b,
@@ -53,9 +60,7 @@ std::string Describe(BaselineMetric metric, BaselineAxis axis, const BandBin& b,
   const double value = BaselineUnits(metric, b.value);
   const double ref = BaselineUnits(metric, b.ref_median);
   const double half = (BaselineUnits(metric, b.hi) - BaselineUnits(metric, b.lo)) / 2;
-  const std::string versus =
-      metric == BaselineMetric::kLogZ ? absl::StrFormat("%+.3g", value - ref)
-                                      : absl::StrFormat("%.3gx", value / ref);
+  const std::string versus = Versus(metric, value, ref);
   const std::string at =
       axis == BaselineAxis::kTokens
           ? absl::StrCat(Count(b.x), " tokens (step ", Thousands(b.last_step), ")")
@@ -97,10 +102,8 @@ class BaselineDeviation final : public Detector {
   struct Watch {
     Watch(BaselineMetric metric, BaselineAxis axis, std::shared_ptr<const BaselineReferences> refs,
           const HealthConfig& config)
-        : metric(metric),
-          band(metric, axis, std::move(refs)),
+        : band(metric, axis, std::move(refs)),
           cusum(config.change.arl0, BandOptions{}.bin_steps) {}
-    BaselineMetric metric;
     BaselineBand band;
     ResidualCusum cusum;
     std::optional<BandBin> last;
@@ -127,7 +130,7 @@ class BaselineDeviation final : public Detector {
     // hard batch's (LossSpike's to name), not the run leaving its recipe.
     const Watch* loss = nullptr;
     for (const Watch& w : watches_) {
-      if (w.metric == BaselineMetric::kLoss && w.last.has_value() &&
+      if (w.band.metric() == BaselineMetric::kLoss && w.last.has_value() &&
           ((w.verdict.worse && w.above >= kLevelBins) ||
            (w.verdict.better && w.below >= kLevelBins))) {
         loss = &w;
@@ -137,14 +140,13 @@ class BaselineDeviation final : public Detector {
       severity_ = v1::SEVERITY_UNSPECIFIED;
       return;
     }
-    const Watch* worst = loss;
-    const v1::Severity wanted = !worst->verdict.worse ? v1::SEVERITY_INFO
-                                : worst->verdict.beyond_twice >= kCriticalBins
+    const v1::Severity wanted = !loss->verdict.worse ? v1::SEVERITY_INFO
+                                : loss->verdict.beyond_twice >= kCriticalBins
                                     ? v1::SEVERITY_CRITICAL
                                     : v1::SEVERITY_WARNING;
-    const auto text = [&] { return Text(*worst, wanted); };
+    const auto text = [&] { return Text(*loss, wanted); };
     const bool firing_before = severity_ != v1::SEVERITY_UNSPECIFIED;
-    sink.Condition(AlertKind::kBaselineDeviation, step, true, std::abs(worst->last->z), text);
+    sink.Condition(AlertKind::kBaselineDeviation, step, true, std::abs(loss->last->z), text);
     if (firing_before && Rank(wanted) > Rank(severity_)) {
       sink.Amend(AlertKind::kBaselineDeviation, text(), wanted);
     }
@@ -180,12 +182,11 @@ class BaselineDeviation final : public Detector {
           !(w.verdict.worse ? o.verdict.worse : o.verdict.better)) {
         continue;
       }
-      const double value = BaselineUnits(o.metric, o.last->value);
-      const double ref = BaselineUnits(o.metric, o.last->ref_median);
+      const BaselineMetric metric = o.band.metric();
       absl::StrAppend(&out, out.empty() ? "; also out of their band: " : ", ",
-                      BaselineMetricName(o.metric), " ",
-                      o.metric == BaselineMetric::kLogZ ? absl::StrFormat("%+.3g", value - ref)
-                                                        : absl::StrFormat("%.3gx", value / ref));
+                      BaselineMetricName(metric), " ",
+                      Versus(metric, BaselineUnits(metric, o.last->value),
+                             BaselineUnits(metric, o.last->ref_median)));
     }
     return out;
   }
