@@ -115,7 +115,8 @@ Walk Count(const Shape& shape, const uint8_t* p, const uint8_t* end, size_t max_
   return Walk::kOk;
 }
 
-// A StepBatch's records and seq, without walking the records.
+// A StepBatch's records and seq, without walking the records; summed over
+// the batch's fields when it is sent as several.
 struct BatchShape {
   uint64_t records = 0;
   uint64_t seq = 0;
@@ -195,20 +196,22 @@ absl::Status WireBudget::Check(std::string_view wire) const {
   if (most_objects <= max_batch_records_ && most_objects <= max_entries_) {
     return absl::OkStatus();
   }
-  // The batch's records first: their own limit, and the usual message.
+  // The batch's records first: their own limit, and the usual message. The
+  // parser merges a batch sent as several fields into one (its records
+  // appended, its seq the last one's): the records are counted over all.
   Field field;
+  BatchShape batch;
   for (const uint8_t* q = p; q < end && most_objects > max_batch_records_;) {
     if (!NextField(q, end, field)) break;
     if (field.number != v1::ReportRequest::kBatchFieldNumber || field.wire_type != kWireLen) {
       continue;
     }
-    BatchShape batch;
-    if (ShallowBatch(field.data, field.data + field.len, batch) &&
-        batch.records > max_batch_records_) {
-      return absl::InvalidArgumentError(absl::StrCat("batch seq ", batch.seq, " has ",
-                                                     batch.records, " records; at most ",
-                                                     max_batch_records_));
-    }
+    if (!ShallowBatch(field.data, field.data + field.len, batch)) break;
+  }
+  if (batch.records > max_batch_records_) {
+    return absl::InvalidArgumentError(absl::StrCat("batch seq ", batch.seq, " has ",
+                                                   batch.records, " records; at most ",
+                                                   max_batch_records_));
   }
   if (most_objects <= max_entries_) return absl::OkStatus();
   size_t entries = 0;
