@@ -62,14 +62,19 @@ absl::Status StoreWriter::CompactOne(size_t* merged_records) {
   // stopped at its LIMIT: then it is merged too, so that every call makes
   // progress (a stream of one-record batches has many small chunks).
   const bool limited = chunks.size() == kCompactScanRows;
-  size_t begin = 0, scanned = 0;
-  for (const Chunk& c : chunks) scanned += c.n;
+  size_t begin = 0, scanned = 0, scanned_bytes = 0;
+  for (const Chunk& c : chunks) {
+    scanned += c.n;
+    scanned_bytes += c.blob.size();
+  }
   while (status.ok() && begin < chunks.size()) {
-    size_t end = begin, records = 0;
+    size_t end = begin, records = 0, bytes = 0;
     bool small = false;
-    while (end < chunks.size() && records + chunks[end].n <= kCompactRecords) {
+    while (end < chunks.size() && records + chunks[end].n <= kCompactRecords &&
+           bytes + chunks[end].blob.size() <= kCompactBytes) {
       records += chunks[end].n;
-      small = small || chunks[end].n < kSmallChunk;
+      bytes += chunks[end].blob.size();
+      small = small || IsSmallChunk(chunks[end].n, chunks[end].blob.size());
       ++end;
     }
     if (end == chunks.size() && !limited) break;  // open
@@ -96,16 +101,20 @@ absl::Status StoreWriter::CompactOne(size_t* merged_records) {
   if (limited) {
     tail.from_step = chunks.back().last + 1;
     tail.records = tail.records > scanned ? tail.records - scanned : 0;
+    tail.bytes = tail.bytes > scanned_bytes ? tail.bytes - scanned_bytes : 0;
   } else if (begin < chunks.size()) {
     tail.from_step = chunks[begin].first;
-    tail.records = 0;
-    for (size_t i = begin; i < chunks.size(); ++i) tail.records += chunks[i].n;
+    tail.records = tail.bytes = 0;
+    for (size_t i = begin; i < chunks.size(); ++i) {
+      tail.records += chunks[i].n;
+      tail.bytes += chunks[i].blob.size();
+    }
   } else {
-    tail.records = 0;
+    tail.records = tail.bytes = 0;
   }
   if (tail.records == 0) {
     small_.erase(it);
-  } else if (tail.records > kCompactRecords) {
+  } else if (tail.records > kCompactRecords || tail.bytes > kCompactBytes) {
     tail.queued = true;
     ready_.push_back(key);
   }

@@ -154,24 +154,28 @@ absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
   insert_chunk_.Bind(1, st.run_key).Bind(2, int64_t{op.key.rank})
       .Bind(3, int64_t{op.key.attempt}).Bind(4, first)
       .Bind(5, *st.last_step)
-      .Bind(6, static_cast<int64_t>(picked_.size()))
-      .BindBlob(7, EncodeStepChunk(records, picked_));
+      .Bind(6, static_cast<int64_t>(picked_.size()));
+  const std::string blob = EncodeStepChunk(records, picked_);
+  insert_chunk_.BindBlob(7, blob);
   if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
   if (rank_stream) {
     if (absl::Status s = Prune(op.key, st); !s.ok()) return s;
   }
   // Compaction's bookkeeping: from a stream's first small chunk on, the
   // records of its chunks.
-  const bool small_chunk = picked_.size() < kSmallChunk;
+  const bool small_chunk = IsSmallChunk(picked_.size(), blob.size());
   auto tail = small_.find(op.key);
   if (tail == small_.end() && small_chunk) {
     tail = small_.emplace(op.key, SmallChunks{.run_key = st.run_key, .from_step = first})
                .first;
   }
   if (tail != small_.end()) {
-    // Past kCompactRecords at least one group of them is complete.
+    // Past kCompactRecords (or kCompactBytes) at least one group of them is
+    // complete.
     tail->second.records += picked_.size();
-    if (!tail->second.queued && tail->second.records > kCompactRecords) {
+    tail->second.bytes += blob.size();
+    if (!tail->second.queued && (tail->second.records > kCompactRecords ||
+                                 tail->second.bytes > kCompactBytes)) {
       tail->second.queued = true;
       ready_.push_back(op.key);
     }

@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "store/codec/step_codec.h"
+#include "store/writer.h"
 #include "eventually.h"
 #include "test_records.h"
 
@@ -634,6 +635,62 @@ TEST(StoreFileTest, MoeCountsReadBackExactlyAfterMerges) {
                                     for (const auto& item : chunk.items()) {
                                       const v1::StepRecord& w = want[next++];
                                       EXPECT_EQ(item.record().step(), w.step());
+                                      EXPECT_EQ(item.record().moe().SerializeAsString(),
+                                                w.moe().SerializeAsString())
+                                          << "step " << w.step();
+                                    }
+                                    return true;
+                                  }).ok());
+  EXPECT_EQ(next, want.size());
+}
+
+// Chunks are bounded in bytes too: a batch of 16 records with a 48 x 128
+// MoE report each (~200 KB) is not small and stays as written (merging it
+// would code its counts again for nothing), and one-record batches of them
+// (~12 KB each) merge into chunks of at most kCompactBytes of their parts.
+TEST(StoreFileTest, LargeMoeChunksStayAsWrittenAndMergedOnesStayUnderTheirBytes) {
+  const std::string path = FreshDb("store_moe_bytes.db");
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto write = [&](WriteOp op) { return SubmitAndWait(**store, std::move(op)); };
+  ASSERT_TRUE(write({.key = {"r1", 0, 0}, .body = WriteOp::Start{Start("r1")}})
+                  .status.ok());
+  StepRecords want = OddRecords(0, 460);
+  uint64_t noise = 1;
+  for (v1::StepRecord& r : want) {
+    for (int l = 0; l < 48; ++l) {
+      v1::MoeLayerStats& layer = *r.mutable_moe()->add_layers();
+      layer.set_layer("layers." + std::to_string(l));
+      for (int e = 0; e < 128; ++e) {
+        noise = noise * 6364136223846793005u + 1442695040888963407u;
+        layer.add_tokens_per_expert(60000 + (noise >> 33) % 8000);
+      }
+    }
+  }
+  int from = 0;
+  for (; from < 160; from += 16) {
+    StepRecords batch(want.begin() + from, want.begin() + from + 16);
+    ASSERT_EQ(write({.key = {"r1", 0, 0}, .body = WriteOp::Batch{std::move(batch)}}).stored,
+              16u);
+  }
+  for (; from < want.size(); ++from) {
+    StepRecords batch(want.begin() + from, want.begin() + from + 1);
+    ASSERT_EQ(write({.key = {"r1", 0, 0}, .body = WriteOp::Batch{std::move(batch)}}).stored,
+              1u);
+  }
+  ASSERT_TRUE(testing::Eventually([&] {
+    return std::stoi(Sql(path, "SELECT count(*) FROM step_chunks WHERE n > 16")) >= 2;
+  })) << "the one-record chunks were not merged";
+  EXPECT_EQ(Sql(path, "SELECT count(*) FROM step_chunks WHERE n = 16 AND last_step < 160"),
+            "10");
+  EXPECT_EQ(Sql(path, "SELECT count(*) FROM step_chunks WHERE length(records) > " +
+                          std::to_string(StoreWriter::kCompactBytes)),
+            "0");
+  int next = 0;
+  ASSERT_TRUE((*store)->ReadSteps("r1", 0, 0, std::nullopt, 1000,
+                                  [&](v1::StepRecords& chunk) {
+                                    for (const auto& item : chunk.items()) {
+                                      const v1::StepRecord& w = want[next++];
                                       EXPECT_EQ(item.record().moe().SerializeAsString(),
                                                 w.moe().SerializeAsString())
                                           << "step " << w.step();

@@ -35,6 +35,27 @@ class BitWriter {
     acc_ = v;  // its low `rest` bits are the pending ones
     n_ = rest;
   }
+  // Room for `bits` more bits, so that PutReserved need not check.
+  void Reserve(size_t bits) {
+    const size_t need = len_ + bits / 8 + 16;
+    if (out_->size() < need) out_->resize(std::max(2 * out_->size(), need + 48));
+  }
+  // Put, for 1..63 bits of a v that has no higher bit set, within what
+  // Reserve made room for: a codec's inner loop.
+  void PutReserved(uint64_t v, int bits) {
+    const int free = 64 - n_;  // 1..64
+    if (bits < free) {
+      acc_ = (acc_ << bits) | v;
+      n_ += bits;
+      return;
+    }
+    const int rest = bits - free;  // free < 64 here: bits <= 63
+    const uint64_t full = __builtin_bswap64((acc_ << free) | (v >> rest));
+    std::memcpy(out_->data() + len_, &full, 8);
+    len_ += 8;
+    acc_ = v;
+    n_ = rest;
+  }
   // Writes the pending bits, the last byte padded with zeros.
   void Finish() {
     const uint64_t top = n_ == 0 ? 0 : acc_ << (64 - n_);

@@ -89,6 +89,7 @@ struct Choice {
 // between, the one that won then (a layer's noise and drift change slowly,
 // and pricing both took a third of the writer's time).
 constexpr size_t kReprice = 8;
+constexpr size_t kSample = 4;
 
 // The cheapest prediction of `counts` and its code; residuals[mode] holds
 // the zigzagged residuals under it.
@@ -108,13 +109,21 @@ Choice Choose(History& h, const uint64_t* counts, size_t n, uint64_t mean,
     const uint64_t* pred = Predict(mode, h, mean, n, own);
     std::vector<uint64_t>& z = residuals[m];
     z.resize(n);
-    // Four histograms, so that increments of one width do not wait on
-    // each other.
+    for (size_t i = 0; i < n; ++i) z[i] = ZigZag(counts[i] - pred[i]);
+    // The code is chosen on every kSample-th residual when only one mode
+    // is priced (a layer's residuals are alike; pricing every one was a
+    // quarter of the writer's time), on all when modes are compared. Four
+    // histograms, so that increments of one width do not wait on each other.
+    const size_t stride = reprice || n < 4 * kSample ? 1 : kSample;
     std::array<WidthHistogram, 4> part{};
-    for (size_t i = 0; i < n; ++i) {
-      z[i] = ZigZag(counts[i] - pred[i]);
-      ++part[i % 4][std::bit_width(z[i])];
+    size_t i = 0;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+      ++part[0][std::bit_width(z[i])];
+      ++part[1][std::bit_width(z[i + stride])];
+      ++part[2][std::bit_width(z[i + 2 * stride])];
+      ++part[3][std::bit_width(z[i + 3 * stride])];
     }
+    for (; i < n; i += stride) ++part[0][std::bit_width(z[i])];
     WidthHistogram hist{};
     for (size_t b = 0; b < hist.size(); ++b) {
       hist[b] = part[0][b] + part[1][b] + part[2][b] + part[3][b];
@@ -131,38 +140,27 @@ Choice Choose(History& h, const uint64_t* counts, size_t n, uint64_t mean,
 }
 
 // Writes one Exp-Golomb code of order k per residual (PutGolomb's bits),
-// each preceded by a zero flag if asked, gathering them in a word and
-// handing the writer a word at a time: BitWriter::Put per code was half of
+// each preceded by a zero flag if asked (a nonzero's flag joins its code in
+// one write), into room reserved once: BitWriter::Put per code was half of
 // the writer's time.
 void PutCodes(BitWriter& w, absl::Span<const uint64_t> residuals, int k, bool zero_flags) {
-  uint64_t acc = 0;
-  int used = 0;  // bits in acc, at most 64
-  const auto put = [&](uint64_t bits, int len) {  // len <= 63
-    if (used + len > 64) {
-      w.Put(acc, used);
-      acc = 0;
-      used = 0;
-    }
-    acc = (acc << len) | bits;
-    used += len;
-  };
+  w.Reserve(64 * residuals.size());
+  const uint64_t flag = zero_flags ? 1 : 0;
   for (const uint64_t z : residuals) {
-    if (zero_flags) {
-      put(z != 0, 1);
-      if (z == 0) continue;
+    if (zero_flags && z == 0) {
+      w.PutReserved(0, 1);
+      continue;
     }
     const int n = std::bit_width(z >> k);
     const int len = n == 0 ? k + 1 : 2 * n + k;
-    if (len > 63) {  // a code over a word: PutGolomb's own
-      w.Put(acc, used);
-      acc = 0;
-      used = 0;
+    if (len + zero_flags > 63) {  // a code over a word: PutGolomb's own
+      if (zero_flags) w.PutReserved(1, 1);
       PutGolomb(w, z, k);
       continue;
     }
-    put(n == 0 ? (uint64_t{1} << k) | z : z, len);
+    const uint64_t code = n == 0 ? (uint64_t{1} << k) | z : z;
+    w.PutReserved((flag << len) | code, len + zero_flags);
   }
-  w.Put(acc, used);
 }
 
 }  // namespace

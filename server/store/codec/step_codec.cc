@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/arena.h"
 #include "google/protobuf/descriptor.h"
 #include "store/codec/bitmap.h"
 #include "store/codec/bits.h"
@@ -168,11 +169,21 @@ bool HasResidue(const StepRecord& r) {
 
 // The record less what the columns hold (and, when `moe_counts`, less the
 // MoE counts, which moe_counts.h codes), serialized.
+// The copy is on an arena: a 48 x 128 MoE report is ~100 allocations,
+// freed at once (their mallocs and frees were most of the copy's cost).
 std::string Residue(const StepRecord& r, bool moe_counts) {
-  StepRecord rest = r;
-  for (int number : kColumnFields) {
-    rest.GetReflection()->ClearField(
-        &rest, StepRecord::descriptor()->FindFieldByNumber(number));
+  google::protobuf::Arena arena;
+  StepRecord& rest = *google::protobuf::Arena::Create<StepRecord>(&arena);
+  rest = r;
+  static const std::vector<const google::protobuf::FieldDescriptor*>* const columns = [] {
+    auto* out = new std::vector<const google::protobuf::FieldDescriptor*>;
+    for (int number : kColumnFields) {
+      out->push_back(StepRecord::descriptor()->FindFieldByNumber(number));
+    }
+    return out;
+  }();
+  for (const google::protobuf::FieldDescriptor* f : *columns) {
+    rest.GetReflection()->ClearField(&rest, f);
   }
   if (moe_counts && rest.has_moe()) {
     for (v1::MoeLayerStats& layer : *rest.mutable_moe()->mutable_layers()) {
