@@ -110,6 +110,7 @@ class Dead final : public Rule {
   static uint32_t DeadExperts(const LayerState& s, uint64_t step,
                               const decltype(HealthConfig::moe)& cfg,
                               std::string* out, const std::string& name, uint64_t* onset) {
+    if (s.starving == 0) return 0;
     std::vector<size_t> dead;
     for (size_t e = 0; e < s.empty_reports.size(); ++e) {
       if (s.empty_reports[e] >= cfg.dead_min_reports &&

@@ -47,6 +47,7 @@ class Level {
  private:
   std::vector<double> values_;
   std::vector<uint64_t> steps_;
+  std::vector<double> sorted_;  // values_ in order: the median without a select
   size_t next_ = 0;
   double median_ = 0.0;
 };
@@ -95,6 +96,7 @@ struct LayerState {
   // kStarvedFedShare of them: more ends the stretch).
   std::vector<uint64_t> empty_since;
   std::vector<uint32_t> empty_reports, fed_reports;
+  uint32_t starving = 0;  // experts with empty_reports > 0 (0: none to judge)
   size_t experts = 0;  // in the last report with counts
   // The aux-free bias: the last report's and its change.
   std::vector<float> bias, bias_delta;

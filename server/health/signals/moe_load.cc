@@ -1,67 +1,71 @@
 #include "health/signals/moe_load.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 
 namespace trainwatch {
-namespace {
 
-// LoadOf less effective_experts (left 0): its logs are most of LoadOf's
-// cost, and Summarize(), which runs on every report besides the detector's
-// LoadOf, needs the rest alone.
-std::optional<MoeLayerLoad> SpreadOf(const v1::MoeLayerStats& layer) {
+std::optional<MoeLayerLoad> LoadOf(const v1::MoeLayerStats& layer) {
   const auto& counts = layer.tokens_per_expert();
   if (counts.empty()) return std::nullopt;
+  // Without branches on the counts (a 48 x 128 report is 6k of them, read
+  // for /metrics and again by the detectors).
   MoeLayerLoad out;
   uint64_t max = 0;
-  for (int i = 0; i < counts.size(); ++i) {
-    out.total += counts[i];
-    if (counts[i] == 0) ++out.dead;
-    if (counts[i] > max) {
-      max = counts[i];
-      out.hottest = static_cast<uint32_t>(i);
-    }
+  uint32_t dead = 0;
+  for (const uint64_t c : counts) {
+    out.total += c;
+    dead += c == 0 ? 1 : 0;
+    max = std::max(max, c);
   }
   if (out.total == 0) return std::nullopt;
-  const double total = static_cast<double>(out.total);
-  const double mean = total / counts.size();
-  out.max_over_mean = max / mean;
-  out.max_share = max / total;
+  out.dead = dead;
+  out.max = max;
+  out.max_over_mean = max / (static_cast<double>(out.total) / counts.size());
   return out;
+}
+
+namespace {
+
+// An upper bound on what the `m` busiest experts carry, from one pass: the
+// counts in kBuckets buckets of equal width up to the largest, each bucket
+// counted at its top. Over by at most m x (max + 1) / kBuckets.
+constexpr int kBuckets = 32;
+
+uint64_t TopAtMost(const v1::MoeLayerStats& layer, uint64_t max, uint32_t m) {
+  std::array<uint32_t, kBuckets> in{};
+  // c < max + 1, so c * kBuckets / (max + 1) < kBuckets: in doubles,
+  // exact enough (a bucket off by one near its edge is met by the +1 below).
+  // Signed conversions (one instruction each; the caller keeps max < 2^62).
+  const double scale = kBuckets / (static_cast<double>(max) + 1.0);
+  for (const uint64_t c : layer.tokens_per_expert()) {
+    const auto b = static_cast<int64_t>(static_cast<double>(static_cast<int64_t>(c)) * scale);
+    ++in[static_cast<size_t>(std::min<int64_t>(kBuckets - 1, b))];
+  }
+  const double width = (static_cast<double>(max) + 1.0) / kBuckets;
+  double bound = 0;
+  for (int b = kBuckets - 1; b >= 0 && m > 0; --b) {
+    const uint32_t take = std::min(m, in[b]);
+    // The bucket's top, and one more for the doubles' rounding.
+    bound += take * std::min(static_cast<double>(max), (b + 1) * width + 1.0);
+    m -= take;
+  }
+  return static_cast<uint64_t>(std::ceil(bound));
 }
 
 }  // namespace
 
-std::optional<MoeLayerLoad> LoadOf(const v1::MoeLayerStats& layer) {
-  std::optional<MoeLayerLoad> out = SpreadOf(layer);
-  if (!out.has_value()) return out;
-  const auto& counts = layer.tokens_per_expert();
-  const double total = static_cast<double>(out->total);
-  // H = log T - sum(c log c) / T; logf: a 48 x 128 report takes 6k logs,
-  // and the effective number needs three digits, not sixteen.
-  double sum_c_log_c = 0.0;
-  for (uint64_t c : counts) {
-    if (c > 1) sum_c_log_c += static_cast<double>(c) * std::log(static_cast<float>(c));
-  }
-  out->effective_experts = std::exp(std::log(total) - sum_c_log_c / total);
-  return out;
-}
-
 uint32_t ExpertsFor90(const v1::MoeLayerStats& layer, const MoeLayerLoad& load,
                       uint32_t at_most) {
   const auto& counts = layer.tokens_per_expert();
-  const double e = counts.size();
   const auto size = static_cast<uint32_t>(counts.size());
   if (at_most >= size) at_most = size;
-  if (at_most < e) {
-    // The largest entropy with >= 90% on at_most experts: 0.9 spread evenly
-    // over them, 0.1 over the rest (when the rest's share is the smaller).
-    const double m = std::max<double>(at_most, 1);
-    const double h = 0.9 * std::log(m / 0.9) + 0.1 * std::log((e - m) / 0.1);
-    const double bound = 0.1 / (e - m) <= 0.9 / m ? std::exp(h) : e;
-    // 1% over the bound: effective_experts is taken with float logs.
-    if (load.effective_experts > 1.01 * bound) return at_most + 1;
+  // When even the bound on the at_most busiest is under 90%, more carry it.
+  if (at_most < size && load.max < (uint64_t{1} << 62) &&
+      10 * TopAtMost(layer, load.max, at_most) < 9 * load.total) {
+    return at_most + 1;
   }
   std::vector<uint64_t> sorted(counts.begin(), counts.end());
   std::sort(sorted.begin(), sorted.end(), std::greater<>());
@@ -92,7 +96,7 @@ MoeReportSummary Summarize(const v1::MoeStats& moe) {
     if (!worst.has_value() || v > *worst) worst = v;
   };
   for (const v1::MoeLayerStats& layer : moe.layers()) {
-    if (std::optional<MoeLayerLoad> load = SpreadOf(layer)) {
+    if (std::optional<MoeLayerLoad> load = LoadOf(layer)) {
       take_max(s.load_max_over_mean, load->max_over_mean);
       s.dead_experts = s.dead_experts.value_or(0) + load->dead;
       drops.Add(layer, *load);

@@ -1,7 +1,7 @@
 // One definition of what an MoE layer's routing report says (MoeStats in
 // docs/contracts.md, the Moe* alerts in docs/detectors.md, the
 // trainwatch_moe_* series in docs/metrics.md): its load
-// spread (max/mean, the effective number of experts, the largest share),
+// spread (max/mean, n90: the fewest experts that carry 90% of it),
 // its dead experts, the assignments per expert-parallel block, and the
 // report's worst layer. The detectors and /metrics both read it.
 //
@@ -19,12 +19,8 @@ namespace trainwatch {
 
 struct MoeLayerLoad {
   uint64_t total = 0;          // assignments in the report
+  uint64_t max = 0;            // the hottest expert's
   double max_over_mean = 0.0;  // the hottest expert's over the mean (1 = even)
-  // exp(entropy of the load): num_experts when even, top_k when every token
-  // goes to the same top_k experts.
-  double effective_experts = 0.0;
-  double max_share = 0.0;      // the hottest expert's share of the assignments
-  uint32_t hottest = 0;        // its index
   uint32_t dead = 0;           // experts with no assignment
 };
 
@@ -32,10 +28,10 @@ struct MoeLayerLoad {
 std::optional<MoeLayerLoad> LoadOf(const v1::MoeLayerStats& layer);
 
 // The fewest experts that carry 90% of the layer's assignments (its counts
-// sorted: E log E), or, when `load` shows that more than `at_most` experts
-// do, at_most + 1 without sorting: a load whose effective number of experts
-// is above what 90% on at_most experts and 10% spread over the rest could
-// give has no such at_most experts. Exact for "<= at_most".
+// sorted: E log E), or, when more than `at_most` experts must, at_most + 1
+// without sorting: an upper bound on what the at_most busiest carry, from
+// the counts in 32 buckets up to the largest, is under 90%. Exact for
+// "<= at_most".
 uint32_t ExpertsFor90(const v1::MoeLayerStats& layer, const MoeLayerLoad& load,
                       uint32_t at_most);
 

@@ -111,18 +111,47 @@ std::vector<std::string> MoeFired(const HealthHarness& h) {
   return out;
 }
 
-TEST(MoeLoad, EffectiveExpertsAndMaxOverMean) {
+TEST(MoeLoad, MaxOverMeanDeadAndN90) {
   v1::MoeLayerStats even, collapsed;
   for (int e = 0; e < 8; ++e) even.add_tokens_per_expert(100);
   for (int e = 0; e < 8; ++e) collapsed.add_tokens_per_expert(e < 2 ? 400 : 0);
-  // logf inside: three digits are what the rules need.
-  EXPECT_NEAR(LoadOf(even)->effective_experts, 8.0, 1e-4);
   EXPECT_NEAR(LoadOf(even)->max_over_mean, 1.0, 1e-9);
-  EXPECT_NEAR(LoadOf(collapsed)->effective_experts, 2.0, 1e-4);
   EXPECT_EQ(LoadOf(collapsed)->dead, 6u);
   EXPECT_NEAR(LoadOf(collapsed)->max_over_mean, 4.0, 1e-9);
+  EXPECT_EQ(ExpertsFor90(even, *LoadOf(even), 8), 8u);
+  EXPECT_EQ(ExpertsFor90(collapsed, *LoadOf(collapsed), 8), 2u);
+  EXPECT_EQ(ExpertsFor90(collapsed, *LoadOf(collapsed), 1), 2u);
   EXPECT_THAT(BlockLoads(collapsed, 4), ElementsAre(800, 0, 0, 0));
   EXPECT_FALSE(LoadOf(v1::MoeLayerStats{}).has_value());
+}
+
+// n90 is exact up to at_most whether the bound or the sort answers: over
+// random loads from even to collapsed, at_most + 1 or more exactly when
+// the sorted counts need more than at_most.
+TEST(MoeLoad, N90IsExactUpToAtMost) {
+  std::mt19937_64 rng(7);
+  int bounded = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    v1::MoeLayerStats layer;
+    const int experts = 8 << (trial % 5);
+    std::lognormal_distribution<double> skew(0.0, 0.1 + 0.5 * (trial % 7));
+    for (int e = 0; e < experts; ++e) {
+      layer.add_tokens_per_expert(static_cast<uint64_t>(1000 * skew(rng)));
+    }
+    const std::optional<MoeLayerLoad> load = LoadOf(layer);
+    if (!load) continue;
+    const uint32_t exact = ExpertsFor90(layer, *load, experts);
+    for (uint32_t at_most : {1u, 2u, 4u, 16u, static_cast<uint32_t>(experts * 3 / 4)}) {
+      const uint32_t n = ExpertsFor90(layer, *load, at_most);
+      if (exact <= at_most) {
+        EXPECT_EQ(n, exact) << trial << " at_most " << at_most;
+      } else {
+        EXPECT_GT(n, at_most) << trial << " at_most " << at_most;
+        bounded += n == at_most + 1 && exact != at_most + 1;
+      }
+    }
+  }
+  EXPECT_GT(bounded, 1000) << "the bound should answer most of them";
 }
 
 TEST(MoeRouting, HealthyRunWithEarlyImbalanceAndSkewPagesNothing) {
