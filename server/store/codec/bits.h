@@ -35,26 +35,50 @@ class BitWriter {
     acc_ = v;  // its low `rest` bits are the pending ones
     n_ = rest;
   }
-  // Room for `bits` more bits, so that PutReserved need not check.
+  // Room for `bits` more bits, so that Reserved::Put need not check.
   void Reserve(size_t bits) {
     const size_t need = len_ + bits / 8 + 16;
     if (out_->size() < need) out_->resize(std::max(2 * out_->size(), need + 48));
   }
-  // Put, for 1..63 bits of a v that has no higher bit set, within what
-  // Reserve made room for: a codec's inner loop.
-  void PutReserved(uint64_t v, int bits) {
-    const int free = 64 - n_;  // 1..64
-    if (bits < free) {
-      acc_ = (acc_ << bits) | v;
-      n_ += bits;
-      return;
+  // The writer's state in locals, for a codec's inner loop within what
+  // Reserve made room for: Put, for 1..63 bits of a v that has no higher bit
+  // set. The compiler keeps it in registers, where the writer's own members
+  // (stored through the string's bytes, which may alias them) are reloaded
+  // after every word.
+  class Reserved {
+   public:
+    void Put(uint64_t v, int bits) {
+      const int free = 64 - n_;  // 1..64
+      if (bits < free) {
+        acc_ = (acc_ << bits) | v;
+        n_ += bits;
+        return;
+      }
+      const int rest = bits - free;  // free < 64 here: bits <= 63
+      const uint64_t full = __builtin_bswap64((acc_ << free) | (v >> rest));
+      std::memcpy(p_, &full, 8);
+      p_ += 8;
+      acc_ = v;
+      n_ = rest;
     }
-    const int rest = bits - free;  // free < 64 here: bits <= 63
-    const uint64_t full = __builtin_bswap64((acc_ << free) | (v >> rest));
-    std::memcpy(out_->data() + len_, &full, 8);
-    len_ += 8;
-    acc_ = v;
-    n_ = rest;
+
+   private:
+    friend class BitWriter;
+    Reserved(char* p, uint64_t acc, int n) : p_(p), acc_(acc), n_(n) {}
+    char* p_;
+    uint64_t acc_;
+    int n_;
+  };
+  // Room for `bits` more bits (Reserve's), written through the Reserved it
+  // returns until End.
+  Reserved Begin(size_t bits) {
+    Reserve(bits);
+    return Reserved(out_->data() + len_, acc_, n_);
+  }
+  void End(const Reserved& r) {
+    len_ = static_cast<size_t>(r.p_ - out_->data());
+    acc_ = r.acc_;
+    n_ = r.n_;
   }
   // Writes the pending bits, the last byte padded with zeros.
   void Finish() {
