@@ -1,6 +1,7 @@
 #include "closedloop/policy.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <iterator>
 
@@ -62,15 +63,28 @@ const char* ActionName(const v1::Directive& d) {
 }
 
 void RecentBatches::Add(uint64_t step, const google::protobuf::RepeatedField<int64_t>& ids) {
-  while (!steps_.empty() && steps_.back().first >= step) steps_.pop_back();
-  steps_.emplace_back(step, std::vector<int64_t>(ids.begin(), ids.end()));
-  if (steps_.size() > kMaxSteps) steps_.pop_front();
+  while (!held_.empty() && held_.back().step >= step) {
+    ids_.erase(ids_.end() - static_cast<std::ptrdiff_t>(held_.back().ids), ids_.end());
+    held_.pop_back();
+  }
+  ++records_;
+  if (!ids.empty()) {
+    held_.push_back({.step = step, .record = records_, .ids = static_cast<size_t>(ids.size())});
+    ids_.insert(ids_.end(), ids.begin(), ids.end());
+  }
+  while (!held_.empty() && held_.front().record + kMaxSteps <= records_) {
+    ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(held_.front().ids));
+    held_.pop_front();
+  }
 }
 
 std::vector<int64_t> RecentBatches::Between(uint64_t from, uint64_t to) const {
   std::vector<int64_t> out;
-  for (const auto& [step, ids] : steps_) {
-    if (step >= from && step < to) out.insert(out.end(), ids.begin(), ids.end());
+  auto id = ids_.begin();
+  for (const Held& h : held_) {
+    const auto end = id + static_cast<std::ptrdiff_t>(h.ids);
+    if (h.step >= from && h.step < to) out.insert(out.end(), id, end);
+    id = end;
   }
   return out;
 }

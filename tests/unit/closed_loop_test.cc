@@ -3,6 +3,7 @@
 #include "closedloop/closed_loop.h"
 
 #include <future>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -299,6 +300,41 @@ TEST_F(ClosedLoopTest, ANewAttemptExpiresWhatWasNotDelivered) {
   EXPECT_FALSE(loop_->Decide("not-an-id", true, "alice", "").ok());
   EXPECT_EQ(loop_->Decide("r1#99", true, "alice", "").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace trainwatch
+
+namespace trainwatch {
+namespace {
+
+google::protobuf::RepeatedField<int64_t> Ids(std::initializer_list<int64_t> ids) {
+  google::protobuf::RepeatedField<int64_t> out;
+  for (int64_t id : ids) out.Add(id);
+  return out;
+}
+
+TEST(RecentBatches, HoldsTheLatestRecordsIdsAndAReplayReplacesWhatFollows) {
+  RecentBatches r;
+  EXPECT_TRUE(r.empty());
+  r.Add(1, Ids({}));  // a record without ids holds nothing
+  EXPECT_TRUE(r.empty());
+  r.Add(2, Ids({20, 21}));
+  r.Add(3, Ids({}));
+  r.Add(4, Ids({40}));
+  r.Add(5, Ids({50, 51, 52}));
+  EXPECT_EQ(r.Between(0, 100), (std::vector<int64_t>{20, 21, 40, 50, 51, 52}));
+  EXPECT_EQ(r.Between(3, 5), (std::vector<int64_t>{40}));
+  // A restart from step 4: what 4 and 5 held is replaced.
+  r.Add(4, Ids({41}));
+  EXPECT_EQ(r.Between(0, 100), (std::vector<int64_t>{20, 21, 41}));
+  // kMaxSteps records later, the oldest have left, records without ids too.
+  for (uint64_t s = 5; s < 5 + RecentBatches::kMaxSteps - 2; ++s) r.Add(s, Ids({}));
+  EXPECT_EQ(r.Between(0, 100), (std::vector<int64_t>{41}));
+  r.Add(5 + RecentBatches::kMaxSteps, Ids({7}));
+  EXPECT_EQ(r.Between(0, 100000), (std::vector<int64_t>{41, 7}));
+  r.Add(6 + RecentBatches::kMaxSteps, Ids({}));  // step 4's record is 1,024 records old
+  EXPECT_EQ(r.Between(0, 100000), (std::vector<int64_t>{7}));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 namespace trainwatch {
 
 namespace {
+constexpr uint64_t kMaxNarrow = std::numeric_limits<uint16_t>::max();
 constexpr uint64_t kMaxOffset = std::numeric_limits<uint32_t>::max();
 
 // The first of the `n` sorted values at `first` for which `before` is false
@@ -44,33 +45,50 @@ using v1::NearestRank;  // the one definition, shared with the report
 
 }  // namespace
 
+uint64_t StepRing::MaxOffset() const {
+  if (!narrow_.empty()) return kMaxNarrow;
+  return wide_.empty() ? kMaxOffset : 0;
+}
+
+void StepRing::SetStep(size_t slot, uint64_t step) {
+  if (!narrow_.empty()) {
+    narrow_[slot] = static_cast<uint16_t>(step - base_);
+  } else if (wide_.empty()) {
+    offsets_[slot] = static_cast<uint32_t>(step - base_);
+  } else {
+    wide_[slot] = step;
+  }
+}
+
 void StepRing::MakeRoom(uint64_t step) {
   // The entries that stay: all but the oldest when the ring is full.
   const size_t first = full() ? 1 : 0;
   uint64_t lo = step, hi = step;
+  std::vector<uint64_t> kept(capacity_);
   for (size_t i = first; i < size_; ++i) {
     const uint64_t s = StepAt(Slot(i));
+    kept[Slot(i)] = s;
     lo = std::min(lo, s);
     hi = std::max(hi, s);
   }
-  if (hi - lo <= kMaxOffset) {
-    for (size_t i = first; i < size_; ++i) {
-      offsets_[Slot(i)] = static_cast<uint32_t>(StepAt(Slot(i)) - lo);
-    }
-    base_ = lo;
-    return;
+  // The narrowest width that holds them, never narrower than now.
+  if (hi - lo > MaxOffset() && !narrow_.empty()) {
+    narrow_ = {};
+    offsets_.resize(capacity_);
   }
-  std::vector<uint64_t> wide(capacity_);
-  for (size_t i = first; i < size_; ++i) wide[Slot(i)] = StepAt(Slot(i));
-  wide_ = std::move(wide);
-  offsets_ = {};
+  if (hi - lo > MaxOffset() && wide_.empty()) {
+    offsets_ = {};
+    wide_.resize(capacity_);
+  }
+  base_ = lo;
+  for (size_t i = first; i < size_; ++i) SetStep(Slot(i), kept[Slot(i)]);
 }
 
 size_t StepRing::Append(uint64_t step) {
-  if (offsets_.empty() && wide_.empty()) offsets_.resize(capacity_);
+  if (narrow_.empty() && offsets_.empty() && wide_.empty()) narrow_.resize(capacity_);
   if (empty() || (full() && capacity_ == 1)) {
     base_ = step;
-  } else if (wide_.empty() && (step < base_ || step - base_ > kMaxOffset)) {
+  } else if (MaxOffset() != 0 && (step < base_ || step - base_ > MaxOffset())) {
     MakeRoom(step);
   }
   size_t slot;
@@ -81,19 +99,16 @@ size_t StepRing::Append(uint64_t step) {
     slot = Slot(size_);
     ++size_;
   }
-  if (wide_.empty()) {
-    offsets_[slot] = static_cast<uint32_t>(step - base_);
-  } else {
-    wide_[slot] = step;
-  }
+  SetStep(slot, step);
   return slot;
 }
 
 void StepRing::Clear() {
   head_ = size_ = 0;
-  if (!wide_.empty()) {
+  if (!offsets_.empty() || !wide_.empty()) {  // back to the narrowest
     wide_ = {};
-    offsets_.resize(capacity_);
+    offsets_ = {};
+    narrow_.resize(capacity_);
   }
 }
 

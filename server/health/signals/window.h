@@ -7,7 +7,7 @@
 // quantile is a walk over ~20 block sizes, so there is no sorting per step.
 // Storage is allocated on the first push (a run that never reports a field
 // pays nothing for its window) and costs 12 bytes a slot, ~23 with the
-// sorted copy. RunWindow bundles the series the detectors read (norm, clip
+// sorted copy; 10 and ~21 while a window's steps span under 2^16. RunWindow bundles the series the detectors read (norm, clip
 // and skip flags, attention logit, log Z) and can rewind to a step when a job
 // restarts from a checkpoint.
 //
@@ -26,11 +26,13 @@
 
 namespace trainwatch {
 
-// The steps of the last `capacity` pushes, oldest first, in a ring of 32-bit
-// offsets from a base step (4 bytes a slot). Steps normally grow, but any
-// order is kept exactly: a step below the base rebases the ring, and a window
-// whose steps span more than 2^32 switches to 64-bit steps. Owners keep their
-// values in arrays indexed by the same slots.
+// The steps of the last `capacity` pushes, oldest first, in a ring of 16-bit
+// offsets from a base step (2 bytes a slot: a run's windows were a third of
+// its memory). Steps normally grow, but any order is kept exactly: a step
+// below the base or past 2^16 above it rebases the ring, a window whose
+// steps span more than 2^16 switches to 32-bit offsets and one past 2^32 to
+// 64-bit steps (until Clear). Owners keep their values in arrays indexed by
+// the same slots.
 class StepRing {
  public:
   explicit StepRing(size_t capacity) : capacity_(capacity) {}
@@ -47,6 +49,7 @@ class StepRing {
   size_t oldest_slot() const { return head_; }
   size_t newest_slot() const { return Slot(size_ - 1); }
   uint64_t StepAt(size_t slot) const {
+    if (!narrow_.empty()) return base_ + narrow_[slot];
     return wide_.empty() ? base_ + offsets_[slot] : wide_[slot];
   }
 
@@ -58,12 +61,17 @@ class StepRing {
   void Clear();
 
  private:
-  // Makes `step` representable: rebases the offsets, or goes 64-bit.
+  // Makes `step` representable: rebases the offsets, or widens them.
   void MakeRoom(uint64_t step);
+  // The largest offset the ring's width holds (0: 64-bit steps).
+  uint64_t MaxOffset() const;
+  void SetStep(size_t slot, uint64_t step);
 
   size_t capacity_;
-  std::vector<uint32_t> offsets_;  // allocated on the first Append
-  std::vector<uint64_t> wide_;     // instead of offsets_, once steps span 2^32
+  // One of the three holds the steps, allocated on the first Append.
+  std::vector<uint16_t> narrow_;   // offsets while the steps span < 2^16
+  std::vector<uint32_t> offsets_;  // then 32-bit offsets
+  std::vector<uint64_t> wide_;     // then the steps, once they span 2^32
   size_t head_ = 0;                // slot of the oldest entry
   size_t size_ = 0;
   uint64_t base_ = 0;              // <= every step held

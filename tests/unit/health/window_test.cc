@@ -135,6 +135,24 @@ TEST(StepRing, KeepsAnyStepOrderExactlyAcrossRebasesAndSpansPastTwoToThe32) {
   EXPECT_EQ(ring.StepAt(ring.newest_slot()), 5u);
 }
 
+TEST(StepRing, RebasesItsSixteenBitOffsetsAndWidensPastTwoToThe16) {
+  StepRing ring(3);
+  ring.Append(10);
+  ring.Append(10 + 65535);  // the widest 16-bit offset
+  ring.Append(70000);       // 69,990 past the oldest: 32-bit offsets
+  EXPECT_EQ(ring.StepAt(ring.Slot(0)), 10u);
+  EXPECT_EQ(ring.StepAt(ring.Slot(1)), 65545u);
+  EXPECT_EQ(ring.StepAt(ring.Slot(2)), 70000u);
+  // Steps that move on by 1,000 a push: every slot exact over 2^20 steps,
+  // through rebases of whichever width the ring holds.
+  ring.Clear();
+  for (uint64_t s = 0; s < (uint64_t{1} << 20); s += 1000) {
+    ring.Append(s);
+    EXPECT_EQ(ring.StepAt(ring.newest_slot()), s);
+    if (ring.size() == 3) ASSERT_EQ(ring.StepAt(ring.oldest_slot()), s - 2000);
+  }
+}
+
 // What the engine can do: steps that go down when the lead moves to a lower
 // rank, and steps anywhere in 64 bits. The window stays exact throughout.
 TYPED_TEST(BothWindows, MatchesBruteForceWithStepsInAnyOrder) {
@@ -147,6 +165,7 @@ TYPED_TEST(BothWindows, MatchesBruteForceWithStepsInAnyOrder) {
     uint64_t step = rng() % 50;
     if (r < 10) step = ~uint64_t{0} - rng() % 50;
     if (r >= 10 && r < 15) step = (uint64_t{1} << 32) + rng() % 50;
+    if (r >= 15 && r < 20) step = (uint64_t{1} << 16) + rng() % 50;
     if (r < 3) {
       window.RewindTo(step);
       brute.RewindTo(step);
