@@ -222,6 +222,13 @@ CREATE TABLE IF NOT EXISTS baselines (
 ) WITHOUT ROWID;
 )sql";
 
+// Version 12: chunks are written with kStepChunkFloat32 in their format byte
+// (0x17, 0x1f; store/codec/step_codec.h): a clip_coef column may be predicted
+// by clip_grad_norm_'s float32 formula, as trainwatch.torch's records have
+// it. Chunks without the flag read as they are, so nothing is rewritten.
+// The version tells a server of version 11, which cannot read those chunks,
+// to refuse the file.
+
 absl::StatusOr<int> UserVersion(sqlite3* db) {
   absl::StatusOr<sqlite::Stmt> s = sqlite::Stmt::Prepare(db, "PRAGMA user_version");
   if (!s.ok()) return s.status();

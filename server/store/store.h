@@ -334,7 +334,7 @@ class Store {
   // connection of its own, a snapshot of what was committed when it began.
   absl::Status Backup(const std::string& path) const;
 
-  static constexpr int kSchemaVersion = 11;
+  static constexpr int kSchemaVersion = 12;
 
  private:
   // A statement on a read-only connection of its own (store_reads.cc);

@@ -8,7 +8,9 @@
 //    for (the writer groups them into transactions, as under load).
 //  Both at the store's page size and at SQLite's default 4 KiB (page:P).
 //  - BM_ChunkEncode, BM_ChunkDecode: a chunk of 1,024 records, columnar
-//    (format:1) against a serialized StepBatch (format:0).
+//    (format:1) against a serialized StepBatch (format:0); float32:1 the
+//    records as trainwatch.torch sends them (the tensor values float32,
+//    clip_coef clip_fields' float32 one).
 //  - BM_MoeChunkEncode, BM_MoeChunkDecode: chunks of 100 records, each with
 //    (moe:1) or without (moe:0) a 48-layer x 128-expert MoE report of a
 //    realistic run; bytes_per_count is what the counts add to the chunk.
@@ -34,6 +36,7 @@
 
 #include "store/codec/step_codec.h"
 #include "store/store.h"
+#include "trainwatch/v1/clipping.h"
 
 namespace {
 
@@ -171,11 +174,19 @@ BENCHMARK(BM_StoreCommitPipelined)->Apply(PageSizes);
 // A chunk of 1,024 records encoded and decoded, as the columnar format of
 // store/codec/step_codec.h (format:1) and as the serialized StepBatch before it
 // (format:0), side by side; bytes_per_record is the blob's size.
-google::protobuf::RepeatedPtrField<v1::StepRecord> ChunkRecords() {
+google::protobuf::RepeatedPtrField<v1::StepRecord> ChunkRecords(bool float32 = false) {
   const std::vector<v1::StepRecord> templ = Records(1024);
   google::protobuf::RepeatedPtrField<v1::StepRecord> recs(templ.begin(), templ.end());
   uint64_t step = 1;
-  for (v1::StepRecord& r : recs) r.set_step(step++);
+  for (v1::StepRecord& r : recs) {
+    r.set_step(step++);
+    if (!float32) continue;
+    const float g = static_cast<float>(r.grad_norm());
+    r.set_grad_norm(g);
+    r.set_clip_coef(v1::ClipCoefFloat32(1.0, g));
+    r.set_max_attn_logit(static_cast<float>(r.max_attn_logit()));
+    r.set_log_z(static_cast<float>(r.log_z()));
+  }
   return recs;
 }
 
@@ -187,7 +198,7 @@ std::string EncodeAs(int format, const google::protobuf::RepeatedPtrField<v1::St
 }
 
 void BM_ChunkEncode(benchmark::State& state) {
-  const auto recs = ChunkRecords();
+  const auto recs = ChunkRecords(state.range(1) != 0);
   const int format = static_cast<int>(state.range(0));
   v1::StepBatch batch;
   *batch.mutable_records() = recs;
@@ -200,10 +211,14 @@ void BM_ChunkEncode(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * recs.size());
   state.counters["bytes_per_record"] = static_cast<double>(bytes) / recs.size();
 }
-BENCHMARK(BM_ChunkEncode)->Arg(0)->Arg(1)->ArgName("format");
+BENCHMARK(BM_ChunkEncode)
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->ArgNames({"format", "float32"});
 
 void BM_ChunkDecode(benchmark::State& state) {
-  const auto recs = ChunkRecords();
+  const auto recs = ChunkRecords(state.range(1) != 0);
   const std::string blob = EncodeAs(static_cast<int>(state.range(0)), recs);
   google::protobuf::RepeatedPtrField<v1::StepRecord> out;
   for (auto _ : state) {
@@ -212,7 +227,11 @@ void BM_ChunkDecode(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * recs.size());
 }
-BENCHMARK(BM_ChunkDecode)->Arg(0)->Arg(1)->ArgName("format");
+BENCHMARK(BM_ChunkDecode)
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->ArgNames({"format", "float32"});
 
 // A 48-layer x 128-expert MoE report on every record: 1M tokens a global
 // batch at top-8 (65,536 assignments an expert on average), a persistent

@@ -3,6 +3,7 @@
 // error, never a crash.
 #include "store/codec/step_codec.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
 #include "proto_bytes.h"
+#include "trainwatch/v1/clipping.h"
 
 namespace trainwatch {
 namespace {
@@ -111,6 +113,37 @@ Records RandomRecords(uint64_t seed, int n) {
 }
 
 uint64_t Bits(double d) { return std::bit_cast<uint64_t>(d); }
+
+// A run's records as an fp16/AMP trainer's tensors give them: grad_norm,
+// max_attn_logit, log_z, loss and shard_sq_sum float32 values widened,
+// clip_coef by the double formula (the C++ client's), lr and loss_scale as
+// an optimizer has them; every 16th record's norm a special float32 (a quiet
+// NaN with a payload float32 keeps, -0.0, +Inf, a subnormal float32).
+Records Float32Records(uint64_t seed, int n) {
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> norm(std::log(0.6), 0.35);
+  std::normal_distribution<double> noise(0, 1);
+  const float kSpecials[] = {std::bit_cast<float>(uint32_t{0x7fc00123}), -0.0f,
+                             std::numeric_limits<float>::infinity(), 1e-40f};
+  Records out;
+  for (int i = 0; i < n; ++i) {
+    v1::StepRecord& r = *out.Add();
+    r.set_step(static_cast<uint64_t>(1000 + i));
+    r.set_time_unix_nanos(1'764'000'000'000'000'000 + int64_t{420'000'000} * i);
+    const float g = i % 16 == 5 ? kSpecials[(i / 16) % 4] : static_cast<float>(norm(rng));
+    r.set_grad_norm(g);
+    r.set_clip_coef(std::min(1.0, 1.0 / (static_cast<double>(g) + 1e-6)));
+    r.set_clipped(g > 1.0f);
+    r.set_loss_scale(65536.0);
+    r.set_max_attn_logit(static_cast<float>(24 + 0.4 * noise(rng)));
+    r.set_log_z(static_cast<float>(3.1 + 0.05 * noise(rng)));
+    r.set_loss(static_cast<float>(2.1 + 0.04 * noise(rng)));
+    r.set_lr(3e-4 * (i + 1) / 2000);
+    r.set_shard_sq_sum(static_cast<float>(static_cast<double>(g) * g));
+    r.add_batch_ids(2 * i + 17);
+  }
+  return out;
+}
 
 // Equal field by field, doubles by bit pattern, presence included; the rest
 // (layer_stats, unknown fields) by its deterministic serialization.
@@ -253,7 +286,8 @@ TEST(StepCodec, ChunksOfTheFormatBeforeReadBack) {
   ASSERT_TRUE(DecodeStepChunk(blob, &out).ok());
   ASSERT_EQ(out.size(), old.records_size());
   for (int i = 0; i < out.size(); ++i) ExpectSame(old.records(i), out[i], i);
-  EXPECT_EQ(EncodeStepChunk(old.records())[0], static_cast<char>(kStepChunkColumnarV1));
+  EXPECT_EQ(EncodeStepChunk(old.records())[0],
+            static_cast<char>(kStepChunkColumnarV1 | kStepChunkFloat32));
 }
 
 // The records of kOldMoeChunk: MoE reports of a few shapes (a count of
@@ -383,9 +417,9 @@ TEST(StepCodec, CorruptOrCutShortBlobsAreErrorsNotCrashes) {
   EXPECT_TRUE(absl::IsDataLoss(s)) << s;
   EXPECT_NE(s.message().find("cannot fit"), std::string::npos) << s;
   // A format byte of a later version is named.
-  s = DecodeStepChunk(std::string("\x17\x01", 2), &out);
+  s = DecodeStepChunk(std::string("\x27\x01", 2), &out);
   EXPECT_TRUE(absl::IsDataLoss(s));
-  EXPECT_NE(s.message().find("0x17"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("0x27"), std::string::npos) << s;
 }
 
 // OldMoeRecords() as the encoder wrote them before MoE counts had a section
@@ -510,18 +544,21 @@ TEST(StepCodec, AdversarialMoeCountsRoundTrip) {
 
 TEST(StepCodec, OnlyChunksWithMoeCountsTakeTheNewFormat) {
   Records plain = RandomRecords(4, 50);
-  EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(plain)[0]), kStepChunkColumnarV1);
+  EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(plain)[0]),
+            kStepChunkColumnarV1 | kStepChunkFloat32);
   // MoE reports without counts (an imported log's balancing loss alone).
   plain[3].mutable_moe()->add_layers()->set_aux_loss(1.2);
   plain[4].mutable_moe();
-  EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(plain)[0]), kStepChunkColumnarV1);
+  EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(plain)[0]),
+            kStepChunkColumnarV1 | kStepChunkFloat32);
   ExpectRoundTrip(plain);
   plain[9].mutable_moe()->add_layers()->add_tokens_per_expert(12);
-  EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(plain)[0]), kStepChunkColumnarV2);
+  EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(plain)[0]),
+            kStepChunkColumnarV2 | kStepChunkFloat32);
   ExpectRoundTrip(plain);
   // The encoder of the chunk before writes what it wrote then.
   EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(OldMoeRecords())[0]),
-            kStepChunkColumnarV2);
+            kStepChunkColumnarV2 | kStepChunkFloat32);
 }
 
 // A realistic large MoE run: 48 layers x 128 experts, 1M tokens a global
@@ -578,11 +615,131 @@ TEST(StepCodec, RealisticMoeCountsTakeUnderTwoBytesEach) {
 
 TEST(StepCodec, CorruptOrCutShortMoeChunksAreErrorsNotCrashes) {
   const std::string blob = EncodeStepChunk(RandomMoeRecords(8, 60));
-  ASSERT_EQ(static_cast<unsigned char>(blob[0]), kStepChunkColumnarV2);
+  ASSERT_EQ(static_cast<unsigned char>(blob[0]), kStepChunkColumnarV2 | kStepChunkFloat32);
   Records out;
   ExpectCutsAndFlipsAreErrors(blob, /*seed=*/43, /*says_step_chunk=*/false);
   // Bytes after the counts.
   EXPECT_TRUE(absl::IsDataLoss(DecodeStepChunk(blob + std::string(1, '\0'), &out)));
+}
+
+}  // namespace
+}  // namespace trainwatch
+
+
+namespace trainwatch {
+namespace {
+
+// Float32Records(7, 40) as the encoder of schema version 11 wrote them
+// (format byte 0x07, no kStepChunkFloat32: the clip_coef column's implied
+// max_norm without the formula's bit): chunks of existing databases read
+// back as they were.
+const char kFloat32ChunkV11[] =
+    "\x07\x28\x15\xf4\x20\x10\x1f\xff\xff\xff\xff\xde\xe1\xeb\xf2\x9d"
+    "\x9f\x28\x00\x01\x24\xa9\x64\x22\xc4\x00\x00\x00\x00\x03\xef\xfa"
+    "\x83\xc2\x90\x00\x00\x00\x18\xeb\x0c\x57\x4f\xfb\xbf\xe8\x61\x3a"
+    "\xb8\x8f\x9c\xd8\x47\x80\x10\x06\x33\x65\xf0\x01\x00\x6c\xcd\xb6"
+    "\x36\x34\xe1\xee\x40\x47\x15\x17\x23\xe5\x9b\xf6\xc5\x68\x20\x69"
+    "\xa1\x8f\x9c\xd0\xff\x83\x8c\x56\x47\x92\xd5\xa1\xb0\xb7\x4d\x3a"
+    "\xe5\xbe\x02\xdb\x00\xea\xa6\x66\x0b\x62\x92\xd2\xb6\x00\x2f\xfb"
+    "\x2c\x8c\xd8\x00\xbf\xde\x61\xe6\xf2\x30\xed\xf7\x65\x12\xf1\xa8"
+    "\xc8\xa2\xb0\x7b\x9d\xb8\xcc\x34\x52\xa9\xaf\x58\x6d\xbe\x2c\x2a"
+    "\xad\xba\x61\x54\xb7\x30\x2b\xe2\x60\x46\x3f\xde\xd3\xfd\xfb\x3b"
+    "\x54\xeb\xee\x70\x66\x00\x40\x2a\xcd\x20\xc0\x04\x01\x9e\x56\x67"
+    "\x58\x90\x64\x67\xfe\x00\x00\x00\x00\x00\x00\x07\xdf\xf8\x00\x00"
+    "\x00\x00\x00\x00\x5a\x7f\x03\xc0\x00\x00\x00\x00\x00\x01\xd3\xf8"
+    "\x07\x07\x01\x6c\x00\x00\x00\x0c\x75\x67\xcf\xdf\xe8\xcf\xe5\x31"
+    "\xc7\xde\x5f\xa9\x42\x9f\x5f\x6d\x1f\xbd\x42\x1f\x46\x2a\xa0\x80"
+    "\x40\x3e\x97\xaa\xbf\x60\x75\x41\xee\x51\x82\x96\xfe\xfe\x18\x6a"
+    "\xff\xb0\x1f\x07\xb5\x89\xf7\xa4\x35\xf3\x85\xa9\xfd\xdc\x05\xfb"
+    "\xb1\xb1\xff\xbe\x52\x18\xd1\xe3\xfe\xcb\x84\x30\x23\xe8\x2c\x74"
+    "\xaf\xb1\x2b\x8f\xaa\x1d\xef\x04\xb7\x11\xbf\x83\x21\xf2\x69\x42"
+    "\x7f\xb8\x86\x1d\x1f\x0d\xde\x6d\xf0\x94\xa5\xf7\x45\x25\xf6\x2f"
+    "\xb5\xf0\x5f\xe9\xf1\x6d\x42\x0c\x7d\x94\x30\x50\xc4\xfe\x00\x4b"
+    "\x0e\x7b\x00\x00\x00\x03\x1d\x4d\xf6\x0a\x8d\x98\xfb\xb0\xc7\x44"
+    "\x90\xb1\x4c\x49\x07\x19\x43\xd0\xd1\xd5\xc9\xf7\x26\xcb\xb1\x74"
+    "\xe2\x1e\x9d\x03\x95\x6a\x6e\x5c\xf6\x5c\xe8\x45\x6d\xb2\xf5\x3e"
+    "\x55\x48\xa2\xc7\x3e\x46\x51\x4f\xbb\x51\x62\x3b\x75\xf8\x93\x1d"
+    "\xcd\xe0\x7c\xf2\x8e\xb4\xcc\x57\xc2\x5d\xad\x04\xf9\x87\x7a\xe1"
+    "\xf7\xca\xe8\x3d\x7d\x9d\xc8\x84\x73\xd2\xce\xdc\x68\x51\x21\xbb"
+    "\xc1\xe6\x77\x18\x3d\x4e\x59\xd1\x93\x4c\x06\xe7\x55\x4d\x12\x7f"
+    "\x00\x01\x23\xb0\x80\x00\x00\x01\x8e\xa4\x57\x17\x89\x42\xc8\xe5"
+    "\xa1\xa3\x54\x89\xc8\xe5\x5a\x71\x62\x2f\xe4\x74\xc2\x10\x07\xab"
+    "\x94\x1a\x7c\xcd\x92\x85\x7b\x28\x9f\x8d\xb0\xda\x0a\xd8\xc6\x6a"
+    "\xa5\x4a\x1c\x18\xe2\x60\x67\x4d\xc3\x73\xc3\x9b\x27\x07\xa1\x98"
+    "\x1f\x9c\xd4\xf5\x85\x8e\xcb\x1e\x4d\xf2\x7a\x29\x41\xfe\x35\xb8"
+    "\x96\x47\x3a\x10\xc4\x24\x99\xc2\x43\x96\x00\xe5\x2f\x2c\xd4\x33"
+    "\x43\xaf\x84\x74\x9c\x33\x27\xc6\xd3\x94\x97\x86\x12\x9f\x7d\x08"
+    "\x43\xeb\xe8\x1b\x06\xec\x80\x01\x00\x00\x00\x00\x00\x00\x04\x00"
+    "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\xf7\x82\x82\xfc"
+    "\x9f\x22\x40\x00\x00\x00\x00\x00\x04\x21\xf5\xf4\x0d\x83\x75\x80"
+    "\x00\x00\x00\x00\x00\x73\x43\xc4\x7a\xee\xb3\xd0\x00\x00\x00\x00"
+    "\x00\x03\x3b\x6e\x6b\x17\xa6\x0f\x00\x00\x00\x00\x00\x00\xe6\x87"
+    "\x88\xf5\xdd\x66\xea\x80\x00\x00\x00\x00\x00\x5b\x97\xd6\x4a\xfa"
+    "\xcf\x80\x00\x00\x00\x00\x00\x73\x43\xc4\x7a\xee\xb3\xe5\xcb\x96"
+    "\xb0\x00\x00\x00\x00\x00\x16\xe5\xf5\x92\xbe\xb3\xa0\x00\x00\x00"
+    "\x00\x00\x22\xbb\xec\xaa\xb8\xa5\xf5\xab\x56\xad\x27\xdf\xf2\x9c"
+    "\x3b\xe0\x00\x00\x00\x31\xd6\x11\x35\xfd\x0d\x8c\xc8\xab\x09\x9d"
+    "\xb6\xc1\x73\x3f\x80\x10\x0a\x69\x67\xe0\x01\x00\xbc\x29\x5e\x1b"
+    "\x2b\x9b\xd1\x4c\xbe\x81\x32\x63\x98\x7d\xa5\x41\xbe\x4a\x47\x7d"
+    "\xb3\x83\x5e\xd0\x17\x12\xb9\xa0\x02\x39\x38\x13\x6e\x81\x1e\x2a"
+    "\x42\x62\x71\x8b\x81\x0c\xf4\x8d\xc3\xb4\x8c\x76\xa0\x0f\xfa\x6e"
+    "\xee\x90\x03\xfc\xcd\x8b\xc7\x4f\xc6\xfa\xdd\x1a\xca\x1a\xc6\x89"
+    "\x89\xec\xee\xec\x67\x28\x60\x2c\xb5\x67\x92\x3b\x8d\xd9\x5f\x12"
+    "\x75\x6a\x9c\x92\xb7\xbd\x7e\x60\xcd\xc7\xc5\xfb\xfb\x70\xe9\x67"
+    "\x15\xfe\x37\x6f\x00\x08\x06\xce\x4f\x04\x00\x80\x29\xe9\xb9\x19"
+    "\x47\xbf\x70\x70\x01\xbc\x13\xa0\x19\x85\x8a\x02\x01\xff\xff\xff"
+    "\xff\xfc";
+
+TEST(StepCodec, ChunksWithoutTheFloat32FlagReadBack) {
+  const std::string blob(kFloat32ChunkV11, sizeof(kFloat32ChunkV11) - 1);
+  ASSERT_EQ(static_cast<unsigned char>(blob[0]), kStepChunkColumnarV1);
+  Records out;
+  absl::Status s = DecodeStepChunk(blob, &out);
+  ASSERT_TRUE(s.ok()) << s;
+  const Records in = Float32Records(7, 40);
+  ASSERT_EQ(out.size(), in.size());
+  for (int i = 0; i < in.size(); ++i) ExpectSame(in[i], out[i], i);
+  // The encoder now sets the flag; the records are the same.
+  EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(in)[0]),
+            kStepChunkColumnarV1 | kStepChunkFloat32);
+  ExpectRoundTrip(in);
+}
+
+// ClipCoefFloat32 is clip_fields' tensor path in float32; these are
+// tools/perf/storage_gen.py's clip_coef_f32 (the same ops, each rounded to
+// float32) on the same norms.
+TEST(StepCodec, ClipCoefFloat32IsFloat32Arithmetic) {
+  EXPECT_EQ(v1::ClipCoefFloat32(1.0, 1.7), 0.5882349610328674);
+  EXPECT_EQ(v1::ClipCoefFloat32(0.5, 1.7), 0.2941174805164337);
+  EXPECT_EQ(v1::ClipCoefFloat32(1.0, 1.0000001), 0.999998927116394);
+  EXPECT_EQ(v1::ClipCoefFloat32(1.0, 12.5), 0.07999999076128006);
+  EXPECT_EQ(v1::ClipCoefFloat32(1.0, 1e-3), 1.0);
+  EXPECT_EQ(v1::ClipCoefFloat32(1.0, std::numeric_limits<double>::infinity()), 0.0);
+  EXPECT_TRUE(std::isnan(v1::ClipCoefFloat32(1.0, std::nan(""))));
+  EXPECT_NE(v1::ClipCoefFloat32(1.0, 1.7), v1::ClipCoef(1.0, 1.7));
+}
+
+// A chunk whose clip_coef is trainwatch.torch's float32 one is predicted by
+// the float32 formula: it costs what the double one does in a chunk of
+// C++-client records (a bit or so a value), not its own XOR residuals. A
+// coefficient neither formula gives still reads back.
+TEST(StepCodec, Float32ClipCoefficientsArePredicted) {
+  const Records doubles = Float32Records(11, 1024);
+  Records floats = doubles;
+  for (v1::StepRecord& r : floats) r.set_clip_coef(v1::ClipCoefFloat32(0.8, r.grad_norm()));
+  Records doubles_08 = doubles;
+  for (v1::StepRecord& r : doubles_08) r.set_clip_coef(v1::ClipCoef(0.8, r.grad_norm()));
+  ExpectRoundTrip(floats);
+  const size_t float_bytes = EncodeStepChunk(floats).size();
+  const size_t double_bytes = EncodeStepChunk(doubles_08).size();
+  EXPECT_LE(float_bytes, double_bytes + 8) << double_bytes;
+  Records unpredicted = floats;
+  unpredicted[0].set_clip_coef(0.3);  // a clipped first record of no formula
+  EXPECT_GT(EncodeStepChunk(unpredicted).size(), float_bytes + 200);
+  ExpectRoundTrip(unpredicted);
+  floats[700].set_clip_coef(std::bit_cast<double>(uint64_t{0x7ff8000000000001}));
+  floats[701].set_clip_coef(-0.0);
+  ExpectRoundTrip(floats);
 }
 
 }  // namespace

@@ -522,7 +522,7 @@ TEST(StoreFileTest, AVersion6DatabaseKeepsItsChunksAndReadsThemBack) {
   EXPECT_EQ(Sql(path, "PRAGMA user_version"), absl::StrCat(Store::kSchemaVersion));
   EXPECT_EQ(Sql(path, "SELECT group_concat(f, ',') FROM (SELECT "
                       "hex(substr(records, 1, 1)) AS f FROM step_chunks ORDER BY first_step)"),
-            "12,07");
+            "12,17");
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open({.path = path});
   ASSERT_TRUE(store.ok()) << store.status();
   const StepRecords want = OddRecords(0, 4000);
@@ -628,7 +628,7 @@ TEST(StoreFileTest, MoeCountsReadBackExactlyAfterMerges) {
   EXPECT_EQ(chunks, "2");
   EXPECT_EQ(Sql(path, "SELECT group_concat(n || ':' || hex(substr(records, 1, 1)), ',') FROM "
                       "(SELECT * FROM step_chunks ORDER BY first_step)"),
-            "2000:0F,100:0F");
+            "2000:1F,100:1F");
   int next = 0;
   ASSERT_TRUE((*store)->ReadSteps("r1", 0, 0, std::nullopt, 1000,
                                   [&](v1::StepRecords& chunk) {

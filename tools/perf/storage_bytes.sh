@@ -14,12 +14,32 @@
 #
 #   tools/perf/storage_bytes.sh [BUILD_DIR] [STEPS] [GEN_FLAGS...]
 #                               (defaults: build, 200000; e.g. --full-precision)
+#   tools/perf/storage_bytes.sh [BUILD_DIR] [STEPS] --all
 #
 # Prints a line per side and the ratio, then one JSON object as the last line.
+# GEN_FLAGS go to storage_gen.py: none (float32 tensor values, clip_coef the
+# C++ client's double), --float32 (clip_coef too a float32, as
+# trainwatch.torch's StepHook sends it) or --full-precision (arbitrary
+# doubles). --all runs the three in turn, then prints a table of them.
 set -euo pipefail
 BUILD=${1:-build}
 STEPS=${2:-200000}
 shift $(( $# > 2 ? 2 : $# ))
+if [[ "${1:-}" == "--all" ]]; then
+  ROWS=()
+  for flags in "" --float32 --full-precision; do
+    # shellcheck disable=SC2086  # no flags is no argument
+    ROWS+=("$("$0" "$BUILD" "$STEPS" $flags | tee /dev/stderr | tail -1)")
+  done
+  /usr/bin/python3 - "${ROWS[@]}" <<'TABLE'
+import json, sys
+print("| data | trainwatch bytes/step | prometheus bytes/step | ratio |")
+for row in map(json.loads, sys.argv[1:]):
+    print(f"| {row['generator_flags'] or '(default)'} | {row['trainwatch_bytes_per_step']} "
+          f"| {row['prometheus_bytes_per_step']} | {row['ratio']} |")
+TABLE
+  exit 0
+fi
 BIN=$BUILD/bin
 PY=/usr/bin/python3
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -5,7 +5,7 @@ gauges, one series per float field, a sample per step one second apart (for
 `promtool tsdb create-blocks-from openmetrics`). Same values in both, as
 shortest round-trip decimal strings, so each side parses the same doubles.
 
-  storage_gen.py STEPS JSONL OPENMETRICS [--seed N] [--full-precision]
+  storage_gen.py STEPS JSONL OPENMETRICS [--seed N] [--full-precision | --float32]
 
 The fields, each step: grad_norm (lognormal), loss (decaying with noise),
 lr (linear warmup then cosine), loss_scale (a power of two that halves on an
@@ -18,7 +18,11 @@ jitter), clipped, skipped, and two batch ids.
 The tensor values (grad_norm, loss, max_attn_logit, log_z, shard_sq_sum) are
 float32 numbers, as `tensor.item()` gives them from an fp16/AMP run whose
 reductions are float32; --full-precision makes them arbitrary doubles (every
-mantissa bit noise), the hard case for any float codec.
+mantissa bit noise), the hard case for any float codec. --float32 is the
+record trainwatch.torch's StepHook sends: clip_coef too is a float32 tensor's
+value, computed as clip_fields' tensor path does (float32 arithmetic:
+1 / (norm + 1e-6) times max_norm, clamped to 1), not the double the C++
+client derives.
 """
 import argparse
 import json
@@ -34,7 +38,15 @@ def f32(x):
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-def generate(steps, seed, full_precision):
+def clip_coef_f32(max_norm, norm):
+    """clip_fields' tensor path on a float32 norm: torch's max_norm / t is
+    t.reciprocal() * max_norm, each op rounded to float32 (a double op on
+    float32 operands rounded once is the float32 op), clamp(max=1)."""
+    r = f32(1.0 / f32(f32(norm) + f32(1e-6)))
+    return min(f32(r * f32(max_norm)), 1.0)
+
+
+def generate(steps, seed, full_precision, float32=False):
     rng = random.Random(seed)
     tensor = (lambda x: x) if full_precision else f32
     max_norm, warmup, peak_lr, min_lr = 1.0, 2000, 3e-4, 3e-5
@@ -57,7 +69,8 @@ def generate(steps, seed, full_precision):
             "step": i,
             "grad_norm": norm,
             "clipped": norm > max_norm,
-            "clip_coef": 0.0 if overflow else min(1.0, max_norm / (norm + 1e-6)),
+            "clip_coef": (0.0 if overflow else clip_coef_f32(max_norm, norm) if float32
+                          else min(1.0, max_norm / (norm + 1e-6))),
             "loss_scale": scale,
             "skipped": overflow,
             "max_attn_logit": tensor(22 + 6 * (1 - math.exp(-i / 50000)) + rng.gauss(0, 0.4)),
@@ -94,9 +107,11 @@ def main():
     ap.add_argument("jsonl")
     ap.add_argument("openmetrics")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--full-precision", action="store_true")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--full-precision", action="store_true")
+    mode.add_argument("--float32", action="store_true")
     a = ap.parse_args()
-    records = list(generate(a.steps, a.seed, a.full_precision))
+    records = list(generate(a.steps, a.seed, a.full_precision, a.float32))
     with open(a.jsonl, "w") as out:
         out.write(json.dumps({"run_start": {"run_id": "storage", "precision": "FP16",
                                             "max_norm": 1.0}}) + "\n")

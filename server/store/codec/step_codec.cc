@@ -49,6 +49,9 @@ enum class Derived {
   // min(1, max_norm / (grad_norm + 1e-6)), clip_grad_norm_'s coefficient,
   // for the max_norm the chunk's first clipped record implies.
   kClipCoef,
+  // The same in float32 arithmetic (ClipCoefFloat32), for a chunk whose
+  // first clipped record's coefficient the double formula does not give.
+  kClipCoefFloat32,
   // The client's own measure when the trainer gives none: the time since
   // the previous record, (time_unix_nanos - previous) * 1e-9.
   kStepTime,
@@ -84,25 +87,36 @@ constexpr std::array<OptionalDouble, 9> kOptionalDoubles = {
 #undef TW_OPTIONAL_DOUBLE
 
 using v1::ClipCoef;
+using v1::ClipCoefFloat32;
 using v1::kClipEpsilon;
 
 // The max_norm that gives the first record with 0 < clip_coef < 1 its
-// coefficient exactly: the shortest decimal near clip_coef * (norm + 1e-6)
-// that does (a max_norm is a number someone typed). nullopt if none.
-std::optional<double> ImpliedMaxNorm(absl::Span<const uint64_t> norms,
-                                     absl::Span<const uint8_t> present,
-                                     absl::Span<const uint64_t> coefs) {
+// coefficient exactly, and the formula that does (kClipCoef, or
+// kClipCoefFloat32 when the double one gives none): the shortest decimal near clip_coef * (norm + 1e-6) that
+// does (a max_norm is a number someone typed). nullopt if none.
+struct MaxNorm {
+  double max_norm;
+  Derived formula;
+};
+std::optional<MaxNorm> ImpliedMaxNorm(absl::Span<const uint64_t> norms,
+                                      absl::Span<const uint8_t> present,
+                                      absl::Span<const uint64_t> coefs) {
   for (size_t i = 0, j = 0; i < norms.size(); ++i) {
     if (!present[i]) continue;
-    const double coef = std::bit_cast<double>(coefs[j++]);
+    const uint64_t bits = coefs[j++];
+    const double coef = std::bit_cast<double>(bits);
     const double norm = std::bit_cast<double>(norms[i]);
     if (!(coef > 0 && coef < 1) || !std::isfinite(norm)) continue;
     const double estimate = coef * (norm + kClipEpsilon);
+    // The shortest for either formula: with 16 or 17 digits the double one
+    // gives a float32 coefficient back too, from a max_norm nobody typed,
+    // which predicts the chunk's other coefficients no better than nothing.
     for (int digits = 1; digits <= 17; ++digits) {
       char buf[32];
       std::snprintf(buf, sizeof(buf), "%.*g", digits, estimate);
       const double m = std::strtod(buf, nullptr);
-      if (Bits(ClipCoef(m, norm)) == coefs[j - 1]) return m;
+      if (Bits(ClipCoef(m, norm)) == bits) return MaxNorm{m, Derived::kClipCoef};
+      if (Bits(ClipCoefFloat32(m, norm)) == bits) return MaxNorm{m, Derived::kClipCoefFloat32};
     }
     return std::nullopt;
   }
@@ -121,6 +135,8 @@ std::vector<uint64_t> Predictions(Derived derived, double max_norm,
     double p = 0;
     if (derived == Derived::kClipCoef) {
       p = ClipCoef(max_norm, std::bit_cast<double>(norms[i]));
+    } else if (derived == Derived::kClipCoefFloat32) {
+      p = ClipCoefFloat32(max_norm, std::bit_cast<double>(norms[i]));
     } else if (derived == Derived::kStepTime && i > 0) {
       p = static_cast<double>(static_cast<int64_t>(times[i] - times[i - 1])) * 1e-9;
     }
@@ -269,7 +285,8 @@ std::string Encode(size_t n, Get&& at) {
   for (size_t i = 0; i < n && !moe_counts; ++i) {
     moe_counts = at(i).has_moe() && codec::HasMoeCounts(at(i).moe());
   }
-  out.push_back(static_cast<char>(moe_counts ? kStepChunkColumnarV2 : kStepChunkColumnarV1));
+  out.push_back(static_cast<char>(
+      (moe_counts ? kStepChunkColumnarV2 : kStepChunkColumnarV1) | kStepChunkFloat32));
   PutVarint(out, n);
   if (n == 0) return out;
   thread_local Columns c;
@@ -283,23 +300,28 @@ std::string Encode(size_t n, Get&& at) {
   PutSeries(w, c.steps.data(), n, kInt, {kDelta, kDeltaOfDelta}, false);
   PutSeries(w, c.times.data(), n, kInt, {kDelta, kDeltaOfDelta});
   PutDoubles(w, c.norms.data(), n, {kXor, kDelta, kDeltaOfDelta, kCentered});
-  // Each optional double: presence, then (clip_coef) a bit and the implied
-  // max_norm, then the values present.
+  // Each optional double: presence, then (clip_coef) a bit, the implied
+  // max_norm's formula (a bit: float32) and the max_norm, then the values
+  // present.
   for (size_t f = 0; f < kOptionalDoubles.size(); ++f) {
-    const Derived derived = kOptionalDoubles[f].derived;
+    Derived derived = kOptionalDoubles[f].derived;
     const std::vector<uint64_t>& col = c.values[f];
     PutBitmap(w, c.present[f]);
-    std::optional<double> max_norm;
+    std::optional<MaxNorm> max_norm;
     if (derived == Derived::kClipCoef) {
       max_norm = ImpliedMaxNorm(c.norms, c.present[f], col);
       w.Put(max_norm.has_value(), 1);
-      if (max_norm.has_value()) w.Put(Bits(*max_norm), 64);
+      if (max_norm.has_value()) {
+        derived = max_norm->formula;
+        w.Put(derived == Derived::kClipCoefFloat32, 1);
+        w.Put(Bits(max_norm->max_norm), 64);
+      }
     }
     if (derived == Derived::kNone || (derived == Derived::kClipCoef && !max_norm.has_value())) {
       PutDoubles(w, col.data(), col.size(), {kXor, kDelta, kDeltaOfDelta, kDelta3, kCentered});
     } else {
-      const std::vector<uint64_t> pred =
-          Predictions(derived, max_norm.value_or(0), c.present[f], c.norms, c.times);
+      const std::vector<uint64_t> pred = Predictions(
+          derived, max_norm.has_value() ? max_norm->max_norm : 0, c.present[f], c.norms, c.times);
       PutDoubles(w, col.data(), col.size(),
                  {kXor, kDelta, kDeltaOfDelta, kDelta3, kCentered, kPredicted}, pred.data());
     }
@@ -367,22 +389,25 @@ absl::StatusOr<uint64_t> ReadCount(std::string_view blob, size_t& pos) {
 }
 
 // The optional doubles' presence bitmaps and values, each with the
-// prediction it was coded against.
-absl::Status ReadOptionalDoubles(BitReader& r, uint64_t n, ReadColumns& c) {
+// prediction it was coded against (`float32`: the format has
+// kStepChunkFloat32, the formula's bit).
+absl::Status ReadOptionalDoubles(BitReader& r, uint64_t n, bool float32, ReadColumns& c) {
   for (size_t f = 0; f < kOptionalDoubles.size(); ++f) {
     const OptionalDouble& field = kOptionalDoubles[f];
     if (!GetBitmap(r, n, c.present[f])) {
       return Corrupt(absl::StrCat("the presence of ", field.name), r);
     }
     const size_t m = std::count(c.present[f].begin(), c.present[f].end(), 1);
-    bool predicted = field.derived == Derived::kStepTime;
+    Derived derived = field.derived;
+    bool predicted = derived == Derived::kStepTime;
     double max_norm = 0;
-    if (field.derived == Derived::kClipCoef && r.Get(1) != 0) {
+    if (derived == Derived::kClipCoef && r.Get(1) != 0) {
       predicted = true;
+      if (float32 && r.Get(1) != 0) derived = Derived::kClipCoefFloat32;
       max_norm = std::bit_cast<double>(r.Get(64));
     }
     std::vector<uint64_t> pred;
-    if (predicted) pred = Predictions(field.derived, max_norm, c.present[f], c.norms, c.times);
+    if (predicted) pred = Predictions(derived, max_norm, c.present[f], c.norms, c.times);
     if (!GetDoubles(r, m, c.values[f], predicted ? pred.data() : nullptr)) {
       return Corrupt(field.name, r);
     }
@@ -393,12 +418,12 @@ absl::Status ReadOptionalDoubles(BitReader& r, uint64_t n, ReadColumns& c) {
 // Every column of n records from `bytes` bytes of bits (and residues, and
 // with moe_counts the MoE counts after them).
 absl::Status ReadAllColumns(BitReader& r, uint64_t n, size_t bytes, bool moe_counts,
-                            ReadColumns& c) {
+                            bool float32, ReadColumns& c) {
   constexpr auto kInt = SeriesKind::kInteger;
   if (!GetSeries(r, n, kInt, c.steps)) return Corrupt("the steps", r);
   if (!GetSeries(r, n, kInt, c.times)) return Corrupt("time_unix_nanos", r);
   if (!GetDoubles(r, n, c.norms)) return Corrupt("grad_norm", r);
-  if (absl::Status s = ReadOptionalDoubles(r, n, c); !s.ok()) return s;
+  if (absl::Status s = ReadOptionalDoubles(r, n, float32, c); !s.ok()) return s;
   if (!GetBitmap(r, n, c.clipped_present)) return Corrupt("the presence of clipped", r);
   const size_t clipped_n = std::count(c.clipped_present.begin(), c.clipped_present.end(), 1);
   if (!GetBitmap(r, clipped_n, c.clipped)) return Corrupt("clipped", r);
@@ -473,7 +498,7 @@ absl::Status Assemble(const unsigned char* bits, uint64_t n, ReadColumns& c,
   return absl::OkStatus();
 }
 
-absl::Status DecodeColumnar(std::string_view blob, bool moe_counts,
+absl::Status DecodeColumnar(std::string_view blob, bool moe_counts, bool float32,
                             RepeatedPtrField<StepRecord>* out) {
   const auto* data = reinterpret_cast<const unsigned char*>(blob.data());
   size_t pos = 1;
@@ -491,7 +516,7 @@ absl::Status DecodeColumnar(std::string_view blob, bool moe_counts,
   }
   BitReader r(data + pos, bytes);
   ReadColumns c;
-  if (absl::Status s = ReadAllColumns(r, n, bytes, moe_counts, c); !s.ok()) return s;
+  if (absl::Status s = ReadAllColumns(r, n, bytes, moe_counts, float32, c); !s.ok()) return s;
   if (absl::Status s = Assemble(data + pos, n, c, out); !s.ok()) return s;
   if (!moe_counts) return absl::OkStatus();
   std::vector<v1::MoeStats*> reports;
@@ -533,12 +558,11 @@ std::string EncodeStepChunk(const RepeatedPtrField<StepRecord>& records,
 absl::Status DecodeStepChunk(std::string_view blob,
                              RepeatedPtrField<StepRecord>* out) {
   out->Clear();
-  if (!blob.empty() && static_cast<unsigned char>(blob[0]) == kStepChunkColumnarV1) {
-    return DecodeColumnar(blob, false, out);
-  }
-  if (!blob.empty() && static_cast<unsigned char>(blob[0]) == kStepChunkColumnarV2) {
-    return DecodeColumnar(blob, true, out);
-  }
+  const unsigned char format =
+      blob.empty() ? 0 : static_cast<unsigned char>(blob[0]) & ~kStepChunkFloat32;
+  const bool float32 = !blob.empty() && (blob[0] & kStepChunkFloat32) != 0;
+  if (format == kStepChunkColumnarV1) return DecodeColumnar(blob, false, float32, out);
+  if (format == kStepChunkColumnarV2) return DecodeColumnar(blob, true, float32, out);
   if (!blob.empty() && (blob[0] & 7) >= 6) {
     return absl::DataLossError(absl::StrFormat(
         "step chunk: unknown format byte 0x%02x (written by a newer server?)",

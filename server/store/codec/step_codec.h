@@ -44,9 +44,14 @@ namespace trainwatch {
 
 // The first byte of a columnar chunk: format version 1, and version 2, which
 // adds the MoE counts after the residues (moe_counts.h) and is written only
-// for a chunk that has some.
+// for a chunk that has some. The encoder sets kStepChunkFloat32 in either
+// (0x17, 0x1f): a clip_coef column with an implied max_norm then says which
+// formula predicts it, clip_grad_norm_'s in double (ClipCoef) or in float32
+// (ClipCoefFloat32, trainwatch.torch's tensor path). A chunk without the flag
+// (written by schema version 11 or older) has the double one.
 inline constexpr unsigned char kStepChunkColumnarV1 = 0x07;
 inline constexpr unsigned char kStepChunkColumnarV2 = 0x0f;
+inline constexpr unsigned char kStepChunkFloat32 = 0x10;
 
 // Encodes `records` in order (the writer passes only the ones it stores).
 std::string EncodeStepChunk(
