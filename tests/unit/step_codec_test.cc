@@ -495,6 +495,8 @@ Records RandomMoeRecords(uint64_t seed, int n) {
       for (int j = 0; j < e; ++j) layer.add_tokens_per_expert(Count(rng, typical));
       if (rng() % 2) layer.set_dropped(rng() % 100);
       if (rng() % 2) layer.set_aux_loss(1.0 + 0.01 * static_cast<double>(rng() % 10));
+      if (rng() % 2) layer.set_z_loss(0.5 + 0.01 * static_cast<double>(rng() % 10));
+      if (rng() % 3 == 0) layer.set_router_logit_max(static_cast<double>(rng() % 50));
       if (rng() % 3 == 0) {
         for (int j = 0; j < e; ++j) layer.add_expert_bias(0.01f * static_cast<float>(j));
       }
@@ -504,6 +506,49 @@ Records RandomMoeRecords(uint64_t seed, int n) {
     }
   }
   return out;
+}
+
+// Every field of an MoE layer set (by reflection: a field added to the
+// proto is set too), and of its report: the chunk keeps them beside the
+// counts it codes apart.
+TEST(StepCodec, EveryMoeLayerFieldRoundTrips) {
+  Records records;
+  for (int i = 0; i < 3; ++i) {
+    v1::StepRecord& r = *records.Add();
+    r.set_step(static_cast<uint64_t>(i + 1));
+    v1::MoeLayerStats& layer = *r.mutable_moe()->add_layers();
+    const google::protobuf::Descriptor* d = layer.GetDescriptor();
+    const google::protobuf::Reflection* refl = layer.GetReflection();
+    for (int f = 0; f < d->field_count(); ++f) {
+      const google::protobuf::FieldDescriptor* field = d->field(f);
+      using FD = google::protobuf::FieldDescriptor;
+      switch (field->cpp_type()) {
+        case FD::CPPTYPE_STRING:
+          field->is_repeated() ? refl->AddString(&layer, field, "x") : refl->SetString(&layer, field, "x");
+          break;
+        case FD::CPPTYPE_UINT64:
+          for (int e = 0; e < (field->is_repeated() ? 8 : 1); ++e) {
+            field->is_repeated() ? refl->AddUInt64(&layer, field, 1000 + e + i)
+                                 : refl->SetUInt64(&layer, field, 7 + i);
+          }
+          break;
+        case FD::CPPTYPE_DOUBLE:
+          field->is_repeated() ? refl->AddDouble(&layer, field, 0.25 + i)
+                               : refl->SetDouble(&layer, field, 0.25 + i);
+          break;
+        case FD::CPPTYPE_FLOAT:
+          for (int e = 0; e < (field->is_repeated() ? 8 : 1); ++e) {
+            field->is_repeated() ? refl->AddFloat(&layer, field, 0.5f * e)
+                                 : refl->SetFloat(&layer, field, 0.5f);
+          }
+          break;
+        default:
+          ADD_FAILURE() << "MoeLayerStats." << field->name()
+                        << ": a field of a type this test does not set yet";
+      }
+    }
+  }
+  ExpectRoundTrip(records);
 }
 
 TEST(StepCodec, MoeCountsRoundTripBitForBit) {
