@@ -17,13 +17,15 @@ constexpr size_t kMaxLayers = 1024;
 // in five or so): up to this share of its reports.
 constexpr double kStarvedFedShare = 0.1;
 
-void TrackEmpty(const v1::MoeLayerStats& layer, uint64_t step, LayerState& s) {
+void TrackEmpty(const v1::MoeLayerStats& layer, uint32_t empty, uint64_t step, LayerState& s) {
   const auto& counts = layer.tokens_per_expert();
   if (s.empty_since.size() != static_cast<size_t>(counts.size())) {
     s.empty_since.assign(counts.size(), 0);
     s.empty_reports.assign(counts.size(), 0);
     s.fed_reports.assign(counts.size(), 0);
   }
+  // No expert empty now or starving before: nothing to count.
+  if (empty == 0 && s.starving == 0) return;
   uint32_t starving = 0;
   for (int e = 0; e < counts.size(); ++e) {
     if (counts[e] == 0) {
@@ -155,7 +157,7 @@ ReportLayers MoeLevels::Update(const v1::MoeStats& report, uint64_t step,
       s.n90.Add(ExpertsFor90(layer, *load, at_most), n, step);
       s.max_over_mean.Add(load->max_over_mean, n, step);
       s.last_max_over_mean = load->max_over_mean;
-      TrackEmpty(layer, step, s);
+      TrackEmpty(layer, load->dead, step, s);
       TrackBlocks(layer, ep_size, n, s);
     }
     if (layer.has_aux_loss()) s.aux.Add(layer.aux_loss(), n);

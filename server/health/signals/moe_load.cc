@@ -62,10 +62,15 @@ uint32_t ExpertsFor90(const v1::MoeLayerStats& layer, const MoeLayerLoad& load,
   const auto& counts = layer.tokens_per_expert();
   const auto size = static_cast<uint32_t>(counts.size());
   if (at_most >= size) at_most = size;
-  // When even the bound on the at_most busiest is under 90%, more carry it.
-  if (at_most < size && load.max < (uint64_t{1} << 62) &&
-      10 * TopAtMost(layer, load.max, at_most) < 9 * load.total) {
-    return at_most + 1;
+  // When even a bound on what the at_most busiest carry is under 90%, more
+  // carry it: at_most x the hottest's (free: a healthy layer ends here),
+  // else the buckets' bound.
+  if (at_most < size && load.max < (uint64_t{1} << 62)) {
+    const unsigned __int128 total9 = static_cast<unsigned __int128>(9) * load.total;
+    if (static_cast<unsigned __int128>(10) * at_most * load.max < total9 ||
+        static_cast<unsigned __int128>(10) * TopAtMost(layer, load.max, at_most) < total9) {
+      return at_most + 1;
+    }
   }
   std::vector<uint64_t> sorted(counts.begin(), counts.end());
   std::sort(sorted.begin(), sorted.end(), std::greater<>());
