@@ -8,6 +8,10 @@
 #   tools/perf/ab_servers.sh OLD_SERVER NEW_SERVER [ROUNDS] [STREAMS] [SECONDS] [BUILD_DIR]
 #                                                   (defaults: 4, 16, 8, build)
 #
+# BATCH (1024) sets loadgen's --batch, LOADGEN_ARGS adds to its flags: MoE
+# reports as docs/performance.md measures them are
+#   BATCH=16 LOADGEN_ARGS="--moe 48x128" tools/perf/ab_servers.sh OLD NEW 3 4 8
+#
 # For an older commit: git worktree add /tmp/old <rev> && cmake -S /tmp/old
 # -B /tmp/old/build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake
 # --build /tmp/old/build --target trainwatch-server.
@@ -18,6 +22,8 @@ ROUNDS=${3:-4}
 STREAMS=${4:-16}
 SECS=${5:-8}
 BUILD=${6:-build}
+BATCH=${BATCH:-1024}
+read -r -a EXTRA <<<"${LOADGEN_ARGS:-}"
 LOADGEN=$BUILD/bin/trainwatch-loadgen
 WORK=$(mktemp -d)
 SERVER_PID=
@@ -35,7 +41,7 @@ one() {
   runs=$(( STREAMS < 16 ? STREAMS : 16 ))
   t0=$(awk '{print $14 + $15}' "/proc/$SERVER_PID/stat")
   out=$("$LOADGEN" --server "$grpc" --metrics "$metrics" --streams "$STREAMS" --runs "$runs" \
-          --batch 1024 --seconds "$SECS" --alert-probes 0 --json | tail -1)
+          --batch "$BATCH" --seconds "$SECS" --alert-probes 0 --json "${EXTRA[@]}" | tail -1)
   t1=$(awk '{print $14 + $15}' "/proc/$SERVER_PID/stat")
   kill "$SERVER_PID"
   wait "$SERVER_PID" 2>/dev/null || true
