@@ -345,7 +345,7 @@ struct HealthConfig {
   // B = sqrt(1/(1-beta2)), >= theta in >= min_layers layers.
   struct {
     // Off by default: on families it was not fitted on its precision is
-    // under 0.5 (docs/detectors.md, "Held out by family").
+    // under 0.5 (docs/lab.md, "Held out by family").
     bool enabled = false;
     bool use_update_ratio = true;  // true: update_rms_ratio, false: g/sqrt(v) RMS
     uint32_t window = 50;

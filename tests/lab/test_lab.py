@@ -1,7 +1,7 @@
 """The lab's subset in ctest: real PyTorch runs (tools/lab/lab_lm.py), judged
 against the labeller (tools/lab/labeller.py) through a real server.
 
-What trainwatch must do on the lab (docs/detectors.md, "Judged on the lab"):
+What trainwatch must do on the lab (docs/lab.md, "Judged on the lab"):
 a healthy run pages nobody, whatever its layers are called; a loss spike
 that the labeller marks is named as a LossSpike within a few steps of its
 onset; a slow divergence gets a critical alert within 100 steps of its
@@ -94,7 +94,7 @@ def test_loss_spike_is_named_within_a_few_steps_of_its_onset(server, tmp_path):
     run, lab = train(server, tmp_path, "spike", 1, steps=420)
     # A labelled spike is >= 1.5x on >= 3 of 5 steps; this seed's 2-step
     # jump at ~301 (4.4x) is a hard_batch, as two hard batches in a row on a
-    # healthy run must not page (docs/detectors.md, "The lab's labels").
+    # healthy run must not page (docs/lab.md, "The lab's labels").
     spikes = [e for e in lab["events"] if e["kind"] == "spike"]
     assert len(spikes) >= 2, lab["events"]  # this seed spikes at 249, 367
     alerts = server.alerts(run)

@@ -3,7 +3,7 @@
 shortened to 400 steps), labelled from their routing records by
 tools/lab/moe_labeller.py and replayed through a real server.
 
-What must hold (docs/detectors.md, "MoE lab, held out by family"): a healthy
+What must hold (docs/lab.md, "MoE lab, held out by family"): a healthy
 run carries no label and pages nobody; a collapse, drops and a z-loss rise
 are labelled, and each is named by its alert inside the label's window.
 About a minute on one core.

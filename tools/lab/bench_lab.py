@@ -8,7 +8,7 @@ with tools/lab/labeller.py; reads the server's alerts (`trainwatchctl alerts
 --json`); and prints, per alertname, precision, recall and median delay
 (started_step - labelled onset) against the labels, and false pages
 (critical + warning, not caused_by another alert) per 10,000 healthy steps,
-as a markdown table (docs/detectors.md, "Judged on the lab").
+as a markdown table (docs/lab.md, "Judged on the lab").
 
     PYTHONPATH=build/python /usr/bin/python3 tools/lab/bench_lab.py \\
         --build build --runs build/lab [--jobs 2] [--seeds 0,1,2,3]

@@ -6,7 +6,7 @@ update_rms_ratio) and marks, by the rules below, the events a monitor should
 name. It uses the full record, past and future (it is ground truth, not a
 detector), knows nothing of trainwatch's server, and was written before any
 alert of the lab was looked at. The numbers are the rules; change them only
-with docs/detectors.md ("The lab's labels").
+with docs/lab.md ("The lab's labels").
 
 Notation: l_t = ln(loss_t) (NaN when the loss is not finite or <= 0);
 b = max(warmup_steps, 100), the first step with a settled baseline.

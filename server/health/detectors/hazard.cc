@@ -6,7 +6,7 @@
 // above its own recent level.
 //
 // The rule was calibrated on the lab's tuning seeds and measured on held-out
-// ones (tests/lab, docs/detectors.md "Judged on the lab"): for each layer
+// ones (tests/lab, docs/lab.md "Judged on the lab"): for each layer
 // that is not an embedding (rare tokens' rows dominate an embedding's raw
 // statistic), jump = ln(x_t / median(x over its previous `window` reports))
 // - alpha x ln(B), with B = sqrt(1 / (1 - adam_beta2)) (the bound of g^2/v's
@@ -33,7 +33,7 @@ namespace trainwatch {
 namespace {
 
 // The default rule's figures on families it was not fitted on
-// (docs/detectors.md, "Held out by family").
+// (docs/lab.md, "Held out by family").
 constexpr double kMeasuredPrecision = 0.41;
 constexpr double kMeasuredRecall = 0.24;
 
