@@ -1,6 +1,7 @@
 // Where what a run's pipeline reports goes: alert fires and resolves to the
 // store, /metrics and the notifier (Alertmanager, webhook); spikes to the
-// store; the run's record and window figures to /metrics. The one path every
+// store; the run's record and window figures to /metrics through its
+// RunExporter (metrics/run_exporter.h). The one path every
 // alert leaves by, also the resolves the engine sends at start-up for runs
 // that finished before a restart.
 //
@@ -19,6 +20,7 @@
 #include "engine/host_watch.h"
 #include "health/run/run_pipeline.h"
 #include "metrics/metrics.h"
+#include "metrics/run_exporter.h"
 #include "store/store.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
@@ -55,8 +57,6 @@ class AlertRouter final : public RunObserver {
   void OnSpikeOutcome(const SpikeOutcome& outcome) override;
 
  private:
-  // trainwatch_fp8_*: the worst tensor of a record's fp8 report.
-  static void SetFp8Worst(const v1::StepRecord& r, RunMetrics& m);
   // `alert` with the run's labels, as the notifier sends it.
   v1::Alert Labelled(const v1::Alert& alert) const;
   // ClosedLoopExhausted, caused by `cause`, unless it fires already; it
@@ -67,8 +67,7 @@ class AlertRouter final : public RunObserver {
 
   const std::string run_id_;
   Store* const store_;
-  Metrics* const metrics_;
-  RunMetrics* const run_metrics_;
+  RunExporter exporter_;  // the run's series on /metrics
   Notifier* const notifier_;
   HostWatch* const hosts_;
   ClosedLoop* const closed_loop_;  // null: no closed loop
@@ -86,10 +85,6 @@ class AlertRouter final : public RunObserver {
   google::protobuf::Map<std::string, std::string> labels_;
   // The started_step of each alert's episode counted as a host incident.
   std::array<std::optional<uint64_t>, kAlertKindCount> incident_counted_;
-  // Lost steps already added to trainwatch_lost_steps_total.
-  uint64_t exported_skipped_ = 0, exported_rewound_ = 0;
-  // The grad norm window's pushes() when its quantiles were last exported.
-  std::optional<uint64_t> quantiles_at_;
 };
 
 }  // namespace trainwatch
