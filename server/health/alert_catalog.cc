@@ -412,7 +412,7 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      {},
      {.summary = "MoE load is uneven on run {{ $labels.run }}",
       .details = kMoeDetails},
-     AlertScope::kLead, {K::kMoeRouterCollapse}},
+     AlertScope::kLead, {K::kMoeRouterCollapse, K::kMoeExpertParallelImbalance}},
     {K::kMoeAuxLossOffBalance, "MoeAuxLossOffBalance", v1::SEVERITY_WARNING,
      "The normalised load-balancing loss stays away from 1.0 (balance): "
      "above it, the balancing is losing to the router; below 0.9, the router "
