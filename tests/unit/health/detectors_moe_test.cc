@@ -493,6 +493,17 @@ TEST(MoeRouting, AZLossRiseThatComesBackIsNotAGrowth) {
   }
 }
 
+// `r` with expert `layer`'s load at `hot` x the mean (the rest even) and
+// each expert e's aux-free bias at bias(e).
+template <typename Bias>
+Routing WithBias(Routing r, uint32_t layer, double hot, Bias&& bias) {
+  const double rest = (kExperts - hot) / (kExperts - 1);
+  for (uint32_t e = 0; e < kExperts; ++e) r.share[e] = (e == layer ? hot : rest) / kExperts;
+  r.bias.resize(kExperts);
+  for (uint32_t e = 0; e < kExperts; ++e) r.bias[e] = static_cast<float>(bias(e));
+  return r;
+}
+
 // Sign updates at 1e-3 with 1 expert over the mean and 7 under: the mean
 // rises by 0.75e-3 a step; the spread across experts stays ~0.01. A shift of
 // every bias changes no choice of experts: on a balanced load (max/mean 1.2,
@@ -503,14 +514,9 @@ TEST(MoeRouting, ExpertBiasThatIsNotRecentredDriftsOnlyOnAnUnevenLoad) {
     SCOPED_TRACE(hot);
     HealthHarness h(MoeInfo(1, v1::AUX_FREE_BIAS));
     Feed(h, 1500, [hot](uint64_t step, uint32_t layer) {
-      Routing r = Healthy(step, layer);
-      const double rest = (kExperts - hot) / (kExperts - 1);
-      for (uint32_t e = 0; e < kExperts; ++e) r.share[e] = (e == layer ? hot : rest) / kExperts;
-      r.bias.resize(kExperts);
-      for (uint32_t e = 0; e < kExperts; ++e) {
-        r.bias[e] = static_cast<float>(0.75e-3 * step + 0.01 * (e % 2 ? 1 : -1));
-      }
-      return r;
+      return WithBias(Healthy(step, layer), layer, hot, [step](uint32_t e) {
+        return 0.75e-3 * step + 0.01 * (e % 2 ? 1 : -1);
+      });
     });
     const auto fired = h.Fired(AlertKind::kMoeExpertBiasDrift);
     if (hot < 1.5) {
@@ -530,14 +536,9 @@ TEST(MoeRouting, ABiasFlippingAtBalanceIsNotADrift) {
     SCOPED_TRACE(hot);
     HealthHarness h(MoeInfo(1, v1::AUX_FREE_BIAS));
     Feed(h, 1500, [hot](uint64_t step, uint32_t layer) {
-      Routing r = Healthy(step, layer);
-      const double rest = (kExperts - hot) / (kExperts - 1);
-      for (uint32_t e = 0; e < kExperts; ++e) r.share[e] = (e == layer ? hot : rest) / kExperts;
-      r.bias.resize(kExperts);
-      for (uint32_t e = 0; e < kExperts; ++e) {
-        r.bias[e] = static_cast<float>(0.01 * (e % 2 ? 1 : -1) + (step % 2 ? 1e-3 : -1e-3));
-      }
-      return r;
+      return WithBias(Healthy(step, layer), layer, hot, [step](uint32_t e) {
+        return 0.01 * (e % 2 ? 1 : -1) + (step % 2 ? 1e-3 : -1e-3);
+      });
     });
     const auto fired = h.Fired(AlertKind::kMoeExpertBiasDrift);
     if (hot < 1.5) {
