@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "health/alert_catalog.h"
-#include "health/timing/host_suspect.h"
+#include "health/detectors/host_suspect.h"
 #include "metrics/metrics.h"
 #include "store/store.h"
 #include "trainwatch/v1/trainwatch.pb.h"

@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "health/timing/goodput.h"
-#include "health/timing/host_incidents.h"
+#include "health/detectors/host_incidents.h"
 #include "health/timing/run_timing.h"
 #include "health/timing/spike_replay.h"
 #include "health/timing/step_times.h"

@@ -1,4 +1,4 @@
-#include "health/timing/host_suspect.h"
+#include "health/detectors/host_suspect.h"
 
 #include <string>
 #include <string_view>

@@ -5,8 +5,8 @@
 // and raises HostSuspect when a host just became suspect.
 //
 // Not thread-safe: the caller serializes.
-#ifndef TRAINWATCH_SERVER_HEALTH_TIMING_HOST_INCIDENTS_H_
-#define TRAINWATCH_SERVER_HEALTH_TIMING_HOST_INCIDENTS_H_
+#ifndef TRAINWATCH_SERVER_HEALTH_DETECTORS_HOST_INCIDENTS_H_
+#define TRAINWATCH_SERVER_HEALTH_DETECTORS_HOST_INCIDENTS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -87,4 +87,4 @@ class HostIncidents {
 
 }  // namespace trainwatch
 
-#endif  // TRAINWATCH_SERVER_HEALTH_TIMING_HOST_INCIDENTS_H_
+#endif  // TRAINWATCH_SERVER_HEALTH_DETECTORS_HOST_INCIDENTS_H_

@@ -1,4 +1,4 @@
-#include "health/timing/host_incidents.h"
+#include "health/detectors/host_incidents.h"
 
 #include <algorithm>
 #include <map>

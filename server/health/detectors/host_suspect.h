@@ -1,11 +1,11 @@
 // HostSuspect (docs/detectors.md): a lemon machine, named by NonFiniteUpdate,
 // LossSpike or RankStraggler alerts of at least two different runs within a
 // day (HostIncidents keeps the count).
-#ifndef TRAINWATCH_SERVER_HEALTH_TIMING_HOST_SUSPECT_H_
-#define TRAINWATCH_SERVER_HEALTH_TIMING_HOST_SUSPECT_H_
+#ifndef TRAINWATCH_SERVER_HEALTH_DETECTORS_HOST_SUSPECT_H_
+#define TRAINWATCH_SERVER_HEALTH_DETECTORS_HOST_SUSPECT_H_
 
 #include "health/detector.h"
-#include "health/timing/host_incidents.h"
+#include "health/detectors/host_incidents.h"
 
 namespace trainwatch {
 
@@ -29,4 +29,4 @@ class HostSuspectDetector final : public Detector {
 
 }  // namespace trainwatch
 
-#endif  // TRAINWATCH_SERVER_HEALTH_TIMING_HOST_SUSPECT_H_
+#endif  // TRAINWATCH_SERVER_HEALTH_DETECTORS_HOST_SUSPECT_H_
