@@ -51,6 +51,7 @@ import json
 import math
 import os
 import random
+import statistics
 import sys
 import zlib
 
@@ -1272,6 +1273,588 @@ def input_pipeline_stall(rng, out):
                      f"one rank whose input pipeline stalls from step {at}: it "
                      "waits 35% of each step for data (2% before)", stall_from=at,
                      expected=[("InputPipelineStall", at, 100)], failure_step=at)
+
+
+# ------------------------------------------------------- mixture of experts
+#
+# MoE runs (the Moe* rows of docs/detectors.md). A step line's "moe" is one
+# routing report: per MoE layer, the routed assignments per expert in the
+# step's global batch (tokens x top_k, before any capacity drop), the drops
+# past capacity (when not dropless), the normalised balancing loss, the
+# router z-loss (when the run has one), the aux-free bias (when it balances
+# by bias) and the largest router logit.
+#
+# Realism, shared by the MoE scenarios unless one says otherwise:
+# - 32,768 tokens a step; a layer's experts have a persistent lognormal
+#   skew of their share (sd 0.25 in log space, placed at normal quantiles:
+#   the busiest expert ~1.6x the mean, as aux-loss-balanced runs settle;
+#   twice as wide at init, balanced away in ~100 steps), a slow AR(1)
+#   wander (the data mix) and a per-step jitter (the batch's mix); the
+#   counts are a multinomial-like draw of the assignments over those
+#   shares (normal approximation), no expert above one per token;
+# - the balancing loss is E x sum(f_i P_i), f the assignment shares and P
+#   the router's mean probabilities (flatter than f): ~1.04 at this skew;
+# - the z-loss starts at (ln E)^2 (logits near 0), settles near 1 within
+#   ~300 steps and declines slowly (30% over the run), 12% noise from report
+#   to report; the largest logit grows from 1.7 and settles near 3 (with
+#   z-loss) or keeps growing slowly (without);
+# - an aux-free bias is updated every step as DeepSeek-V3's, bias += rate x
+#   sign(mean load - load), and re-centred (its mean subtracted), except
+#   where a scenario keeps the update as published (Megatron-Core's and
+#   DeepSeek-V3's are not re-centred: the batch's jitter is lognormal, a
+#   right-skewed load, more experts sit below the mean load than above, and
+#   the mean creeps up ~2e-5 a step; a shift of every bias by one amount
+#   changes no routing);
+# - a fault is an offset of some experts' log shares from a step on (a
+#   routing bias the router learned, -inf: never routed), a multiplier of
+#   the z-loss, or a changed bias update.
+#
+# The onsets are read off the process without its per-step noise (the
+# shares without the batch's jitter and the draw, the z-loss without its
+# report noise, the bias as it is) against the rules of docs/detectors.md
+# and their constants in deploy/trainwatch.yaml (moe:): where a level (the
+# median of 10 reports) crosses its line, N steps later for a rule that
+# must hold N steps, and no earlier than the first report judged.
+
+MOE_TOKENS = 32_768  # tokens in a step's global batch
+MOE_BIAS_RATE = 1e-3  # the aux-free bias's update rate
+MOE_SETTLE = 200  # moe.settle_steps: no Moe rule judges earlier post-warmup steps
+MOE_LEVEL = 10  # moe.level_reports: a level is the median of this many reports
+MOE_PERSIST = 100  # moe.persist_steps (MoeImbalanceHigh, MoeRouterZLossGrowth)
+MOE_DEAD = 100  # moe.dead_steps
+MOE_COLLAPSE_MULTIPLE = 2.0  # moe.collapse_top_k_multiple
+
+
+def n90(shares):
+    """The fewest experts that carry 90% of the assignments."""
+    total = 0.0
+    for i, s in enumerate(sorted(shares, reverse=True)):
+        total += s
+        if total >= 0.9 * sum(shares):
+            return i + 1
+    return len(shares)
+
+
+def block_ratio(shares, ep_size):
+    """The busiest expert-parallel block's load over the mean block's."""
+    per = len(shares) // ep_size
+    blocks = [sum(shares[b * per:(b + 1) * per]) for b in range(ep_size)]
+    return max(blocks) / (sum(blocks) / ep_size)
+
+
+def mean_sd(xs):
+    m = sum(xs) / len(xs)
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+
+
+class MoeLayer:
+    """One MoE layer's router, step by step: the shares of the assignments,
+    their draw, its balancing loss, z-loss, largest logit and aux-free bias.
+    `offset(step)` gives per-expert offsets of the log shares (None: none),
+    `z_mult(step)` a multiplier of the z-loss; with `bias_update` the layer
+    balances by an aux-free bias (sign update, re-centred unless
+    `recentre` is False; from step `idle_from`, if given, the update reads
+    the experts in `idle` as having no load: their biases rise by the rate
+    every step, whatever their load). `max_mean_at` keeps each step's drawn
+    max/mean load."""
+
+    SKEW = 0.25
+    WANDER_AR = 0.99
+    WANDER = 0.007  # stationary sd 0.05
+    JITTER = 0.05
+    BIAS_GAIN = 10.0  # log share per unit of bias
+    P_FLAT = 0.7  # the mean router probabilities: the shares^0.7, normalised
+
+    def __init__(self, rng, name, experts, top_k, z_loss=True, offset=None,
+                 z_mult=None, bias_update=False, idle_from=None, idle=(), recentre=True):
+        self.rng = rng
+        self.name = name
+        self.experts = experts
+        self.top_k = top_k
+        q = [statistics.NormalDist().inv_cdf((i + 0.5) / experts) for i in range(experts)]
+        rng.shuffle(q)
+        self.skew = [self.SKEW * x for x in q]
+        self.wander = [0.0] * experts
+        self.bias = [0.0] * experts
+        self.z_loss = z_loss
+        self.z_settled = rng.uniform(0.8, 1.2)
+        self.offset = offset or (lambda step: None)
+        self.z_mult = z_mult or (lambda step: 1.0)
+        self.bias_update = bias_update
+        self.idle_from = idle_from
+        self.idle = set(idle)
+        self.recentre = recentre
+        self.truth = {}  # step -> (shares without noise, z-loss without noise)
+        self.bias_at = {}  # step -> the bias after the step's update
+        self.max_mean_at = {}  # step -> the drawn counts' max/mean
+
+    def _shares(self, step, jitter):
+        early = 1.0 + math.exp(-step / 100.0)
+        off = self.offset(step) or [0.0] * self.experts
+        logw = [early * s + w + self.BIAS_GAIN * b + o
+                for s, w, b, o in zip(self.skew, self.wander, self.bias, off)]
+        if jitter:
+            logw = [x + self.rng.gauss(0.0, self.JITTER) for x in logw]
+        top = max(logw)
+        w = [math.exp(x - top) for x in logw]
+        total = sum(w)
+        return cap_shares([x / total for x in w], 1.0 / self.top_k)
+
+    def _draw(self, shares):
+        """Assignments per expert: about multinomial, each at most one per
+        token, adding up to tokens x top_k."""
+        n = MOE_TOKENS * self.top_k
+        counts = []
+        for p in shares:
+            mu = n * p
+            c = round(mu + math.sqrt(mu * (1.0 - p)) * self.rng.gauss(0.0, 1.0)) if p > 0 else 0
+            counts.append(min(MOE_TOKENS, max(0, c)))
+        rest = n - sum(counts)
+        for i in sorted(range(len(counts)), key=lambda i: -counts[i]):
+            give = max(-counts[i], min(rest, MOE_TOKENS - counts[i]))
+            counts[i] += give
+            rest -= give
+            if rest == 0:
+                break
+        return counts
+
+    def z_true(self, step, progress):
+        z0 = math.log(self.experts) ** 2
+        settled = self.z_settled * (1.0 - 0.3 * progress)
+        return (settled + (z0 - settled) * math.exp(-step / 60.0)) * self.z_mult(step)
+
+    def logit_true(self, step):
+        """The largest router logit: settling near 3 with z-loss; without,
+        the router sharpens as it learns (2.0 after warmup, 4.4 at step 6000)."""
+        if self.z_loss:
+            return (1.7 + 1.3 * (1.0 - math.exp(-step / 150.0))) * math.sqrt(self.z_mult(step))
+        return 1.7 * (1.0 + step / 800.0) ** 0.45
+
+    def step(self, step, progress, capacity_factor=0.0):
+        """Advances one step; returns the layer's report."""
+        self.wander = [self.WANDER_AR * w + self.rng.gauss(0.0, self.WANDER) for w in self.wander]
+        z = self.z_true(step, progress)
+        self.truth[step] = (self._shares(step, False), z)
+        shares = self._shares(step, True)
+        counts = self._draw(shares)
+        n = MOE_TOKENS * self.top_k
+        self.max_mean_at[step] = max(counts) * self.experts / n
+        f = [c / n for c in counts]
+        probs = [s**self.P_FLAT for s in shares]
+        total = sum(probs)
+        aux = self.experts * sum(fi * p / total for fi, p in zip(f, probs))
+        rep = {"layer": self.name, "tokens_per_expert": counts}
+        if capacity_factor > 0:
+            cap = math.ceil(capacity_factor * n / self.experts)
+            rep["dropped"] = sum(max(0, c - cap) for c in counts)
+        rep["aux_loss"] = num(aux * math.exp(self.rng.gauss(0.0, 0.003)), 6)
+        if self.z_loss:
+            rep["z_loss"] = num(z * math.exp(self.rng.gauss(0.0, 0.12)), 5)
+        logit = self.logit_true(step) * math.exp(self.rng.gauss(0.0, 0.04))
+        rep["router_logit_max"] = num(logit, 5)
+        if self.bias_update:
+            mean = n / self.experts
+            seen = counts
+            if self.idle_from is not None and step >= self.idle_from:
+                seen = [0 if e in self.idle else c for e, c in enumerate(counts)]
+            self.bias = [b + MOE_BIAS_RATE * ((mean > c) - (mean < c))
+                         for b, c in zip(self.bias, seen)]
+            if self.recentre:
+                centre = sum(self.bias) / self.experts
+                self.bias = [b - centre for b in self.bias]
+            self.bias_at[step] = list(self.bias)
+            rep["expert_bias"] = [num(b, 6) for b in self.bias]
+        return rep
+
+
+def cap_shares(shares, cap):
+    """Shares with none above `cap` (top-k routes a token to k distinct
+    experts), the excess spread over the others in proportion."""
+    shares = list(shares)
+    for _ in range(len(shares)):
+        over = [i for i, s in enumerate(shares) if s > cap]
+        if not over:
+            break
+        excess = sum(shares[i] - cap for i in over)
+        rest = sum(s for i, s in enumerate(shares) if s < cap)
+        for i, s in enumerate(shares):
+            shares[i] = cap if s >= cap else s + excess * s / rest
+    return shares
+
+
+def moe_run(name, rng, out, run, layers, every=1, balancing="AUX_LOSS", top_k=2,
+            capacity_factor=0.0, ep_size=1):
+    """A bf16 MoE run whose records carry a routing report of `layers`
+    (MoeLayer) every `every` steps; returns its files."""
+    moe = {"num_experts": layers[0].experts, "top_k": top_k, "ep_size": ep_size,
+           "balancing": balancing,
+           "aux_loss_coeff": 0.01 if balancing == "AUX_LOSS" else 0.0,
+           "z_loss_coeff": 1e-3 if layers[0].z_loss else 0.0,
+           "capacity_factor": capacity_factor}
+    if balancing == "AUX_FREE_BIAS":
+        moe["bias_update_rate"] = MOE_BIAS_RATE
+    start = run_start(name, precision="BF16", warmup_steps=run.warmup, moe=moe,
+                      labels={"model": f"moe-{moe['num_experts']}x-top{top_k}",
+                              "suite": "scenarios"})
+    logs, files = open_logs(out, name, 1, start)
+    noise = LogNoise(rng, 0.15)
+    for step in range(1, run.steps + 1):
+        rec = run.base(rng, step, run.median(step) * math.exp(noise.next()))
+        reports = [layer.step(step, run.progress(step), capacity_factor) for layer in layers]
+        if step % every == 0:
+            rec["moe"] = {"layers": reports}
+        logs[0].step(rec)
+        checkpoints(logs[0], step)
+    finish(logs, run.steps)
+    return files
+
+
+def moe_layers(rng, n, experts=16, top_k=2, **kw):
+    return [MoeLayer(rng, str(i), experts, top_k, **kw) for i in range(n)]
+
+
+def moe_first_judged(run, every):
+    """The first report the Moe rules judge: moe.settle_steps past the
+    first post-warmup report."""
+    first = -(-run.warmup // every) * every
+    return first + -(-MOE_SETTLE // every) * every
+
+
+def first_step(steps, cond, what):
+    """The first of `steps` (in order) at which cond(step) holds."""
+    for s in steps:
+        if cond(s):
+            return s
+    sys.exit(f"generate.py: self-check failed: {what} never meets its rule")
+
+
+def growth_over(values, steps, within=500):
+    """The largest ratio of a value to the lowest of the `within` steps
+    before it (values: step -> value), over `steps`."""
+    return max(values[s] / min(values[t] for t in range(max(1, s - within), s + 1))
+               for s in steps)
+
+
+def moe_check_healthy(name, run, layers, every, imbalance=(1.4, 1.9)):
+    """A healthy run's settled load: each layer's max/mean (its median) in
+    `imbalance`, n90 far from a collapse, no expert starved; its router
+    logits (z-loss, else the largest logit) never 1.5x their low of the 500
+    steps before."""
+    judged = range(moe_first_judged(run, every), run.steps + 1)
+    for layer in layers:
+        mm = sorted(max(layer.truth[s][0]) * layer.experts for s in judged)
+        check(imbalance[0] <= mm[len(mm) // 2] <= imbalance[1],
+              f"{name}: layer {layer.name}'s max/mean {mm[len(mm) // 2]:.2f}")
+        check(min(n90(layer.truth[s][0]) for s in judged) > 2 * layer.top_k + 2,
+              f"{name}: layer {layer.name} close to a collapse")
+        check(min(min(layer.truth[s][0]) for s in judged) > 0,
+              f"{name}: layer {layer.name} starves an expert")
+        logits = {s: layer.truth[s][1] if layer.z_loss else layer.logit_true(s)
+                  for s in range(1, run.steps + 1)}
+        check(growth_over(logits, judged) < 1.5, f"{name}: layer {layer.name}'s logits grow")
+
+
+@scenario
+def healthy_moe(rng, out):
+    name = "healthy-moe"
+    run = Run(6000, 200, 0.4)
+    layers = moe_layers(rng, 2)
+    files = moe_run(name, rng, out, run, layers, capacity_factor=2.0)
+    moe_check_healthy(name, run, layers, 1)
+    return entry(name, "MoE, 16 experts top-2, 2 layers, aux loss 0.01 and z-loss 1e-3, "
+                 "capacity factor 2.0: the busiest expert ~1.6x the mean (natural "
+                 "skew), balancing loss ~1.04, z-loss settling near 1, a report "
+                 "every step: nothing pages", files, run, pages=[])
+
+
+@scenario
+def healthy_moe_bias(rng, out):
+    name = "healthy-moe-bias"
+    run = Run(6000, 200, 0.4)
+    every = 5
+    layers = moe_layers(rng, 2, bias_update=True)
+    files = moe_run(name, rng, out, run, layers, every=every, balancing="AUX_FREE_BIAS")
+    moe_check_healthy(name, run, layers, every, imbalance=(1.0, 1.5))
+    worst = max(abs(mean_sd(b)[0]) for layer in layers for b in layer.bias_at.values())
+    check(worst < 20 * MOE_BIAS_RATE, f"{name}: the bias mean wanders to {worst:.3g}")
+    return entry(name, "MoE, 16 experts top-2, 2 layers, aux-loss-free balancing by "
+                 "expert bias (sign update, rate 1e-3, re-centred; "
+                 "the aux loss reported as a diagnostic), z-loss 1e-3, a report "
+                 "every 5 steps: nothing pages", files, run, pages=[])
+
+
+@scenario
+def healthy_moe_bias_megatron(rng, out):
+    name = "healthy-moe-bias-megatron"
+    run = Run(6000, 200, 0.4)
+    every = 5
+    layers = moe_layers(rng, 2, bias_update=True, recentre=False)
+    files = moe_run(name, rng, out, run, layers, every=every, balancing="AUX_FREE_BIAS")
+    moe_check_healthy(name, run, layers, every, imbalance=(1.0, 1.5))
+    first = moe_first_judged(run, every)
+    reports = range(first, run.steps + 1, every)
+    for layer in layers:
+        # Balanced as the server sees it: the drawn max/mean's level (the
+        # median of moe.level_reports reports) ~1.1, never near the 1.5 at
+        # which MoeExpertBiasDrift's rules call a load uneven.
+        levels = [statistics.median(layer.max_mean_at[t] for t in
+                                    range(s - (MOE_LEVEL - 1) * every, s + 1, every))
+                  for s in reports]
+        check(1.0 < statistics.median(levels) < 1.3 and max(levels) < 1.4,
+              f"{name}: layer {layer.name}'s load level {statistics.median(levels):.2f} "
+              f"(at most {max(levels):.2f})")
+        # The mean drifts as the published update makes it: ~1e-5-3e-5 a
+        # step, one way, while the spread holds (the relative biases
+        # balance the skew).
+        (m0, sd0), (m1, sd1) = mean_sd(layer.bias_at[first]), mean_sd(layer.bias_at[run.steps])
+        drift = (m1 - m0) / (run.steps - first)
+        check(1e-5 <= drift <= 3e-5, f"{name}: layer {layer.name}'s bias mean drifts "
+              f"{drift:.2g} a step")
+        check(abs(m1) >= 2 * sd1 and abs(m1) >= 20 * MOE_BIAS_RATE,
+              f"{name}: layer {layer.name}'s bias mean {m1:.3g} stays within its spread "
+              f"{sd1:.3g} (the scenario is meant to show a drift on a balanced load)")
+    m, sd = mean_sd(layers[0].bias_at[run.steps])
+    climb = (m - mean_sd(layers[0].bias_at[first])[0]) / (run.steps - first)
+    return entry(name, "MoE, 16 experts top-2, 2 layers, aux-loss-free balancing by "
+                 "expert bias as Megatron-Core and DeepSeek-V3 publish it (sign update, "
+                 "rate 1e-3, not re-centred), z-loss 1e-3, a report every 5 steps: the "
+                 "load's jitter is right-skewed, more experts sit below the mean load "
+                 f"than above, and the bias's mean climbs ~{climb:.1g} a step ({m:.2f} at "
+                 f"the end, {m / sd:.0f}x its spread {sd:.3f}) while the load stays "
+                 "balanced (max/mean ~1.1): a shift of every bias by one amount "
+                 "changes no routing: nothing pages", files, run, pages=[])
+
+
+@scenario
+def healthy_moe_no_zloss(rng, out):
+    name = "healthy-moe-no-zloss"
+    run = Run(6000, 200, 0.4)
+    layers = moe_layers(rng, 2, experts=8, z_loss=False)
+    files = moe_run(name, rng, out, run, layers)
+    moe_check_healthy(name, run, layers, 1, imbalance=(1.3, 1.8))
+    first = moe_first_judged(run, 1)
+    logit = {s: layers[0].logit_true(s) for s in range(1, run.steps + 1)}
+    return entry(name, "MoE, 8 experts top-2, 2 layers, aux loss, no z-loss (none "
+                 "reported): the largest router logit grows slowly as the router "
+                 f"learns, {logit[first]:.1f} -> {logit[run.steps]:.1f} from step {first} "
+                 f"to the end (at most {growth_over(logit, range(first, run.steps + 1)):.2f}x "
+                 "in 500 steps): nothing pages", files, run, pages=[])
+
+
+@scenario
+def moe_router_collapse(rng, out):
+    name = "moe-router-collapse"
+    run = Run(4000, 200, 0.4)
+    at, ramp = 2000, 30
+    hot = set(rng.sample(range(16), 2))
+
+    def offset(step):
+        # The aux loss detached (no pull back): two experts' logits run away.
+        beta = 7.0 * min(1.0, max(0.0, (step - at) / ramp))
+        return [beta if e in hot else 0.0 for e in range(16)]
+
+    layers = [MoeLayer(rng, "0", 16, 2), MoeLayer(rng, "1", 16, 2, offset=offset)]
+    files = moe_run(name, rng, out, run, layers)
+    limit = min(MOE_COLLAPSE_MULTIPLE * 2, 16 / 2)  # x top_k, at most half the experts
+    onset = first_step(range(at, run.steps + 1),
+                       lambda s: n90(layers[1].truth[s][0]) <= limit, name)
+    share = sum(layers[1].truth[run.steps][0][e] for e in hot)
+    return entry(name, f"MoE, 16 experts top-2, 2 layers: from step {at} the aux loss "
+                 f"is detached and layer 1 routes onto experts {sorted(hot)} within "
+                 f"{ramp} steps ({100 * share:.0f}% of its assignments; n90 <= {limit:g} "
+                 f"from step {onset})", files, run, [("MoeRouterCollapse", onset, MOE_LEVEL)],
+                 allowed=["MoeImbalanceHigh", "MoeAuxLossOffBalance", "MoeDeadExpert"],
+                 failure_step=at, pages=["MoeRouterCollapse"])
+
+
+@scenario
+def moe_dead_expert(rng, out):
+    name = "moe-dead-expert"
+    run = Run(4000, 200, 0.4)
+    at, dead, every = 2000, 5, 10
+
+    def offset(step):
+        # The expert's router bias pushed to -20: never routed again.
+        return [-math.inf if e == dead and step >= at else 0.0 for e in range(16)]
+
+    layers = [MoeLayer(rng, "0", 16, 2, offset=offset), MoeLayer(rng, "1", 16, 2)]
+    files = moe_run(name, rng, out, run, layers, every=every)
+    check(at % every == 0, f"{name}: the death is not on a report")
+    # Starved on every report for moe.dead_steps (the rule: step - its first
+    # empty report >= dead_steps, on >= 3 reports).
+    onset = at + MOE_DEAD
+    return entry(name, f"MoE, 16 experts top-2, 2 layers, a report every {every} steps: "
+                 f"from step {at} layer 0's expert {dead} gets no assignment", files,
+                 run, [("MoeDeadExpert", onset, every)], failure_step=at,
+                 pages=["MoeDeadExpert"])
+
+
+@scenario
+def moe_tokens_dropped(rng, out):
+    name = "moe-tokens-dropped"
+    run = Run(4000, 200, 0.4)
+    cf = 1.0
+    layers = moe_layers(rng, 2)
+    files = moe_run(name, rng, out, run, layers, capacity_factor=cf)
+    onset = moe_first_judged(run, 1)
+
+    def expected_drop(s):
+        """Over both layers: the shares above capacity, their mean."""
+        over = [max(0.0, p - cf / layer.experts) for layer in layers for p in layer.truth[s][0]]
+        return sum(over) / len(layers)
+
+    check(min(expected_drop(s) for s in range(onset, run.steps + 1)) > 0.02,
+          f"{name}: drops under 2%")
+    return entry(name, f"MoE, 16 experts top-2, 2 layers, capacity factor {cf:g} from "
+                 "the start with the natural skew (the busiest expert ~1.6x the mean): "
+                 f"~{100 * expected_drop(onset):.0f}% of the assignments dropped; judged "
+                 f"from step {onset} (moe.settle_steps past warmup)", files, run,
+                 [("MoeTokensDropped", onset, MOE_LEVEL)], failure_step=1,
+                 pages=["MoeTokensDropped"])
+
+
+@scenario
+def moe_zloss_growth(rng, out):
+    name = "moe-zloss-growth"
+    run = Run(4000, 200, 0.4)
+    at, rise, top = 2000, 150, 3.5
+
+    def z_mult(step):
+        # The router's logits run away (router in bf16, its LR too high):
+        # the z-loss rises 3.5x over 150 steps and stays.
+        return top ** min(1.0, max(0.0, (step - at) / rise))
+
+    layers = [MoeLayer(rng, "0", 16, 2), MoeLayer(rng, "1", 16, 2, z_mult=z_mult)]
+    files = moe_run(name, rng, out, run, layers)
+    z = {s: layers[1].truth[s][1] for s in range(1, run.steps + 1)}
+    base = z[moe_first_judged(run, 1)]
+    # >= z_ratio (2) x its lowest over the z_growth_steps (500) before, and
+    # x its level when the run settled; held moe.persist_steps.
+    cross = first_step(range(at, run.steps + 1),
+                       lambda s: z[s] >= 2 * min(z[t] for t in range(s - 500, s + 1))
+                       and z[s] >= 2 * base, name)
+    return entry(name, f"MoE, 16 experts top-2, 2 layers, z-loss 1e-3: from step {at} "
+                 f"layer 1's z-loss rises {top:g}x over {rise} steps (2x its low at "
+                 f"step {cross}) and stays", files, run,
+                 [("MoeRouterZLossGrowth", cross + MOE_PERSIST, MOE_LEVEL)],
+                 failure_step=at, pages=["MoeRouterZLossGrowth"])
+
+
+@scenario
+def moe_bias_drift(rng, out):
+    name = "moe-bias-drift"
+    run = Run(4000, 200, 0.4)
+    at, every = 2000, 5
+    idle = (14, 15)
+    # The update as Megatron-Core and DeepSeek-V3 publish it (sign, not
+    # re-centred), its mean load taken from the batch (tokens x top_k /
+    # experts). From step `at` the gather of the counts it reads leaves the
+    # last two experts' slots unwritten (0): they look idle whatever their
+    # load, and their biases rise by the rate every step. The other experts'
+    # biases keep up only while they sit under the mean load, and the
+    # batch's jitter puts some of them over it report after report (their
+    # biases fall): the idle two gain on them, the load goes uneven, and
+    # every bias climbs with theirs, the mean ~1e-3 a step, far past its
+    # spread. (Re-centred, the mean would stay at 0 and only the load's
+    # rules would see it; with the mean taken from the counts, as
+    # Megatron-Core takes it, the two zeros pull it under the other experts'
+    # loads, their biases fall, and the routing collapses onto the two.)
+    layers = moe_layers(rng, 2, bias_update=True, recentre=False, idle_from=at, idle=idle)
+    files = moe_run(name, rng, out, run, layers, every=every, balancing="AUX_FREE_BIAS")
+    first = moe_first_judged(run, every)
+    reports = range(first, run.steps + 1, every)
+
+    def level(f, s):
+        """f's level at report s: the median of its last MOE_LEVEL reports."""
+        return statistics.median(f(t) for t in range(s - (MOE_LEVEL - 1) * every, s + 1, every))
+
+    def load(layer):
+        """The layer's max/mean, the shares without the batch's jitter and
+        the draw."""
+        return lambda t: max(layer.truth[t][0]) * layer.experts
+
+    def mean_over_sd(layer):
+        return lambda t: abs(mean_sd(layer.bias_at[t])[0]) / mean_sd(layer.bias_at[t])[1]
+
+    def holds(layer, s, ratio=1.0):
+        # MoeExpertBiasDrift's drift (docs/detectors.md): the bias's |mean|
+        # >= moe.bias_mean_sd (2) x its spread (its level) and >= 20 x the
+        # update rate, while the load's max/mean level >= 1.5; `ratio` of
+        # the way from neutral to those lines (0.8: what holds a firing
+        # alert).
+        return (level(mean_over_sd(layer), s) >= ratio * 2 and
+                abs(mean_sd(layer.bias_at[s])[0]) >= ratio * 20 * MOE_BIAS_RATE and
+                level(load(layer), s) >= 1 + ratio * 0.5)
+
+    onset = first_step(reports, lambda s: any(holds(l, s) for l in layers), name)
+    check(onset > at, f"{name}: the rule holds at step {onset}, before the fault")
+    for layer in layers:
+        # Before the fault the bias's mean drifts as the published update's
+        # does (healthy-moe-bias-megatron) on a balanced load: the drawn
+        # max/mean's level (what the server judges) under 1.4.
+        drawn = max(level(lambda t: layer.max_mean_at[t], s) for s in reports if s < at)
+        check(drawn < 1.4, f"{name}: layer {layer.name}'s load level {drawn:.2f} before "
+              "the fault")
+        # Uneven, not collapsed: no expert starves, n90 far from 2 x top_k.
+        after = range(at, run.steps + 1, every)
+        low = min(min(layer.truth[s][0]) * layer.experts for s in after)
+        check(low > 0.3, f"{name}: layer {layer.name} starves an expert ({low:.2f}x the mean)")
+        check(min(n90(layer.truth[s][0]) for s in after) > 2 * layer.top_k + 2,
+              f"{name}: layer {layer.name} close to a collapse")
+        end = level(load(layer), run.steps)
+        check(1.9 <= end <= 2.8, f"{name}: layer {layer.name}'s load level {end:.2f} at the end")
+    # One alert: from the onset to the end some layer holds the lines that
+    # keep it firing.
+    check(all(any(holds(l, s, 0.8) for l in layers) for s in reports if s >= onset),
+          f"{name}: the drift lets go after step {onset}")
+    lv = [level(load(l), run.steps) for l in layers]
+    m, sd = mean_sd(layers[0].bias_at[run.steps])
+    climb = (m - mean_sd(layers[0].bias_at[at])[0]) / (run.steps - at)
+    return entry(name, "MoE, 16 experts top-2, 2 layers, aux-free bias by the published "
+                 "sign update (Megatron-Core's, DeepSeek-V3's: rate 1e-3, not re-centred), "
+                 "its mean load taken from the batch (tokens x top_k / experts), a report "
+                 f"every {every} steps: from step {at} the update reads "
+                 f"experts {idle[0]} and {idle[1]}'s counts as 0 (their slots of the gathered "
+                 "counts never written), so their biases rise by the rate every step "
+                 "whatever their load; the other experts' keep up only while under the "
+                 "mean load, the two take more and more tokens (the load's max/mean level "
+                 f"1.5 at step {onset}, {min(lv):.2f}-{max(lv):.2f} at the end, no expert "
+                 f"starved) and every bias climbs with theirs: the mean ~{climb:.1g} a step, "
+                 f"{m:.2f} at the end, {m / sd:.0f}x its spread", files, run,
+                 [("MoeExpertBiasDrift", onset, MOE_LEVEL * every)],
+                 # The uneven load is this fault's harm: MoeImbalanceHigh
+                 # (level >= 2, or forecast to) pages with it.
+                 allowed=["MoeImbalanceHigh"], failure_step=at,
+                 pages=["MoeExpertBiasDrift", "MoeImbalanceHigh"],
+                 max_fires={"MoeExpertBiasDrift": 1})
+
+
+@scenario
+def moe_ep_imbalance(rng, out):
+    name = "moe-ep-imbalance"
+    run = Run(4000, 200, 0.4)
+    at, ramp, ep, hot_block = 2000, 100, 4, 2
+    block = range(hot_block * 4, hot_block * 4 + 4)
+
+    def offset(step):
+        # The data mix shifts towards what EP rank 2's experts serve: each
+        # of them gets 2.5x its share, over 100 steps.
+        f = math.log(2.5) * min(1.0, max(0.0, (step - at) / ramp))
+        return [f if e in block else 0.0 for e in range(16)]
+
+    layers = [MoeLayer(rng, "0", 16, 2, offset=offset), MoeLayer(rng, "1", 16, 2)]
+    files = moe_run(name, rng, out, run, layers, ep_size=ep)
+    onset = first_step(range(at, run.steps + 1),
+                       lambda s: block_ratio(layers[0].truth[s][0], ep) >= 1.5, name)
+    return entry(name, f"MoE, 16 experts top-2 on {ep} expert-parallel ranks, 2 layers: "
+                 f"from step {at} the data mix shifts over {ramp} steps so that layer "
+                 f"0's experts on EP rank {hot_block} (experts {block[0]}-{block[-1]}) "
+                 f"get 2.5x their share: that rank carries 1.5x the mean rank's from step "
+                 f"{onset}", files, run, [("MoeExpertParallelImbalance", onset, MOE_LEVEL)],
+                 # The hot experts' layer is uneven too: MoeImbalanceHigh may
+                 # fire (its forecast), caused_by the EP alert, so it never pages.
+                 allowed=["MoeImbalanceHigh"],
+                 failure_step=at, pages=["MoeExpertParallelImbalance"])
 
 
 # --------------------------------------------------------------------- main
