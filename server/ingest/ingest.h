@@ -30,7 +30,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "auth/auth.h"
 #include "common/clock.h"
-#include "common/validate.h"
+#include "ingest/validate.h"
 #include "engine/engine.h"
 #include "ingest/wire_budget.h"
 #include "metrics/metrics.h"

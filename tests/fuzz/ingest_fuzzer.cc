@@ -49,7 +49,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/validate.h"
+#include "ingest/validate.h"
 #include "google/protobuf/stubs/logging.h"
 #include "health/alert_catalog.h"
 #include "health/run/alert_tracker.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/validate.h"
+#include "ingest/validate.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace {

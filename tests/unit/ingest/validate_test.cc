@@ -1,4 +1,4 @@
-#include "common/validate.h"
+#include "ingest/validate.h"
 
 #include <cmath>
 #include <functional>
