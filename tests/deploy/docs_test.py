@@ -10,7 +10,8 @@ tracker's issue by number; and every
 series the server registers (a "trainwatch_..." name in server/metrics/) is
 listed in docs/metrics.md; every flag of the server's flag table
 (server/server_flags.cc) is named in the README; and every C++ source file a
-C++ comment names exists in the tree."""
+C++ comment names exists in the tree, and every path of the tree a doc
+names."""
 import os
 import re
 import sys
@@ -97,6 +98,30 @@ doc_ref = re.compile(r"docs/([a-z0-9-]+\.md)(?:(#[a-z0-9-]+)|,\s+\"([^\"]+)\")?"
 readme_ref = re.compile(r"README(?:\.md)?(?:'s)?\s+\(?\"([^\"]+)\"")
 readme_sections = headings(readme)
 tree_refs = 0
+# Every path of the tree a doc names (`server/health/signals/moe_load.{h,cc}`,
+# tools/lab/moe_lab.py, tests/unit/store/): a file with its extension, or a
+# folder with its slash; names without either are often something else (a
+# Kubernetes deploy/NAME). Braces are expanded, globs skipped.
+doc_path = re.compile(r"(?<![\w./-])((?:server|client|tools|tests|deploy|dashboards|proto|docs)"
+                      r"/[\w./{},*-]+)")
+doc_paths = 0
+for path in docs:
+    for line_no, line in enumerate(open(path, encoding="utf-8"), 1):
+        for m in doc_path.finditer(line):
+            token = m.group(1).rstrip(".,:;")
+            last = token.rstrip("/").rsplit("/", 1)[-1]
+            if "*" in token or not (token.endswith("/") or "." in last):
+                continue
+            brace = re.search(r"\{([^}]*)\}", token)
+            names = ([token[:brace.start()] + x + token[brace.end():]
+                      for x in brace.group(1).split(",")] if brace else [token])
+            for name in names:
+                doc_paths += 1
+                if not os.path.exists(os.path.join(root, name)):
+                    failures.append(f"{os.path.relpath(path, root)}:{line_no}: names {name}, "
+                                    "which is not in the tree")
+if doc_paths < 100:
+    failures.append(f"found only {doc_paths} paths named in the docs: the scan is broken")
 # Every C++ source file a C++ comment names (by its name, with or without a
 # folder) is a file of the tree: a comment that points at a file renamed
 # long ago sends the reader nowhere. Generated headers (*.pb.h) are built.
@@ -174,6 +199,7 @@ if checked == 0:
     failures.append("no relative links found at all: the README should link docs/")
 for f in failures:
     print("FAIL:", f)
-print(f"docs_test: {len(docs)} files, {checked} links checked, {tree_refs} references "
+print(f"docs_test: {len(docs)} files, {checked} links checked, {doc_paths} paths named in them, "
+      f"{tree_refs} references "
       f"from the tree, {len(series)} series, {len(failures)} failures")
 sys.exit(1 if failures else 0)
