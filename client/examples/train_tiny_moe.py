@@ -29,7 +29,14 @@ Faults to inject (--fault), each named by one alert:
   biasdrift  aux-loss-free balancing whose bias update (from the start or
              from --fault-at) raises under-loaded experts, never lowers
              over-loaded ones and is not re-centred: the bias's mean drifts
-             away from 0 (MoeExpertBiasDrift)
+             away from 0. That is a half-rate sign update plus a shift of
+             every bias, which changes no choice of experts: named
+             (MoeExpertBiasDrift) only once the load goes uneven too
+  biasblind  aux-loss-free balancing with DeepSeek-V3's sign update, not
+             re-centred (Megatron-Core's), whose counts (from the start or
+             from --fault-at) miss the last two experts: it reads them as
+             idle and raises their biases every step, so they take more and
+             more tokens while every bias climbs (MoeExpertBiasDrift)
   imbalance  from --fault-at (250) the aux loss is computed on detached
              router probabilities (it no longer pulls the router) and the
              router LR is 10x: the load drifts to the data's skew
@@ -64,7 +71,8 @@ from torch.nn import functional as F
 from trainwatch.torch import route_counts, router_z_loss
 
 VOCAB, SEQ, BATCH = 64, 32, 16
-FAULTS = ("none", "collapse", "dead", "drop", "zgrowth", "biasdrift", "imbalance")
+FAULTS = ("none", "collapse", "dead", "drop", "zgrowth", "biasdrift", "biasblind",
+          "imbalance")
 DEAD_EXPERT = 5
 
 
@@ -216,7 +224,7 @@ def parse_args(argv):
     p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument("--fault-at", type=int, default=None,
                    help="zgrowth, imbalance: the step the fault begins (250); collapse, dead, "
-                        "biasdrift: from the start unless given")
+                        "biasdrift, biasblind: from the start unless given")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--every", type=int, default=1, help="send the moe stats every N steps")
@@ -257,7 +265,7 @@ def main(argv=None):
     if fault_at is None and fault in ("zgrowth", "imbalance"):
         fault_at = 250
     late_fault = fault_at is not None
-    aux_free = fault == "biasdrift" or (fault == "none" and args.balancing == "bias")
+    aux_free = fault in ("biasdrift", "biasblind") or (fault == "none" and args.balancing == "bias")
     # collapse and dead from the start never had an aux loss; from
     # --fault-at they switch off the aux loss and z-loss of a run that was
     # balanced until then.
@@ -351,6 +359,15 @@ def main(argv=None):
                             # expert's bias but never lowers an over-loaded
                             # one's, and never re-centres, so the mean climbs.
                             b.moe.bias += bias_rate * (load < load.mean()).float()
+                        elif fault == "biasblind" and faulty:
+                            # The fault's bug: the gathered counts miss the
+                            # last two experts (their slots never written),
+                            # against the mean load the batch implies; the
+                            # update is not re-centred.
+                            seen = load.clone()
+                            seen[-2:] = 0
+                            mean = load.sum() / load.numel()
+                            b.moe.bias += bias_rate * torch.sign(mean - seen)
                         else:
                             # DeepSeek-V3's update, re-centred.
                             b.moe.bias += bias_rate * torch.sign(load.mean() - load)

@@ -36,7 +36,7 @@ def test_healthy_moe_runs_page_nothing(server, args):
     ("dead", "MoeDeadExpert"),
     ("drop", "MoeTokensDropped"),
     ("zgrowth", "MoeRouterZLossGrowth"),
-    ("biasdrift", "MoeExpertBiasDrift"),
+    ("biasblind", "MoeExpertBiasDrift"),
 ])
 def test_each_fault_names_its_alert(server, fault, alert):
     alerts = train(server, f"moe/{fault}", "--fault", fault)
