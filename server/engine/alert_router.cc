@@ -1,5 +1,6 @@
 #include "engine/alert_router.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -62,19 +63,24 @@ void AlertRouter::OnAlert(AlertKind kind, const v1::Alert& alert, bool update) {
     incident_counted_[i] = alert.started_step();
     suspect = hosts_->OnAlertFired(kind, alert);
   }
-  std::optional<std::pair<uint64_t, std::string>>& note = directive_notes_[i];
+  auto note = std::find_if(directive_notes_.begin(), directive_notes_.end(),
+                           [kind](const DirectiveNote& n) { return n.kind == kind; });
   std::optional<v1::Alert> exhausted;
   if (firing && !update && closed_loop_ != nullptr) {
     std::optional<ClosedLoop::Answer> proposed =
         closed_loop_->OnAlertFired(alert, lead_attempt_, recent_batches_);
     if (proposed.has_value()) {
-      note.emplace(alert.started_step(), proposed->note);
+      if (note == directive_notes_.end()) {
+        note = directive_notes_.insert(note, DirectiveNote{.kind = kind});
+      }
+      note->started_step = alert.started_step();
+      note->text = proposed->note;
       if (proposed->exhausted) exhausted = Exhausted(alert, proposed->reason);
     }
   }
-  if (note.has_value() && note->first == alert.started_step()) {
+  if (note != directive_notes_.end() && note->started_step == alert.started_step()) {
     v1::Alert named = alert;
-    named.set_description(absl::StrCat(alert.description(), " ", note->second));
+    named.set_description(absl::StrCat(alert.description(), " ", note->text));
     Route(std::move(named));
   } else {
     Route(alert);

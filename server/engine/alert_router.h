@@ -14,6 +14,7 @@
 #include <array>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "alerting/notifier.h"
 #include "closedloop/closed_loop.h"
@@ -74,9 +75,16 @@ class AlertRouter final : public RunObserver {
   // What the closed loop needs of the lead: its attempt and recent batch ids.
   uint32_t lead_attempt_ = 0;
   RecentBatches recent_batches_;
-  // Per alert, the episode (started_step) whose description names the
-  // directive proposed for it, and that sentence: kept on its updates.
-  std::array<std::optional<std::pair<uint64_t, std::string>>, kAlertKindCount> directive_notes_;
+  // Per alert the closed loop proposed a directive for, the episode
+  // (started_step) whose description names it, and that sentence: kept on
+  // its updates. Few runs have any (an array of every alert's was ~1.8 KB a
+  // run).
+  struct DirectiveNote {
+    AlertKind kind;
+    uint64_t started_step = 0;
+    std::string text;
+  };
+  std::vector<DirectiveNote> directive_notes_;
   struct ExhaustedEpisode {
     v1::Alert alert;
     uint32_t attempt = 0;  // the lead's when it fired
