@@ -151,7 +151,8 @@ class Imbalance final : public Rule {
         // healthy); one that grows from there is the balancing failing.
         const double line = r.Line(AlertKind::kMoeImbalanceHigh, 1.0, cfg.imbalance);
         const bool over = *m >= line && *m - *s->imbalance_base >= line - 1.0;
-        if (r.Persists(s->imbalanced, over, s->max_over_mean.since(r.step))) {
+        if (r.Persists(AlertKind::kMoeImbalanceHigh, s->imbalanced, over,
+                       s->max_over_mean.since(r.step))) {
           imbalanced.emplace_back(*name, *m);
           onset = std::min(onset, s->imbalanced.onset());
         }
@@ -172,9 +173,17 @@ class Imbalance final : public Rule {
     double target = cfg.imbalance;
     if (const auto base = base_.Of(n); imbalanced.empty() && base) {
       target = std::max(cfg.imbalance, *base + cfg.imbalance - 1.0);
-      if (worst >= 1 + 0.8 * (target - 1)) {
+      // With hysteresis, as the level rules and LogZDrift's forecast have:
+      // while the alert fires, its gate holds at 0.8 of its way from
+      // balance and its horizon at horizon / 0.8, so a level hovering near
+      // the gate is one episode (a data-mix shift to 2.2-2.3x under a
+      // 2.28 gate fired, resolved and fired again 44 steps later).
+      const bool firing = r.Firing(AlertKind::kMoeImbalanceHigh);
+      if (worst >= r.Line(AlertKind::kMoeImbalanceHigh, 1.0, 1 + 0.8 * (target - 1))) {
         at = OutwardCrossing(trend_, *base, target - *base);
-        if (at && *at > r.step + cfg.horizon_steps) at.reset();
+        const double horizon = static_cast<double>(cfg.horizon_steps) /
+                               (firing ? r.config.change.resolve_ratio : 1.0);
+        if (at && static_cast<double>(*at) > static_cast<double>(r.step) + horizon) at.reset();
       }
     }
     r.held.Condition(

@@ -184,11 +184,15 @@ double Worst(const Named& layers, bool largest) {
   return w;
 }
 
+bool Held::Firing(AlertKind kind, uint64_t step, const HealthConfig& config) const {
+  const auto it = last_held_.find(kind);
+  return it != last_held_.end() && step < it->second + config.resolve_after_steps;
+}
+
 double Held::Line(AlertKind kind, uint64_t step, double neutral, double fire,
                   const HealthConfig& config) const {
-  const auto it = last_held_.find(kind);
-  const bool firing = it != last_held_.end() && step < it->second + config.resolve_after_steps;
-  return firing ? neutral + config.change.resolve_ratio * (fire - neutral) : fire;
+  return Firing(kind, step, config) ? neutral + config.change.resolve_ratio * (fire - neutral)
+                                    : fire;
 }
 
 void Held::Condition(AlertSink& sink, AlertKind kind, uint64_t step, bool holds, double value,

@@ -144,6 +144,8 @@ class Held {
  public:
   double Line(AlertKind kind, uint64_t step, double neutral, double fire,
               const HealthConfig& config) const;
+  // Whether the alert held within the last resolve_after_steps (it fires).
+  bool Firing(AlertKind kind, uint64_t step, const HealthConfig& config) const;
   // Reports the condition, noting the step it held.
   void Condition(AlertSink& sink, AlertKind kind, uint64_t step, bool holds, double value,
                  const std::function<AlertText()>& text);
@@ -174,8 +176,14 @@ struct Report {
   double Line(AlertKind kind, double neutral, double fire) const {
     return held.Line(kind, step, neutral, fire, config);
   }
-  bool Persists(Persistent& p, bool holds, uint64_t onset) const {
-    return p.Update(holds, step, onset, cfg.persist_steps, cfg.persist_reports);
+  bool Firing(AlertKind kind) const { return held.Firing(kind, step, config); }
+  // Persistence gates a fire; once `kind` fires, a report over its (lower)
+  // line holds it: a one-report dip restarts the count but does not let a
+  // sustained condition resolve and fire again (a layer at 2.7-2.9x its
+  // mean's load was three MoeImbalanceHigh episodes in 500 steps).
+  bool Persists(AlertKind kind, Persistent& p, bool holds, uint64_t onset) const {
+    const bool persisted = p.Update(holds, step, onset, cfg.persist_steps, cfg.persist_reports);
+    return persisted || (holds && Firing(kind));
   }
 };
 

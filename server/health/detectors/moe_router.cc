@@ -108,7 +108,8 @@ class ZGrowth final : public Rule {
       const bool over = !lows.empty() && lows.front().second > 0 && *s->logit_base > 0 &&
                         *now >= ratio * lows.front().second &&
                         *now >= ratio * *s->logit_base;
-      if (r.Persists(s->logits_grown, over, logits.since(r.step))) {
+      if (r.Persists(AlertKind::kMoeRouterZLossGrowth, s->logits_grown, over,
+                     logits.since(r.step))) {
         grown.emplace_back(*name, *now / lows.front().second);
         low = lows.front().second;
         onset = std::min(onset, s->logits_grown.onset());

@@ -1857,6 +1857,39 @@ def moe_ep_imbalance(rng, out):
                  failure_step=at, pages=["MoeExpertParallelImbalance"])
 
 
+@scenario
+def moe_mix_shift(rng, out):
+    name = "moe-mix-shift"
+    run = Run(4000, 200, 0.4)
+    at, ramp = 2000, 100
+    block = range(8, 12)
+
+    def offset(step):
+        # The data mix shifts towards what four experts serve: each gets 2.3x
+        # its share, over 100 steps, and stays there (one expert parallel
+        # rank: nothing else names it).
+        f = math.log(2.3) * min(1.0, max(0.0, (step - at) / ramp))
+        return [f if e in block else 0.0 for e in range(16)]
+
+    layers = [MoeLayer(rng, "0", 16, 2, offset=offset), MoeLayer(rng, "1", 16, 2)]
+    files = moe_run(name, rng, out, run, layers)
+    settled = max(layers[0].truth[moe_first_judged(run, 1)][0]) * 16
+    onset = first_step(range(at, run.steps + 1),
+                       lambda s: max(layers[0].truth[s][0]) * 16 >= max(2.0, settled + 1.0),
+                       name)
+    return entry(name, f"MoE, 16 experts top-2, 2 layers: from step {at} the data mix "
+                 f"shifts over {ramp} steps so that layer 0's experts {block[0]}-{block[-1]} "
+                 f"get 2.3x their share and keep it; the busiest expert's load is its "
+                 f"settled level ({settled:.2f}x the mean) + 1 from step {onset}: one "
+                 "MoeImbalanceHigh for the whole of it (a report under the line does not "
+                 "resolve it)", files, run,
+                 [("MoeImbalanceHigh", onset)],
+                 # The balancing loss rises with the load and hovers at its line.
+                 allowed=["MoeAuxLossOffBalance"], failure_step=at,
+                 pages=["MoeImbalanceHigh", "MoeAuxLossOffBalance"],
+                 max_fires={"MoeImbalanceHigh": 1})
+
+
 # --------------------------------------------------------------------- main
 
 
