@@ -46,7 +46,7 @@ void AlertRouter::Route(v1::Alert alert) {
 
 void AlertRouter::Restore(const v1::Alert& firing) {
   if (std::optional<AlertKind> kind = AlertKindByName(firing.alertname())) {
-    SetActive(*kind, /*firing=*/true, /*fired=*/false);
+    exporter_.SetActive(*kind, /*firing=*/true, /*fired=*/false);
     // Resolved by the next attempt after the one the restart found.
     if (*kind == AlertKind::kClosedLoopExhausted) exhausted_ = ExhaustedEpisode{firing, lead_attempt_};
   }
@@ -56,7 +56,7 @@ void AlertRouter::Restore(const v1::Alert& firing) {
 void AlertRouter::OnAlert(AlertKind kind, const v1::Alert& alert, bool update) {
   const size_t i = static_cast<size_t>(kind);
   const bool firing = v1::Firing(alert);
-  SetActive(kind, firing, /*fired=*/firing && !update);
+  exporter_.SetActive(kind, firing, /*fired=*/firing && !update);
   std::optional<v1::Alert> suspect;
   if (firing && !update && hosts_ != nullptr &&
       incident_counted_[i] != alert.started_step()) {
@@ -106,12 +106,8 @@ std::optional<v1::Alert> AlertRouter::Exhausted(const v1::Alert& cause,
       .caused_by = AlertKindByName(cause.alertname())};
   v1::Alert a = ToProto(run_id_, episode);
   exhausted_ = ExhaustedEpisode{a, lead_attempt_};
-  SetActive(AlertKind::kClosedLoopExhausted, true, /*fired=*/true);
+  exporter_.SetActive(AlertKind::kClosedLoopExhausted, true, /*fired=*/true);
   return a;
-}
-
-void AlertRouter::SetActive(AlertKind kind, bool firing, bool fired) {
-  exporter_.SetActive(kind, firing, fired);
 }
 
 void AlertRouter::OnSpikeOutcome(const SpikeOutcome& o) {
@@ -154,7 +150,7 @@ void AlertRouter::OnLeadChanged(const v1::RunStart& start) {
     resolved.set_state(v1::ALERT_STATE_RESOLVED);
     resolved.set_resolved_unix_nanos(absl::GetCurrentTimeNanos());
     exhausted_.reset();
-    SetActive(AlertKind::kClosedLoopExhausted, false, false);
+    exporter_.SetActive(AlertKind::kClosedLoopExhausted, false, false);
     Route(std::move(resolved));
   }
   exporter_.OnLeadChanged(start);

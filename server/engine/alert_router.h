@@ -63,8 +63,6 @@ class AlertRouter final : public RunObserver {
   // ClosedLoopExhausted, caused by `cause`, unless it fires already; it
   // resolves when the run's lead starts a later attempt.
   std::optional<v1::Alert> Exhausted(const v1::Alert& cause, const std::string& reason);
-  // The alert's series on /metrics (none for a run not held in memory).
-  void SetActive(AlertKind kind, bool firing, bool fired);
 
   const std::string run_id_;
   Store* const store_;

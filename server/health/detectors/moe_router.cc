@@ -144,6 +144,9 @@ class BiasDrift final : public Rule {
   void Judge(const Report& r, AlertSink& sink) override {
     const auto& cfg = r.cfg;
     Named drift, flip;
+    // The load is uneven half way to the imbalance line (max/mean 1.5) or
+    // more: what both arms below ask.
+    const double uneven_line = 1 + 0.5 * (cfg.imbalance - 1);
     for (const auto& [name, s] : r.layers) {
       if (!r.settled) continue;
       // A shift of every expert's bias by one amount changes no choice of
@@ -151,13 +154,11 @@ class BiasDrift final : public Rule {
       // re-centred, and its mean drifts while the load stays balanced (a
       // right-skewed load puts more experts below the mean than above). The
       // mean's drift is the update's fault only while the load is uneven too,
-      // as the flips are (max/mean 1.5); a layer without counts is judged on
-      // its mean alone.
+      // as the flips are; a layer without counts is judged on its mean alone.
       const std::optional<double> load = s->max_over_mean.Of(r.n);
       const bool uneven =
           !s->reports_counts ||
-          (load && *load >= r.Line(AlertKind::kMoeExpertBiasDrift, 1.0,
-                                   1 + 0.5 * (cfg.imbalance - 1)));
+          (load && *load >= r.Line(AlertKind::kMoeExpertBiasDrift, 1.0, uneven_line));
       if (auto d = s->bias_mean_over_sd.Of(r.n);
           uneven && d &&
           *d >= r.Line(AlertKind::kMoeExpertBiasDrift, 0.0, cfg.bias_mean_sd) &&
@@ -166,10 +167,9 @@ class BiasDrift final : public Rule {
         drift.emplace_back(*name, s->bias_mean);
       }
       // Flipping is what a sign update does at balance: it is the rate's
-      // fault only while the load stays uneven, half way to the imbalance
-      // line (max/mean 1.5) or more.
+      // fault only while the load stays uneven.
       if (s->flip_reports >= r.n && s->last_max_over_mean >= 0.95 * s->flip_start_imbalance &&
-          s->last_max_over_mean >= 1 + 0.5 * (cfg.imbalance - 1)) {
+          s->last_max_over_mean >= uneven_line) {
         flip.emplace_back(*name, s->last_max_over_mean);
       }
     }

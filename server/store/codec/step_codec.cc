@@ -148,6 +148,12 @@ std::vector<uint64_t> Predictions(Derived derived, double max_norm,
 // The field numbers of StepRecord the columns hold.
 constexpr int kColumnFields[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16};
 
+// Whether field `number` of StepRecord is one a column holds.
+constexpr bool IsColumn(int number) {
+  return std::find(std::begin(kColumnFields), std::end(kColumnFields), number) !=
+         std::end(kColumnFields);
+}
+
 // StepRecord's fields that no column holds, besides layer_stats (checked
 // directly, as it is the one such field today): fields added to the proto
 // after this codec land here and are kept in the residue.
@@ -158,8 +164,7 @@ const std::vector<const google::protobuf::FieldDescriptor*>& OtherFields() {
     for (int i = 0; i < d->field_count(); ++i) {
       const google::protobuf::FieldDescriptor* f = d->field(i);
       if (f->number() == StepRecord::kLayerStatsFieldNumber) continue;
-      if (std::find(std::begin(kColumnFields), std::end(kColumnFields),
-                    f->number()) == std::end(kColumnFields)) {
+      if (!IsColumn(f->number())) {
         out->push_back(f);
       }
     }
@@ -250,11 +255,6 @@ void CopyLayerButCounts(const v1::MoeLayerStats& from, v1::MoeLayerStats& to) {
 // were copied only to be dropped. On an arena: a report is ~100
 // allocations, freed at once.
 std::string Residue(const StepRecord& r, bool moe_counts) {
-  static constexpr uint64_t kColumns = [] {
-    uint64_t bits = 0;
-    for (int number : kColumnFields) bits |= uint64_t{1} << number;
-    return bits;
-  }();
   static const google::protobuf::Reflection* const refl = StepRecord::GetReflection();
   thread_local std::vector<const google::protobuf::FieldDescriptor*> fields;
   google::protobuf::Arena arena;
@@ -263,9 +263,8 @@ std::string Residue(const StepRecord& r, bool moe_counts) {
   fields.clear();
   refl->ListFields(r, &fields);
   for (const google::protobuf::FieldDescriptor* f : fields) {
-    const int number = f->number();
-    if (number < 64 && (kColumns >> number & 1) != 0) continue;
-    if (split_moe && number == StepRecord::kMoeFieldNumber) continue;
+    if (IsColumn(f->number())) continue;
+    if (split_moe && f->number() == StepRecord::kMoeFieldNumber) continue;
     CopyField(r, rest, refl, f);
   }
   if (const auto& unknown = refl->GetUnknownFields(r); !unknown.empty()) {
