@@ -7,6 +7,12 @@
 // (signals/baseline_band.h) feeds one-sided CUSUMs, with the false-alarm rate
 // of change.arl0: worse is a warning, critical once the run stays beyond
 // twice the band for 5 bins in a row; better than the band is info.
+// A run whose learning rate is not its references' (BandBin::lr_changed) is
+// another recipe, not one more seed: the question left is whether the change
+// made it worse, so its loss is also judged by a CUSUM for a 2-sd shift
+// (k = 1: a seed sits within a sd of its recipe) at a hundredth of
+// change.arl0, and the alert says the LR's ratio.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -17,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "health/detectors/internal.h"
 #include "health/signals/baseline_band.h"
+#include "health/signals/change_detection.h"
 
 namespace trainwatch {
 
@@ -26,6 +33,14 @@ namespace {
 constexpr uint32_t kCriticalBins = 5;
 // Bins in a row out of the band before the loss has left it (40 steps).
 constexpr uint32_t kLevelBins = 2;
+// The changed recipe's CUSUM: its reference value (in residual sds: half
+// the 2-sd shift it looks for) and its false-alarm rate as a fraction of
+// change.arl0's.
+// A run whose LR differs is known not to be a seed of its references, so
+// the prior that its loss moved is far higher than a seed's: read off the
+// dev recipes' LR 10x (healthy-zipf's 1-3 sd for 240 steps), docs/baselines.md.
+constexpr double kChangedK = 1.0;
+constexpr double kChangedArlFraction = 0.01;
 
 // 1,234,567
 std::string Thousands(uint64_t v) {
@@ -51,6 +66,13 @@ std::string Count(double v) {
 std::string Versus(BaselineMetric metric, double value, double ref) {
   return metric == BaselineMetric::kLogZ ? absl::StrFormat("%+.3g", value - ref)
                                          : absl::StrFormat("%.3gx", value / ref);
+}
+
+// "; lr 10x the baseline's" when the bin's LR is not the references'.
+std::string LrRatio(const BandBin& b) {
+  if (!b.lr_changed()) return "";
+  return absl::StrFormat("; lr %.3gx the baseline's (another recipe, not a seed of it)",
+                         b.lr_ratio);
 }
 
 // "loss 3.41 vs baseline 2.97, 1.15x, band +-0.05, at 1.2B tokens (step
@@ -91,6 +113,7 @@ class BaselineDeviation final : public Detector {
       if (!bin.has_value()) continue;
       w.last = *bin;
       w.verdict = w.cusum.Add(*bin);
+      w.changed.Add(*bin);
       w.above = bin->value > bin->hi ? w.above + 1 : 0;
       w.below = bin->value < bin->lo ? w.below + 1 : 0;
       judged = true;
@@ -99,13 +122,45 @@ class BaselineDeviation final : public Detector {
   }
 
  private:
+  // The loss of a run whose LR is not its references': an upward CUSUM of
+  // its residual while the LR differs, back to 0 on a bin where it does not.
+  class ChangedRecipe {
+   public:
+    explicit ChangedRecipe(double arl0_records)
+        : threshold_(GaussianCusumThreshold(
+              kChangedK, std::max(2.0, arl0_records * kChangedArlFraction /
+                                           BandOptions{}.bin_steps))) {}
+    void Add(const BandBin& bin) {
+      if (!bin.lr_changed()) {
+        s_ = 0;
+        above_ = 0;
+        return;
+      }
+      if (s_ == 0) onset_ = bin.first_step;
+      s_ = std::max(0.0, s_ + bin.z - kChangedK);
+      above_ = bin.z > kChangedK ? above_ + 1 : 0;
+    }
+    // Past its threshold, and the last kLevelBins bins above the band's
+    // centre by k: a lone hard batch's bin is LossSpike's.
+    bool worse() const { return s_ > threshold_ && above_ >= kLevelBins; }
+    uint64_t onset_step() const { return onset_; }
+
+   private:
+    double threshold_;
+    double s_ = 0;
+    uint64_t onset_ = 0;
+    uint32_t above_ = 0;
+  };
+
   struct Watch {
     Watch(BaselineMetric metric, BaselineAxis axis, std::shared_ptr<const BaselineReferences> refs,
           const HealthConfig& config)
         : band(metric, axis, std::move(refs)),
-          cusum(config.change.arl0, BandOptions{}.bin_steps) {}
+          cusum(config.change.arl0, BandOptions{}.bin_steps),
+          changed(config.change.arl0) {}
     BaselineBand band;
     ResidualCusum cusum;
+    ChangedRecipe changed;
     std::optional<BandBin> last;
     ResidualCusum::Verdict verdict;
     // Bins in a row above and below the band, up to the last.
@@ -128,11 +183,17 @@ class BaselineDeviation final : public Detector {
     // A level that left: the CUSUM over its line and the last kLevelBins
     // bins out of the band on its side. One bin far out is a spike or a
     // hard batch's (LossSpike's to name), not the run leaving its recipe.
-    const Watch* loss = nullptr;
-    for (const Watch& w : watches_) {
-      if (w.band.metric() == BaselineMetric::kLoss && w.last.has_value() &&
-          ((w.verdict.worse && w.above >= kLevelBins) ||
-           (w.verdict.better && w.below >= kLevelBins))) {
+    // A run of another LR whose loss moved up is worse too (ChangedRecipe).
+    Watch* loss = nullptr;
+    for (Watch& w : watches_) {
+      if (w.band.metric() != BaselineMetric::kLoss || !w.last.has_value()) continue;
+      const bool band_worse = w.verdict.worse && w.above >= kLevelBins;
+      const bool changed_worse = !band_worse && w.changed.worse();
+      if (band_worse || changed_worse || (w.verdict.better && w.below >= kLevelBins)) {
+        if (changed_worse) {
+          w.verdict.worse = true;
+          w.verdict.onset_step = w.changed.onset_step();
+        }
         loss = &w;
       }
     }
@@ -164,7 +225,7 @@ class BaselineDeviation final : public Detector {
     t.summary = absl::StrCat("Run ", better ? "is better than" : "left", " its baseline's band (",
                              BaselineMetricName(metric), ")");
     t.description = absl::StrCat(
-        Describe(metric, axis_, *w.last, w.verdict.onset_step), "; baseline ",
+        Describe(metric, axis_, *w.last, w.verdict.onset_step), LrRatio(*w.last), "; baseline ",
         DescribeRefs(*refs_), " (", refs_->source, "), by ", BaselineAxisName(axis_),
         severity == v1::SEVERITY_CRITICAL ? "; beyond twice the band for 5 bins in a row" : "",
         better ? "; better than the band: recorded, not paged" : "", AlsoOut(w));

@@ -137,6 +137,8 @@ BaselineBand::BaselineBand(BaselineMetric metric, BaselineAxis axis,
       if (!c.v.empty()) diffs.push_back(v - c.v.back());
       c.x.push_back(x);
       c.v.push_back(v);
+      c.step.push_back(static_cast<double>(p.step));
+      c.lr.push_back(p.lr);
     }
     c.noise = NoiseFromDiffs(diffs);
   }
@@ -158,7 +160,10 @@ std::optional<BandBin> BaselineBand::Add(const v1::StepRecord& record) {
     if (run_diffs_.size() > kNoiseDiffs) run_diffs_.pop_front();
   }
   last_value_ = *v;
-  bin_.push_back(Sample{record.step(), x, *v});
+  const double lr = record.has_lr() && std::isfinite(record.lr()) && record.lr() > 0
+                        ? record.lr()
+                        : std::numeric_limits<double>::quiet_NaN();
+  bin_.push_back(Sample{record.step(), x, *v, lr});
   if (bin_.size() < options_.bin_steps) return std::nullopt;
   std::optional<BandBin> out = Close();
   bin_.clear();
@@ -186,6 +191,18 @@ std::optional<std::pair<double, int>> BaselineBand::RefValue(size_t ref, double 
   return std::make_pair(c.v[j - 1] + t * (c.v[j] - c.v[j - 1]), 1);
 }
 
+double BaselineBand::RefLr(size_t ref, const std::vector<double>& at, double lo_at,
+                           double hi_at) const {
+  const RefCurve& c = curves_[ref];
+  const size_t lo = std::lower_bound(at.begin(), at.end(), lo_at) - at.begin();
+  const size_t hi = std::upper_bound(at.begin(), at.end(), hi_at) - at.begin();
+  std::vector<double> in;
+  for (size_t i = lo; i < hi; ++i) {
+    if (std::isfinite(c.lr[i]) && c.lr[i] > 0) in.push_back(c.lr[i]);
+  }
+  return Median(std::move(in));
+}
+
 std::optional<BandBin> BaselineBand::Close() {
   BandBin b;
   b.first_step = bin_.front().step;
@@ -197,6 +214,12 @@ std::optional<BandBin> BaselineBand::Close() {
   for (const Sample& s : bin_) values.push_back(s.value);
   b.value = Median(std::move(values));
   const double n_run = static_cast<double>(bin_.size());
+  std::vector<double> run_lrs;
+  for (const Sample& s : bin_) {
+    if (std::isfinite(s.lr)) run_lrs.push_back(s.lr);
+  }
+  const double run_lr = Median(std::move(run_lrs));
+  std::vector<double> ref_lrs, ref_lrs_by_step;
 
   std::vector<double> ref_values;
   double noise_var = 0;  // of the references' median, from their noise
@@ -204,6 +227,11 @@ std::optional<BandBin> BaselineBand::Close() {
     const auto r = RefValue(i, b.x_first, b.x_last);
     if (!r.has_value()) continue;
     ref_values.push_back(r->first);
+    const double lr = RefLr(i, curves_[i].x, b.x_first, b.x_last);
+    if (std::isfinite(lr)) ref_lrs.push_back(lr);
+    const double lr_by_step = RefLr(i, curves_[i].step, static_cast<double>(b.first_step),
+                                    static_cast<double>(b.last_step));
+    if (std::isfinite(lr_by_step)) ref_lrs_by_step.push_back(lr_by_step);
     const double sd = kMedianEfficiency * curves_[i].noise / std::sqrt(r->second);
     noise_var += sd * sd;
   }
@@ -211,6 +239,13 @@ std::optional<BandBin> BaselineBand::Close() {
   b.refs = static_cast<int>(ref_values.size());
   const double k = static_cast<double>(ref_values.size());
   b.ref_median = Median(ref_values);
+  if (!ref_lrs.empty() && std::isfinite(run_lr)) {
+    b.lr_ratio = run_lr / Median(std::move(ref_lrs));
+    if (!ref_lrs_by_step.empty()) {
+      const double by_step = run_lr / Median(std::move(ref_lrs_by_step));
+      if (std::abs(std::log(by_step)) < std::abs(std::log(b.lr_ratio))) b.lr_ratio = by_step;
+    }
+  }
 
   // Noise: the run's bin median against the references' (the mean of k
   // independent medians has var sum / k^2; their median is close to it).
@@ -219,13 +254,18 @@ std::optional<BandBin> BaselineBand::Close() {
   const double noise_sd = std::sqrt(run_sd * run_sd + noise_var / (k * k));
   double sd = noise_sd;
   if (ref_values.size() >= 2) {
-    // Spread: the references' sd around their median, pooled over recent
-    // bins; the run is one more draw, so its residual has var s^2 (1 + 1/k).
+    // Spread: the references' variance around their median, pooled over
+    // recent bins (their mean: the median of one degree of freedom's is
+    // biased low); the run is one more draw, so its residual has var
+    // s^2 (1 + 1/k).
     double ss = 0;
     for (double v : ref_values) ss += (v - b.ref_median) * (v - b.ref_median);
-    spreads_.push_back(std::sqrt(ss / (k - 1)));
+    spreads_.push_back(ss / (k - 1));
     if (spreads_.size() > options_.spread_bins) spreads_.pop_front();
-    const double spread = Median({spreads_.begin(), spreads_.end()}) * std::sqrt(1 + 1 / k);
+    double pooled = 0;
+    for (double var : spreads_) pooled += var;
+    const double spread =
+        std::sqrt(pooled / static_cast<double>(spreads_.size()) * (1 + 1 / k));
     sd = ref_values.size() >= 3 ? spread : std::max(spread, noise_sd);
   }
   sd = std::max(sd, options_.min_half_width / options_.band_sigmas);

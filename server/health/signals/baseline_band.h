@@ -18,11 +18,20 @@
 //    successive differences, which a trend does not inflate), as the sd of
 //    the difference of two bin medians;
 //  - with three or more, from the references' spread around their median
-//    (the run is one more draw of the recipe), the median over the last bins
-//    so that one bin's three values do not set it;
+//    (the run is one more draw of the recipe): its root mean square over the
+//    last spread_bins bins, so that one bin's few values do not set it (with
+//    two references a bin's spread is one degree of freedom, half-normal:
+//    its median is 0.67 of the sd, and seeds' bins have heavy tails);
 //  - with two, the larger of both;
 // never below min_half_width / band_sigmas (curves that agree to the last
 // digit do not make a band of zero width).
+//
+// Each bin also carries the run's learning rate against the references':
+// seeds of one recipe share their schedule to the digit, so a ratio away
+// from 1 says the run is another recipe (the LR 10x of a config gone wrong),
+// whatever its loss does. It is taken at the same x and at the same step,
+// and the one nearer 1 is kept: a schedule written in steps, as most are,
+// puts another batch size's LR elsewhere on the token axis.
 //
 // Pure and single-threaded: no I/O, no clock.
 #ifndef TRAINWATCH_SERVER_HEALTH_SIGNALS_BASELINE_BAND_H_
@@ -31,6 +40,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -67,6 +77,8 @@ struct ReferencePoint {
   std::optional<uint64_t> tokens;
   // In the band's space; NaN: absent.
   std::array<float, kBaselineMetricCount> value{};
+  // The learning rate; NaN: absent.
+  float lr = std::numeric_limits<float>::quiet_NaN();
 };
 
 // One reference run: its post-warmup lead records in step order.
@@ -93,7 +105,10 @@ struct BandOptions {
   // In the band's space: 2% of a loss, about what seeds of one recipe
   // differ by (tools/lab/baseline_lab.py measures it).
   double min_half_width = 0.02;
-  uint32_t spread_bins = 10;        // bins the references' spread is pooled over
+  uint32_t spread_bins = 25;        // bins the references' spread is pooled over
+  // An LR ratio beyond [1 / lr_changed, lr_changed] is another recipe: a
+  // schedule's own steps and float rounding stay well inside it.
+  double lr_changed = 1.25;
 };
 
 // One judged bin. value, ref_median, lo and hi are in the band's space.
@@ -107,7 +122,14 @@ struct BandBin {
   double z = 0;                     // (value - ref_median) / residual sd
   double half_width = 0;            // (hi - lo) / 2
   int refs = 0;                     // references that covered it
+  // The run's median LR over the references' in the bin; NaN when either
+  // has none.
+  double lr_ratio = std::numeric_limits<double>::quiet_NaN();
   bool outside() const { return value < lo || value > hi; }
+  // The run's LR is not its references' (see BandOptions::lr_changed).
+  bool lr_changed(double limit = BandOptions{}.lr_changed) const {
+    return lr_ratio > limit || lr_ratio < 1 / limit;
+  }
 };
 
 // The band of one metric on one axis, fed the run's post-warmup records.
@@ -132,11 +154,15 @@ class BaselineBand {
     uint64_t step;
     double x;
     double value;
+    double lr;  // NaN: absent
   };
   std::optional<BandBin> Close();
   // The reference's median over [x0, x1] and the count of its points there;
   // nullopt when it does not cover the range.
   std::optional<std::pair<double, int>> RefValue(size_t ref, double x0, double x1) const;
+  // The reference's median LR over its points in [lo, hi] of `at` (its x
+  // or its steps, both ascending); NaN when it has none there.
+  double RefLr(size_t ref, const std::vector<double>& at, double lo, double hi) const;
 
   const BaselineMetric metric_;
   const BaselineAxis axis_;
@@ -146,6 +172,8 @@ class BaselineBand {
   // and its noise (robust sd of one record).
   struct RefCurve {
     std::vector<double> x, v;
+    std::vector<double> step;  // beside x
+    std::vector<float> lr;     // beside x; NaN: absent
     double noise = 0;
   };
   std::vector<RefCurve> curves_;
@@ -153,7 +181,7 @@ class BaselineBand {
   // The run's successive differences (the last few hundred), for its noise.
   std::deque<double> run_diffs_;
   std::optional<double> last_value_;
-  std::deque<double> spreads_;  // the references' spread in recent bins
+  std::deque<double> spreads_;  // the references' variance in recent bins
 };
 
 // The axis a run is compared on: tokens when the run's record and every

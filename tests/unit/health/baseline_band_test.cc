@@ -30,6 +30,7 @@ struct Curve {
   double factor = 1.0;
   uint64_t from_tokens = UINT64_MAX;
   double noise = 0.02;
+  double lr = 1e-3;  // at step 100; it decays as 1 / sqrt(1 + step / 100)
 
   v1::StepRecord At(uint64_t step, std::mt19937& rng) const {
     const uint64_t tokens = (step + 1) * tokens_per_step;
@@ -43,6 +44,7 @@ struct Curve {
     r.set_tokens(tokens);
     r.set_loss(loss);
     r.set_grad_norm(0.5 * std::exp(g(rng)));
+    r.set_lr(lr * std::sqrt(2.0) / std::sqrt(1.0 + static_cast<double>(step) / 100.0));
     return r;
   }
 };
@@ -57,6 +59,7 @@ ReferenceRun Reference(const Curve& c, uint64_t steps, uint32_t attempt = 0) {
     ReferencePoint p;
     p.step = s;
     p.tokens = r.tokens();
+    p.lr = static_cast<float>(r.lr());
     for (BaselineMetric m : kBaselineMetrics) {
       const std::optional<double> v = BaselineValue(m, r);
       p.value[static_cast<size_t>(m)] = v ? static_cast<float>(*v) : std::nanf("");
@@ -127,6 +130,70 @@ TEST(BaselineBand, TokensAlignARunWithAnotherBatchSize) {
     EXPECT_FALSE(worse) << BaselineAxisName(axis);
     EXPECT_EQ(better, axis == BaselineAxis::kStep) << BaselineAxisName(axis);
   }
+}
+
+TEST(BaselineBand, ARunWithAnotherBatchKeepsItsReferencesLrByStep) {
+  // The schedule is written in steps: at the same tokens twice the batch is
+  // at half the step and another LR (up to 1.4x here), at the same step the
+  // same one. It is the recipe's schedule: the ratio kept is 1.
+  auto refs = Refs({{.seed = 1}, {.seed = 2}}, 1200);
+  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kTokens, refs);
+  std::mt19937 rng(3);
+  int bins = 0;
+  for (uint64_t s = kWarmup; s < 600; ++s) {
+    if (auto b = band.Add(Curve{.seed = 3, .tokens_per_step = 2048}.At(s, rng))) {
+      EXPECT_NEAR(b->lr_ratio, 1.0, 1e-3) << "step " << b->last_step;
+      EXPECT_FALSE(b->lr_changed());
+      ++bins;
+    }
+  }
+  EXPECT_GT(bins, 20);
+  // Ten times the LR is another recipe on either axis.
+  for (BaselineAxis axis : {BaselineAxis::kTokens, BaselineAxis::kStep}) {
+    BaselineBand hot(BaselineMetric::kLoss, axis, refs);
+    std::optional<BandBin> last;
+    for (uint64_t s = kWarmup; s < 600; ++s) {
+      if (auto b = hot.Add(Curve{.seed = 3, .lr = 1e-2}.At(s, rng))) last = b;
+    }
+    ASSERT_TRUE(last.has_value());
+    EXPECT_NEAR(last->lr_ratio, 10.0, 1e-3);
+    EXPECT_TRUE(last->lr_changed());
+  }
+}
+
+TEST(BaselineBand, TwoReferencesSpreadIsTheirRootMeanSquareNotTheirMedian) {
+  // Two references whose 20-step bins differ by 0.01 nine times in ten and
+  // by 0.2 once (seeds' bins have heavy tails). With two, a bin's spread is
+  // one degree of freedom: the median over bins (0.0071) would be a third
+  // of the sd, and a seed a band's width off its references would page.
+  auto refs = std::make_shared<BaselineReferences>();
+  refs->source = "set";
+  for (int r = 0; r < 2; ++r) {
+    ReferenceRun& run = refs->runs.emplace_back();
+    run.ref.set_run("ref-" + std::to_string(r));
+    for (uint64_t s = kWarmup; s < kWarmup + 200; ++s) {
+      const uint64_t bin = (s - kWarmup) / 20;
+      const double d = r == 0 ? 0.0 : bin == 4 ? 0.2 : 0.01;
+      ReferencePoint p;
+      p.step = s;
+      p.value.fill(std::nanf(""));
+      p.value[static_cast<size_t>(BaselineMetric::kLoss)] = static_cast<float>(std::log(2.0) + d);
+      run.points.push_back(p);
+    }
+  }
+  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kStep, refs);
+  std::optional<BandBin> last;
+  for (uint64_t s = kWarmup; s < kWarmup + 200; ++s) {
+    v1::StepRecord r;
+    r.set_step(s);
+    r.set_loss(2.0);
+    if (auto b = band.Add(r)) last = b;
+  }
+  ASSERT_TRUE(last.has_value());
+  // var per bin d^2 / 2, pooled over the 10 bins, times (1 + 1/2): the run
+  // is a third draw.
+  const double var = (9 * 0.01 * 0.01 + 0.2 * 0.2) / 10 / 2 * 1.5;
+  EXPECT_NEAR(last->half_width, BandOptions{}.band_sigmas * std::sqrt(var), 2e-4);
 }
 
 TEST(BaselineBand, ChoosesTokensOnlyWhenEveryRunCarriesThem) {
@@ -217,6 +284,25 @@ TEST(BaselineDeviation, BetterThanTheBandIsInfo) {
   ASSERT_THAT(h.Fired(AlertKind::kBaselineDeviation), SizeIs(1));
   EXPECT_EQ(h.health().tracker().episode(AlertKind::kBaselineDeviation).severity,
             v1::SEVERITY_INFO);
+}
+
+TEST(BaselineDeviation, ARunOfAnotherLrWhoseLossMovedIsNamedWithTheRatio) {
+  // 1.5% above its recipe, about 1.7 band sds: within what a seed may sit
+  // at, so with the recipe's LR it raises nothing. With ten times the LR the
+  // run is not a seed of its references, and a loss that moved up with it
+  // is named.
+  const auto run = [](double lr, double factor) {
+    HealthHarness h(Lm());
+    h.health().SetBaselines(Refs({{.seed = 1}, {.seed = 2}}, 1200));
+    Feed(h, Curve{.seed = 7, .factor = factor, .from_tokens = 0, .lr = lr}, 1200, 7);
+    return h.Fired(AlertKind::kBaselineDeviation);
+  };
+  EXPECT_THAT(run(1e-3, 1.015), IsEmpty());
+  EXPECT_THAT(run(1e-2, 1.0), IsEmpty());  // another LR, the same loss
+  const auto fired = run(1e-2, 1.015);
+  ASSERT_THAT(fired, SizeIs(1));
+  EXPECT_LE(fired[0].step, kWarmup + 200);
+  EXPECT_THAT(fired[0].description, HasSubstr("lr 10x the baseline's"));
 }
 
 TEST(BaselineDeviation, WithoutReferencesNothingIsJudged) {
