@@ -129,6 +129,15 @@ inline bool Clipped(const v1::StepRecord& r) {
 class RunTiming;
 struct BaselineReferences;
 
+// The run against its reference runs, for /metrics: the last judged 20-step
+// bin of its loss and its band's edges, each over the references' median
+// (1: the recipe's curve). `judged` is false until a bin is.
+struct BaselineStatus {
+  bool judged = false;
+  uint64_t step = 0;  // the bin's last
+  double ratio = 0, lower = 0, upper = 0;
+};
+
 // What a detector sees for one lead-stream record.
 struct StepContext {
   const v1::StepRecord& record;
@@ -203,8 +212,11 @@ class Detector {
   // The job restarted from a checkpoint: forget state of steps >= `step`.
   virtual void OnRewind(uint64_t step) {}
   // The reference runs the run is judged against (loaded off the shard by
-  // the engine; null: none), before the records they are to judge.
-  virtual void OnBaselines(std::shared_ptr<const BaselineReferences> refs) {}
+  // the engine; null: none), before the records they are to judge, and
+  // where the detector that judges them leaves the run's place for /metrics
+  // (owned by the run's health, outlives the detector).
+  virtual void OnBaselines(std::shared_ptr<const BaselineReferences> refs,
+                           BaselineStatus* status) {}
 };
 
 // The detectors of the lead stream's records, for one run: every per-run

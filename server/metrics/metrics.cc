@@ -74,6 +74,9 @@ RunMetrics::RunMetrics(
       straggler_lost_fraction(&m.straggler_lost_fraction, run_id_),
       data_wait_fraction(&m.data_wait_fraction, run_id_),
       goodput_ratio(&m.goodput_ratio, run_id_),
+      baseline_loss_ratio(&m.baseline_loss_ratio, run_id_, "bound", "value"),
+      baseline_band_lower(&m.baseline_loss_ratio, run_id_, "bound", "lower"),
+      baseline_band_upper(&m.baseline_loss_ratio, run_id_, "bound", "upper"),
       lost_steps_skipped(&m.lost_steps_total, run_id_, "cause", "skipped"),
       lost_steps_rewound(&m.lost_steps_total, run_id_, "cause", "rewound"),
       fp8_overflow_fraction(&m.fp8_overflow_fraction, run_id_),
@@ -115,6 +118,7 @@ RunMetrics::~RunMetrics() {
         &grad_norm_p90, &grad_norm_p99, &clip_fraction, &skip_fraction,
         &recommended_clip_threshold, &step_seconds_median, &step_seconds_max,
         &straggler_lost_fraction, &data_wait_fraction, &goodput_ratio,
+        &baseline_loss_ratio, &baseline_band_lower, &baseline_band_upper,
         &fp8_overflow_fraction, &fp8_underflow_fraction, &fp8_scaled_amax_ratio,
         &moe_load_max_over_mean, &moe_dead_experts, &moe_dropped_fraction,
         &moe_aux_loss, &moe_router_z_loss}) {
@@ -235,6 +239,11 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
       goodput_ratio("trainwatch_goodput_ratio",
                     "Share of the run's wall time not lost to skipped steps, "
                     "rewound steps or silent gaps."),
+      baseline_loss_ratio("trainwatch_baseline_loss_ratio",
+                          "The run's loss against its reference runs at the "
+                          "same tokens or step (its last 20-step bin over "
+                          "their median: bound=value) and the band's edges "
+                          "(bound=lower, upper); 1 is the recipe's curve."),
       lost_steps_total("trainwatch_lost_steps_total",
                        "Steps lost, by cause: skipped (no update) or rewound "
                        "(redone after a restart)."),
@@ -329,6 +338,7 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
         &log_z, &loss, &learning_rate, &grad_norm_window, &clip_fraction,
         &skip_fraction, &recommended_clip_threshold, &step_seconds,
         &straggler_lost_fraction, &data_wait_fraction, &goodput_ratio,
+        &baseline_loss_ratio,
         &fp8_overflow_fraction, &fp8_underflow_fraction, &fp8_scaled_amax_ratio,
         &moe_load_max_over_mean, &moe_dead_experts, &moe_dropped_fraction,
         &moe_aux_loss, &moe_router_z_loss, &alert_active}) {

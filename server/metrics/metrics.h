@@ -99,6 +99,9 @@ class RunMetrics {
   // Where the run's time goes (no per-rank series).
   LazyGauge step_seconds_median, step_seconds_max, straggler_lost_fraction,
       data_wait_fraction, goodput_ratio;
+  // Against the run's reference runs (BaselineDeviation's last loss bin):
+  // its loss and its band's edges over the references' median.
+  LazyGauge baseline_loss_ratio, baseline_band_lower, baseline_band_upper;
   LazyCounter lost_steps_skipped, lost_steps_rewound;
   // FP8: the worst tensor of the lead's last fp8 report (no per-tensor
   // series: a model has thousands of FP8 tensors).
@@ -191,6 +194,7 @@ class Metrics {
   RunFamily<RunGauge> straggler_lost_fraction;
   RunFamily<RunGauge> data_wait_fraction;
   RunFamily<RunGauge> goodput_ratio;
+  RunFamily<RunGauge> baseline_loss_ratio;
   RunFamily<RunCounter> lost_steps_total;  // {cause}
   RunFamily<RunGauge> fp8_overflow_fraction;
   RunFamily<RunGauge> fp8_underflow_fraction;

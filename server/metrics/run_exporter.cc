@@ -103,6 +103,11 @@ void RunExporter::OnWindows(const RunHealth& h) {
     m.straggler_lost_fraction.Set(t.step_times().lost_fraction());
   }
   if (t.has_input_waits()) m.data_wait_fraction.Set(t.StallFraction());
+  if (const BaselineStatus& b = h.baseline_status(); b.judged) {
+    m.baseline_loss_ratio.Set(b.ratio);
+    m.baseline_band_lower.Set(b.lower);
+    m.baseline_band_upper.Set(b.upper);
+  }
   const GoodputTotals g = t.goodput();
   if (g.wall_seconds > 0) m.goodput_ratio.Set(g.ratio);
   if (g.skipped_steps > exported_skipped_) {

@@ -20,6 +20,7 @@ SRC, SERVER, CTL = (os.path.abspath(a) for a in sys.argv[1:4])
 sys.path.insert(0, os.path.join(SRC, "tools"))
 import tw_harness  # noqa: E402  (the one server launcher)
 RUN = "deploy-test/unhealthy"
+REF = "deploy-test/reference"
 DEADLINE_S = 60
 procs = []
 
@@ -112,11 +113,18 @@ def main():
         poll("Prometheus ready", lambda: urllib.request.urlopen(f"{prom}/-/ready", timeout=2).status == 200, timeout=30)
         print(f"prometheus: {prom} ({time.monotonic() - t0:.1f} s since start)")
 
-        # 3. Part 1: a healthy-looking fp16 start (every gauge set, no clipping).
+        # 3. Part 1: a healthy-looking fp16 start (every gauge set, no clipping),
+        # judged against a reference run of the same recipe replayed first (the
+        # baseline panel).
         rng = random.Random(4)
-        start_line = json.dumps({"run_start": {"run_id": RUN, "world_size": 1, "precision": "FP16",
-                                               "max_norm": 1.0, "warmup_steps": 10, "labels": {"model": "test"},
-                                               "moe": {"num_experts": 8, "top_k": 2}}})
+        run_start = {"run_id": REF, "world_size": 1, "precision": "FP16", "max_norm": 1.0,
+                 "warmup_steps": 10, "labels": {"model": "test"}, "moe": {"num_experts": 8, "top_k": 2}}
+        with open(f"{tmp}/reference.jsonl", "w") as f:
+            print(json.dumps({"run_start": run_start}), file=f)
+            for s in range(1, 401): print(step_line(random.Random(s), s, False), file=f)
+        replay(f"{tmp}/reference.jsonl")
+        start_line = json.dumps({"run_start": dict(run_start, run_id=RUN,
+                                                   baselines=[{"run": REF, "attempt": 0}])})
         with open(f"{tmp}/part1.jsonl", "w") as f:
             print(start_line, file=f)
             for s in range(1, 201): print(step_line(rng, s, False), file=f)

@@ -96,8 +96,10 @@ class BaselineDeviation final : public Detector {
  public:
   explicit BaselineDeviation(const HealthConfig& config) : config_(config) {}
 
-  void OnBaselines(std::shared_ptr<const BaselineReferences> refs) override {
+  void OnBaselines(std::shared_ptr<const BaselineReferences> refs,
+                   BaselineStatus* status) override {
     refs_ = std::move(refs);
+    status_ = status;
     watches_.clear();
     severity_ = v1::SEVERITY_UNSPECIFIED;
   }
@@ -114,6 +116,7 @@ class BaselineDeviation final : public Detector {
       w.last = *bin;
       w.verdict = w.cusum.Add(*bin);
       w.changed.Add(*bin);
+      if (status_ != nullptr && w.band.metric() == BaselineMetric::kLoss) Publish(*bin);
       w.above = bin->value > bin->hi ? w.above + 1 : 0;
       w.below = bin->value < bin->lo ? w.below + 1 : 0;
       judged = true;
@@ -214,6 +217,15 @@ class BaselineDeviation final : public Detector {
     if (!firing_before || Rank(wanted) > Rank(severity_)) severity_ = wanted;
   }
 
+  // The loss's last bin, as ratios to the references' median.
+  void Publish(const BandBin& b) {
+    status_->judged = true;
+    status_->step = b.last_step;
+    status_->ratio = std::exp(b.value - b.ref_median);
+    status_->lower = std::exp(b.lo - b.ref_median);
+    status_->upper = std::exp(b.hi - b.ref_median);
+  }
+
   static int Rank(v1::Severity s) {
     return s == v1::SEVERITY_CRITICAL ? 3 : s == v1::SEVERITY_WARNING ? 2 : s == v1::SEVERITY_INFO;
   }
@@ -254,6 +266,7 @@ class BaselineDeviation final : public Detector {
 
   const HealthConfig& config_;
   std::shared_ptr<const BaselineReferences> refs_;
+  BaselineStatus* status_ = nullptr;  // the run health's
   BaselineAxis axis_ = BaselineAxis::kStep;
   std::vector<Watch> watches_;
   // The severity reported for the episode under way (unspecified: none).

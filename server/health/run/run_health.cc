@@ -155,13 +155,15 @@ void RunHealth::ResetLead(uint64_t step, int64_t now_unix_nanos) {
   records_seen_ = 0;
   last_step_.reset();
   detectors_ = MakeDetectors(config_);
-  for (auto& d : detectors_) d->OnBaselines(baseline_refs_);
+  baseline_status_ = BaselineStatus{};
+  for (auto& d : detectors_) d->OnBaselines(baseline_refs_, &baseline_status_);
   timing_.ResetLead();
 }
 
 void RunHealth::SetBaselines(std::shared_ptr<const BaselineReferences> refs) {
   baseline_refs_ = std::move(refs);
-  for (auto& d : detectors_) d->OnBaselines(baseline_refs_);
+  baseline_status_ = BaselineStatus{};
+  for (auto& d : detectors_) d->OnBaselines(baseline_refs_, &baseline_status_);
 }
 
 // LogZDrift's baseline, taken the way its LevelShiftDetector takes it (the

@@ -64,6 +64,8 @@ class RunHealth {
   const RunInfo& info() const { return info_; }
   const RunWindow& window() const { return window_; }
   const Baselines& baselines() const { return baselines_; }
+  // The lead against its reference runs (BaselineDeviation's last bin).
+  const BaselineStatus& baseline_status() const { return baseline_status_; }
   const Trends& trends() const { return trends_; }
   // Step times, input waits, goodput and spike replays (fed by the pipeline).
   RunTiming& timing() { return timing_; }
@@ -99,6 +101,7 @@ class RunHealth {
   std::vector<std::unique_ptr<Detector>> rank_detectors_;  // cross-rank
   std::vector<std::unique_ptr<Detector>> clock_detectors_;  // RunSilent
   std::shared_ptr<const BaselineReferences> baseline_refs_;
+  BaselineStatus baseline_status_;
   RankProgress progress_;
   std::optional<uint64_t> judged_through_;  // of progress_.attempt()
   uint32_t judged_attempt_ = 0;
