@@ -15,8 +15,10 @@ healthy-titan-bf16 (torchtitan module names, bf16 autocast) and
 healthy-gpt2-tied (GPT-2 parameter names, lm_head tied, d 48 x 1 layer),
 each judged once after the change, nothing tuned on them. (Judged: the
 first all right; on the second LR 10x late and a batch change by tokens
-warned on its first 40 steps. Both became dev: the band's pooling and its
-bins-out gate were read off those misses, docs/baselines.md.) Held out for
+warned on its first 40 steps. Both are dev now: tried on them after, and
+not kept, a 10-bin pool of the spread (no verdict changed) and 3 bins out
+in a row (the batch warning gone, 20 steps later everywhere), docs/baselines.md.)
+Held out for
 the third pass, chosen and frozen before any of their runs was trained:
 healthy-sgd (SGD with momentum, clipping at 1, z-loss, HF module names)
 and hb-zipf-titan (the Zipfian language with a hard batch every 20 steps,
