@@ -89,7 +89,9 @@ int main(int argc, char** argv) {
     options.engine.health.closed_loop.mode = *flags->closed_loop_mode;
   }
   if (flags->print_config) {
-    fputs(trainwatch::PrintHealthConfig(options.engine.health).c_str(), stdout);
+    fputs(trainwatch::PrintHealthConfigAs(flags->print_config_what, options.engine.health)
+              ->c_str(),
+          stdout);
     return 0;
   }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "alerting/notifier.h"
+#include "config/config.h"
 #include "health/catalog_print.h"
 
 namespace trainwatch {
@@ -227,10 +228,21 @@ constexpr ServerFlag kFlags[] = {
        }
        return Text(v, f.print_catalog);
      }},
-    {"--print-config", "",
-     "print every configuration key with its value (the\n"
-     "defaults, or --config's file applied) and exit",
-     nullptr},
+    {"--print-config", "[WHAT]",
+     "print the configuration (the defaults, or --config's\n"
+     "file applied) and exit: every key with its value, or\n"
+     "WHAT: values (the same), documented (each key with\n"
+     "what it sets, as deploy/trainwatch.yaml), tuned (the\n"
+     "keys a user tunes first, and internals not at their\n"
+     "default) or docs (docs/config.md's table)",
+     [](absl::string_view flag, Value v, ServerFlags& f) {
+       if (!PrintHealthConfigAs(v, HealthConfig{}).has_value()) {
+         return UsageError(absl::StrCat(
+             flag, " must be values, documented, tuned or docs, got \"", v, "\""));
+       }
+       f.print_config = true;
+       return Text(v, f.print_config_what);
+     }},
     {"--help", "", "this text", nullptr},
 };
 
@@ -279,7 +291,9 @@ absl::StatusOr<ServerFlags> ParseServerFlags(
       flags.help = true;
       return flags;
     }
-    if (arg == "--print-config") {  // the one flag without a value
+    // The one flag whose value may be left out: the next argument is its
+    // WHAT unless it is a flag.
+    if (arg == "--print-config" && (i + 1 == args.size() || args[i + 1].starts_with("-"))) {
       flags.print_config = true;
       continue;
     }

@@ -4,8 +4,9 @@
 //
 // trainwatchctl's flags (client/cli/flags.h) are parsed differently: they
 // take positional arguments, single-dash names and `--`, and are read after
-// parsing; the server's are all `--name VALUE` or `--name=VALUE`, each
-// checked and applied as it comes, so the first bad one is the one reported.
+// parsing; the server's are all `--name VALUE` or `--name=VALUE` (but
+// --help, and --print-config whose value may be left out), each checked and
+// applied as it comes, so the first bad one is the one reported.
 #ifndef TRAINWATCH_SERVER_SERVER_FLAGS_H_
 #define TRAINWATCH_SERVER_SERVER_FLAGS_H_
 
@@ -31,9 +32,11 @@ struct ServerFlags {
   // --print-catalog: print that text of the alert catalog
   // (health/catalog_print.h) and exit 0; "" = serve.
   std::string print_catalog;
-  // --print-config: print the configuration (--config's, else the
-  // defaults) with every key, and exit.
+  // --print-config [WHAT]: print the configuration (--config's, else the
+  // defaults) as PrintHealthConfigAs(WHAT) prints it (config/config.h), and
+  // exit 0.
   bool print_config = false;
+  std::string print_config_what = "values";
   // --help or -h was given: print ServerUsage() and exit 0.
   bool help = false;
 };

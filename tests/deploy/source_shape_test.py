@@ -19,7 +19,7 @@ MAX_FILE_LINES = {"server/store/writer.cc": 450, "server/health/detectors/moe.cc
 # Data tables: one line per metric or key; their length is their content.
 DATA_TABLES = {
     ("server/metrics/metrics.cc", "Metrics::Metrics"),  # every metric, its name and help
-    ("server/config/config.cc", "Fields"),              # every config key
+    ("server/config/config_fields.cc", "Fields"),       # every config key, its tier and doc
 }
 SIGNATURE = re.compile(
     r"^ {0,4}(?!(?:if|for|while|switch|return|else|case|do|namespace|class|struct|enum|"

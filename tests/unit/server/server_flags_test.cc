@@ -198,6 +198,23 @@ TEST(ServerFlags, PrintConfigTakesNoValueAndKeepsTheOtherFlags) {
   EXPECT_FALSE(ParseServerFlags({})->print_config);
 }
 
+TEST(ServerFlags, PrintConfigTakesWhatToPrintInlineOrNext) {
+  EXPECT_EQ(ParseServerFlags({"--print-config"})->print_config_what, "values");
+  for (const char* what : {"values", "documented", "tuned", "docs"}) {
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"--print-config", what, "--config", "my.yaml"},
+          std::vector<std::string>{std::string("--print-config=") + what}}) {
+      absl::StatusOr<ServerFlags> flags = ParseServerFlags(args);
+      ASSERT_TRUE(flags.ok()) << flags.status();
+      EXPECT_TRUE(flags->print_config);
+      EXPECT_EQ(flags->print_config_what, what);
+    }
+  }
+  EXPECT_THAT(ErrorOf({"--print-config", "yaml"}),
+              HasSubstr("--print-config must be values, documented, tuned or docs, got \"yaml\""));
+  EXPECT_THAT(ErrorOf({"--print-config="}), HasSubstr("--print-config must be values"));
+}
+
 TEST(ServerFlags, UsageListsEveryFlagOfTheTable) {
   const std::string usage = ServerUsage();
   EXPECT_EQ(usage.rfind("usage: trainwatch-server [flags]\n\n", 0), 0u);
