@@ -499,8 +499,9 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "code there; if the change is meant, set new baselines (trainwatchctl "
      "baseline set).",
      "the loss left its reference runs' band at the same tokens or step, "
-     "for 2 bins of 20 steps (the grad norm, log Z and attention logit "
-     "out too are named with it)",
+     "for 2 bins of 20 steps, or at another LR than theirs sits 2 sds above "
+     "them (the grad norm, log Z and attention logit out too are named "
+     "with it)",
      {"loss"},
      {.summary = "Run {{ $labels.run }} left its baseline's band",
       .quote_label = "last loss",
