@@ -217,6 +217,10 @@ class Detector {
   // (owned by the run's health, outlives the detector).
   virtual void OnBaselines(std::shared_ptr<const BaselineReferences> refs,
                            BaselineStatus* status) {}
+  // LogZDrift's baseline of log Z (the median its level rule measures from),
+  // for the health snapshot's forecast; nullopt from every other detector,
+  // and until it is taken. Not on the records' path.
+  virtual std::optional<double> LogZBaseline() const { return std::nullopt; }
 };
 
 // The detectors of the lead stream's records, for one run: every per-run

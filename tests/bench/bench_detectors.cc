@@ -184,7 +184,6 @@ void BM_DetectorGroup(benchmark::State& state) {
     if (step + 1 == config.window_steps) {
       baselines.grad_norm_median = window.grad_norm.Median();
       baselines.max_attn_logit_median = window.max_attn_logit.Median();
-      baselines.log_z_median = window.log_z.Median();
       baselines.through_step = step;
     }
     const RankRecordContext rctx{.record = r, .rank = 0, .attempt = 0,

@@ -175,6 +175,10 @@ class LogZDrift final : public Detector {
   }
 
   void OnRewind(uint64_t step) override { shift_.RewindTo(step); }
+  std::optional<double> LogZBaseline() const override {
+    if (!shift_.baseline().has_value()) return std::nullopt;
+    return shift_.baseline()->median;
+  }
 
  private:
   LevelShiftDetector shift_;

@@ -38,7 +38,6 @@ void RunHealth::OnLeadRecord(const v1::StepRecord& r, int64_t now_unix_nanos) {
       trends_.max_attn_logit.Add(r.step(), r.max_attn_logit());
     }
     if (r.has_log_z()) trends_.log_z.Add(r.step(), r.log_z());
-    TakeLogZBaseline(r);
     ++post_warmup_seen_;
     if (post_warmup_seen_ == config_.window_steps) {
       // The window now holds exactly the first W post-warmup steps.
@@ -150,7 +149,6 @@ void RunHealth::ResetLead(uint64_t step, int64_t now_unix_nanos) {
   window_ = RunWindow(config_.window_steps);
   trends_ = Trends{};
   baselines_ = Baselines{};
-  log_z_baseline_values_.clear();
   post_warmup_seen_ = 0;
   records_seen_ = 0;
   last_step_.reset();
@@ -166,38 +164,19 @@ void RunHealth::SetBaselines(std::shared_ptr<const BaselineReferences> refs) {
   for (auto& d : detectors_) d->OnBaselines(baseline_refs_, &baseline_status_);
 }
 
-// LogZDrift's baseline, taken the way its LevelShiftDetector takes it (the
-// median of the first log_z.baseline_steps finite post-warmup values), so
-// that `health`'s forecast and the alert agree.
-void RunHealth::TakeLogZBaseline(const v1::StepRecord& r) {
-  if (baselines_.log_z_median.has_value() || !r.has_log_z() ||
-      !std::isfinite(r.log_z())) {
-    return;
+std::optional<double> RunHealth::LogZBaseline() const {
+  for (const auto& d : detectors_) {
+    if (std::optional<double> b = d->LogZBaseline()) return b;
   }
-  log_z_baseline_values_.push_back(r.log_z());
-  baselines_.log_z_through_step = r.step();
-  if (log_z_baseline_values_.size() < std::max<uint32_t>(config_.log_z.baseline_steps, 1)) {
-    return;
-  }
-  baselines_.log_z_median = Robust(log_z_baseline_values_)->median;
-  std::vector<double>().swap(log_z_baseline_values_);
+  return std::nullopt;
 }
 
 void RunHealth::Rewind(uint64_t step) {
   window_.RewindTo(step);
   trends_.RewindTo(step);
-  const bool log_z_taken = baselines_.log_z_median.has_value();
-  if (!log_z_taken || baselines_.log_z_through_step >= step) {
-    baselines_.log_z_median.reset();
-    log_z_baseline_values_.clear();
-  }
   if (baselines_.grad_norm_median.has_value() &&
       baselines_.through_step >= step) {
-    const std::optional<double> log_z = baselines_.log_z_median;
-    const uint64_t log_z_through = baselines_.log_z_through_step;
     baselines_ = Baselines{};
-    baselines_.log_z_median = log_z;
-    baselines_.log_z_through_step = log_z_through;
   }
   if (!baselines_.grad_norm_median.has_value()) {
     // Every step left in the window is from the start of the run.

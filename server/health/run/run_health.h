@@ -64,6 +64,9 @@ class RunHealth {
   const RunInfo& info() const { return info_; }
   const RunWindow& window() const { return window_; }
   const Baselines& baselines() const { return baselines_; }
+  // Log Z's baseline median as LogZDrift measures from it; nullopt until
+  // taken (asks the detector: not for the records' path).
+  std::optional<double> LogZBaseline() const;
   // The lead against its reference runs (BaselineDeviation's last bin).
   const BaselineStatus& baseline_status() const { return baseline_status_; }
   const Trends& trends() const { return trends_; }
@@ -81,13 +84,11 @@ class RunHealth {
   std::optional<double> RecommendedMaxNorm() const;
 
  private:
-  void TakeLogZBaseline(const v1::StepRecord& r);
 
   RunInfo info_;
   const HealthConfig& config_;
   RunWindow window_;
   Baselines baselines_;
-  std::vector<double> log_z_baseline_values_;  // until log_z.baseline_steps
   Trends trends_;
   uint64_t post_warmup_seen_ = 0;
   uint64_t records_seen_ = 0;

@@ -303,8 +303,8 @@ HealthSnapshot RunPipeline::Snapshot() const {
   if (auto at = t.max_attn_logit.StepReaching(config_.attention.cap)) {
     ws.set_max_attn_logit_forecast_step(*at);
   }
-  if (h.baselines().log_z_median.has_value()) {
-    if (auto at = OutwardCrossing(t.log_z, *h.baselines().log_z_median, config_.log_z.nats)) {
+  if (const std::optional<double> log_z = h.LogZBaseline()) {
+    if (auto at = OutwardCrossing(t.log_z, *log_z, config_.log_z.nats)) {
       ws.set_log_z_forecast_step(*at);
     }
   }

@@ -260,16 +260,14 @@ struct Trends {
   }
 };
 
-// Medians of the first W post-warmup steps, taken once when they are in;
-// log Z's of its first log_z.baseline_steps finite post-warmup values.
+// Medians of the first W post-warmup steps, taken once when they are in
+// (log Z's is LogZDrift's own: RunHealth::LogZBaseline).
 struct Baselines {
   std::optional<double> grad_norm_median;
   std::optional<double> max_attn_logit_median;
-  std::optional<double> log_z_median;
-  // The last post-warmup step of each baseline; a rewind to or before it
-  // retakes that baseline.
+  // The last post-warmup step of the baselines; a rewind to or before it
+  // retakes them.
   uint64_t through_step = 0;
-  uint64_t log_z_through_step = 0;
 };
 
 }  // namespace trainwatch

@@ -620,7 +620,7 @@ TEST(LogZDrift, FiresOnAnEightNatDriftAwayFromZeroAndResolves) {
     EXPECT_GT(resolved[0].step, kBack);
     EXPECT_THAT(fired[0].description,
                 HasSubstr(absl::StrFormat(
-                    "baseline median %.3g", *h.health().baselines().log_z_median)));
+                    "baseline median %.3g", *h.health().LogZBaseline())));
     // The peak: log Z's mean distance since the change point, ~7 of the 8.
     EXPECT_GE(resolved[0].peak, 6.5);
   }

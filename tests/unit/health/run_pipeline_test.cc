@@ -274,6 +274,44 @@ TEST_F(RunPipelineTest, ClippingFiresAndResolveAllResolvesAtTheLastStep) {
   EXPECT_THAT(pipeline_.Snapshot().active_alerts, IsEmpty());
 }
 
+TEST(RunPipelineLogZ, TheForecastMeasuresFromLogZDriftsOwnBaselineAndARewindRetakesIt) {
+  // log Z at 6 for its baseline (50 steps), then climbing 0.005 a step: the
+  // snapshot forecasts where it will be log_z.nats (5) out from the median
+  // LogZDrift measures from, and a restart into the baseline retakes it.
+  HealthConfig config;
+  config.log_z.baseline_steps = 50;
+  Recorder seen;
+  const int64_t now = 1'700'000'000 * kSecond;
+  RunPipeline pipeline("r", config, &seen, now);
+  pipeline.OnStreamStarted(0, 0, std::nullopt);
+  const auto feed = [&](uint32_t attempt, uint64_t from, uint64_t to, double base) {
+    std::vector<v1::StepRecord> records = Steps(from, to);
+    for (v1::StepRecord& r : records) {
+      r.set_log_z(base + (r.step() < 50 ? 0.0 : 0.005 * static_cast<double>(r.step() - 50)));
+    }
+    const google::protobuf::RepeatedPtrField<v1::StepRecord> batch(records.begin(),
+                                                                   records.end());
+    pipeline.OnBatch(Start(0, attempt), batch, 0, now);
+  };
+  feed(0, 0, 40, 6.0);
+  EXPECT_FALSE(pipeline.health()->LogZBaseline().has_value());  // not taken yet
+  EXPECT_EQ(pipeline.Snapshot().window.log_z_forecast_step(), 0u);
+  // The forecast needs a trend (512 steps) 2/3 of the way out (step 717).
+  feed(0, 40, 800, 6.0);
+  ASSERT_TRUE(pipeline.health()->LogZBaseline().has_value());
+  EXPECT_DOUBLE_EQ(*pipeline.health()->LogZBaseline(), 6.0);
+  const HealthSnapshot snap = pipeline.Snapshot();
+  ASSERT_NE(snap.window.log_z_forecast_step(), 0u);
+  // 5 nats at 0.005 a step from step 50: step 1050, give or take the fit.
+  EXPECT_NEAR(static_cast<double>(snap.window.log_z_forecast_step()), 1050, 30);
+  // A restart from step 20 (inside the baseline) at another level: the
+  // baseline is taken again from the new records.
+  pipeline.OnStreamStarted(0, 1, std::nullopt);
+  feed(1, 20, 120, 3.0);
+  ASSERT_TRUE(pipeline.health()->LogZBaseline().has_value());
+  EXPECT_DOUBLE_EQ(*pipeline.health()->LogZBaseline(), 3.0);
+}
+
 TEST_F(RunPipelineTest, RecoveryReplaysMutedAndKeepsStoredAlertsFiring) {
   pipeline_.Recover(Start(0, 1), /*last_step=*/149);
   v1::Alert stored;
