@@ -83,12 +83,13 @@ void PrintCompare(const v1::CompareRunsResponse& r, bool json) {
   }
   out = absl::StrFormat("run %s@%d against %s, %s by %s\n", r.run_id(), r.attempt(),
                         Refs(r.refs()), r.metric(), r.axis());
-  out += absl::StrFormat("%14s %10s %10s %10s %10s %10s %7s\n", "X", "LAST STEP", "VALUE",
-                         "REF", "LO", "HI", "Z");
+  out += absl::StrFormat("%14s %10s %10s %10s %10s %10s %7s %8s\n", "X", "LAST STEP", "VALUE",
+                         "REF", "LO", "HI", "Z", "LR");
   for (const v1::CompareBin& b : r.bins()) {
     const bool outside = b.value() < b.lo() || b.value() > b.hi();
-    out += absl::StrFormat("%14.0f %10d %10.4g %10.4g %10.4g %10.4g %+7.2f%s\n", b.x(),
-                           b.last_step(), b.value(), b.ref_median(), b.lo(), b.hi(), b.z(),
+    const std::string lr = b.has_lr_ratio() ? absl::StrFormat("%.3gx", b.lr_ratio()) : "-";
+    out += absl::StrFormat("%14.0f %10d %10.4g %10.4g %10.4g %10.4g %+7.2f %8s%s\n", b.x(),
+                           b.last_step(), b.value(), b.ref_median(), b.lo(), b.hi(), b.z(), lr,
                            outside ? " *" : "");
   }
   if (r.left_band()) {

@@ -39,6 +39,10 @@ void WriteCompare(JsonWriter& w, const v1::CompareRunsResponse& r) {
     w.Double(b.z());
     w.Key("outside");
     w.Bool(b.value() < b.lo() || b.value() > b.hi());
+    if (b.has_lr_ratio()) {
+      w.Key("lr_ratio");
+      w.Double(b.lr_ratio());
+    }
     w.EndObject();
   }
   w.EndArray();

@@ -4,6 +4,7 @@
 // BaselineDeviation detector runs (health/signals/baseline_band.h), so the
 // table, the report and the alert agree.
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -155,6 +156,7 @@ absl::StatusOr<v1::CompareRunsResponse> Query::CompareRuns(
     bin.set_lo(BaselineUnits(*metric, b->lo));
     bin.set_hi(BaselineUnits(*metric, b->hi));
     bin.set_z(b->z);
+    if (std::isfinite(b->lr_ratio)) bin.set_lr_ratio(b->lr_ratio);
     widths.push_back(b->half_width);
     const ResidualCusum::Verdict v = cusum.Add(*b);
     if ((v.worse || v.better) && !out.left_band()) {

@@ -11,9 +11,9 @@ import trainwatch
 
 
 def send_run(server, run, seed, steps=800, factor=1.0, from_step=10**9,
-             tokens_per_step=1024, baselines=None, warmup=50):
+             tokens_per_step=1024, baselines=None, warmup=50, lr=3e-4):
     """A synthetic run of one recipe: a power-law loss in tokens with 2%
-    lognormal noise; `factor` times it from `from_step` on."""
+    lognormal noise; `factor` times it from `from_step` on; a constant LR."""
     rng = random.Random(seed)
     offset = 0.003 * (seed % 3 - 1)
     with trainwatch.Client(server.address, run=run, warmup_steps=warmup,
@@ -25,7 +25,7 @@ def send_run(server, run, seed, steps=800, factor=1.0, from_step=10**9,
             if step >= from_step:
                 loss *= factor
             tw.record(step, grad_norm=0.5 * math.exp(rng.gauss(0, 0.05)), loss=loss,
-                      tokens=tokens)
+                      tokens=tokens, lr=lr)
         tw.flush()
 
 
@@ -84,6 +84,26 @@ def test_a_healthy_seed_raises_nothing_a_shifted_one_is_named_and_compared(serve
     healthy = server.ctl_json("compare", "--run", "recipe/s3", "--ref", "recipe/s1@0",
                               "--ref", "recipe/s2@0", "--json")
     assert healthy["left_band"] is False and healthy["first_step_outside"] is None
+
+
+def test_another_lr_whose_loss_moved_is_named_with_its_ratio(server):
+    # 1.5% above the recipe is within what a seed may sit at; at ten times
+    # the recipe's LR the run is not a seed of it, and it is named.
+    send_run(server, "lr/s1", seed=1)
+    send_run(server, "lr/s2", seed=2)
+    refs = ["lr/s1@0", "lr/s2@0"]
+    send_run(server, "lr/same", seed=4, factor=1.015, from_step=0, baselines=refs)
+    assert fired(server, "lr/same") == []
+    send_run(server, "lr/hot", seed=4, factor=1.015, from_step=0, baselines=refs, lr=3e-3)
+    alerts = fired(server, "lr/hot")
+    assert len(alerts) == 1, alerts
+    assert "lr 10x the baseline's" in alerts[0]["description"], alerts[0]
+    out = server.ctl_json("compare", "--run", "lr/hot", "--json")
+    assert all(abs(b["lr_ratio"] - 10) < 1e-6 for b in out["bins"]), out["bins"][:2]
+    same = server.ctl_json("compare", "--run", "lr/same", "--json")
+    assert all(abs(b["lr_ratio"] - 1) < 1e-6 for b in same["bins"])
+    table = server.ctl("compare", "--run", "lr/hot")
+    assert " LR" in table.splitlines()[1] and "10x" in table.splitlines()[2], table
 
 
 def test_another_batch_size_is_named_by_step_not_by_tokens(server):

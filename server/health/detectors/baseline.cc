@@ -137,15 +137,19 @@ class BaselineDeviation final : public Detector {
       if (!bin.lr_changed()) {
         s_ = 0;
         above_ = 0;
+        alarmed_ = false;
         return;
       }
       if (s_ == 0) onset_ = bin.first_step;
       s_ = std::max(0.0, s_ + bin.z - kChangedK);
       above_ = bin.z > kChangedK ? above_ + 1 : 0;
+      // Past its threshold with the last kLevelBins bins above the band's
+      // centre by k (a lone hard batch's bin is LossSpike's); then it holds
+      // until the statistic is back at 0, as the band's CUSUM does.
+      if (s_ > threshold_ && above_ >= kLevelBins) alarmed_ = true;
+      if (s_ == 0) alarmed_ = false;
     }
-    // Past its threshold, and the last kLevelBins bins above the band's
-    // centre by k: a lone hard batch's bin is LossSpike's.
-    bool worse() const { return s_ > threshold_ && above_ >= kLevelBins; }
+    bool worse() const { return alarmed_; }
     uint64_t onset_step() const { return onset_; }
 
    private:
@@ -153,6 +157,7 @@ class BaselineDeviation final : public Detector {
     double s_ = 0;
     uint64_t onset_ = 0;
     uint32_t above_ = 0;
+    bool alarmed_ = false;
   };
 
   struct Watch {
