@@ -371,7 +371,6 @@ absl::Status Server::StartNotifier(const ServerOptions::AlertsPart& part) {
 absl::Status Server::StartEngineAndServices(const ServerOptions& options) {
   Metrics* m = metrics_.get();
   EngineOptions engine_options;
-  engine_options.notifier = notifier_.get();
   engine_options.shards = options.engine.threads;
   engine_options.max_active_runs = options.engine.max_active_runs;
   engine_options.run_idle_timeout = options.engine.run_idle_timeout;
@@ -380,9 +379,8 @@ absl::Status Server::StartEngineAndServices(const ServerOptions& options) {
   closed_loop_ = std::make_unique<ClosedLoop>(options.engine.health.closed_loop, store_.get(), m,
                                               Clock::Real());
   if (absl::Status s = closed_loop_->Load(); !s.ok()) return s;
-  engine_options.closed_loop = closed_loop_.get();
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
-      engine_options, store_.get(), m, Clock::Real());
+      engine_options, store_.get(), m, Clock::Real(), notifier_.get(), closed_loop_.get());
   if (!engine.ok()) return engine.status();
   engine_ = std::move(*engine);
 

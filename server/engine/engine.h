@@ -95,13 +95,6 @@ struct EngineOptions {
   // How often RunSilent is checked; 0 disables the timer (tests call
   // CheckSilence() themselves).
   std::chrono::milliseconds silence_check_interval{1000};
-  // Where fires and resolves go besides the store and /metrics (Alertmanager,
-  // webhook); borrowed, may be null. Must outlive the engine's Stop().
-  Notifier* notifier = nullptr;
-  // Where critical alerts with a restart plan propose directives, and where
-  // the trainers' DirectiveAcks go (docs/closed-loop.md); borrowed, may be
-  // null (no closed loop).
-  ClosedLoop* closed_loop = nullptr;
 };
 
 struct RunState;
@@ -155,10 +148,17 @@ using DoneCallback = std::function<void(absl::Status)>;
 
 class Engine {
  public:
+  // The parts the engine works with are borrowed and must outlive its
+  // Stop(). `notifier`: where fires and resolves go besides the store and
+  // /metrics (Alertmanager, webhook); `closed_loop`: where critical alerts
+  // with a restart plan propose directives, and where the trainers'
+  // DirectiveAcks go (docs/closed-loop.md). Either may be null (none).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(EngineOptions options,
                                                         Store* store,
                                                         Metrics* metrics,
-                                                        const Clock* clock);
+                                                        const Clock* clock,
+                                                        Notifier* notifier = nullptr,
+                                                        ClosedLoop* closed_loop = nullptr);
   ~Engine();  // Stop()
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -232,7 +232,7 @@ class Engine {
 
  private:
   Engine(EngineOptions options, Store* store, Metrics* metrics,
-         const Clock* clock);
+         const Clock* clock, Notifier* notifier, ClosedLoop* closed_loop);
   std::shared_ptr<RunState> FindOrAddRunLocked(const std::string& run_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Shard* ShardFor(const std::string& run_id);
@@ -266,6 +266,8 @@ class Engine {
   Store* const store_;
   Metrics* const metrics_;
   const Clock* const clock_;
+  Notifier* const notifier_;       // may be null
+  ClosedLoop* const closed_loop_;  // may be null
   HostWatch host_watch_;
   std::vector<std::unique_ptr<Shard>> shards_;
 
