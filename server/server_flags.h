@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "health/health_config.h"
 #include "server.h"
 
 namespace trainwatch {

@@ -21,7 +21,7 @@ Engine::Engine(EngineOptions options, Store* store, Metrics* metrics,
       notifier_(notifier),
       closed_loop_(closed_loop),
       host_watch_(options_.health.host_suspect, store, metrics) {
-  size_t n = options_.shards == 0 ? 1 : options_.shards;
+  size_t n = options_.threads == 0 ? 1 : options_.threads;
   for (size_t i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
 }
 

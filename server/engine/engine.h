@@ -63,6 +63,7 @@
 #include "alerting/notifier.h"
 #include "closedloop/closed_loop.h"
 #include "common/clock.h"
+#include "engine/engine_options.h"
 #include "engine/host_watch.h"
 #include "engine/shard.h"
 #include "health/health_config.h"
@@ -72,30 +73,6 @@
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {
-
-struct EngineOptions {
-  // Engine threads; each run lives on one.
-  size_t shards = 2;
-  // Runs that have not finished; a new one past this is RESOURCE_EXHAUSTED.
-  size_t max_active_runs = 10000;
-  // A run with no record for this long leaves the active set (as if it had
-  // finished: its history stays, and it can come back); 0: never.
-  std::chrono::milliseconds run_idle_timeout{3'600'000};
-  // Runs whose last record is older than this many days, with no open
-  // stream, are deleted with everything stored of them; 0: kept forever.
-  uint32_t retention_days = 0;
-  // How often retention is applied (and once at start).
-  std::chrono::milliseconds retention_check_interval{600'000};
-  // A batch of at most this many records (a live trainer's, sent as it
-  // trains) is processed before queued larger ones (a replay's, a client
-  // catching up): a bad step is not detected behind a healthy backlog. The
-  // server sets ingest's small_batch_records from it.
-  size_t prompt_batch_records = 256;
-  HealthConfig health;
-  // How often RunSilent is checked; 0 disables the timer (tests call
-  // CheckSilence() themselves).
-  std::chrono::milliseconds silence_check_interval{1000};
-};
 
 struct RunState;
 
