@@ -370,19 +370,11 @@ absl::Status Server::StartNotifier(const ServerOptions::AlertsPart& part) {
 
 absl::Status Server::StartEngineAndServices(const ServerOptions& options) {
   Metrics* m = metrics_.get();
-  EngineOptions engine_options;
-  engine_options.notifier = notifier_.get();
-  engine_options.shards = options.engine.threads;
-  engine_options.max_active_runs = options.engine.max_active_runs;
-  engine_options.run_idle_timeout = options.engine.run_idle_timeout;
-  engine_options.retention_days = options.engine.retention_days;
-  engine_options.health = options.engine.health;
   closed_loop_ = std::make_unique<ClosedLoop>(options.engine.health.closed_loop, store_.get(), m,
                                               Clock::Real());
   if (absl::Status s = closed_loop_->Load(); !s.ok()) return s;
-  engine_options.closed_loop = closed_loop_.get();
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
-      engine_options, store_.get(), m, Clock::Real());
+      options.engine, store_.get(), m, Clock::Real(), notifier_.get(), closed_loop_.get());
   if (!engine.ok()) return engine.status();
   engine_ = std::move(*engine);
 
@@ -390,7 +382,7 @@ absl::Status Server::StartEngineAndServices(const ServerOptions& options) {
   ingest_options.limits = options.limits;
   // One notion of a live trainer's batch: what the engine runs first is
   // what ingest never holds back.
-  ingest_options.small_batch_records = engine_options.prompt_batch_records;
+  ingest_options.small_batch_records = options.engine.prompt_batch_records;
   ingest_options.authorizer = authorizer_.get();
   ingest_options.closed_loop = closed_loop_.get();
   ingest_ = std::make_unique<Ingest>(ingest_options, engine_.get(), m);

@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "auth/tls_files.h"
 #include "common/validate.h"
-#include "health/health_config.h"
+#include "engine/engine_options.h"
 #include "store/store.h"
 
 namespace trainwatch {
@@ -70,19 +70,6 @@ struct ServerOptions {
     StoreOptions::RankRecords rank_records = StoreOptions::RankRecords::kDigest;
     uint64_t rank_retention_steps = 0;
   };
-  struct EnginePart {
-    // Engine threads (runs are sharded over them).
-    size_t threads = 2;
-    // Runs that have not finished, at most.
-    size_t max_active_runs = 10000;
-    // A run with no step for this long leaves the active set.
-    std::chrono::milliseconds run_idle_timeout{3'600'000};
-    // Runs whose last record is this many days old (no open stream) are
-    // deleted; 0: kept forever.
-    uint32_t retention_days = 0;
-    // Detector thresholds (--config).
-    HealthConfig health;
-  };
   struct AlertsPart {
     // Alertmanager base URL (alerts are POSTed to URL/api/v2/alerts); "" = none.
     std::string alertmanager_url;
@@ -94,7 +81,7 @@ struct ServerOptions {
   GrpcPart grpc;
   MetricsPart metrics;
   StorePart store;
-  EnginePart engine;
+  EngineOptions engine;  // its threads, bounds, retention and detector config
   AlertsPart alerts;
   ValidationLimits limits;  // of what ingest accepts
 };

@@ -4,10 +4,12 @@
 #include <chrono>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "alerting/notifier.h"
 #include "config/config.h"
 #include "health/catalog_print.h"
@@ -80,14 +82,30 @@ absl::Status RankRecords(absl::string_view flag, Value value,
   return absl::OkStatus();
 }
 
+// The flags' defaults, as the flags take them.
+std::string SecondsOf(std::chrono::milliseconds d) {
+  std::string text = absl::StrCat(d.count() / 1000);
+  if (int64_t ms = d.count() % 1000; ms != 0) {
+    std::string fraction = absl::StrCat(1000 + ms).substr(1);  // "050"
+    absl::StrAppend(&text, ".", absl::StripSuffix(absl::StripSuffix(fraction, "0"), "0"));
+  }
+  return text;
+}
+
+std::string RankRecordsOf(StoreOptions::RankRecords mode) {
+  return mode == StoreOptions::RankRecords::kFull ? "full" : "digest";
+}
+
+// Each row: name, placeholder, help, its default from ServerOptions (null:
+// none to print) and what follows the default, and how it sets the options.
 constexpr ServerFlag kFlags[] = {
-    {"--listen", "ADDR",
-     "gRPC address (default 127.0.0.1:50051; port 0 = any free port)",
+    {"--listen", "ADDR", "gRPC address",
+     [](const ServerOptions& o) { return o.grpc.listen; }, "; port 0 = any free port",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.grpc.listen);
      }},
-    {"--metrics-listen", "ADDR",
-     "Prometheus /metrics address (default 127.0.0.1:9464)",
+    {"--metrics-listen", "ADDR", "Prometheus /metrics address",
+     [](const ServerOptions& o) { return o.metrics.listen; }, "",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.metrics.listen);
      }},
@@ -95,71 +113,87 @@ constexpr ServerFlag kFlags[] = {
      "TLS and basic auth for /metrics, in the Prometheus\n"
      "exporters' web config format (tls_server_config,\n"
      "basic_auth_users; docs/fleet.md)",
+     nullptr, "",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.metrics.web_config_file);
      }},
-    {"--db", "PATH", "SQLite database (default ./trainwatch.db)",
+    {"--db", "PATH", "SQLite database",
+     [](const ServerOptions& o) { return o.store.db; }, "",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.store.db);
      }},
     {"--backup-dir", "DIR",
      "where a backup stages its copy of the database\n"
-     "before streaming it (default: the --db's directory;\n"
-     "it needs room for one copy per backup running)",
+     "before streaming it",
+     [](const ServerOptions& o) { return o.store.backup_dir; },
+     ": the --db's directory; it needs room for one copy per backup running",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.store.backup_dir);
      }},
-    {"--synchronous", "MODE", "SQLite synchronous: NORMAL (default) or FULL",
+    {"--synchronous", "MODE", "SQLite synchronous: NORMAL or FULL",
+     [](const ServerOptions& o) { return o.store.synchronous; }, "",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.store.synchronous);
      }},
     {"--rank-records", "MODE",
-     "what is stored of ranks other than a run's lead:\n"
-     "digest (default: step, time, norms, step time, data\n"
-     "wait, to 5 significant digits) or full (every field)",
+     "what is stored of ranks other than a run's lead: full\n"
+     "(every field) or digest (step, time, norms, step time,\n"
+     "data wait, to 5 significant digits)",
+     [](const ServerOptions& o) { return RankRecordsOf(o.store.rank_records); }, "",
      [](absl::string_view flag, Value v, ServerFlags& f) {
        return RankRecords(flag, v, f.options.store.rank_records);
      }},
     {"--rank-retention-steps", "N",
      "keep those ranks' records for the last N steps of\n"
-     "each (default 0: as long as the run)",
+     "each",
+     [](const ServerOptions& o) { return absl::StrCat(o.store.rank_retention_steps); },
+     ": as long as the run",
      [](absl::string_view flag, Value v, ServerFlags& f) {
        return Bounded(flag, "a step count (0 = as long as the run)", v, 0,
                       kMaxStepCount, f.options.store.rank_retention_steps);
      }},
-    {"--engine-threads", "N", "health-engine threads (default 2)",
+    {"--engine-threads", "N", "health-engine threads",
+     [](const ServerOptions& o) { return absl::StrCat(o.engine.threads); }, "",
      [](absl::string_view flag, Value v, ServerFlags& f) {
        return Count(flag, v, kMaxEngineThreads, f.options.engine.threads);
      }},
-    {"--max-active-runs", "N",
-     "runs that have not finished, at most (default 10000)",
+    {"--max-active-runs", "N", "runs that have not finished, at most",
+     [](const ServerOptions& o) { return absl::StrCat(o.engine.max_active_runs); }, "",
      [](absl::string_view flag, Value v, ServerFlags& f) {
        return Count(flag, v, kMaxActiveRuns, f.options.engine.max_active_runs);
      }},
     {"--run-idle-timeout", "SECONDS",
-     "a run with no step this long leaves the active runs\n"
-     "(its history stays; it can come back; default 3600)",
+     "a run with no step this long leaves the active runs;\n"
+     "its history stays, and it can come back",
+     [](const ServerOptions& o) { return SecondsOf(o.engine.run_idle_timeout); }, "",
      [](absl::string_view flag, Value v, ServerFlags& f) {
        return Seconds(flag, v, f.options.engine.run_idle_timeout);
      }},
     {"--retention-days", "N",
      "delete runs whose last record is N days old, with\n"
      "their records, alerts and spikes, giving the space\n"
-     "back (default 0: keep everything; at most 36525)",
+     "back",
+     [](const ServerOptions& o) { return absl::StrCat(o.engine.retention_days); },
+     ": keep everything; at most 36525",
      [](absl::string_view flag, Value v, ServerFlags& f) {
        return Bounded(flag, "a number of days (0 = keep everything)", v, 0,
                       kMaxRetentionDays, f.options.engine.retention_days);
      }},
     {"--config", "FILE",
      "YAML detector thresholds (see deploy/trainwatch.yaml)",
+     nullptr, "",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.config_path);
      }},
     {"--closed-loop", "off|propose|auto",
      "directives to the trainer for critical alerts with a\n"
      "restart plan: none, proposed for trainwatchctl approve,\n"
-     "or closed_loop.auto's approved at once (default propose;\n"
-     "docs/closed-loop.md)",
+     "or closed_loop.auto's approved at once",
+     // The default is the config's closed_loop.mode, which the flag replaces.
+     [](const ServerOptions& o) -> std::string {
+       return ClosedLoopModeName(o.engine.health.closed_loop.mode);
+     },
+     "; docs/closed-loop.md",
      [](absl::string_view flag, Value v, ServerFlags& f) -> absl::Status {
        std::optional<ClosedLoopConfig::Mode> mode = ParseClosedLoopMode(std::string(v));
        if (!mode.has_value()) {
@@ -171,27 +205,31 @@ constexpr ServerFlag kFlags[] = {
      }},
     {"--alertmanager-url", "URL",
      "send alerts to Alertmanager (POST URL/api/v2/alerts)",
+     nullptr, "",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.alerts.alertmanager_url);
      }},
     {"--alertmanager-resend-interval", "SECONDS",
-     "re-send firing alerts this often (default 60)",
+     "re-send firing alerts this often",
+     [](const ServerOptions& o) { return SecondsOf(o.alerts.resend_interval); }, "",
      [](absl::string_view flag, Value v, ServerFlags& f) {
        return Seconds(flag, v, f.options.alerts.resend_interval);
      }},
     {"--webhook-url", "URL", "POST each alert fire and resolve as JSON to URL",
+     nullptr, "",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.alerts.webhook_url);
      }},
-    {"--keepalive-time", "SECONDS",
-     "ping a connection quiet this long (default 30)",
+    {"--keepalive-time", "SECONDS", "ping a connection quiet this long",
+     [](const ServerOptions& o) { return SecondsOf(o.grpc.keepalive_time); }, "",
      [](absl::string_view flag, Value v, ServerFlags& f) {
        return Seconds(flag, v, f.options.grpc.keepalive_time);
      }},
     {"--keepalive-timeout", "SECONDS",
      "drop it (ending its streams) when the ping is not\n"
-     "answered this fast (default 10): a dead or stopped\n"
-     "trainer's stream ends; an idle live one stays",
+     "answered this fast: a dead or stopped trainer's\n"
+     "stream ends; an idle live one stays",
+     [](const ServerOptions& o) { return SecondsOf(o.grpc.keepalive_timeout); }, "",
      [](absl::string_view flag, Value v, ServerFlags& f) {
        return Seconds(flag, v, f.options.grpc.keepalive_timeout);
      }},
@@ -199,21 +237,25 @@ constexpr ServerFlag kFlags[] = {
      "require bearer tokens: lines \"TOKEN SCOPE[,SCOPE...]\",\n"
      "scopes read, write:PREFIX, write:*, runs:N\n"
      "(docs/security.md)",
+     nullptr, "",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.grpc.auth_token_file);
      }},
     {"--tls-cert", "FILE",
      "serve gRPC over TLS with this PEM certificate chain",
+     nullptr, "",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.grpc.tls.cert_file);
      }},
     {"--tls-key", "FILE", "... and this PEM private key (both or neither)",
+     nullptr, "",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.grpc.tls.key_file);
      }},
     {"--tls-client-ca", "FILE",
      "also require client certificates signed by these\n"
      "PEM CAs (mutual TLS; needs --tls-cert/--tls-key)",
+     nullptr, "",
      [](absl::string_view, Value v, ServerFlags& f) {
        return Text(v, f.options.grpc.tls.client_ca_file);
      }},
@@ -221,6 +263,7 @@ constexpr ServerFlag kFlags[] = {
      "print rules, inhibit, docs, charts or json from\n"
      "the alert catalog and exit (the generated blocks\n"
      "of the deploy files, docs tables and report)",
+     nullptr, "",
      [](absl::string_view flag, Value v, ServerFlags& f) {
        if (!PrintCatalog(v).has_value()) {
          return UsageError(absl::StrCat(
@@ -235,6 +278,7 @@ constexpr ServerFlag kFlags[] = {
      "what it sets, as deploy/trainwatch.yaml), tuned (the\n"
      "keys a user tunes first, and internals not at their\n"
      "default) or docs (docs/config.md's table)",
+     nullptr, "",
      [](absl::string_view flag, Value v, ServerFlags& f) {
        if (!PrintHealthConfigAs(v, HealthConfig{}).has_value()) {
          return UsageError(absl::StrCat(
@@ -243,7 +287,7 @@ constexpr ServerFlag kFlags[] = {
        f.print_config = true;
        return Text(v, f.print_config_what);
      }},
-    {"--help", "", "this text", nullptr},
+    {"--help", "", "this text", nullptr, "", nullptr},
 };
 
 const ServerFlag* FindFlag(absl::string_view name) {
@@ -276,6 +320,24 @@ absl::Status CheckParsed(const ServerOptions& options) {
     }
   }
   return absl::OkStatus();
+}
+
+// "(default VALUE<note>)" as the words --help wraps: the first,
+// "(default VALUE" with the note's leading punctuation, is never split.
+std::vector<std::string> DefaultWords(const ServerFlag& flag, const ServerOptions& options) {
+  std::string value = flag.default_of(options);
+  std::string head = value.empty() ? "(default" : absl::StrCat("(default ", value);
+  absl::string_view note = flag.default_note;
+  size_t space = note.find(' ');
+  absl::StrAppend(&head, note.substr(0, space));
+  std::vector<std::string> words = {head};
+  if (space != absl::string_view::npos) {
+    for (absl::string_view word : absl::StrSplit(note.substr(space + 1), ' ', absl::SkipEmpty())) {
+      words.emplace_back(word);
+    }
+  }
+  words.back() += ")";
+  return words;
 }
 
 }  // namespace
@@ -318,8 +380,11 @@ absl::StatusOr<ServerFlags> ParseServerFlags(
 }
 
 std::string ServerUsage() {
-  // Help text starts in this column, on the flag's line when it fits there.
+  // Help text starts in this column, on the flag's line when it fits there,
+  // and a default appended to it wraps before this width.
   constexpr size_t kHelpColumn = 27;
+  constexpr size_t kHelpWidth = 63;
+  const ServerOptions defaults;
   std::string usage = "usage: trainwatch-server [flags]\n\n";
   for (const ServerFlag& flag : kFlags) {
     std::string margin =
@@ -331,7 +396,17 @@ std::string ServerUsage() {
       margin.clear();
     }
     margin.resize(kHelpColumn, ' ');
-    for (absl::string_view line : absl::StrSplit(flag.help, '\n')) {
+    std::vector<std::string> lines = absl::StrSplit(flag.help, '\n');
+    if (flag.default_of != nullptr) {
+      for (const std::string& word : DefaultWords(flag, defaults)) {
+        if (lines.back().size() + 1 + word.size() <= kHelpWidth) {
+          absl::StrAppend(&lines.back(), " ", word);
+        } else {
+          lines.push_back(word);
+        }
+      }
+    }
+    for (const std::string& line : lines) {
       absl::StrAppend(&usage, margin, line, "\n");
       margin.assign(kHelpColumn, ' ');
     }

@@ -10,6 +10,7 @@
 #ifndef TRAINWATCH_SERVER_SERVER_FLAGS_H_
 #define TRAINWATCH_SERVER_SERVER_FLAGS_H_
 
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "health/health_config.h"
 #include "server.h"
 
 namespace trainwatch {
@@ -41,12 +43,22 @@ struct ServerFlags {
   bool help = false;
 };
 
-// One row of the table: "--name PLACEHOLDER  help".
+// One row of the table: "--name PLACEHOLDER  help (default VALUE)".
 struct ServerFlag {
   absl::string_view name;         // with its dashes: "--listen"
   absl::string_view placeholder;  // of the value: "ADDR"; "" for --help
-  // Lines after the first are continuation lines of --help's text.
+  // Lines after the first are continuation lines of --help's text. No help
+  // text types a default: --help prints it from ServerOptions.
   absl::string_view help;
+  // The option the flag sets, as the flag takes it (a duration in seconds):
+  // --help prints it from a default ServerOptions after the help text, so
+  // the two cannot disagree. Null for a flag with no default to print (a
+  // file or URL that is off unless given, --help itself).
+  std::string (*default_of)(const ServerOptions& options);
+  // Printed after the default, inside its parentheses: ": keep everything"
+  // makes "(default 0: keep everything)". With an empty default, ": the
+  // --db's directory" makes "(default: the --db's directory)".
+  absl::string_view default_note;
   // Parses `value` into `flags`; a usage error naming `flag` (this row's
   // name) when it does not parse. Null for --help, which takes no value.
   absl::Status (*set)(absl::string_view flag, const std::string& value,
@@ -63,7 +75,8 @@ std::span<const ServerFlag> ServerFlagTable();
 absl::StatusOr<ServerFlags> ParseServerFlags(
     const std::vector<std::string>& args);
 
-// --help's text, printed from the table.
+// --help's text, printed from the table: each flag's help, then its default
+// from ServerOptions{} where it has one.
 std::string ServerUsage();
 
 }  // namespace trainwatch

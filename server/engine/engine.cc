@@ -13,22 +13,26 @@
 namespace trainwatch {
 
 Engine::Engine(EngineOptions options, Store* store, Metrics* metrics,
-               const Clock* clock)
+               const Clock* clock, Notifier* notifier, ClosedLoop* closed_loop)
     : options_(std::move(options)),
       store_(store),
       metrics_(metrics),
       clock_(clock),
+      notifier_(notifier),
+      closed_loop_(closed_loop),
       host_watch_(options_.health.host_suspect, store, metrics) {
-  size_t n = options_.shards == 0 ? 1 : options_.shards;
+  size_t n = options_.threads == 0 ? 1 : options_.threads;
   for (size_t i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
                                                        Store* store,
                                                        Metrics* metrics,
-                                                       const Clock* clock) {
+                                                       const Clock* clock,
+                                                       Notifier* notifier,
+                                                       ClosedLoop* closed_loop) {
   std::unique_ptr<Engine> engine(
-      new Engine(std::move(options), store, metrics, clock));
+      new Engine(std::move(options), store, metrics, clock, notifier, closed_loop));
   absl::StatusOr<std::vector<v1::RunSummary>> runs = store->ListRuns();
   if (!runs.ok()) return runs.status();
   if (absl::Status s = engine->ResolveAlertsOfFinishedRuns(*runs); !s.ok()) {
@@ -90,7 +94,7 @@ std::shared_ptr<RunState> Engine::FindOrAddRunLocked(const std::string& run_id) 
   }
   auto run = std::make_shared<RunState>(
       run_id, metrics_->AddRun(run_id, AlertLabels()), store_, metrics_,
-      options_.notifier, &host_watch_, options_.closed_loop, options_.health,
+      notifier_, &host_watch_, closed_loop_, options_.health,
       clock_->NowUnixNanos());
   runs_.emplace(run_id, run);
   ++active_runs_;
@@ -247,13 +251,13 @@ void Engine::SubmitDirectiveAck(const StreamHandle& stream, v1::DirectiveAck ack
                                 DoneCallback done) {
   RunInOrder(stream, [this, stream, ack = std::move(ack),
                       done = std::move(done)](absl::Status started) mutable {
-    if (!started.ok() || options_.closed_loop == nullptr) {
+    if (!started.ok() || closed_loop_ == nullptr) {
       done(started);
       return;
     }
     // The stream's rank, whatever the ack says.
     ack.set_rank(stream->key.rank);
-    options_.closed_loop->OnAck(stream->key.run_id, ack, std::move(done));
+    closed_loop_->OnAck(stream->key.run_id, ack, std::move(done));
   }, /*small=*/true);
 }
 

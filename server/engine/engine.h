@@ -63,6 +63,7 @@
 #include "alerting/notifier.h"
 #include "closedloop/closed_loop.h"
 #include "common/clock.h"
+#include "engine/engine_options.h"
 #include "engine/host_watch.h"
 #include "engine/shard.h"
 #include "health/health_config.h"
@@ -72,37 +73,6 @@
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace trainwatch {
-
-struct EngineOptions {
-  // Engine threads; each run lives on one.
-  size_t shards = 2;
-  // Runs that have not finished; a new one past this is RESOURCE_EXHAUSTED.
-  size_t max_active_runs = 10000;
-  // A run with no record for this long leaves the active set (as if it had
-  // finished: its history stays, and it can come back); 0: never.
-  std::chrono::milliseconds run_idle_timeout{3'600'000};
-  // Runs whose last record is older than this many days, with no open
-  // stream, are deleted with everything stored of them; 0: kept forever.
-  uint32_t retention_days = 0;
-  // How often retention is applied (and once at start).
-  std::chrono::milliseconds retention_check_interval{600'000};
-  // A batch of at most this many records (a live trainer's, sent as it
-  // trains) is processed before queued larger ones (a replay's, a client
-  // catching up): a bad step is not detected behind a healthy backlog. The
-  // server sets ingest's small_batch_records from it.
-  size_t prompt_batch_records = 256;
-  HealthConfig health;
-  // How often RunSilent is checked; 0 disables the timer (tests call
-  // CheckSilence() themselves).
-  std::chrono::milliseconds silence_check_interval{1000};
-  // Where fires and resolves go besides the store and /metrics (Alertmanager,
-  // webhook); borrowed, may be null. Must outlive the engine's Stop().
-  Notifier* notifier = nullptr;
-  // Where critical alerts with a restart plan propose directives, and where
-  // the trainers' DirectiveAcks go (docs/closed-loop.md); borrowed, may be
-  // null (no closed loop).
-  ClosedLoop* closed_loop = nullptr;
-};
 
 struct RunState;
 
@@ -155,10 +125,17 @@ using DoneCallback = std::function<void(absl::Status)>;
 
 class Engine {
  public:
+  // The parts the engine works with are borrowed and must outlive its
+  // Stop(). `notifier`: where fires and resolves go besides the store and
+  // /metrics (Alertmanager, webhook); `closed_loop`: where critical alerts
+  // with a restart plan propose directives, and where the trainers'
+  // DirectiveAcks go (docs/closed-loop.md). Either may be null (none).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(EngineOptions options,
                                                         Store* store,
                                                         Metrics* metrics,
-                                                        const Clock* clock);
+                                                        const Clock* clock,
+                                                        Notifier* notifier = nullptr,
+                                                        ClosedLoop* closed_loop = nullptr);
   ~Engine();  // Stop()
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -232,7 +209,7 @@ class Engine {
 
  private:
   Engine(EngineOptions options, Store* store, Metrics* metrics,
-         const Clock* clock);
+         const Clock* clock, Notifier* notifier, ClosedLoop* closed_loop);
   std::shared_ptr<RunState> FindOrAddRunLocked(const std::string& run_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Shard* ShardFor(const std::string& run_id);
@@ -266,6 +243,8 @@ class Engine {
   Store* const store_;
   Metrics* const metrics_;
   const Clock* const clock_;
+  Notifier* const notifier_;       // may be null
+  ClosedLoop* const closed_loop_;  // may be null
   HostWatch host_watch_;
   std::vector<std::unique_ptr<Shard>> shards_;
 

@@ -94,7 +94,7 @@ absl::Status Engine::ResolveAlertsOfFinishedRuns(
     std::unique_ptr<AlertRouter>& router = routers[alert.run()];
     if (router == nullptr) {
       router = std::make_unique<AlertRouter>(alert.run(), store_, metrics_,
-                                             nullptr, options_.notifier);
+                                             nullptr, notifier_);
       if (router->wants_labels()) {
         absl::StatusOr<v1::RunStart> start = store_->GetLeadStart(alert.run());
         if (start.ok()) router->SetLabels(*start);

@@ -144,7 +144,7 @@ absl::StatusOr<v1::DeleteRunResponse> Engine::DeleteRun(const std::string& run_i
     run.reset();
   }
   host_watch_.ForgetRun(run_id);
-  if (options_.closed_loop != nullptr) options_.closed_loop->ForgetRun(run_id);
+  if (closed_loop_ != nullptr) closed_loop_->ForgetRun(run_id);
   absl::Notification committed;
   WriteResult result;
   store_->Submit(WriteOp{.key = StreamKey{.run_id = run_id},

@@ -47,7 +47,7 @@ class EngineTest : public ::testing::Test {
   }
 
   // `tune` changes the engine's options beyond this fixture's.
-  void Open(const std::string& path, size_t shards = 2,
+  void Open(const std::string& path, size_t threads = 2,
             const std::function<void(EngineOptions&)>& tune = {}) {
     Shut();
     auto store = Store::Open({.path = path});
@@ -59,7 +59,7 @@ class EngineTest : public ::testing::Test {
     EngineOptions options;
     options.silence_check_interval = std::chrono::milliseconds(0);
     options.max_active_runs = 3;
-    options.shards = shards;
+    options.threads = threads;
     if (tune) tune(options);
     auto engine = Engine::Create(options, store_.get(), metrics_.get(), &clock_);
     ASSERT_TRUE(engine.ok()) << engine.status();
@@ -169,7 +169,7 @@ TEST_F(EngineTest, QuantileGaugesFollowSmallBatchesOnceAFewPercentOfTheWindowIsN
 // A live trainer's small batch is processed before bulk batches queued
 // ahead of it on the shard, but never before its own stream's earlier ones.
 TEST_F(EngineTest, ASmallBatchSkipsOtherStreamsBacklogButNotItsOwn) {
-  Open(":memory:", /*shards=*/1);
+  Open(":memory:", /*threads=*/1);
   StreamHandle busy = OpenStream(Start("busy"));
   StreamHandle bulk = OpenStream(Start("bulk"));
   StreamHandle live = OpenStream(Start("live"));

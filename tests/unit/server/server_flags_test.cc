@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@ namespace {
 
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string ErrorOf(const std::vector<std::string>& args) {
   absl::StatusOr<ServerFlags> flags = ParseServerFlags(args);
@@ -225,15 +227,103 @@ TEST(ServerFlags, UsageListsEveryFlagOfTheTable) {
   }
   // The help text's column, and its continuation lines under it.
   EXPECT_THAT(usage, HasSubstr("\n  --db PATH                SQLite database "
-                               "(default ./trainwatch.db)\n"));
+                               "(default trainwatch.db)\n"));
   EXPECT_THAT(usage, HasSubstr("\n  --rank-retention-steps N keep those ranks' "
                                "records for the last N steps of\n"
                                "                           each (default 0: "
                                "as long as the run)\n"));
   EXPECT_THAT(usage, HasSubstr("\n  --run-idle-timeout SECONDS\n"
                                "                           a run with no "
-                               "step this long leaves the active runs\n"));
+                               "step this long leaves the active runs;\n"));
   EXPECT_THAT(usage, HasSubstr("\n  --help                   this text\n"));
+}
+
+// The options a command line leaves the server with: --closed-loop replaces
+// the config's closed_loop.mode, as main() applies it.
+ServerOptions Effective(const ServerFlags& flags) {
+  ServerOptions options = flags.options;
+  if (flags.closed_loop_mode.has_value()) {
+    options.engine.health.closed_loop.mode = *flags.closed_loop_mode;
+  }
+  return options;
+}
+
+// Every flag's printed default from `options`, by flag.
+std::map<std::string, std::string> PrintedDefaults(const ServerOptions& options) {
+  std::map<std::string, std::string> printed;
+  for (const ServerFlag& flag : ServerFlagTable()) {
+    if (flag.default_of != nullptr) printed[std::string(flag.name)] = flag.default_of(options);
+  }
+  return printed;
+}
+
+// --help prints each default from ServerOptions; no help text types one.
+TEST(ServerFlags, UsagePrintsTheDefaultsOfServerOptions) {
+  const std::string usage = ServerUsage();
+  for (const ServerFlag& flag : ServerFlagTable()) {
+    EXPECT_THAT(flag.help, Not(HasSubstr("(default"))) << flag.name;
+    EXPECT_THAT(flag.help, Not(HasSubstr("; default"))) << flag.name;
+    EXPECT_THAT(flag.default_note, Not(HasSubstr("default"))) << flag.name;
+    if (flag.default_of == nullptr) {
+      EXPECT_EQ(flag.default_note, "") << flag.name;
+      continue;
+    }
+    const std::string value = flag.default_of(ServerOptions{});
+    EXPECT_THAT(usage, HasSubstr(value.empty() ? "(default:" : "(default " + value)) << flag.name;
+  }
+  EXPECT_THAT(usage, HasSubstr("(default 127.0.0.1:50051; port 0 = any free port)\n"));
+  EXPECT_THAT(usage, HasSubstr("(default 3600)\n"));  // --run-idle-timeout, in seconds
+  EXPECT_THAT(usage, HasSubstr("(default 0: keep everything; at most 36525)\n"));
+  EXPECT_THAT(usage, HasSubstr("(default propose;\n"));
+  EXPECT_THAT(usage, HasSubstr("(default: the --db's directory;"));
+}
+
+// The printed default is what no flag gives, and given to its flag it
+// changes nothing: --help cannot disagree with ServerOptions.
+TEST(ServerFlags, EachPrintedDefaultIsWhatNoFlagGives) {
+  const std::map<std::string, std::string> defaults = PrintedDefaults(ServerOptions{});
+  EXPECT_GE(defaults.size(), 14u);
+  absl::StatusOr<ServerFlags> none = ParseServerFlags({});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(PrintedDefaults(Effective(*none)), defaults);
+  for (const auto& [name, value] : defaults) {
+    absl::StatusOr<ServerFlags> given = ParseServerFlags({name + "=" + value});
+    ASSERT_TRUE(given.ok()) << name << "=" << value << ": " << given.status();
+    EXPECT_EQ(PrintedDefaults(Effective(*given)), defaults) << name << "=" << value;
+  }
+}
+
+// Each flag's default is printed from the option the flag sets: a value
+// given prints back as given.
+TEST(ServerFlags, EachDefaultIsReadFromTheOptionItsFlagSets) {
+  const std::map<std::string, std::string> given = {
+      {"--listen", "0.0.0.0:1"},
+      {"--metrics-listen", ""},
+      {"--db", "x.db"},
+      {"--backup-dir", "/tmp/b"},
+      {"--synchronous", "FULL"},
+      {"--rank-records", "full"},
+      {"--rank-retention-steps", "5"},
+      {"--engine-threads", "3"},
+      {"--max-active-runs", "7"},
+      {"--run-idle-timeout", "2.5"},
+      {"--retention-days", "4"},
+      {"--closed-loop", "auto"},
+      {"--alertmanager-resend-interval", "0.05"},
+      {"--keepalive-time", "3"},
+      {"--keepalive-timeout", "0.001"},
+  };
+  const std::map<std::string, std::string> defaults = PrintedDefaults(ServerOptions{});
+  for (const auto& [name, default_value] : defaults) {
+    auto it = given.find(name);
+    ASSERT_NE(it, given.end()) << name << " has a default: give it a value here";
+    ASSERT_NE(it->second, default_value) << name;
+    absl::StatusOr<ServerFlags> flags = ParseServerFlags({name + "=" + it->second});
+    ASSERT_TRUE(flags.ok()) << name << ": " << flags.status();
+    std::map<std::string, std::string> expected = defaults;
+    expected[name] = it->second;
+    EXPECT_EQ(PrintedDefaults(Effective(*flags)), expected) << name;
+  }
 }
 
 }  // namespace
