@@ -130,32 +130,29 @@ class BaselineDeviation final : public Detector {
   class ChangedRecipe {
    public:
     explicit ChangedRecipe(double arl0_records)
-        : threshold_(GaussianCusumThreshold(
+        : cusum_(GaussianCusumThreshold(
               kChangedK, std::max(2.0, arl0_records * kChangedArlFraction /
                                            BandOptions{}.bin_steps))) {}
     void Add(const BandBin& bin) {
       if (!bin.lr_changed()) {
-        s_ = 0;
+        cusum_.Reset();
         above_ = 0;
         alarmed_ = false;
         return;
       }
-      if (s_ == 0) onset_ = bin.first_step;
-      s_ = std::max(0.0, s_ + bin.z - kChangedK);
+      const bool over = cusum_.Add(bin.first_step, bin.z - kChangedK);
       above_ = bin.z > kChangedK ? above_ + 1 : 0;
       // Past its threshold with the last kLevelBins bins above the band's
       // centre by k (a lone hard batch's bin is LossSpike's); then it holds
       // until the statistic is back at 0, as the band's CUSUM does.
-      if (s_ > threshold_ && above_ >= kLevelBins) alarmed_ = true;
-      if (s_ == 0) alarmed_ = false;
+      if (over && above_ >= kLevelBins) alarmed_ = true;
+      if (cusum_.statistic() == 0) alarmed_ = false;
     }
     bool worse() const { return alarmed_; }
-    uint64_t onset_step() const { return onset_; }
+    uint64_t onset_step() const { return cusum_.onset_step(); }
 
    private:
-    double threshold_;
-    double s_ = 0;
-    uint64_t onset_ = 0;
+    Cusum cusum_;
     uint32_t above_ = 0;
     bool alarmed_ = false;
   };
