@@ -34,6 +34,15 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
           "query }}{{ . | first | value | printf \"%.4g\" }}{{ else }}n/a{{ "
           "end }}."},
      AlertScope::kLead, {K::kLossDivergence, K::kLossSpike, K::kLossScaleCollapse, K::kNonFiniteUpdate}},
+    {K::kPostClipNormReported, "PostClipNormReported", v1::SEVERITY_WARNING,
+     "The reported norm is the post-clip norm (it never exceeds max_norm and "
+     "piles up at exactly max_norm), so clipping and spikes are invisible.",
+     "Report the value returned by clip_grad_norm_ (the pre-clip norm).",
+     "the logged norm is the post-clip one",
+     {"grad_norm", "clip_fraction"},
+     {.summary = "Run {{ $labels.run }} reports the post-clip norm",
+      .quote_label = "max_norm",
+      .quote = "trainwatch_clip_threshold{run=%q}"}},
     {K::kGradNormSpike, "GradNormSpike", v1::SEVERITY_INFO,
      "An isolated gradient spike: usually a bad or unusual batch, or an "
      "out-of-date Adam second moment meeting a large gradient. Clipping "
@@ -63,6 +72,88 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
       .quote_label = "window median norm",
       .quote = "trainwatch_grad_norm_window{run=%q,percentile=\\\"50\\\"}"},
      AlertScope::kLead, {K::kLossDivergence, K::kLossSpike, K::kLossScaleCollapse, K::kNonFiniteUpdate}},
+    {K::kLossSpike, "LossSpike", v1::SEVERITY_INFO,
+     "The loss jumped far above its recent level for a few steps: the PaLM / "
+     "BLOOM kind of loss spike (hard or bad batches meeting an out-of-date "
+     "Adam second moment, or an LR too high for this phase). Most recover "
+     "by themselves; one that does not becomes a LossDivergence.",
+     "Nothing while the loss comes back. Note the batches listed "
+     "(trainwatchctl spikes --run R); if spikes recur, lower the LR or "
+     "beta2 (0.95), add warmup or qk-layernorm.",
+     "the loss jumps far above its recent level for a few steps "
+     "(recorded with batch ids and restart plan)",
+     {"grad_norm", "loss"},
+     {.summary = "Loss spike on run {{ $labels.run }}",
+      .quote_label = "last loss",
+      .quote = "trainwatch_loss{run=%q}",
+      .details =
+          "Details (numbers, step range, batch ids, restart plan): "
+          "trainwatchctl alerts --run {{ $labels.run }} --active; "
+          "trainwatchctl spikes --run {{ $labels.run }}."},
+     AlertScope::kLead, {}, /*implicates_host=*/true},
+    {K::kSpikeHazard, "SpikeHazard", v1::SEVERITY_WARNING,
+     "A loss spike is likely within the next few steps: a layer's Adam second "
+     "moment is out of date for its gradient (RMS of g^2/v) or its update "
+     "jumped far above its own level, the precursor of loss spikes in "
+     "small-scale proxies and large runs.",
+     "Watch the next steps' loss; if it spikes, restart from the last "
+     "checkpoint and skip the batches (trainwatchctl spikes). If hazards "
+     "recur: lower beta2 (0.95), add warmup or lower the LR, add "
+     "qk-layernorm, or clip updates.",
+     "off by default (held-out precision 0.41, recall 0.24): a loss "
+     "spike likely within a few steps, update norms jumping in several "
+     "layers at once (layer stats every step)",
+     {},
+     {.summary = "Loss spike likely soon on run {{ $labels.run }}",
+      .quote_label = "loss",
+      .quote = "trainwatch_loss{run=%q}"}},
+    {K::kLossDivergence, "LossDivergence", v1::SEVERITY_CRITICAL,
+     "The loss left its level and did not come back: a spike whose loss "
+     "stayed up, or a slow rise to twice the run's best level (a learning "
+     "rate too high for this phase, an optimizer state gone bad, or bad "
+     "data); the steps since are wasted.",
+     "Restart from the last checkpoint before the onset (trainwatchctl plan "
+     "--run R), skip the spike's batches if it had any, and lower the LR "
+     "(or beta2); if it diverges again without those batches, the LR or the "
+     "optimizer state is the cause, not the data.",
+     "the loss did not come back: a spike that stayed up, or a rise to "
+     "2x its best level (named at 1.5x while it still climbs); restart "
+     "plan attached",
+     {"loss"},
+     {.summary = "Loss diverged on run {{ $labels.run }}",
+      .quote_label = "last loss",
+      .quote = "trainwatch_loss{run=%q}",
+      .details =
+          "Details (onset, level, restart plan): trainwatchctl alerts --run "
+          "{{ $labels.run }} --active; trainwatchctl plan --run {{ "
+          "$labels.run }}."},
+     // An MoE router gone wrong is the root of a loss that follows it; a
+     // spike under way, of one without.
+     AlertScope::kLead, {K::kMoeRouterCollapse, K::kMoeRouterZLossGrowth, K::kLossSpike},
+     /*implicates_host=*/false, /*has_restart_plan=*/true},
+    {K::kBaselineDeviation, "BaselineDeviation", v1::SEVERITY_WARNING,
+     "The run left the band of its reference runs (its previous attempt, or "
+     "runs of the same recipe) at the same tokens or step: something changed "
+     "between them, the data (a shard, the mixture, the order), the learning "
+     "rate or schedule, the batch size, or a kernel or library version.",
+     "Compare the run with its baselines (trainwatchctl compare --run R) from "
+     "the step it left the band, and diff the two runs' configs, data and "
+     "code there; if the change is meant, set new baselines (trainwatchctl "
+     "baseline set).",
+     "the loss left its reference runs' band at the same tokens or step, "
+     "for 2 bins of 20 steps, or at another LR than theirs sits 2 sds above "
+     "them (the grad norm, log Z and attention logit out too are named "
+     "with it)",
+     {"loss"},
+     {.summary = "Run {{ $labels.run }} left its baseline's band",
+      .quote_label = "last loss",
+      .quote = "trainwatch_loss{run=%q}",
+      .details = "Details (the baseline, the axis, the step it left the band): "
+                 "trainwatchctl alerts --run {{ $labels.run }} --active; trainwatchctl "
+                 "compare --run {{ $labels.run }}."},
+     // A spike or a divergence under way is the page; the deviation is its
+     // consequence at the same steps.
+     AlertScope::kLead, {K::kLossDivergence, K::kLossSpike}},
     {K::kLossScaleCollapse, "LossScaleCollapse", v1::SEVERITY_CRITICAL,
      "The fp16 loss scale falls step after step: gradients overflow on every "
      "step, which usually means the run is diverging.",
@@ -95,6 +186,24 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
       .quote_label = "loss scale",
       .quote = "trainwatch_loss_scale{run=%q}"},
      AlertScope::kLead, {}, /*implicates_host=*/false, /*has_restart_plan=*/true},
+    {K::kClipBeforeUnscale, "ClipBeforeUnscale", v1::SEVERITY_CRITICAL,
+     "Clipping runs on the scaled fp16 gradients: the norm tracks the loss "
+     "scale and every step is clipped, so the effective learning rate is tiny.",
+     "Call scaler.unscale_(optimizer) before clip_grad_norm_.",
+     "clipping scaled gradients: call `scaler.unscale_` first",
+     {"grad_norm", "clip_fraction", "loss_scale"},
+     {.summary = "Clipping before unscale on run {{ $labels.run }}",
+      .quote_label = "loss scale",
+      .quote = "trainwatch_loss_scale{run=%q}"}},
+    {K::kFp16WithoutScaler, "Fp16WithoutScaler", v1::SEVERITY_WARNING,
+     "An fp16 run without dynamic loss scaling: small gradients flush to "
+     "zero and large ones overflow.",
+     "Use torch.cuda.amp.GradScaler (or bf16), and report its scale.",
+     "fp16 without a loss scaler",
+     {"loss_scale"},
+     {.summary = "FP16 without a loss scaler on run {{ $labels.run }}",
+      .quote_label = "loss scale",
+      .quote = "trainwatch_loss_scale{run=%q}"}},
     {K::kNonFiniteUpdate, "NonFiniteUpdate", v1::SEVERITY_CRITICAL,
      "A NaN or Inf gradient norm or loss on a step that was applied: the "
      "weights may now be corrupted.",
@@ -107,168 +216,6 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
       .quote = "trainwatch_nonfinite_steps_total{run=%q}"},
      AlertScope::kLead, {K::kLossScaleCollapse}, /*implicates_host=*/true,
      /*has_restart_plan=*/true},
-    {K::kClipBeforeUnscale, "ClipBeforeUnscale", v1::SEVERITY_CRITICAL,
-     "Clipping runs on the scaled fp16 gradients: the norm tracks the loss "
-     "scale and every step is clipped, so the effective learning rate is tiny.",
-     "Call scaler.unscale_(optimizer) before clip_grad_norm_.",
-     "clipping scaled gradients: call `scaler.unscale_` first",
-     {"grad_norm", "clip_fraction", "loss_scale"},
-     {.summary = "Clipping before unscale on run {{ $labels.run }}",
-      .quote_label = "loss scale",
-      .quote = "trainwatch_loss_scale{run=%q}"}},
-    {K::kPostClipNormReported, "PostClipNormReported", v1::SEVERITY_WARNING,
-     "The reported norm is the post-clip norm (it never exceeds max_norm and "
-     "piles up at exactly max_norm), so clipping and spikes are invisible.",
-     "Report the value returned by clip_grad_norm_ (the pre-clip norm).",
-     "the logged norm is the post-clip one",
-     {"grad_norm", "clip_fraction"},
-     {.summary = "Run {{ $labels.run }} reports the post-clip norm",
-      .quote_label = "max_norm",
-      .quote = "trainwatch_clip_threshold{run=%q}"}},
-    {K::kAttentionLogitGrowth, "AttentionLogitGrowth", v1::SEVERITY_WARNING,
-     "Attention logits are growing (query/key norms blow up), a known path to "
-     "loss spikes and divergence in large models.",
-     "Add qk-layernorm or logit soft-capping (QK-clip), or lower the learning "
-     "rate.",
-     "max attention logits growing toward the cap",
-     {"max_attn_logit"},
-     {.summary = "Attention logits growing on run {{ $labels.run }}",
-      .quote_label = "max attention logit",
-      .quote = "trainwatch_max_attention_logit{run=%q}"}},
-    {K::kLogZDrift, "LogZDrift", v1::SEVERITY_WARNING,
-     "The output softmax normalizer log Z is drifting: output logits grow or "
-     "shrink without bound.",
-     "Add a z-loss (e.g. 1e-4 * log Z^2) and check weight decay on the output "
-     "layer.",
-     "the softmax normaliser drifting away from 0: z-loss, weight decay",
-     {"log_z"},
-     {.summary = "Output log Z drifting on run {{ $labels.run }}",
-      .quote_label = "log Z",
-      .quote = "trainwatch_log_z{run=%q}"}},
-    {K::kRankNormMismatch, "RankNormMismatch", v1::SEVERITY_CRITICAL,
-     "Ranks report different gradient norms or clip coefficients for one "
-     "step: clipping uses each shard's local norm (per-shard clipping).",
-     "Compute the norm over all ranks before clipping (clip_grad_norm_ on the "
-     "FSDP/DDP module, or all-reduce the squared norm).",
-     "ranks disagree on the norm: per-shard clipping",
-     {},
-     {.summary = "Ranks disagree on the gradient norm of run {{ $labels.run }}"},
-     AlertScope::kAcrossRanks},
-    {K::kShardNormMismatch, "ShardNormMismatch", v1::SEVERITY_CRITICAL,
-     "The shards' squared sums do not add up to the reported norm: squares "
-     "not reduced across a group, or replicated parameters counted more than "
-     "once.",
-     "Reduce squared norms over the right process groups and count "
-     "replicated (tensor-parallel-duplicated) parameters once.",
-     "shard norms do not add up to the global norm",
-     {},
-     {.summary = "Shard norms do not add up on run {{ $labels.run }}"},
-     AlertScope::kAcrossRanks},
-    {K::kFp16WithoutScaler, "Fp16WithoutScaler", v1::SEVERITY_WARNING,
-     "An fp16 run without dynamic loss scaling: small gradients flush to "
-     "zero and large ones overflow.",
-     "Use torch.cuda.amp.GradScaler (or bf16), and report its scale.",
-     "fp16 without a loss scaler",
-     {"loss_scale"},
-     {.summary = "FP16 without a loss scaler on run {{ $labels.run }}",
-      .quote_label = "loss scale",
-      .quote = "trainwatch_loss_scale{run=%q}"}},
-    {K::kAdamStaleSecondMoment, "AdamStaleSecondMoment", v1::SEVERITY_WARNING,
-     "A layer's g/sqrt(v) is far above 1: its Adam second moment is out of "
-     "date, and a loss spike tends to follow within a few steps.",
-     "Lower beta2 (e.g. 0.95), or clip the update (update clipping).",
-     "a layer's g/sqrt(v) jumps: out-of-date second moment",
-     {},
-     {.summary = "Stale Adam second moment on run {{ $labels.run }}"},
-     AlertScope::kLead, {K::kLossSpike, K::kGradNormSpike, K::kLossDivergence}},
-    {K::kLayerUpdateStall, "LayerUpdateStall", v1::SEVERITY_WARNING,
-     "Updates vanish: a layer's gradient RMS is near Adam's eps, or the "
-     "whole model's updates collapsed far below where they started (an LR "
-     "schedule gone to ~0 mid-run, gradients that died); the description "
-     "says which.",
-     "Near eps: use a smaller eps (e.g. 1e-15 for large models). Collapsed "
-     "with the LR: check the schedule's length, decay and min_lr against the "
-     "run's steps. Collapsed without it: look for frozen or dead layers and a "
-     "loss that stopped moving.",
-     "a layer's gradient RMS near Adam's eps, or the model's updates "
-     "collapsed 100x (an LR schedule gone to ~0 mid-run)",
-     {},
-     {.summary = "A layer's updates vanish on run {{ $labels.run }}"}},
-    {K::kLossSpike, "LossSpike", v1::SEVERITY_INFO,
-     "The loss jumped far above its recent level for a few steps: the PaLM / "
-     "BLOOM kind of loss spike (hard or bad batches meeting an out-of-date "
-     "Adam second moment, or an LR too high for this phase). Most recover "
-     "by themselves; one that does not becomes a LossDivergence.",
-     "Nothing while the loss comes back. Note the batches listed "
-     "(trainwatchctl spikes --run R); if spikes recur, lower the LR or "
-     "beta2 (0.95), add warmup or qk-layernorm.",
-     "the loss jumps far above its recent level for a few steps "
-     "(recorded with batch ids and restart plan)",
-     {"grad_norm", "loss"},
-     {.summary = "Loss spike on run {{ $labels.run }}",
-      .quote_label = "last loss",
-      .quote = "trainwatch_loss{run=%q}",
-      .details =
-          "Details (numbers, step range, batch ids, restart plan): "
-          "trainwatchctl alerts --run {{ $labels.run }} --active; "
-          "trainwatchctl spikes --run {{ $labels.run }}."},
-     AlertScope::kLead, {}, /*implicates_host=*/true},
-    {K::kRunSilent, "RunSilent", v1::SEVERITY_WARNING,
-     "No step arrived for a while from a run that has not finished: the job "
-     "hung, crashed, or lost its connection to trainwatch.",
-     "Check the job's processes and logs; if it crashed, restart from the "
-     "last checkpoint.",
-     "no step for 300 s from a run that has not finished",
-     {},
-     {.kind = AlertRuleKind::kCustom},
-     AlertScope::kClock},
-    {K::kRankStraggler, "RankStraggler", v1::SEVERITY_WARNING,
-     "One rank's steps take longer than the others' and every rank waits for "
-     "it: a throttled or failing GPU, a slow host (CPU contention, a noisy "
-     "neighbour), a degraded network link, or an uneven data shard.",
-     "Look at the named host (nvidia-smi clocks and temperature, dmesg, "
-     "DCGM diagnostics); drain it and restart the run without it if it stays "
-     "slow.",
-     "one rank's step time stays >= 20% above the median rank's: names "
-     "rank and host",
-     {},
-     {.summary = "A slow rank holds back run {{ $labels.run }}",
-      .quote_label = "share of step time lost to the slowest rank",
-      .quote = "trainwatch_straggler_lost_fraction{run=%q}",
-      .format = "printf \"%.3g\"",
-      .details =
-          "Rank and host: trainwatchctl alerts --run {{ $labels.run }} "
-          "--active; per-rank step times: trainwatchctl health --run {{ "
-          "$labels.run }}."},
-     AlertScope::kAcrossRanks, {K::kMoeExpertParallelImbalance},
-     /*implicates_host=*/true},
-    {K::kInputPipelineStall, "InputPipelineStall", v1::SEVERITY_WARNING,
-     "The training loop waits for its input pipeline: too few loader "
-     "workers, slow storage or network reads, heavy preprocessing on the "
-     "critical path.",
-     "Add DataLoader workers and prefetching (prefetch_factor, "
-     "pin_memory), cache or pre-tokenize the data, move preprocessing off "
-     "the training process.",
-     "the lead rank waits for input >= 20% of its step time, sustained",
-     {},
-     {.summary = "Input pipeline stalls run {{ $labels.run }}",
-      .quote_label = "share of step time waiting for data",
-      .quote = "trainwatch_data_wait_fraction{run=%q}",
-      .format = "printf \"%.3g\"",
-      .details =
-          "Details: trainwatchctl alerts --run {{ $labels.run }} --active."}},
-    {K::kHostSuspect, "HostSuspect", v1::SEVERITY_WARNING,
-     "A lemon machine: a GPU with failing memory or silent data corruption, "
-     "a throttled or mis-seated card, a bad NIC: different runs fail on it in "
-     "the same ways.",
-     "Drain the host from the scheduler, run the vendor diagnostics (DCGM "
-     "level 3, memory tests), and restart the affected runs elsewhere from "
-     "their last checkpoints.",
-     "one host named by failures of >= 2 runs within 24 h: a lemon "
-     "machine",
-     {},
-     {.kind = AlertRuleKind::kCustom},
-     AlertScope::kServer},
     {K::kFp8Overflow, "Fp8Overflow", v1::SEVERITY_WARNING,
      "FP8 values saturate at the format's max: the tensor's scale lags its "
      "amax (a delayed-scaling history too long for how fast the amax grows, "
@@ -334,46 +281,122 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "outliers outgrowing the bulk",
      {"fp8_scaled"},
      {.summary = "FP8 amax growing on run {{ $labels.run }}"}},
-    {K::kSpikeHazard, "SpikeHazard", v1::SEVERITY_WARNING,
-     "A loss spike is likely within the next few steps: a layer's Adam second "
-     "moment is out of date for its gradient (RMS of g^2/v) or its update "
-     "jumped far above its own level, the precursor of loss spikes in "
-     "small-scale proxies and large runs.",
-     "Watch the next steps' loss; if it spikes, restart from the last "
-     "checkpoint and skip the batches (trainwatchctl spikes). If hazards "
-     "recur: lower beta2 (0.95), add warmup or lower the LR, add "
-     "qk-layernorm, or clip updates.",
-     "off by default (held-out precision 0.41, recall 0.24): a loss "
-     "spike likely within a few steps, update norms jumping in several "
-     "layers at once (layer stats every step)",
+    {K::kAttentionLogitGrowth, "AttentionLogitGrowth", v1::SEVERITY_WARNING,
+     "Attention logits are growing (query/key norms blow up), a known path to "
+     "loss spikes and divergence in large models.",
+     "Add qk-layernorm or logit soft-capping (QK-clip), or lower the learning "
+     "rate.",
+     "max attention logits growing toward the cap",
+     {"max_attn_logit"},
+     {.summary = "Attention logits growing on run {{ $labels.run }}",
+      .quote_label = "max attention logit",
+      .quote = "trainwatch_max_attention_logit{run=%q}"}},
+    {K::kLogZDrift, "LogZDrift", v1::SEVERITY_WARNING,
+     "The output softmax normalizer log Z is drifting: output logits grow or "
+     "shrink without bound.",
+     "Add a z-loss (e.g. 1e-4 * log Z^2) and check weight decay on the output "
+     "layer.",
+     "the softmax normaliser drifting away from 0: z-loss, weight decay",
+     {"log_z"},
+     {.summary = "Output log Z drifting on run {{ $labels.run }}",
+      .quote_label = "log Z",
+      .quote = "trainwatch_log_z{run=%q}"}},
+    {K::kAdamStaleSecondMoment, "AdamStaleSecondMoment", v1::SEVERITY_WARNING,
+     "A layer's g/sqrt(v) is far above 1: its Adam second moment is out of "
+     "date, and a loss spike tends to follow within a few steps.",
+     "Lower beta2 (e.g. 0.95), or clip the update (update clipping).",
+     "a layer's g/sqrt(v) jumps: out-of-date second moment",
      {},
-     {.summary = "Loss spike likely soon on run {{ $labels.run }}",
-      .quote_label = "loss",
-      .quote = "trainwatch_loss{run=%q}"}},
-    {K::kLossDivergence, "LossDivergence", v1::SEVERITY_CRITICAL,
-     "The loss left its level and did not come back: a spike whose loss "
-     "stayed up, or a slow rise to twice the run's best level (a learning "
-     "rate too high for this phase, an optimizer state gone bad, or bad "
-     "data); the steps since are wasted.",
-     "Restart from the last checkpoint before the onset (trainwatchctl plan "
-     "--run R), skip the spike's batches if it had any, and lower the LR "
-     "(or beta2); if it diverges again without those batches, the LR or the "
-     "optimizer state is the cause, not the data.",
-     "the loss did not come back: a spike that stayed up, or a rise to "
-     "2x its best level (named at 1.5x while it still climbs); restart "
-     "plan attached",
-     {"loss"},
-     {.summary = "Loss diverged on run {{ $labels.run }}",
-      .quote_label = "last loss",
-      .quote = "trainwatch_loss{run=%q}",
+     {.summary = "Stale Adam second moment on run {{ $labels.run }}"},
+     AlertScope::kLead, {K::kLossSpike, K::kGradNormSpike, K::kLossDivergence}},
+    {K::kLayerUpdateStall, "LayerUpdateStall", v1::SEVERITY_WARNING,
+     "Updates vanish: a layer's gradient RMS is near Adam's eps, or the "
+     "whole model's updates collapsed far below where they started (an LR "
+     "schedule gone to ~0 mid-run, gradients that died); the description "
+     "says which.",
+     "Near eps: use a smaller eps (e.g. 1e-15 for large models). Collapsed "
+     "with the LR: check the schedule's length, decay and min_lr against the "
+     "run's steps. Collapsed without it: look for frozen or dead layers and a "
+     "loss that stopped moving.",
+     "a layer's gradient RMS near Adam's eps, or the model's updates "
+     "collapsed 100x (an LR schedule gone to ~0 mid-run)",
+     {},
+     {.summary = "A layer's updates vanish on run {{ $labels.run }}"}},
+    {K::kRankNormMismatch, "RankNormMismatch", v1::SEVERITY_CRITICAL,
+     "Ranks report different gradient norms or clip coefficients for one "
+     "step: clipping uses each shard's local norm (per-shard clipping).",
+     "Compute the norm over all ranks before clipping (clip_grad_norm_ on the "
+     "FSDP/DDP module, or all-reduce the squared norm).",
+     "ranks disagree on the norm: per-shard clipping",
+     {},
+     {.summary = "Ranks disagree on the gradient norm of run {{ $labels.run }}"},
+     AlertScope::kAcrossRanks},
+    {K::kShardNormMismatch, "ShardNormMismatch", v1::SEVERITY_CRITICAL,
+     "The shards' squared sums do not add up to the reported norm: squares "
+     "not reduced across a group, or replicated parameters counted more than "
+     "once.",
+     "Reduce squared norms over the right process groups and count "
+     "replicated (tensor-parallel-duplicated) parameters once.",
+     "shard norms do not add up to the global norm",
+     {},
+     {.summary = "Shard norms do not add up on run {{ $labels.run }}"},
+     AlertScope::kAcrossRanks},
+    {K::kRunSilent, "RunSilent", v1::SEVERITY_WARNING,
+     "No step arrived for a while from a run that has not finished: the job "
+     "hung, crashed, or lost its connection to trainwatch.",
+     "Check the job's processes and logs; if it crashed, restart from the "
+     "last checkpoint.",
+     "no step for 300 s from a run that has not finished",
+     {},
+     {.kind = AlertRuleKind::kCustom},
+     AlertScope::kClock},
+    {K::kRankStraggler, "RankStraggler", v1::SEVERITY_WARNING,
+     "One rank's steps take longer than the others' and every rank waits for "
+     "it: a throttled or failing GPU, a slow host (CPU contention, a noisy "
+     "neighbour), a degraded network link, or an uneven data shard.",
+     "Look at the named host (nvidia-smi clocks and temperature, dmesg, "
+     "DCGM diagnostics); drain it and restart the run without it if it stays "
+     "slow.",
+     "one rank's step time stays >= 20% above the median rank's: names "
+     "rank and host",
+     {},
+     {.summary = "A slow rank holds back run {{ $labels.run }}",
+      .quote_label = "share of step time lost to the slowest rank",
+      .quote = "trainwatch_straggler_lost_fraction{run=%q}",
+      .format = "printf \"%.3g\"",
       .details =
-          "Details (onset, level, restart plan): trainwatchctl alerts --run "
-          "{{ $labels.run }} --active; trainwatchctl plan --run {{ "
+          "Rank and host: trainwatchctl alerts --run {{ $labels.run }} "
+          "--active; per-rank step times: trainwatchctl health --run {{ "
           "$labels.run }}."},
-     // An MoE router gone wrong is the root of a loss that follows it; a
-     // spike under way, of one without.
-     AlertScope::kLead, {K::kMoeRouterCollapse, K::kMoeRouterZLossGrowth, K::kLossSpike},
-     /*implicates_host=*/false, /*has_restart_plan=*/true},
+     AlertScope::kAcrossRanks, {K::kMoeExpertParallelImbalance},
+     /*implicates_host=*/true},
+    {K::kInputPipelineStall, "InputPipelineStall", v1::SEVERITY_WARNING,
+     "The training loop waits for its input pipeline: too few loader "
+     "workers, slow storage or network reads, heavy preprocessing on the "
+     "critical path.",
+     "Add DataLoader workers and prefetching (prefetch_factor, "
+     "pin_memory), cache or pre-tokenize the data, move preprocessing off "
+     "the training process.",
+     "the lead rank waits for input >= 20% of its step time, sustained",
+     {},
+     {.summary = "Input pipeline stalls run {{ $labels.run }}",
+      .quote_label = "share of step time waiting for data",
+      .quote = "trainwatch_data_wait_fraction{run=%q}",
+      .format = "printf \"%.3g\"",
+      .details =
+          "Details: trainwatchctl alerts --run {{ $labels.run }} --active."}},
+    {K::kHostSuspect, "HostSuspect", v1::SEVERITY_WARNING,
+     "A lemon machine: a GPU with failing memory or silent data corruption, "
+     "a throttled or mis-seated card, a bad NIC: different runs fail on it in "
+     "the same ways.",
+     "Drain the host from the scheduler, run the vendor diagnostics (DCGM "
+     "level 3, memory tests), and restart the affected runs elsewhere from "
+     "their last checkpoints.",
+     "one host named by failures of >= 2 runs within 24 h: a lemon "
+     "machine",
+     {},
+     {.kind = AlertRuleKind::kCustom},
+     AlertScope::kServer},
     {K::kMoeRouterCollapse, "MoeRouterCollapse", v1::SEVERITY_CRITICAL,
      "An MoE layer's router sends (almost) every token to the same few "
      "experts: the rest stop learning and the layer is a dense one of their "
@@ -489,29 +512,6 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
       .details = "Details (the rollbacks, the proposed stop): trainwatchctl directives "
                  "--run {{ $labels.run }}."},
      AlertScope::kServer},
-    {K::kBaselineDeviation, "BaselineDeviation", v1::SEVERITY_WARNING,
-     "The run left the band of its reference runs (its previous attempt, or "
-     "runs of the same recipe) at the same tokens or step: something changed "
-     "between them, the data (a shard, the mixture, the order), the learning "
-     "rate or schedule, the batch size, or a kernel or library version.",
-     "Compare the run with its baselines (trainwatchctl compare --run R) from "
-     "the step it left the band, and diff the two runs' configs, data and "
-     "code there; if the change is meant, set new baselines (trainwatchctl "
-     "baseline set).",
-     "the loss left its reference runs' band at the same tokens or step, "
-     "for 2 bins of 20 steps, or at another LR than theirs sits 2 sds above "
-     "them (the grad norm, log Z and attention logit out too are named "
-     "with it)",
-     {"loss"},
-     {.summary = "Run {{ $labels.run }} left its baseline's band",
-      .quote_label = "last loss",
-      .quote = "trainwatch_loss{run=%q}",
-      .details = "Details (the baseline, the axis, the step it left the band): "
-                 "trainwatchctl alerts --run {{ $labels.run }} --active; trainwatchctl "
-                 "compare --run {{ $labels.run }}."},
-     // A spike or a divergence under way is the page; the deviation is its
-     // consequence at the same steps.
-     AlertScope::kLead, {K::kLossDivergence, K::kLossSpike}},
 }};
 
 // The table is in the enum's order, so that Spec() is an index.

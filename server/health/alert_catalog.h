@@ -21,40 +21,49 @@
 namespace trainwatch {
 
 enum class AlertKind {
+  // Gradients and clipping: the norm's level, spikes and the clip
+  // (detectors/clipping.cc, grad_norm.cc).
   kClipFractionHigh,
+  kPostClipNormReported,
   kGradNormSpike,
   kGradNormDrift,
+  // The loss: spikes, their early warning, divergence, and the run against its
+  // reference runs (detectors/loss.cc, hazard.cc, baseline.cc).
+  kLossSpike,
+  kSpikeHazard,
+  kLossDivergence,
+  kBaselineDeviation,
+  // fp16 loss scaling, the clip before unscaling, and non-finite updates
+  // (detectors/fp16.cc, nonfinite.cc).
   kLossScaleCollapse,
   kSkipRateHigh,
   kScalerStuck,
-  kNonFiniteUpdate,
   kClipBeforeUnscale,
-  kPostClipNormReported,
-  kAttentionLogitGrowth,
-  kLogZDrift,
-  kRankNormMismatch,
-  kShardNormMismatch,
   kFp16WithoutScaler,
-  kAdamStaleSecondMoment,
-  kLayerUpdateStall,
-  kLossSpike,
-  kRunSilent,
-  kRankStraggler,
-  kInputPipelineStall,
-  // Server-wide (HostSuspectDetector, over every run's alerts); raised on the
-  // run whose alert made its host suspect.
-  kHostSuspect,
+  kNonFiniteUpdate,
   // FP8 per-tensor scaling (detectors/fp8.cc).
   kFp8Overflow,
   kFp8Underflow,
   kFp8ScaleMismatch,
   kFp8AmaxDesync,
   kFp8AmaxGrowth,
-  // The loss-spike early warning (detectors/hazard.cc).
-  kSpikeHazard,
-  // The loss did not come back (detectors/loss.cc).
-  kLossDivergence,
-  // Mixture-of-experts routing (detectors/moe.cc).
+  // Output logits (detectors/logits.cc).
+  kAttentionLogitGrowth,
+  kLogZDrift,
+  // The optimizer's state per layer (detectors/layers.cc).
+  kAdamStaleSecondMoment,
+  kLayerUpdateStall,
+  // Across ranks and shards: the same step's norms (detectors/ranks.cc).
+  kRankNormMismatch,
+  kShardNormMismatch,
+  // Time: a silent run, stragglers, input stalls, and (server-wide, over every
+  // run's alerts; raised on the run whose alert made its host suspect) suspect
+  // hosts (detectors/timing.cc, host_suspect.cc).
+  kRunSilent,
+  kRankStraggler,
+  kInputPipelineStall,
+  kHostSuspect,
+  // Mixture-of-experts routing (detectors/moe.cc, moe_router.cc).
   kMoeRouterCollapse,
   kMoeDeadExpert,
   kMoeImbalanceHigh,
@@ -63,11 +72,9 @@ enum class AlertKind {
   kMoeExpertBiasDrift,
   kMoeTokensDropped,
   kMoeExpertParallelImbalance,
-  // The closed loop's ladder ran out (server/closedloop): raised by the
-  // run's router when the policy proposes its Stop.
+  // The closed loop's ladder ran out (server/closedloop): raised by the run's
+  // router when the policy proposes its Stop.
   kClosedLoopExhausted,
-  // The run left its reference runs' band (detectors/baseline.cc).
-  kBaselineDeviation,
   // Not an alert: the count of those above.
   kCount,
 };
