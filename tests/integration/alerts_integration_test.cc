@@ -4,12 +4,12 @@
 #include <cmath>
 #include <fstream>
 #include <random>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "eventually.h"
 #include "harness.h"
 
 namespace trainwatch::testing {
@@ -140,11 +140,11 @@ TEST(AlertsIntegration, AFinishedRunLeavesMetricsAfterItsRetentionWithItsAlertsR
   }
   EXPECT_EQ(MetricValue(metrics, "trainwatch_runs_active"), 0);
 
-  // The server checks once a second; give it ample time.
-  for (int i = 0; i < 100 && !std::isnan(MetricValue(metrics, "trainwatch_steps_total{run=\"done\"}")); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // The server checks once a second.
+  EXPECT_TRUE(Eventually([&] {
     metrics = HttpGet(server.metrics_url());
-  }
+    return std::isnan(MetricValue(metrics, "trainwatch_steps_total{run=\"done\"}"));
+  }, std::chrono::seconds(120), std::chrono::milliseconds(100)));
   ASSERT_FALSE(metrics.empty());
   EXPECT_THAT(metrics, ::testing::Not(HasSubstr("run=\"done\""))) << "a forgotten run's series stay";
 

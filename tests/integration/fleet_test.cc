@@ -35,6 +35,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "eventually.h"
 #include "harness.h"
 #include "stored_data.h"
 #include "trainwatch/channel.h"
@@ -77,12 +78,7 @@ bool Accepts(int port) {
 
 template <typename F>
 bool Poll(F ready, std::chrono::seconds timeout = std::chrono::seconds(30)) {
-  const auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    if (ready()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
+  return Eventually(ready, timeout, std::chrono::milliseconds(20));
 }
 
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "eventually.h"
 #include "harness.h"
 #include "raw_stream.h"
 #include "store/ranks/rank_digest.h"
@@ -240,10 +241,8 @@ TEST(IngestIntegration, ClientResendsAcrossAServerKillAndEachStepIsStoredOnce) {
     if (i % 500 == 499) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     if (i == 10000) {
       // Kill it mid-stream, once some of the stream is acknowledged.
-      for (int w = 0; w < 500 && (*client)->Stats().acked < 5000; ++w) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      ASSERT_GE((*client)->Stats().acked, 5000u);
+      ASSERT_TRUE(Eventually([&] { return (*client)->Stats().acked >= 5000; }))
+          << (*client)->Stats().acked;
       server->Kill();
     }
     if (i == 15000) {

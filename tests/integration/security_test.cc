@@ -20,6 +20,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "eventually.h"
 #include "harness.h"
 #include "server.h"
 #include "trainwatch/client.h"
@@ -370,14 +371,13 @@ TEST_F(SecurityTest, ARunsQuotaBoundsATokensActiveRunsUntilTheyGoIdle) {
   r = Ctl(server, admin, {"replay", WriteLog("team-b/x", 2)});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   // Idle for 8 s, team A's runs leave the active set: r6 gets in.
-  bool admitted = false;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(40);
-  while (!admitted && std::chrono::steady_clock::now() < give_up) {
-    admitted =
-        Ctl(server, team_a_briefly, {"replay", WriteLog("team-a/r6", 2)}).exit_code == 0;
-    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  }
-  EXPECT_TRUE(admitted) << "team A's idle runs still count against its quota";
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return Ctl(server, team_a_briefly, {"replay", WriteLog("team-a/r6", 2)})
+                   .exit_code == 0;
+      },
+      std::chrono::seconds(40), std::chrono::milliseconds(500)))
+      << "team A's idle runs still count against its quota";
   EXPECT_EQ(StoredSteps(server, admin, "team-a/r6"), 2u);
 }
 
@@ -439,15 +439,13 @@ TEST_F(SecurityTest, ClientSurfacesARefusalWithoutBlocking) {
     for (uint64_t i = 0; i < 1000; ++i) {
       (*client)->Record({.step = i, .grad_norm = 0.5});
     }
-    // Poll until refused, then let it retry a few more times.
-    for (int i = 0; i < 1000 && (*client)->Refusal().ok(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    // Until refused, then a few more retries.
+    EXPECT_TRUE(Eventually([&] { return !(*client)->Refusal().ok(); }))
+        << "the client was never refused";
     const uint64_t reconnects = (*client)->Stats().reconnects;
-    for (int i = 0; i < 1000 && (*client)->Stats().reconnects < reconnects + 3;
-         ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    EXPECT_TRUE(Eventually(
+        [&] { return (*client)->Stats().reconnects >= reconnects + 3; }))
+        << "the client stopped retrying: " << (*client)->Stats().reconnects;
     refusal = (*client)->Refusal();
     absl::Status flushed = (*client)->Flush(std::chrono::seconds(60));
     EXPECT_EQ(flushed.code(), absl::StatusCode::kPermissionDenied) << flushed;

@@ -4,11 +4,10 @@ replay of step logs and the Python client, checked with trainwatchctl and
 
 import json
 import re
-import time
 import urllib.request
 
 import trainwatch
-from conftest import Server
+from conftest import Server, eventually
 
 SEC = 10**9
 T0 = 1_767_225_600 * SEC
@@ -21,13 +20,10 @@ def write_log(path, start, steps):
             f.write(json.dumps(s) + "\n")
 
 
-def settled(fn, ok, timeout=10):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if ok(v) or time.monotonic() > deadline:
-            return v
-        time.sleep(0.2)
+def alerts_once(fn, ok, what):
+    """fn()'s alerts once ok(them) holds: they are raised as the records
+    arrive, before the ack, and stored just after (eventually())."""
+    return eventually(lambda: (lambda a: a if ok(a) else None)(fn()), what=what)
 
 
 def metrics(server):
@@ -82,8 +78,9 @@ def test_straggler_named_with_its_host_and_no_per_rank_series(server):
             tw.record(step, 0.5, step_time_s=t, data_wait_s=0.01 * t)
     for tw in clients:
         tw.close(timeout=20)
-    alerts = settled(lambda: server.ctl_json("alerts", "--run", run),
-                     lambda a: any(x["alertname"] == "RankStraggler" for x in a))
+    alerts = alerts_once(lambda: server.ctl_json("alerts", "--run", run),
+                         lambda a: any(x["alertname"] == "RankStraggler" for x in a),
+                         "a RankStraggler alert")
     stragglers = [a for a in alerts if a["alertname"] == "RankStraggler"]
     assert len(stragglers) == 1, alerts
     a = stragglers[0]
@@ -115,8 +112,8 @@ def test_host_suspect_from_two_runs_remembered_across_a_restart(tmp_path):
     server = Server(tmp_path)
     try:
         nonfinite_run(server, tmp_path, "lemon/run-a", "gpu-node-13")
-        alerts = settled(lambda: server.ctl_json("alerts", "--run", "lemon/run-a"),
-                         lambda a: len(a) > 0)
+        alerts = alerts_once(lambda: server.ctl_json("alerts", "--run", "lemon/run-a"),
+                             lambda a: len(a) > 0, "run-a's alert")
         assert [(a["alertname"], a["host"]) for a in alerts] == [
             ("NonFiniteUpdate", "gpu-node-13")], alerts
         assert ('trainwatch_host_incidents_total{alertname="NonFiniteUpdate",'
@@ -128,8 +125,9 @@ def test_host_suspect_from_two_runs_remembered_across_a_restart(tmp_path):
     try:
         nonfinite_run(server, tmp_path, "lemon/run-b", "gpu-node-13")
         nonfinite_run(server, tmp_path, "lemon/run-c", "gpu-node-99")
-        alerts = settled(lambda: server.ctl_json("alerts"),
-                         lambda a: any(x["alertname"] == "HostSuspect" for x in a))
+        alerts = alerts_once(lambda: server.ctl_json("alerts"),
+                             lambda a: any(x["alertname"] == "HostSuspect" for x in a),
+                             "a HostSuspect alert")
         suspects = [a for a in alerts if a["alertname"] == "HostSuspect"]
         assert len(suspects) == 1, alerts
         s = suspects[0]

@@ -5,9 +5,8 @@ naming that batch's ids."""
 import re
 import subprocess
 import sys
-import time
 
-from conftest import REPO
+from conftest import REPO, eventually
 
 EXAMPLE = REPO / "client" / "examples" / "train_tiny_lm.py"
 
@@ -26,13 +25,13 @@ def test_corrupted_batch_raises_grad_norm_spike_with_its_batch_ids(server):
     corrupted = [int(x) for x in m.group(1).split(",")]
     assert "acked 170, dropped 0" in r.stdout, r.stdout
 
-    deadline = time.monotonic() + 10
-    while True:  # alerts are evaluated as records arrive; allow for commit lag
+    def spike_alerts():
         alerts = server.ctl_json("alerts", "--run", run)
-        spikes = [a for a in alerts if a["alertname"] == "GradNormSpike"]
-        if spikes or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+        return alerts if any(a["alertname"] == "GradNormSpike" for a in alerts) else None
+
+    # Alerts are evaluated as records arrive; allow for commit lag.
+    alerts = eventually(spike_alerts, what="a GradNormSpike alert")
+    spikes = [a for a in alerts if a["alertname"] == "GradNormSpike"]
     assert len(spikes) == 1, alerts
     assert spikes[0]["started_step"] == 150
     assert spikes[0]["batch_ids"] == corrupted

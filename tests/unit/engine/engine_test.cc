@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/shard.h"
+#include "eventually.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_records.h"
@@ -384,12 +385,11 @@ TEST_F(EngineTest, AFinishedRunIsForgottenAfterItsRetentionOnceNoStreamHoldsIt) 
   // their callbacks finish, so poll.
   h.reset();
   absl::StatusOr<HealthSnapshot> gone;
-  for (int i = 0; i < 5000; ++i) {
+  EXPECT_TRUE(testing::Eventually([&] {
     engine_->ForgetFinishedRuns();
     gone = engine_->GetHealth("r");
-    if (!gone.ok()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+    return !gone.ok();
+  }));
   EXPECT_TRUE(absl::IsNotFound(gone.status())) << gone.status();
   for (const char* series : {"trainwatch_steps_total{run=\"r\"}",
                              "trainwatch_run_finished{run=\"r\"}",

@@ -415,13 +415,13 @@ std::string Sql(const std::string& path, const std::string& sql) {
 }
 
 // The file's chunk count once the writer's merges have made it `want`, or
-// what it is after 5 s of waiting for that.
+// what it is when Eventually gives up waiting for that.
 std::string ChunksOnceMerged(const std::string& path, const std::string& want) {
   std::string chunks;
-  for (int i = 0; i < 500 && chunks != want; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  testing::Eventually([&] {
     chunks = Sql(path, "SELECT count(*) FROM step_chunks");
-  }
+    return chunks == want;
+  });
   return chunks;
 }
 
