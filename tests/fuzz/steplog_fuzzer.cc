@@ -19,6 +19,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/util/field_comparator.h"
@@ -119,14 +120,18 @@ void RoundTripProtoJson(const google::protobuf::Message& line, const T& entry) {
 }
 
 // The `steps --json` form, without the stream keys that a log does not have.
+// Its "rank" is the record's rank as QuerySteps gives it (a host stream's
+// record carries one): kept when the record has one, else left out as the
+// stream's; "attempt" is the stream's.
 void RoundTripStepsJson(const v1::StepRecord& record) {
   std::string text;
   JsonWriter w(&text);
-  WriteStep(w, record, /*rank=*/0, /*attempt=*/0);
-  constexpr absl::string_view kKeys = R"({"rank":0,"attempt":0,)";
-  Check(absl::StartsWith(text, kKeys), "WriteStep starts with rank, attempt",
+  WriteStep(w, record, record.rank(), /*attempt=*/0);
+  const std::string keys = absl::StrCat(R"({"rank":)", record.rank(), R"(,"attempt":0,)");
+  Check(absl::StartsWith(text, keys), "WriteStep starts with rank, attempt",
         text);
-  text = "{" + text.substr(kKeys.size());
+  text = (record.has_rank() ? absl::StrCat(R"({"rank":)", record.rank(), ",") : "{") +
+         text.substr(keys.size());
   ExpectSame(record, ReadBack(text), text);
 }
 
