@@ -12,7 +12,7 @@ ReferencePoint PointOf(const v1::StepRecord& r) {
   ReferencePoint p;
   p.step = r.step();
   if (r.has_tokens()) p.tokens = r.tokens();
-  if (r.has_lr() && std::isfinite(r.lr())) p.lr = static_cast<float>(r.lr());
+  if (const std::optional<double> lr = BaselineLr(r)) p.lr = static_cast<float>(*lr);
   for (BaselineMetric m : kBaselineMetrics) {
     const std::optional<double> v = BaselineValue(m, r);
     p.value[static_cast<size_t>(m)] =

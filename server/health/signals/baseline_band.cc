@@ -87,6 +87,11 @@ std::optional<double> BaselineValue(BaselineMetric metric, const v1::StepRecord&
   return std::log(v);
 }
 
+std::optional<double> BaselineLr(const v1::StepRecord& r) {
+  if (!r.has_lr() || !std::isfinite(r.lr()) || r.lr() <= 0) return std::nullopt;
+  return r.lr();
+}
+
 double BaselineUnits(BaselineMetric metric, double value) {
   return metric == BaselineMetric::kLogZ ? value : std::exp(value);
 }
@@ -137,7 +142,6 @@ BaselineBand::BaselineBand(BaselineMetric metric, BaselineAxis axis,
       if (!c.v.empty()) diffs.push_back(v - c.v.back());
       c.x.push_back(x);
       c.v.push_back(v);
-      c.step.push_back(static_cast<double>(p.step));
       c.lr.push_back(p.lr);
     }
     c.noise = NoiseFromDiffs(diffs);
@@ -160,10 +164,8 @@ std::optional<BandBin> BaselineBand::Add(const v1::StepRecord& record) {
     if (run_diffs_.size() > kNoiseDiffs) run_diffs_.pop_front();
   }
   last_value_ = *v;
-  const double lr = record.has_lr() && std::isfinite(record.lr()) && record.lr() > 0
-                        ? record.lr()
-                        : std::numeric_limits<double>::quiet_NaN();
-  bin_.push_back(Sample{record.step(), x, *v, lr});
+  bin_.push_back(Sample{record.step(), x, *v,
+                        BaselineLr(record).value_or(std::numeric_limits<double>::quiet_NaN())});
   if (bin_.size() < options_.bin_steps) return std::nullopt;
   std::optional<BandBin> out = Close();
   bin_.clear();
@@ -191,14 +193,24 @@ std::optional<std::pair<double, int>> BaselineBand::RefValue(size_t ref, double 
   return std::make_pair(c.v[j - 1] + t * (c.v[j] - c.v[j - 1]), 1);
 }
 
-double BaselineBand::RefLr(size_t ref, const std::vector<double>& at, double lo_at,
-                           double hi_at) const {
+double BaselineBand::RefLr(size_t ref, double x0, double x1) const {
   const RefCurve& c = curves_[ref];
-  const size_t lo = std::lower_bound(at.begin(), at.end(), lo_at) - at.begin();
-  const size_t hi = std::upper_bound(at.begin(), at.end(), hi_at) - at.begin();
+  const size_t lo = std::lower_bound(c.x.begin(), c.x.end(), x0) - c.x.begin();
+  const size_t hi = std::upper_bound(c.x.begin(), c.x.end(), x1) - c.x.begin();
   std::vector<double> in;
   for (size_t i = lo; i < hi; ++i) {
-    if (std::isfinite(c.lr[i]) && c.lr[i] > 0) in.push_back(c.lr[i]);
+    if (std::isfinite(c.lr[i])) in.push_back(c.lr[i]);
+  }
+  return Median(std::move(in));
+}
+
+double BaselineBand::RefLrBySteps(size_t ref, uint64_t first, uint64_t last) const {
+  const std::vector<ReferencePoint>& points = refs_->runs[ref].points;
+  auto it = std::lower_bound(points.begin(), points.end(), first,
+                             [](const ReferencePoint& p, uint64_t s) { return p.step < s; });
+  std::vector<double> in;
+  for (; it != points.end() && it->step <= last; ++it) {
+    if (std::isfinite(it->lr)) in.push_back(it->lr);
   }
   return Median(std::move(in));
 }
@@ -227,11 +239,13 @@ std::optional<BandBin> BaselineBand::Close() {
     const auto r = RefValue(i, b.x_first, b.x_last);
     if (!r.has_value()) continue;
     ref_values.push_back(r->first);
-    const double lr = RefLr(i, curves_[i].x, b.x_first, b.x_last);
+    const double lr = RefLr(i, b.x_first, b.x_last);
     if (std::isfinite(lr)) ref_lrs.push_back(lr);
-    const double lr_by_step = RefLr(i, curves_[i].step, static_cast<double>(b.first_step),
-                                    static_cast<double>(b.last_step));
-    if (std::isfinite(lr_by_step)) ref_lrs_by_step.push_back(lr_by_step);
+    // On the step axis x is the step: the same LR.
+    if (axis_ == BaselineAxis::kTokens) {
+      const double by_step = RefLrBySteps(i, b.first_step, b.last_step);
+      if (std::isfinite(by_step)) ref_lrs_by_step.push_back(by_step);
+    }
     const double sd = kMedianEfficiency * curves_[i].noise / std::sqrt(r->second);
     noise_var += sd * sd;
   }

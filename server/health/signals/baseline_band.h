@@ -67,6 +67,8 @@ std::optional<BaselineMetric> BaselineMetricByName(std::string_view name);
 std::optional<double> BaselineValue(BaselineMetric metric, const v1::StepRecord& r);
 // A value of the band's space in the metric's own units.
 double BaselineUnits(BaselineMetric metric, double value);
+// The record's learning rate; nullopt when absent, not finite or not positive.
+std::optional<double> BaselineLr(const v1::StepRecord& r);
 
 enum class BaselineAxis { kStep, kTokens };
 const char* BaselineAxisName(BaselineAxis axis);
@@ -77,7 +79,7 @@ struct ReferencePoint {
   std::optional<uint64_t> tokens;
   // In the band's space; NaN: absent.
   std::array<float, kBaselineMetricCount> value{};
-  // The learning rate; NaN: absent.
+  // The learning rate (BaselineLr); NaN: absent.
   float lr = std::numeric_limits<float>::quiet_NaN();
 };
 
@@ -160,9 +162,11 @@ class BaselineBand {
   // The reference's median over [x0, x1] and the count of its points there;
   // nullopt when it does not cover the range.
   std::optional<std::pair<double, int>> RefValue(size_t ref, double x0, double x1) const;
-  // The reference's median LR over its points in [lo, hi] of `at` (its x
-  // or its steps, both ascending); NaN when it has none there.
-  double RefLr(size_t ref, const std::vector<double>& at, double lo, double hi) const;
+  // The reference's median LR over its points whose x is in [x0, x1]; NaN
+  // when it has none there.
+  double RefLr(size_t ref, double x0, double x1) const;
+  // ... whose step is in [first, last] (its points are in step order).
+  double RefLrBySteps(size_t ref, uint64_t first, uint64_t last) const;
 
   const BaselineMetric metric_;
   const BaselineAxis axis_;
@@ -172,8 +176,7 @@ class BaselineBand {
   // and its noise (robust sd of one record).
   struct RefCurve {
     std::vector<double> x, v;
-    std::vector<double> step;  // beside x
-    std::vector<float> lr;     // beside x; NaN: absent
+    std::vector<float> lr;  // beside x; NaN: absent
     double noise = 0;
   };
   std::vector<RefCurve> curves_;
