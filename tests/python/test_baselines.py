@@ -29,6 +29,14 @@ def send_run(server, run, seed, steps=800, factor=1.0, from_step=10**9,
         tw.flush()
 
 
+def two_seeds(server, recipe):
+    """Seeds 1 and 2 of the recipe sent as `recipe`/s1 and /s2: the
+    references of the runs that follow, as RunStart.baselines names them."""
+    send_run(server, f"{recipe}/s1", seed=1)
+    send_run(server, f"{recipe}/s2", seed=2)
+    return [f"{recipe}/s1@0", f"{recipe}/s2@0"]
+
+
 def fired(server, run, name="BaselineDeviation"):
     return [a for a in server.ctl_json("alerts", "--run", run) if a["alertname"] == name]
 
@@ -58,9 +66,7 @@ def test_baseline_set_show_clear(server):
 
 
 def test_a_healthy_seed_raises_nothing_a_shifted_one_is_named_and_compared(server):
-    send_run(server, "recipe/s1", seed=1)
-    send_run(server, "recipe/s2", seed=2)
-    refs = ["recipe/s1@0", "recipe/s2@0"]
+    refs = two_seeds(server, "recipe")
     send_run(server, "recipe/s3", seed=3, baselines=refs)
     assert fired(server, "recipe/s3") == []
     # From step 400 the loss is 10% above the recipe's.
@@ -89,9 +95,7 @@ def test_a_healthy_seed_raises_nothing_a_shifted_one_is_named_and_compared(serve
 def test_another_lr_whose_loss_moved_is_named_with_its_ratio(server):
     # 1.5% above the recipe is within what a seed may sit at; at ten times
     # the recipe's LR the run is not a seed of it, and it is named.
-    send_run(server, "lr/s1", seed=1)
-    send_run(server, "lr/s2", seed=2)
-    refs = ["lr/s1@0", "lr/s2@0"]
+    refs = two_seeds(server, "lr")
     send_run(server, "lr/same", seed=4, factor=1.015, from_step=0, baselines=refs)
     assert fired(server, "lr/same") == []
     send_run(server, "lr/hot", seed=4, factor=1.015, from_step=0, baselines=refs, lr=3e-3)
@@ -107,9 +111,7 @@ def test_another_lr_whose_loss_moved_is_named_with_its_ratio(server):
 
 
 def test_another_batch_size_is_named_by_step_not_by_tokens(server):
-    send_run(server, "bs/s1", seed=1)
-    send_run(server, "bs/s2", seed=2)
-    refs = ["bs/s1@0", "bs/s2@0"]
+    refs = two_seeds(server, "bs")
     send_run(server, "bs/big", seed=3, steps=400, tokens_per_step=2048, baselines=refs)
     assert fired(server, "bs/big") == []
     by_step = server.ctl_json("compare", "--run", "bs/big", "--axis", "step", "--json")
