@@ -5,11 +5,17 @@
 #
 #   tools/perf/profile_server.sh [BUILD_DIR] [STREAMS] [SECONDS]   (build 16 8)
 #
+# BATCH (1024) sets loadgen's --batch, LOADGEN_ARGS adds to its flags, as in
+# ab_servers.sh: MoE reports are profiled with
+#   BATCH=16 LOADGEN_ARGS="--moe 48x128" tools/perf/profile_server.sh build 4 8
+#
 # Needs perf (Debian linux-perf) and a RelWithDebInfo build.
 set -euo pipefail
 BUILD=${1:-build}
 STREAMS=${2:-16}
 SECS=${3:-8}
+BATCH=${BATCH:-1024}
+read -r -a EXTRA <<<"${LOADGEN_ARGS:-}"
 BIN=$BUILD/bin
 WORK=$(mktemp -d)
 SERVER_PID=
@@ -20,7 +26,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/server.sh"
 tw_start_server "$BIN/trainwatch-server" "$WORK/server.log" "$WORK/p.db" --max-active-runs 20000
 runs=$(( STREAMS < 16 ? STREAMS : 16 ))
 "$BIN/trainwatch-loadgen" --server "$GRPC" --metrics "$METRICS" --streams "$STREAMS" \
-  --runs "$runs" --batch 1024 --seconds $(( SECS + 2 )) --alert-probes 10 --json >"$WORK/load.out" &
+  --runs "$runs" --batch "$BATCH" --seconds $(( SECS + 2 )) --alert-probes 10 --json "${EXTRA[@]}" >"$WORK/load.out" &
 LOAD_PID=$!
 sleep 1
 perf record -e cpu-clock -F 999 ${PERF_CALLGRAPH:--g} -p "$SERVER_PID" -o "$WORK/perf.data" -- sleep "$SECS" 2>/dev/null

@@ -38,8 +38,15 @@ class BitWriter {
   // Room for `bits` more bits, so that Reserved::Put need not check.
   void Reserve(size_t bits) {
     const size_t need = len_ + bits / 8 + 16;
-    if (out_->size() < need) out_->resize(std::max(2 * out_->size(), need + 48));
+    if (out_->size() >= need) return;
+    size_t size = std::max(2 * out_->size(), need + 48);
+    // Within what Expect asked for, no reallocation (and its copy).
+    if (need + 48 <= out_->capacity()) size = std::min(size, out_->capacity());
+    out_->resize(size);
   }
+  // About `bytes` more will be written: room for them, allocated once (the
+  // doubling of Reserve copied a large column's bytes several times over).
+  void Expect(size_t bytes) { out_->reserve(len_ + bytes + 64); }
   // The writer's state in locals, for a codec's inner loop within what
   // Reserve made room for: Put, for 1..63 bits of a v that has no higher bit
   // set. The compiler keeps it in registers, where the writer's own members
@@ -60,6 +67,26 @@ class BitWriter {
       p_ += 8;
       acc_ = v;
       n_ = rest;
+    }
+
+    // Put without a branch on whether a word filled, for loops of many
+    // short codes: every call stores a whole word and keeps fewer than 8
+    // bits pending. Needs Flush() first; bits 1..56.
+    void PutFlushed(uint64_t v, int bits) {
+      acc_ = (acc_ << bits) | v;
+      n_ += bits;
+      const uint64_t word = __builtin_bswap64(acc_ << (64 - n_));
+      std::memcpy(p_, &word, 8);
+      p_ += n_ >> 3;
+      n_ &= 7;
+    }
+    // Writes the pending whole bytes: fewer than 8 bits stay pending.
+    void Flush() {
+      if (n_ == 0) return;
+      const uint64_t word = __builtin_bswap64(acc_ << (64 - n_));
+      std::memcpy(p_, &word, 8);
+      p_ += n_ >> 3;
+      n_ &= 7;
     }
 
    private:

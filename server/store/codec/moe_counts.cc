@@ -37,13 +37,32 @@ class History {
     if (seen_ == 0) {
       average_.assign(counts, counts + n);
     } else {
+      for (size_t i = 0; i < n; ++i) average_[i] = Averaged(average_[i], counts[i]);
+    }
+    Added(counts);
+  }
+  // Residuals and Add in one pass over the counts (the writer's, once the
+  // layer has an average and one prediction is priced): z[i] is the zigzag
+  // of counts[i] less `mode`'s prediction, which is read before the
+  // average moves.
+  void AddWithResiduals(Mode mode, const uint64_t* counts, size_t n, uint64_t* z) {
+    uint64_t* avg = average_.data();
+    if (mode == kPrevious) {
+      const uint64_t* prev = last_;
       for (size_t i = 0; i < n; ++i) {
-        average_[i] += static_cast<uint64_t>(
-            static_cast<int64_t>(counts[i] - average_[i]) >> kAverageShift);
+        const uint64_t c = counts[i];
+        z[i] = ZigZag(c - prev[i]);
+        avg[i] = Averaged(avg[i], c);
+      }
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        const uint64_t c = counts[i];
+        const uint64_t a = avg[i];
+        z[i] = ZigZag(c - a);
+        avg[i] = Averaged(a, c);
       }
     }
-    last_ = counts;
-    ++seen_;
+    Added(counts);
   }
   bool Empty() const { return seen_ == 0; }
   // kAverage differs from kPrevious from the third record on.
@@ -55,6 +74,15 @@ class History {
   const uint64_t* average() const { return average_.data(); }
 
  private:
+  static uint64_t Averaged(uint64_t average, uint64_t count) {
+    return average +
+           static_cast<uint64_t>(static_cast<int64_t>(count - average) >> kAverageShift);
+  }
+  void Added(const uint64_t* counts) {
+    last_ = counts;
+    ++seen_;
+  }
+
   const uint64_t* last_ = nullptr;
   std::vector<uint64_t> average_;
   size_t seen_ = 0;
@@ -83,6 +111,7 @@ const uint64_t* Predict(Mode mode, const History& h, uint64_t mean, size_t n,
 struct Choice {
   Mode mode = kOwnMean;
   GolombChoice code;
+  bool added = false;  // the counts are in the history already
 };
 
 // Both histories are priced on a layer's third record and every 8th after;
@@ -97,6 +126,18 @@ Choice Choose(History& h, const uint64_t* counts, size_t n, uint64_t mean,
               std::vector<uint64_t>& own,
               std::array<std::vector<uint64_t>, kModes>& residuals) {
   const bool reprice = h.seen() % kReprice == 2;
+  if (h.HasAverage() && !reprice) {
+    // The prediction that won when last priced: its residuals and the
+    // history's update in one pass, its code from every kSample-th residual.
+    const Mode mode = h.preferred;
+    std::vector<uint64_t>& z = residuals[mode];
+    z.resize(n);
+    h.AddWithResiduals(mode, counts, n, z.data());
+    WidthHistogram hist{};
+    const size_t stride = n < 4 * kSample ? 1 : kSample;
+    for (size_t i = 0; i < n; i += stride) ++hist[std::bit_width(z[i])];
+    return {.mode = mode, .code = BestGolomb(hist, 0), .added = true};
+  }
   Choice best;
   uint64_t best_cost = ~uint64_t{0};
   for (int m = 0; m < kModes; ++m) {
@@ -142,32 +183,46 @@ Choice Choose(History& h, const uint64_t* counts, size_t n, uint64_t mean,
 // Writes one Exp-Golomb code of order k per residual (PutGolomb's bits),
 // each preceded by a zero flag if asked (a nonzero's flag joins its code in
 // one write), into room reserved once and through the writer's state in
-// registers (not inlined, so that they stay there): BitWriter::Put per
-// code was half of the writer's time. A branch-free form of the loop (a
-// code's form by arithmetic, whole bytes flushed every code) was tried and
-// measured no faster: the chain through the bits pending is what costs.
-[[gnu::noinline]] void PutCodes(BitWriter& w, absl::Span<const uint64_t> residuals, int k,
-                                bool zero_flags) {
+// registers (not inlined, so that they stay there). A code's form is
+// arithmetic and every code stores a whole word (Reserved::PutFlushed): a
+// branch on whether the word filled mispredicted every few codes.
+template <bool kZeroFlags>
+[[gnu::noinline]] void PutCodes(BitWriter& w, absl::Span<const uint64_t> residuals, int k) {
   BitWriter::Reserved out = w.Begin(64 * residuals.size());
-  const uint64_t flag = zero_flags ? 1 : 0;
+  out.Flush();
   for (const uint64_t z : residuals) {
-    if (zero_flags && z == 0) {
-      out.Put(0, 1);
-      continue;
+    // bit_width(z >> k), and the n = 0 case, by arithmetic: the compiler's
+    // own bit_width branches on zero, which k makes half the codes.
+    const uint64_t v = z >> k;
+    const int small = v == 0 ? 1 : 0;
+    const int n = 64 - std::countl_zero(v | 1) - small;
+    int len = 2 * n + k + small;
+    uint64_t code = z | (static_cast<uint64_t>(small) << k);
+    if (kZeroFlags) {
+      // A zero is the flag 0 alone; any other value the flag 1, then its code.
+      const bool zero = z == 0;
+      code = zero ? 0 : (code | (uint64_t{1} << (len & 63)));
+      len = zero ? 1 : len + 1;
     }
-    const int n = std::bit_width(z >> k);
-    const int len = n == 0 ? k + 1 : 2 * n + k;
-    if (len + zero_flags > 63) [[unlikely]] {  // a code over a word: PutGolomb's own
-      if (zero_flags) out.Put(1, 1);
+    if (len > 56) [[unlikely]] {  // a code over what one store takes: PutGolomb's own
       w.End(out);
+      if (kZeroFlags) w.Put(1, 1);
       PutGolomb(w, z, k);
       out = w.Begin(64 * residuals.size());
+      out.Flush();
       continue;
     }
-    const uint64_t code = n == 0 ? (uint64_t{1} << k) | z : z;
-    out.Put((flag << len) | code, len + zero_flags);
+    out.PutFlushed(code, len);
   }
   w.End(out);
+}
+
+void PutCodes(BitWriter& w, absl::Span<const uint64_t> residuals, int k, bool zero_flags) {
+  if (zero_flags) {
+    PutCodes<true>(w, residuals, k);
+  } else {
+    PutCodes<false>(w, residuals, k);
+  }
 }
 
 }  // namespace
@@ -181,11 +236,15 @@ bool HasMoeCounts(const v1::MoeStats& report) {
 
 void PutMoeCounts(BitWriter& w, absl::Span<const v1::MoeStats* const> reports) {
   std::vector<uint64_t> lengths;
+  size_t total = 0;
   for (const v1::MoeStats* report : reports) {
     for (const v1::MoeLayerStats& layer : report->layers()) {
       lengths.push_back(static_cast<uint64_t>(layer.tokens_per_expert_size()));
+      total += lengths.back();
     }
   }
+  // ~1.7 bytes a count as trainers' counts go (bench_store), 3 with room.
+  w.Expect(3 * total + 8 * lengths.size());
   PutSeries(w, lengths.data(), lengths.size(), SeriesKind::kInteger, {kRaw, kDelta});
   Histories histories;
   std::vector<uint64_t> own;
@@ -206,7 +265,7 @@ void PutMoeCounts(BitWriter& w, absl::Span<const v1::MoeStats* const> reports) {
       w.Put(c.code.zero_flags ? 1 : 0, 1);
       w.Put(c.code.k, 6);
       PutCodes(w, residuals[c.mode], c.code.k, c.code.zero_flags);
-      h.Add(counts, n);
+      if (!c.added) h.Add(counts, n);
     }
   }
 }

@@ -587,6 +587,35 @@ TEST(StepCodec, AdversarialMoeCountsRoundTrip) {
   }
 }
 
+// The writer's codes of every length, with and without zero flags: most
+// counts unchanged from the record before (zero residuals, so zero flags
+// pay) or none, the rest moved by a random amount of a random width (0..64
+// bits), over enough records that the layer is predicted from its history
+// (one pass, every kReprice-th record priced both ways).
+TEST(StepCodec, MoeCountsOfEveryCodeLengthRoundTrip) {
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    std::mt19937_64 rng(seed);
+    const int experts = 1 + static_cast<int>(rng() % 64);
+    const uint64_t unchanged_per_16 = rng() % 17;  // 0: every count moves
+    std::vector<uint64_t> counts(experts);
+    for (uint64_t& c : counts) c = rng() >> (rng() % 64);
+    Records in;
+    for (int i = 0; i < 40; ++i) {
+      v1::MoeLayerStats& layer = *in.Add()->mutable_moe()->add_layers();
+      layer.set_layer("router");
+      for (uint64_t& c : counts) {
+        if (rng() % 16 >= unchanged_per_16) {
+          const int width = static_cast<int>(rng() % 65);
+          c += width == 0 ? 0 : rng() >> (64 - width);
+        }
+        layer.add_tokens_per_expert(c);
+      }
+    }
+    ExpectRoundTrip(in);
+  }
+}
+
 TEST(StepCodec, OnlyChunksWithMoeCountsTakeTheNewFormat) {
   Records plain = RandomRecords(4, 50);
   EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(plain)[0]),
