@@ -267,8 +267,12 @@ absl::Status ValidateMoe(const v1::StepRecord& r, const ValidationLimits& limits
             config.num_experts()));
       }
     }
-    for (uint64_t count : l.tokens_per_expert()) {
-      if (count > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    // One test for the layer (no branch a count), then the first offender.
+    uint64_t any = 0;
+    for (uint64_t count : l.tokens_per_expert()) any |= count;
+    if (any >> 63 != 0) {
+      for (uint64_t count : l.tokens_per_expert()) {
+        if (count >> 63 == 0) continue;
         return absl::InvalidArgumentError(absl::StrCat(
             where(), ".tokens_per_expert has ", count,
             ", not below 2^63 (a count of -1?)"));

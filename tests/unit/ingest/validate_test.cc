@@ -180,6 +180,24 @@ TEST(ValidateStepBatch, RefusesAStepAtOrAbove2To63NamingIt) {
               HasSubstr("event at step 18446744073709551615 is not below 2^63"));
 }
 
+// The same -1 in an expert's count: the first offender of its layer named.
+TEST(ValidateStepBatch, RefusesAnExpertCountAtOrAbove2To63NamingIt) {
+  v1::StepBatch b;
+  v1::StepRecord& r = *b.add_records();
+  r.set_step(3);
+  v1::MoeLayerStats& ok = *r.mutable_moe()->add_layers();
+  for (uint64_t c : {uint64_t{0}, (uint64_t{1} << 63) - 1, uint64_t{7}}) ok.add_tokens_per_expert(c);
+  EXPECT_TRUE(ValidateStepBatch(b, {}).ok());
+  v1::MoeLayerStats& bad = *r.mutable_moe()->add_layers();
+  for (uint64_t c : {uint64_t{5}, std::numeric_limits<uint64_t>::max(), uint64_t{1} << 63}) {
+    bad.add_tokens_per_expert(c);
+  }
+  const absl::Status s = ValidateStepBatch(b, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("step 3: moe.layers[1].tokens_per_expert has "
+                                     "18446744073709551615, not below 2^63"));
+}
+
 TEST(ValidateStepBatch, RefusesOversizedBatchNamingTheLimit) {
   v1::StepBatch b;
   b.set_seq(7);
