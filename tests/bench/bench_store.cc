@@ -11,7 +11,8 @@
 //    (format:1) against a serialized StepBatch (format:0); float32:1 the
 //    records as trainwatch.torch sends them (the tensor values float32,
 //    clip_coef clip_fields' float32 one).
-//  - BM_MoeChunkEncode, BM_MoeChunkDecode: chunks of 100 records, each with
+//  - BM_MoeChunkEncode, BM_MoeChunkDecode: chunks of 100 records (and of 16
+//    for the encoder, a stored batch as the perf runs send them), each with
 //    (moe:1) or without (moe:0) a 48-layer x 128-expert MoE report of a
 //    realistic run; bytes_per_count is what the counts add to the chunk.
 //  - BM_RawSqliteRowPerStep: 1,024 rows a transaction, 14 columns, text run
@@ -238,10 +239,10 @@ BENCHMARK(BM_ChunkDecode)
 // skew over each layer's experts (lognormal, sigma 0.25) and each count
 // moving 3% (one sigma) from step to step, as step_codec_test's
 // RealisticMoeRecords.
-constexpr int kMoeLayers = 48, kMoeExperts = 128, kMoeChunk = 100;
+constexpr int kMoeLayers = 48, kMoeExperts = 128;
 
-google::protobuf::RepeatedPtrField<v1::StepRecord> MoeChunkRecords(bool moe) {
-  const std::vector<v1::StepRecord> templ = Records(kMoeChunk);
+google::protobuf::RepeatedPtrField<v1::StepRecord> MoeChunkRecords(bool moe, int records) {
+  const std::vector<v1::StepRecord> templ = Records(records);
   google::protobuf::RepeatedPtrField<v1::StepRecord> recs(templ.begin(), templ.end());
   std::mt19937_64 rng(5);
   std::lognormal_distribution<double> skew(0.0, 0.25);
@@ -279,7 +280,7 @@ google::protobuf::RepeatedPtrField<v1::StepRecord> WithoutCounts(
 
 void BM_MoeChunkEncode(benchmark::State& state) {
   const bool moe = state.range(0) != 0;
-  const auto recs = MoeChunkRecords(moe);
+  const auto recs = MoeChunkRecords(moe, static_cast<int>(state.range(1)));
   size_t bytes = 0;
   for (auto _ : state) {
     std::string blob = EncodeStepChunk(recs);
@@ -289,7 +290,7 @@ void BM_MoeChunkEncode(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * recs.size());
   state.counters["bytes_per_record"] = static_cast<double>(bytes) / recs.size();
   if (moe) {
-    const double counts = static_cast<double>(kMoeChunk) * kMoeLayers * kMoeExperts;
+    const double counts = static_cast<double>(recs.size()) * kMoeLayers * kMoeExperts;
     const double without = static_cast<double>(EncodeStepChunk(WithoutCounts(recs)).size());
     v1::StepBatch batch, batch_without;
     *batch.mutable_records() = recs;
@@ -299,10 +300,13 @@ void BM_MoeChunkEncode(benchmark::State& state) {
         static_cast<double>(batch.ByteSizeLong() - batch_without.ByteSizeLong()) / counts;
   }
 }
-BENCHMARK(BM_MoeChunkEncode)->Arg(0)->Arg(1)->ArgName("moe");
+// A chunk of 100 records, and of 16: a stored batch as the server's
+// perf runs send MoE reports (each chunk's first records of a layer cost
+// more: no history yet, and both predictions priced on the third).
+BENCHMARK(BM_MoeChunkEncode)->ArgsProduct({{0, 1}, {100, 16}})->ArgNames({"moe", "records"});
 
 void BM_MoeChunkDecode(benchmark::State& state) {
-  const auto recs = MoeChunkRecords(state.range(0) != 0);
+  const auto recs = MoeChunkRecords(state.range(0) != 0, static_cast<int>(state.range(1)));
   const std::string blob = EncodeStepChunk(recs);
   google::protobuf::RepeatedPtrField<v1::StepRecord> out;
   for (auto _ : state) {
@@ -311,7 +315,7 @@ void BM_MoeChunkDecode(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * recs.size());
 }
-BENCHMARK(BM_MoeChunkDecode)->Arg(0)->Arg(1)->ArgName("moe");
+BENCHMARK(BM_MoeChunkDecode)->ArgsProduct({{0, 1}, {100}})->ArgNames({"moe", "records"});
 
 bool Exec(sqlite3* db, const char* sql) {
   return sqlite3_exec(db, sql, nullptr, nullptr, nullptr) == SQLITE_OK;
