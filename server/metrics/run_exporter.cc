@@ -107,6 +107,10 @@ void RunExporter::OnWindows(const RunHealth& h) {
     m.baseline_loss_ratio.Set(b.ratio);
     m.baseline_band_lower.Set(b.lower);
     m.baseline_band_upper.Set(b.upper);
+  } else {  // none judged yet, or no longer (a rewind, other references)
+    m.baseline_loss_ratio.Remove();
+    m.baseline_band_lower.Remove();
+    m.baseline_band_upper.Remove();
   }
   const GoodputTotals g = t.goodput();
   if (g.wall_seconds > 0) m.goodput_ratio.Set(g.ratio);

@@ -104,7 +104,12 @@ class BaselineDeviation final : public Detector {
     severity_ = v1::SEVERITY_UNSPECIFIED;
   }
 
-  void OnRewind(uint64_t step) override { watches_.clear(); }
+  // The last bin judged lies past the rewind: /metrics shows none until the
+  // resumed run closes one.
+  void OnRewind(uint64_t step) override {
+    watches_.clear();
+    ClearStatus();
+  }
 
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     if (refs_ == nullptr || refs_->runs.empty() || !ctx.post_warmup) return;
@@ -268,6 +273,10 @@ class BaselineDeviation final : public Detector {
 
   const HealthConfig& config_;
   std::shared_ptr<const BaselineReferences> refs_;
+  void ClearStatus() {
+    if (status_ != nullptr) *status_ = BaselineStatus{};
+  }
+
   BaselineStatus* status_ = nullptr;  // the run health's
   BaselineAxis axis_ = BaselineAxis::kStep;
   std::vector<Watch> watches_;

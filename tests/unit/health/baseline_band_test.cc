@@ -305,6 +305,29 @@ TEST(BaselineDeviation, ARunOfAnotherLrWhoseLossMovedIsNamedWithTheRatio) {
   EXPECT_THAT(fired[0].description, HasSubstr("lr 10x the baseline's"));
 }
 
+// What /metrics shows (trainwatch_baseline_loss_ratio): the last loss bin
+// judged, none after a rewind to before it until the resumed run closes one.
+TEST(BaselineDeviation, ItsStatusIsTheLastLossBinAndARewindClearsIt) {
+  HealthHarness h(Lm());
+  EXPECT_FALSE(h.health().baseline_status().judged);
+  h.health().SetBaselines(Refs({{.seed = 1}, {.seed = 2}}, 1200));
+  std::mt19937 rng(3);
+  const Curve run{.seed = 3};
+  for (uint64_t s = 0; s < 600; ++s) h.Lead(run.At(s, rng));
+  const BaselineStatus& status = h.health().baseline_status();
+  ASSERT_TRUE(status.judged);
+  EXPECT_GT(status.step, 560u);
+  EXPECT_LT(status.step, 600u);
+  EXPECT_LT(status.lower, status.ratio);
+  EXPECT_LT(status.ratio, status.upper);
+  h.health().Rewind(400);
+  EXPECT_FALSE(h.health().baseline_status().judged);
+  for (uint64_t s = 400; s < 460; ++s) h.Lead(run.At(s, rng));
+  ASSERT_TRUE(h.health().baseline_status().judged);
+  EXPECT_GT(h.health().baseline_status().step, 400u);
+  EXPECT_LT(h.health().baseline_status().step, 460u);
+}
+
 TEST(BaselineDeviation, WithoutReferencesNothingIsJudged) {
   HealthHarness h(Lm());
   Feed(h, Curve{.seed = 3, .factor = 1.5, .from_tokens = 100 * 1024}, 800, 3);
