@@ -156,7 +156,7 @@ absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
       .Bind(5, *st.last_step)
       .Bind(6, static_cast<int64_t>(picked_.size()));
   const std::string blob = EncodeStepChunk(records, picked_);
-  insert_chunk_.BindBlob(7, blob);
+  insert_chunk_.BindBlobUntilRun(7, blob);
   if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
   if (rank_stream) {
     if (absl::Status s = Prune(op.key, st); !s.ok()) return s;
