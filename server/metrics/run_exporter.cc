@@ -29,14 +29,18 @@ void RunExporter::OnLeadRecord(const v1::StepRecord& r) {
   if (r.has_loss()) m.loss.Set(r.loss());
   if (r.has_lr()) m.learning_rate.Set(r.lr());
   if (!r.fp8().empty()) SetFp8Worst(r, m);
-  if (r.has_moe() && !r.moe().layers().empty()) {
-    const MoeReportSummary moe = Summarize(r.moe());
-    if (moe.load_max_over_mean) m.moe_load_max_over_mean.Set(*moe.load_max_over_mean);
-    if (moe.dead_experts) m.moe_dead_experts.Set(*moe.dead_experts);
-    if (moe.dropped_fraction) m.moe_dropped_fraction.Set(*moe.dropped_fraction);
-    if (moe.aux_loss) m.moe_aux_loss.Set(*moe.aux_loss);
-    if (moe.router_z_loss) m.moe_router_z_loss.Set(*moe.router_z_loss);
-  }
+  // The batch's last MoE report is summarized once the batch is done: a
+  // summary reads every count, and only the last one is left in the gauges.
+  if (r.has_moe() && !r.moe().layers().empty()) last_moe_ = &r.moe();
+}
+
+void RunExporter::SetMoeWorst(const v1::MoeStats& report, RunMetrics& m) {
+  const MoeReportSummary moe = Summarize(report);
+  if (moe.load_max_over_mean) m.moe_load_max_over_mean.Set(*moe.load_max_over_mean);
+  if (moe.dead_experts) m.moe_dead_experts.Set(*moe.dead_experts);
+  if (moe.dropped_fraction) m.moe_dropped_fraction.Set(*moe.dropped_fraction);
+  if (moe.aux_loss) m.moe_aux_loss.Set(*moe.aux_loss);
+  if (moe.router_z_loss) m.moe_router_z_loss.Set(*moe.router_z_loss);
 }
 
 void RunExporter::SetFp8Worst(const v1::StepRecord& r, RunMetrics& m) {
@@ -71,6 +75,8 @@ void RunExporter::OnLeadBatchDone(const v1::StepRecord& last,
       last.time_unix_nanos() != 0 ? last.time_unix_nanos() : now_unix_nanos;
   m.last_step_timestamp.Set(static_cast<double>(t) * 1e-9);
   m.grad_norm.Set(last.grad_norm());
+  if (last_moe_ != nullptr) SetMoeWorst(*last_moe_, m);
+  last_moe_ = nullptr;
 }
 
 void RunExporter::OnWindows(const RunHealth& h) {

@@ -41,6 +41,8 @@ class RunExporter {
  private:
   // trainwatch_fp8_*: the worst tensor of a record's fp8 report.
   static void SetFp8Worst(const v1::StepRecord& r, RunMetrics& m);
+  // trainwatch_moe_*: the worst layer of an MoE report.
+  static void SetMoeWorst(const v1::MoeStats& report, RunMetrics& m);
 
   Metrics* const metrics_;
   RunMetrics* const run_metrics_;
@@ -48,6 +50,9 @@ class RunExporter {
   uint64_t exported_skipped_ = 0, exported_rewound_ = 0;
   // The grad norm window's pushes() when its quantiles were last exported.
   std::optional<uint64_t> quantiles_at_;
+  // The last MoE report of the batch in progress (its record's, alive until
+  // OnLeadBatchDone).
+  const v1::MoeStats* last_moe_ = nullptr;
 };
 
 }  // namespace trainwatch

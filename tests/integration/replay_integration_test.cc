@@ -3,6 +3,7 @@
 // reflection, so a field added to the proto is checked too), and a
 // mixture-of-experts run's routing (top_k, ep_size) reaches its detectors,
 // and a loss's hard batch is listed apart from its spikes.
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -169,6 +170,18 @@ TEST(ReplayIntegration, AMoeRunsTopKAndEpSizeReachItsDetectors) {
   const json unsaid = Alerts(server, "replay/moe-unsaid");
   EXPECT_EQ(Named(unsaid, "MoeRouterCollapse"), nullptr) << unsaid.dump(1);
   EXPECT_EQ(Named(unsaid, "MoeExpertParallelImbalance"), nullptr) << unsaid.dump(1);
+
+  // /metrics: the last report's (step 595) worst layer, its one layer here.
+  uint64_t total = 0, max = 0;
+  for (uint64_t e = 0; e < 6; ++e) {
+    const uint64_t c = 1000 + (595 * 7 + e * 13) % 50;
+    total += c;
+    max = std::max(max, c);
+  }
+  const std::string metrics = HttpGet(server.metrics_url());
+  EXPECT_EQ(MetricValue(metrics, "trainwatch_moe_dead_experts{run=\"replay/moe\"}"), 10);
+  EXPECT_DOUBLE_EQ(MetricValue(metrics, "trainwatch_moe_load_max_over_mean{run=\"replay/moe\"}"),
+                   static_cast<double>(max) / (static_cast<double>(total) / 16));
 }
 
 json Ctl(const ServerProcess& server, std::vector<std::string> args) {

@@ -61,7 +61,8 @@ class RunObserver {
   // Another stream became the lead (a lower rank, or a later attempt of the
   // lead rank); `start` is its RunStart. Not called by Recover().
   virtual void OnLeadChanged(const v1::RunStart& start) = 0;
-  // A lead-stream record, after the health took it in.
+  // A lead-stream record, after the health took it in. Its batch's
+  // OnLeadBatchDone follows while the batch's records are alive.
   virtual void OnLeadRecord(const v1::StepRecord& record) = 0;
   // A batch brought `fresh` records not seen before (any stream);
   // `client_dropped` is the drop count the client sent with it (a batch
