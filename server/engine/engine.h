@@ -153,6 +153,12 @@ class Engine {
   // not detected behind a long backlog.
   void SubmitBatch(const StreamHandle& stream, v1::StepBatch batch,
                    DoneCallback done, std::function<void()> processed = {});
+  // The same for a batch on `arena` (ingest parses each request onto one:
+  // an MoE report is thousands of fields, each an allocation on the heap),
+  // which its records keep alive until they are stored.
+  void SubmitBatch(const StreamHandle& stream, std::shared_ptr<google::protobuf::Arena> arena,
+                   v1::StepBatch* batch, DoneCallback done,
+                   std::function<void()> processed = {});
   // Commits the event, then (on the shard) applies it to the run: a run is
   // marked finished only once its RUN_FINISHED / RUN_FAILED is stored.
   // `done` runs after both.
@@ -213,6 +219,9 @@ class Engine {
   std::shared_ptr<RunState> FindOrAddRunLocked(const std::string& run_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Shard* ShardFor(const std::string& run_id);
+  // SubmitBatch's work, for its records wherever they live.
+  void Submit(const StreamHandle& stream, WriteOp::Batch records, uint64_t dropped,
+              DoneCallback done, std::function<void()> processed);
   // On the shard: runs `work` now, or holds it until the stream's start is
   // committed when the engine does not yet know where the stream resumes.
   // `small` work (a batch of at most prompt_batch_records) takes the

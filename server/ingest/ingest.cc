@@ -121,7 +121,15 @@ class ReportReactor final
     request_bytes_.Clear();
     const std::string_view wire(reinterpret_cast<const char*>(slice.begin()), slice.size());
     if (absl::Status s = ingest_->budget_.Check(wire); !s.ok()) return InStream(s);
-    if (request_.ParseFromArray(wire.data(), static_cast<int>(wire.size()))) {
+    // A fresh arena a message (its first block about the parsed message's
+    // size): a batch's records stay on it until they are stored.
+    google::protobuf::ArenaOptions arena_options;
+    arena_options.start_block_size =
+        std::clamp<size_t>(2 * wire.size(), kMinArenaBlock, kMaxArenaBlock);
+    arena_options.max_block_size = kMaxArenaBlock;
+    arena_ = std::make_shared<google::protobuf::Arena>(arena_options);
+    request_ = google::protobuf::Arena::CreateMessage<v1::ReportRequest>(arena_.get());
+    if (request_->ParseFromArray(wire.data(), static_cast<int>(wire.size()))) {
       return absl::OkStatus();
     }
     return InStream(absl::InvalidArgumentError(
@@ -139,7 +147,7 @@ class ReportReactor final
 
   absl::Status HandleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const IngestOptions& opts = ingest_->options_;
-    switch (request_.msg_case()) {
+    switch (request_->msg_case()) {
       case v1::ReportRequest::kStart: {
         return StartLocked();
       }
@@ -148,17 +156,17 @@ class ReportReactor final
           return absl::InvalidArgumentError(
               "the first message of a Report stream must be a RunStart");
         }
-        if (absl::Status s = ValidateBatchShape(request_.batch(), opts.limits);
+        if (absl::Status s = ValidateBatchShape(request_->batch(), opts.limits);
             !s.ok()) {
           return InStream(s);
         }
-        RefuseBadRecordsLocked(request_.mutable_batch());
-        RefuseForeignRanksLocked(request_.mutable_batch());
-        uint64_t seq = request_.batch().seq();
-        const size_t n = static_cast<size_t>(request_.batch().records_size());
+        RefuseBadRecordsLocked(request_->mutable_batch());
+        RefuseForeignRanksLocked(request_->mutable_batch());
+        uint64_t seq = request_->batch().seq();
+        const size_t n = static_cast<size_t>(request_->batch().records_size());
         if (ClosedLoop* loop = opts.closed_loop; loop != nullptr && n > 0) {
           uint64_t top = 0;
-          for (const v1::StepRecord& r : request_.batch().records()) top = std::max(top, r.step());
+          for (const v1::StepRecord& r : request_->batch().records()) top = std::max(top, r.step());
           loop->OnProgress(stream_->key.run_id, top);
         }
         last_batch_records_ = n;
@@ -170,7 +178,7 @@ class ReportReactor final
         }
         ++pending_;
         ingest_->engine_->SubmitBatch(
-            stream_, std::move(*request_.mutable_batch()),
+            stream_, arena_, request_->mutable_batch(),
             [this, seq](absl::Status s) { OnDurable(seq, s); },
             [this, seq, n] { OnProcessed(seq, n); });
         return absl::OkStatus();
@@ -180,13 +188,13 @@ class ReportReactor final
           return absl::InvalidArgumentError(
               "the first message of a Report stream must be a RunStart");
         }
-        if (absl::Status s = ValidateRunEvent(request_.event(), opts.limits);
+        if (absl::Status s = ValidateRunEvent(request_->event(), opts.limits);
             !s.ok()) {
           return InStream(s);
         }
-        uint64_t seq = request_.event().seq();
+        uint64_t seq = request_->event().seq();
         if (ClosedLoop* loop = opts.closed_loop; loop != nullptr) {
-          loop->OnEvent(stream_->key.run_id, request_.event());
+          loop->OnEvent(stream_->key.run_id, request_->event());
         }
         // A host stream's event is each of its ranks' (a RUN_FINISHED ends
         // them all), acked once every rank's is stored.
@@ -194,7 +202,7 @@ class ReportReactor final
         for (const StreamHandle& rank : ranks_) {
           ++pending_;
           ingest_->engine_->SubmitEvent(
-              rank, request_.event(),
+              rank, request_->event(),
               [this, seq](absl::Status s) { OnDurable(seq, s); });
         }
         return absl::OkStatus();
@@ -204,7 +212,7 @@ class ReportReactor final
           return absl::InvalidArgumentError(
               "the first message of a Report stream must be a RunStart");
         }
-        const v1::DirectiveAck& ack = request_.directive_ack();
+        const v1::DirectiveAck& ack = request_->directive_ack();
         if (ack.id().size() > kMaxDirectiveIdBytes || ack.detail().size() > kMaxAckDetailBytes) {
           return InStream(absl::InvalidArgumentError(absl::StrCat(
               "directive_ack: id over ", kMaxDirectiveIdBytes, " bytes or detail over ",
@@ -223,7 +231,7 @@ class ReportReactor final
         }
         ++pending_;
         ingest_->engine_->SubmitDirectiveAck(
-            rank, std::move(*request_.mutable_directive_ack()),
+            rank, std::move(*request_->mutable_directive_ack()),
             [this, seq](absl::Status s) { OnDurable(seq, s); });
         return absl::OkStatus();
       }
@@ -242,14 +250,14 @@ class ReportReactor final
           "RunStart repeated on one stream; open a new stream for another "
           "rank or attempt"));
     }
-    if (absl::Status s = ValidateRunStart(request_.start(), ingest_->options_.limits);
+    if (absl::Status s = ValidateRunStart(request_->start(), ingest_->options_.limits);
         !s.ok()) {
       return s;
     }
-    moe_ = request_.start().moe();
+    moe_ = request_->start().moe();
     if (scope_ != nullptr) {
       absl::Status s =
-          Authorizer::CheckWriteRun(*scope_, request_.start().run_id());
+          Authorizer::CheckWriteRun(*scope_, request_->start().run_id());
       if (!s.ok()) return s;
     }
     std::optional<RunQuota> quota;
@@ -257,9 +265,9 @@ class ReportReactor final
       quota = RunQuota{.token = scope_->line,
                        .max_active_runs = *scope_->max_active_runs};
     }
-    last_applied_directive_ = request_.start().last_applied_directive();
-    if (request_.start().local_ranks_size() == 0) {
-      absl::StatusOr<StreamHandle> stream = OpenLocked(request_.start(), quota);
+    last_applied_directive_ = request_->start().last_applied_directive();
+    if (request_->start().local_ranks_size() == 0) {
+      absl::StatusOr<StreamHandle> stream = OpenLocked(request_->start(), quota);
       if (!stream.ok()) return stream.status();
       stream_ = *std::move(stream);
       ranks_.push_back(stream_);
@@ -268,7 +276,7 @@ class ReportReactor final
     host_stream_ = true;
     // A host stream: each of its ranks is a stream of its own to the
     // engine, with the RunStart that rank would have sent.
-    const v1::RunStart& start = request_.start();
+    const v1::RunStart& start = request_->start();
     for (uint32_t r : start.local_ranks()) {
       v1::RunStart one = start;
       one.clear_local_ranks();
@@ -365,28 +373,32 @@ class ReportReactor final
   // its own stream would have sent them; the dropped count is the
   // sender's); the seq is acked once every part is durable.
   void SubmitHostBatchLocked(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    v1::StepBatch& batch = *request_.mutable_batch();
-    std::vector<v1::StepBatch> parts(ranks_.size());
+    v1::StepBatch& batch = *request_->mutable_batch();
+    // On the request's arena, so that records move into them by pointer.
+    std::vector<v1::StepBatch*> parts(ranks_.size());
+    for (v1::StepBatch*& part : parts) {
+      part = google::protobuf::Arena::CreateMessage<v1::StepBatch>(arena_.get());
+    }
     for (v1::StepRecord& r : *batch.mutable_records()) {
       size_t i = 0;
       while (ranks_[i]->key.rank != r.rank()) ++i;  // RefuseForeignRanks kept it
       r.clear_rank();
-      parts[i].mutable_records()->Add(std::move(r));
+      parts[i]->mutable_records()->Add(std::move(r));
     }
     size_t sender = 0;
     while (ranks_[sender] != stream_) ++sender;
-    parts[sender].set_dropped(batch.dropped());
+    parts[sender]->set_dropped(batch.dropped());
     std::vector<size_t> sent;
     for (size_t i = 0; i < parts.size(); ++i) {
-      if (parts[i].records_size() > 0 || i == sender) sent.push_back(i);
+      if (parts[i]->records_size() > 0 || i == sender) sent.push_back(i);
     }
     parts_[seq] = Parts{.durable = sent.size(), .processed = sent.size()};
     for (size_t i : sent) {
-      parts[i].set_seq(seq);
-      const size_t records = static_cast<size_t>(parts[i].records_size());
+      parts[i]->set_seq(seq);
+      const size_t records = static_cast<size_t>(parts[i]->records_size());
       ++pending_;
       ingest_->engine_->SubmitBatch(
-          ranks_[i], std::move(parts[i]),
+          ranks_[i], arena_, parts[i],
           [this, seq](absl::Status s) { OnDurable(seq, s); },
           [this, seq, records] { OnProcessed(seq, records); });
     }
@@ -508,7 +520,11 @@ class ReportReactor final
   const TokenScope* const scope_;
   absl::Mutex mu_;
   grpc::ByteBuffer request_bytes_;   // owned by the read in flight
-  v1::ReportRequest request_;        // the last message read, parsed
+  // The last message read, parsed onto its own arena, which a batch's
+  // records take with them to the store.
+  static constexpr size_t kMinArenaBlock = 1024, kMaxArenaBlock = size_t{4} << 20;
+  std::shared_ptr<google::protobuf::Arena> arena_;
+  v1::ReportRequest* request_ = nullptr;
   v1::ReportResponse response_;
   grpc::ByteBuffer response_bytes_;  // owned by the write in flight
   StreamHandle stream_;          // set by the first message: the sender's rank

@@ -190,9 +190,22 @@ struct WriteOp {
   struct Start {
     v1::RunStart start;
   };
-  struct Batch {
-    // In arrival order: the parsed request's own records, moved, not copied.
-    google::protobuf::RepeatedPtrField<v1::StepRecord> records;
+  // In arrival order: the parsed request's own records, moved, not copied:
+  // on the arena the request was parsed onto (kept alive with them), or
+  // on the heap.
+  class Batch {
+   public:
+    using Records = google::protobuf::RepeatedPtrField<v1::StepRecord>;
+    Batch(Records records = {}) : heap_(std::move(records)) {}  // NOLINT: a batch is its records
+    // `records` lives on `arena`.
+    Batch(std::shared_ptr<google::protobuf::Arena> arena, Records* records)
+        : arena_(std::move(arena)), on_arena_(records) {}
+    const Records& records() const { return on_arena_ != nullptr ? *on_arena_ : heap_; }
+
+   private:
+    Records heap_;
+    std::shared_ptr<google::protobuf::Arena> arena_;
+    Records* on_arena_ = nullptr;
   };
   struct Event {
     v1::RunEvent event;
@@ -248,7 +261,7 @@ struct WriteOp {
   // The records of a batch; 0 for the other kinds.
   size_t records() const {
     const Batch* b = std::get_if<Batch>(&body);
-    return b == nullptr ? 0 : static_cast<size_t>(b->records.size());
+    return b == nullptr ? 0 : static_cast<size_t>(b->records().size());
   }
 };
 

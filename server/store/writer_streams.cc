@@ -127,7 +127,7 @@ absl::Status StoreWriter::ApplyStart(const WriteOp& op, WriteResult& result) {
 
 absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
   const google::protobuf::RepeatedPtrField<v1::StepRecord>& records =
-      std::get<WriteOp::Batch>(op.body).records;
+      std::get<WriteOp::Batch>(op.body).records();
   absl::StatusOr<StreamState*> stream = StartedStream(op.key);
   if (!stream.ok()) return stream.status();
   StreamState& st = **stream;
