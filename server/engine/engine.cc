@@ -9,6 +9,7 @@
 #include "engine/baseline_loader.h"
 #include "engine/run_state.h"
 #include "health/run/convert.h"
+#include "store/codec/step_codec.h"
 
 namespace trainwatch {
 
@@ -209,6 +210,10 @@ void Engine::SubmitBatch(const StreamHandle& stream, std::shared_ptr<google::pro
 
 void Engine::Submit(const StreamHandle& stream, WriteOp::Batch records, uint64_t dropped,
                     DoneCallback done, std::function<void()> processed) {
+  // On the thread that parsed them: the MoE counts' code for the store
+  // (3 passes over 49 KB a 48 x 128 report, which the store thread, a queue
+  // later, read from memory).
+  records.set_moe_counts(EncodeMoeCounts(records.records()));
   WriteOp op{.key = stream->key,
              .body = std::move(records),
              .received_unix_nanos = clock_->NowUnixNanos()};

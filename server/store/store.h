@@ -201,8 +201,13 @@ struct WriteOp {
     Batch(std::shared_ptr<google::protobuf::Arena> arena, Records* records)
         : arena_(std::move(arena)), on_arena_(records) {}
     const Records& records() const { return on_arena_ != nullptr ? *on_arena_ : heap_; }
+    // EncodeMoeCounts(records()), coded ahead where they were parsed, or
+    // empty (none has counts, or not coded ahead).
+    const std::string& moe_counts() const { return moe_counts_; }
+    void set_moe_counts(std::string coded) { moe_counts_ = std::move(coded); }
 
    private:
+    std::string moe_counts_;
     Records heap_;
     std::shared_ptr<google::protobuf::Arena> arena_;
     Records* on_arena_ = nullptr;

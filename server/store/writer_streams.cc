@@ -126,8 +126,8 @@ absl::Status StoreWriter::ApplyStart(const WriteOp& op, WriteResult& result) {
 }
 
 absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
-  const google::protobuf::RepeatedPtrField<v1::StepRecord>& records =
-      std::get<WriteOp::Batch>(op.body).records();
+  const WriteOp::Batch& batch = std::get<WriteOp::Batch>(op.body);
+  const google::protobuf::RepeatedPtrField<v1::StepRecord>& records = batch.records();
   absl::StatusOr<StreamState*> stream = StartedStream(op.key);
   if (!stream.ok()) return stream.status();
   StreamState& st = **stream;
@@ -155,7 +155,7 @@ absl::Status StoreWriter::ApplyBatch(const WriteOp& op, WriteResult& result) {
       .Bind(3, int64_t{op.key.attempt}).Bind(4, first)
       .Bind(5, *st.last_step)
       .Bind(6, static_cast<int64_t>(picked_.size()));
-  const std::string blob = EncodeStepChunk(records, picked_);
+  const std::string blob = EncodeStepChunk(records, picked_, batch.moe_counts());
   insert_chunk_.BindBlobUntilRun(7, blob);
   if (absl::Status s = insert_chunk_.Run(); !s.ok()) return s;
   if (rank_stream) {

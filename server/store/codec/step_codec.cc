@@ -352,8 +352,18 @@ void Gather(size_t n, Get& at, bool moe_counts, Columns& c) {
 }
 #undef TW_GATHER
 
+// The MoE counts' bit stream of the chunk's reports (all the records' that
+// have one), byte-aligned at the end of `out`.
+void AppendMoeCounts(const std::vector<const v1::MoeStats*>& reports, std::string& out) {
+  BitWriter moe(&out);
+  codec::PutMoeCounts(moe, reports);
+  moe.Finish();
+}
+
+// `moe_precoded`: the chunk's MoE counts coded ahead (EncodeMoeCounts of
+// exactly these records), or empty.
 template <typename Get>
-std::string Encode(size_t n, Get&& at) {
+std::string Encode(size_t n, Get&& at, std::string_view moe_precoded = {}) {
   std::string out;
   out.reserve(16 + n * 48);
   // Format 2 only for a chunk with MoE counts: the others stay readable by
@@ -427,9 +437,11 @@ std::string Encode(size_t n, Get&& at) {
   // Format 2: the MoE counts, a bit stream of their own after the residues
   // (the reader needs the layers' names, which the residues hold).
   if (moe_counts) {
-    BitWriter moe(&out);
-    codec::PutMoeCounts(moe, c.reports);
-    moe.Finish();
+    if (moe_precoded.empty()) {
+      AppendMoeCounts(c.reports, out);
+    } else {
+      out.append(moe_precoded);
+    }
   }
   return out;
 }
@@ -626,10 +638,26 @@ std::string EncodeStepChunk(const RepeatedPtrField<StepRecord>& records) {
 }
 
 std::string EncodeStepChunk(const RepeatedPtrField<StepRecord>& records,
-                            absl::Span<const size_t> indices) {
-  return Encode(indices.size(), [&](size_t i) -> const StepRecord& {
-    return records[static_cast<int>(indices[i])];
-  });
+                            absl::Span<const size_t> indices, std::string_view moe_counts) {
+  bool all = indices.size() == static_cast<size_t>(records.size());
+  for (size_t i = 0; i < indices.size() && all; ++i) all = indices[i] == i;
+  return Encode(
+      indices.size(),
+      [&](size_t i) -> const StepRecord& { return records[static_cast<int>(indices[i])]; },
+      all ? moe_counts : std::string_view());
+}
+
+std::string EncodeMoeCounts(const RepeatedPtrField<StepRecord>& records) {
+  std::vector<const v1::MoeStats*> reports;
+  bool counts = false;
+  for (const StepRecord& r : records) {
+    if (!r.has_moe()) continue;
+    reports.push_back(&r.moe());
+    counts = counts || codec::HasMoeCounts(r.moe());
+  }
+  std::string out;
+  if (counts) AppendMoeCounts(reports, out);
+  return out;
 }
 
 absl::Status DecodeStepChunk(std::string_view blob,

@@ -56,10 +56,18 @@ inline constexpr unsigned char kStepChunkFloat32 = 0x10;
 // Encodes `records` in order (the writer passes only the ones it stores).
 std::string EncodeStepChunk(
     const google::protobuf::RepeatedPtrField<v1::StepRecord>& records);
-// The records at `indices` of `records`, in that order.
+// The records at `indices` of `records`, in that order. `moe_counts`, when
+// given, is EncodeMoeCounts(records): used when the indices are all of
+// them in order (a batch of records none of which was stored before).
 std::string EncodeStepChunk(
     const google::protobuf::RepeatedPtrField<v1::StepRecord>& records,
-    absl::Span<const size_t> indices);
+    absl::Span<const size_t> indices, std::string_view moe_counts = {});
+
+// The MoE counts' part of the chunk of all `records` (empty when none has
+// counts): the bytes EncodeStepChunk ends with. Ingest codes them ahead, on
+// the thread that parsed them while they are still in its cache; the
+// writer's first pass over them waited on memory.
+std::string EncodeMoeCounts(const google::protobuf::RepeatedPtrField<v1::StepRecord>& records);
 
 // Appends `v` as a base-128 varint, as protobuf writes one (the count at
 // the head of a chunk, and rank_digest.h's rank_tail rows).

@@ -616,6 +616,28 @@ TEST(StepCodec, MoeCountsOfEveryCodeLengthRoundTrip) {
   }
 }
 
+// Ingest codes a batch's MoE counts ahead (EncodeMoeCounts): the chunk the
+// writer makes with them is the one it makes without, byte for byte, and a
+// chunk of only some of the records ignores them.
+TEST(StepCodec, MoeCountsCodedAheadMakeTheSameChunk) {
+  for (uint64_t seed = 1; seed <= 100; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    const Records records = RandomMoeRecords(seed, static_cast<int>(1 + seed % 40));
+    const std::string ahead = EncodeMoeCounts(records);
+    std::vector<size_t> all(static_cast<size_t>(records.size()));
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    ASSERT_EQ(EncodeStepChunk(records, all, ahead), EncodeStepChunk(records));
+    bool counts = false;
+    for (const v1::StepRecord& r : records) {
+      for (const v1::MoeLayerStats& l : r.moe().layers()) counts = counts || l.tokens_per_expert_size() > 0;
+    }
+    EXPECT_EQ(ahead.empty(), !counts);
+    if (all.size() < 2) continue;
+    std::vector<size_t> some(all.begin() + 1, all.end());
+    ASSERT_EQ(EncodeStepChunk(records, some, ahead), EncodeStepChunk(records, some));
+  }
+}
+
 TEST(StepCodec, OnlyChunksWithMoeCountsTakeTheNewFormat) {
   Records plain = RandomRecords(4, 50);
   EXPECT_EQ(static_cast<unsigned char>(EncodeStepChunk(plain)[0]),
