@@ -45,6 +45,10 @@ class ReportReactor final
     } else if (!end_status_.has_value()) {
       absl::Status s = ParseLocked();
       if (s.ok()) s = HandleLocked();
+      // The message is handled: its arena stays only with the records it
+      // sent on (an idle stream would otherwise hold its last batch).
+      request_ = nullptr;
+      arena_.reset();
       if (!s.ok()) {
         ingest_->CountRejected(s);
         EndLocked(ToGrpcStatus(s));
@@ -520,7 +524,7 @@ class ReportReactor final
   const TokenScope* const scope_;
   absl::Mutex mu_;
   grpc::ByteBuffer request_bytes_;   // owned by the read in flight
-  // The last message read, parsed onto its own arena, which a batch's
+  // The message being handled, parsed onto its own arena, which a batch's
   // records take with them to the store.
   static constexpr size_t kMinArenaBlock = 1024, kMaxArenaBlock = size_t{4} << 20;
   std::shared_ptr<google::protobuf::Arena> arena_;

@@ -271,12 +271,12 @@ class BaselineDeviation final : public Detector {
     return out;
   }
 
-  const HealthConfig& config_;
-  std::shared_ptr<const BaselineReferences> refs_;
   void ClearStatus() {
     if (status_ != nullptr) *status_ = BaselineStatus{};
   }
 
+  const HealthConfig& config_;
+  std::shared_ptr<const BaselineReferences> refs_;
   BaselineStatus* status_ = nullptr;  // the run health's
   BaselineAxis axis_ = BaselineAxis::kStep;
   std::vector<Watch> watches_;
