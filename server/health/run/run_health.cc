@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "health/signals/baseline_band.h"
 #include "health/signals/change_detection.h"
 
 namespace trainwatch {
@@ -160,7 +161,13 @@ void RunHealth::ResetLead(uint64_t step, int64_t now_unix_nanos) {
 
 void RunHealth::SetBaselines(std::shared_ptr<const BaselineReferences> refs) {
   baseline_refs_ = std::move(refs);
-  baseline_status_ = BaselineStatus{};
+  // Without references there is nothing to show. With them, the last bin
+  // stays until the detector closes the next: each new stream of the run
+  // loads its references again, maybe after its last batch, and /metrics
+  // would lose the series until the run sent 20 more records.
+  if (baseline_refs_ == nullptr || baseline_refs_->runs.empty()) {
+    baseline_status_ = BaselineStatus{};
+  }
   for (auto& d : detectors_) d->OnBaselines(baseline_refs_, &baseline_status_);
 }
 

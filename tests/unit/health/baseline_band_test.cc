@@ -306,11 +306,15 @@ TEST(BaselineDeviation, ARunOfAnotherLrWhoseLossMovedIsNamedWithTheRatio) {
 }
 
 // What /metrics shows (trainwatch_baseline_loss_ratio): the last loss bin
-// judged, none after a rewind to before it until the resumed run closes one.
+// judged, kept when the references are loaded again (each new stream of the
+// run loads them, maybe after its last batch), none once the run has no
+// references, and none after a rewind to before it until the resumed run
+// closes one.
 TEST(BaselineDeviation, ItsStatusIsTheLastLossBinAndARewindClearsIt) {
   HealthHarness h(Lm());
   EXPECT_FALSE(h.health().baseline_status().judged);
-  h.health().SetBaselines(Refs({{.seed = 1}, {.seed = 2}}, 1200));
+  const auto refs = Refs({{.seed = 1}, {.seed = 2}}, 1200);
+  h.health().SetBaselines(refs);
   std::mt19937 rng(3);
   const Curve run{.seed = 3};
   for (uint64_t s = 0; s < 600; ++s) h.Lead(run.At(s, rng));
@@ -320,6 +324,15 @@ TEST(BaselineDeviation, ItsStatusIsTheLastLossBinAndARewindClearsIt) {
   EXPECT_LT(status.step, 600u);
   EXPECT_LT(status.lower, status.ratio);
   EXPECT_LT(status.ratio, status.upper);
+  const uint64_t judged_at = status.step;
+  h.health().SetBaselines(refs);
+  ASSERT_TRUE(h.health().baseline_status().judged);
+  EXPECT_EQ(h.health().baseline_status().step, judged_at);
+  h.health().SetBaselines(nullptr);
+  EXPECT_FALSE(h.health().baseline_status().judged);
+  h.health().SetBaselines(refs);
+  for (uint64_t s = 600; s < 640; ++s) h.Lead(run.At(s, rng));
+  ASSERT_TRUE(h.health().baseline_status().judged);
   h.health().Rewind(400);
   EXPECT_FALSE(h.health().baseline_status().judged);
   for (uint64_t s = 400; s < 460; ++s) h.Lead(run.At(s, rng));
