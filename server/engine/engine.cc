@@ -212,8 +212,10 @@ void Engine::Submit(const StreamHandle& stream, WriteOp::Batch records, uint64_t
                     DoneCallback done, std::function<void()> processed) {
   // On the thread that parsed them: the MoE counts' code for the store
   // (3 passes over 49 KB a 48 x 128 report, which the store thread, a queue
-  // later, read from memory).
-  records.set_moe_counts(EncodeMoeCounts(records.records()));
+  // later, read from memory). Rank 0's only: the store keeps the other
+  // ranks' records as digests by default, and codes any chunk it is not
+  // handed a code for.
+  if (stream->key.rank == 0) records.set_moe_counts(EncodeMoeCounts(records.records()));
   WriteOp op{.key = stream->key,
              .body = std::move(records),
              .received_unix_nanos = clock_->NowUnixNanos()};

@@ -113,7 +113,7 @@ void RunExporter::OnWindows(const RunHealth& h) {
     m.baseline_loss_ratio.Set(b.ratio);
     m.baseline_band_lower.Set(b.lower);
     m.baseline_band_upper.Set(b.upper);
-  } else {  // none judged yet, or no longer (a rewind, other references)
+  } else {  // none judged yet, or no longer (a rewind, or no references now)
     m.baseline_loss_ratio.Remove();
     m.baseline_band_lower.Remove();
     m.baseline_band_upper.Remove();

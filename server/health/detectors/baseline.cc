@@ -108,7 +108,7 @@ class BaselineDeviation final : public Detector {
   // resumed run closes one.
   void OnRewind(uint64_t step) override {
     watches_.clear();
-    ClearStatus();
+    if (status_ != nullptr) *status_ = BaselineStatus{};
   }
 
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
@@ -269,10 +269,6 @@ class BaselineDeviation final : public Detector {
                              BaselineUnits(metric, o.last->ref_median)));
     }
     return out;
-  }
-
-  void ClearStatus() {
-    if (status_ != nullptr) *status_ = BaselineStatus{};
   }
 
   const HealthConfig& config_;

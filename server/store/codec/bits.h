@@ -75,23 +75,24 @@ class BitWriter {
     void PutFlushed(uint64_t v, int bits) {
       acc_ = (acc_ << bits) | v;
       n_ += bits;
-      const uint64_t word = __builtin_bswap64(acc_ << (64 - n_));
-      std::memcpy(p_, &word, 8);
-      p_ += n_ >> 3;
-      n_ &= 7;
+      StorePending();
     }
     // Writes the pending whole bytes: fewer than 8 bits stay pending.
     void Flush() {
-      if (n_ == 0) return;
-      const uint64_t word = __builtin_bswap64(acc_ << (64 - n_));
-      std::memcpy(p_, &word, 8);
-      p_ += n_ >> 3;
-      n_ &= 7;
+      if (n_ > 0) StorePending();
     }
 
    private:
     friend class BitWriter;
     Reserved(char* p, uint64_t acc, int n) : p_(p), acc_(acc), n_(n) {}
+    // The n_ (1..64) pending bits as a whole word; the whole bytes among
+    // them are done.
+    void StorePending() {
+      const uint64_t word = __builtin_bswap64(acc_ << (64 - n_));
+      std::memcpy(p_, &word, 8);
+      p_ += n_ >> 3;
+      n_ &= 7;
+    }
     char* p_;
     uint64_t acc_;
     int n_;

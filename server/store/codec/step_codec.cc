@@ -352,6 +352,15 @@ void Gather(size_t n, Get& at, bool moe_counts, Columns& c) {
 }
 #undef TW_GATHER
 
+// Whether a chunk of these records has MoE counts (format 2).
+template <typename Get>
+bool AnyMoeCounts(size_t n, Get&& at) {
+  for (size_t i = 0; i < n; ++i) {
+    if (at(i).has_moe() && codec::HasMoeCounts(at(i).moe())) return true;
+  }
+  return false;
+}
+
 // The MoE counts' bit stream of the chunk's reports (all the records' that
 // have one), byte-aligned at the end of `out`.
 void AppendMoeCounts(const std::vector<const v1::MoeStats*>& reports, std::string& out) {
@@ -368,10 +377,7 @@ std::string Encode(size_t n, Get&& at, std::string_view moe_precoded = {}) {
   out.reserve(16 + n * 48);
   // Format 2 only for a chunk with MoE counts: the others stay readable by
   // a server that knows format 1 alone.
-  bool moe_counts = false;
-  for (size_t i = 0; i < n && !moe_counts; ++i) {
-    moe_counts = at(i).has_moe() && codec::HasMoeCounts(at(i).moe());
-  }
+  const bool moe_counts = AnyMoeCounts(n, at);
   out.push_back(static_cast<char>(
       (moe_counts ? kStepChunkColumnarV2 : kStepChunkColumnarV1) | kStepChunkFloat32));
   PutVarint(out, n);
@@ -648,15 +654,14 @@ std::string EncodeStepChunk(const RepeatedPtrField<StepRecord>& records,
 }
 
 std::string EncodeMoeCounts(const RepeatedPtrField<StepRecord>& records) {
-  std::vector<const v1::MoeStats*> reports;
-  bool counts = false;
-  for (const StepRecord& r : records) {
-    if (!r.has_moe()) continue;
-    reports.push_back(&r.moe());
-    counts = counts || codec::HasMoeCounts(r.moe());
-  }
   std::string out;
-  if (counts) AppendMoeCounts(reports, out);
+  const auto at = [&](size_t i) -> const StepRecord& { return records[static_cast<int>(i)]; };
+  if (!AnyMoeCounts(static_cast<size_t>(records.size()), at)) return out;
+  std::vector<const v1::MoeStats*> reports;
+  for (const StepRecord& r : records) {
+    if (r.has_moe()) reports.push_back(&r.moe());
+  }
+  AppendMoeCounts(reports, out);
   return out;
 }
 
