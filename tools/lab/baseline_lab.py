@@ -22,7 +22,13 @@ Held out for
 the third pass, chosen and frozen before any of their runs was trained:
 healthy-sgd (SGD with momentum, clipping at 1, z-loss, HF module names)
 and hb-zipf-titan (the Zipfian language with a hard batch every 20 steps,
-torchtitan parameter names: heavy tails in the loss).
+torchtitan parameter names: heavy tails in the loss). Those two, and the
+second pass's, are dev now.
+Held out for the fourth pass, chosen and frozen before any of their runs
+was trained: healthy-megatron-zipf-w200 (Megatron-Core parameter names, the
+Zipfian language, a 200-step warmup, then a constant LR) and
+healthy-titan-exp-d64x3 (torchtitan parameter names, d 64 x 3, beta2 0.99,
+an exponentially decaying LR).
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
@@ -59,6 +65,11 @@ False alarms: BaselineDeviation warning/critical on the healthy cases per
         --family healthy-sgd
     PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
         --family hb-zipf-titan
+    # held out for the fourth pass
+    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
+        --family healthy-megatron-zipf-w200
+    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
+        --family healthy-titan-exp-d64x3
 """
 
 import argparse

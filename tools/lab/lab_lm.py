@@ -182,6 +182,22 @@ FAMILIES = {
                              decay_steps=50, decay_from=200),
 }
 
+# -- held out: the reference-run band's fourth pass ----------------------------
+#
+# Healthy recipes for tools/lab/baseline_lab.py only (not in holdout.py's
+# sets), chosen and frozen before any of their runs was trained.
+BASELINE_FAMILIES = {
+    # Megatron-Core parameter names, the Zipfian language, a 200-step warmup
+    # (a third of the run) then a constant LR, d 80 x 2.
+    "healthy-megatron-zipf-w200": dict(style="megatron", names="param", norm="ln", bias=True,
+                                       pos=True, data="zipf", d=80, layers=2, warmup=200,
+                                       schedule="const"),
+    # torchtitan parameter names, RMSNorm, d 64 x 3, lr 2e-3 with beta2 0.99,
+    # the LR 10x lower every 400 steps from step 200.
+    "healthy-titan-exp-d64x3": dict(style="titan", names="param", layers=3, lr=2e-3, beta2=0.99,
+                                    schedule="exp", decay_from=200, decay_steps=400),
+}
+
 # -- held out: divergence inside warmup ---------------------------------------
 #
 # A second held-out set, made and frozen before any alert of it was looked
@@ -300,13 +316,13 @@ HELD_OUT_SPIKES = tuple(SPIKE_FAMILIES)
 HELD_OUT_SPIKES_2 = tuple(SPIKE_FAMILIES_2)
 FIT = tuple(CONFIGS)
 ALL = {**CONFIGS, **FAMILIES, **WARMUP_FAMILIES, **SPIKE_FAMILIES,
-       **SPIKE_FAMILIES_2}
+       **SPIKE_FAMILIES_2, **BASELINE_FAMILIES}
 
 
 def config(name, **overrides):
     cfg = dict(BASE)
     held_out = (FAMILIES.get(name) or WARMUP_FAMILIES.get(name) or SPIKE_FAMILIES.get(name)
-                or SPIKE_FAMILIES_2.get(name))
+                or SPIKE_FAMILIES_2.get(name) or BASELINE_FAMILIES.get(name))
     if held_out is not None:
         cfg.update(STYLED)
         cfg.update(held_out)
