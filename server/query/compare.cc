@@ -141,7 +141,7 @@ absl::StatusOr<v1::CompareRunsResponse> Query::CompareRuns(
         "--axis tokens: the run or a baseline has records without tokens");
   }
   out.set_axis(std::string(BaselineAxisName(axis)));
-  BaselineBand band(*metric, axis, *loaded);
+  BaselineBand band(*metric, axis, *loaded, lead->warmup_steps());
   ResidualCusum cusum(engine_->health_config().change.arl0, BandOptions{}.bin_steps);
   std::vector<double> widths;
   for (const v1::StepRecord& r : records) {

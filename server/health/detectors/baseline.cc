@@ -113,7 +113,7 @@ class BaselineDeviation final : public Detector {
 
   void OnStep(const StepContext& ctx, AlertSink& sink) override {
     if (refs_ == nullptr || refs_->runs.empty() || !ctx.post_warmup) return;
-    if (watches_.empty()) Start(ctx.record);
+    if (watches_.empty()) Start(ctx.record, ctx.run.warmup_steps);
     bool judged = false;
     for (Watch& w : watches_) {
       std::optional<BandBin> bin = w.band.Add(ctx.record);
@@ -164,8 +164,8 @@ class BaselineDeviation final : public Detector {
 
   struct Watch {
     Watch(BaselineMetric metric, BaselineAxis axis, std::shared_ptr<const BaselineReferences> refs,
-          const HealthConfig& config)
-        : band(metric, axis, std::move(refs)),
+          uint64_t warmup_steps, const HealthConfig& config)
+        : band(metric, axis, std::move(refs), warmup_steps),
           cusum(config.change.arl0, BandOptions{}.bin_steps),
           changed(config.change.arl0) {}
     BaselineBand band;
@@ -178,9 +178,11 @@ class BaselineDeviation final : public Detector {
   };
 
   // The axis is chosen on the run's first post-warmup record.
-  void Start(const v1::StepRecord& first) {
+  void Start(const v1::StepRecord& first, uint64_t warmup_steps) {
     axis_ = ChooseAxis(first, *refs_);
-    for (BaselineMetric m : kBaselineMetrics) watches_.emplace_back(m, axis_, refs_, config_);
+    for (BaselineMetric m : kBaselineMetrics) {
+      watches_.emplace_back(m, axis_, refs_, warmup_steps, config_);
+    }
   }
 
   // The loss decides: it is the recipe's outcome, where another seed or

@@ -126,8 +126,12 @@ BaselineAxis ChooseAxis(const v1::StepRecord& first_record, const BaselineRefere
 
 BaselineBand::BaselineBand(BaselineMetric metric, BaselineAxis axis,
                            std::shared_ptr<const BaselineReferences> refs,
-                           BandOptions options)
-    : metric_(metric), axis_(axis), refs_(std::move(refs)), options_(options) {
+                           uint64_t warmup_steps, BandOptions options)
+    : metric_(metric),
+      axis_(axis),
+      refs_(std::move(refs)),
+      options_(options),
+      warmup_steps_(warmup_steps) {
   const size_t m = static_cast<size_t>(metric);
   for (const ReferenceRun& run : refs_->runs) {
     RefCurve& c = curves_.emplace_back();
@@ -145,6 +149,7 @@ BaselineBand::BaselineBand(BaselineMetric metric, BaselineAxis axis,
       c.lr.push_back(p.lr);
     }
     c.noise = NoiseFromDiffs(diffs);
+    if (!c.x.empty() && !(c.x.front() <= refs_start_x_)) refs_start_x_ = c.x.front();
   }
 }
 
@@ -159,6 +164,11 @@ std::optional<BandBin> BaselineBand::Add(const v1::StepRecord& record) {
   if (axis_ == BaselineAxis::kTokens && !record.has_tokens()) return std::nullopt;
   const double x = axis_ == BaselineAxis::kTokens ? static_cast<double>(record.tokens())
                                                   : static_cast<double>(record.step());
+  if (!judge_from_.has_value()) {
+    const bool from_warmup_end = record.step() < warmup_steps_ + options_.bin_steps;
+    judge_from_ = from_warmup_end && x > refs_start_x_ ? 2 * x - refs_start_x_ : x;
+  }
+  if (x < *judge_from_) return std::nullopt;
   if (last_value_.has_value()) {
     run_diffs_.push_back(*v - *last_value_);
     if (run_diffs_.size() > kNoiseDiffs) run_diffs_.pop_front();

@@ -26,6 +26,13 @@
 // never below min_half_width / band_sigmas (curves that agree to the last
 // digit do not make a band of zero width).
 //
+// A run whose warmup ended later on the axis than its references' (another
+// batch size on the token axis: the same warmup steps are more tokens) is
+// behind them at first, its LR having risen over more of the data, and
+// catches up over about as much again: its first records, as far along the
+// axis as its warmup's end lies past theirs, are not judged. Only for a run
+// seen from its warmup's end (a resumed attempt is judged at once).
+//
 // Each bin also carries the run's learning rate against the references':
 // seeds of one recipe share their schedule to the digit, so a ratio away
 // from 1 says the run is another recipe (the LR 10x of a config gone wrong),
@@ -137,13 +144,15 @@ struct BandBin {
 // The band of one metric on one axis, fed the run's post-warmup records.
 class BaselineBand {
  public:
-  // `refs` must not be null.
+  // `refs` must not be null; `warmup_steps`: the run's (RunStart's).
   BaselineBand(BaselineMetric metric, BaselineAxis axis,
-               std::shared_ptr<const BaselineReferences> refs, BandOptions options = {});
+               std::shared_ptr<const BaselineReferences> refs, uint64_t warmup_steps,
+               BandOptions options = {});
 
   // A post-warmup record of the run, in step order. Returns the bin it
   // closed, when the references cover it. A record without the metric (or
-  // without tokens on the token axis) is left out.
+  // without tokens on the token axis) is left out, and so is one the run's
+  // longer warmup leaves behind (above).
   std::optional<BandBin> Add(const v1::StepRecord& record);
   // Drops the bin being filled (a rewind to an earlier step).
   void Reset();
@@ -172,6 +181,12 @@ class BaselineBand {
   const BaselineAxis axis_;
   const std::shared_ptr<const BaselineReferences> refs_;
   const BandOptions options_;
+  const uint64_t warmup_steps_;
+  // The references' warmups' end on the axis: their first point's x, the
+  // latest (NaN: none).
+  double refs_start_x_ = std::numeric_limits<double>::quiet_NaN();
+  // Where the run is judged from on the axis, set by its first record.
+  std::optional<double> judge_from_;
   // Per reference: its points' x and value (finite values only), x sorted,
   // and its noise (robust sd of one record).
   struct RefCurve {

@@ -78,7 +78,7 @@ std::shared_ptr<const BaselineReferences> Refs(std::vector<Curve> curves, uint64
 
 TEST(BaselineBand, BinsAreTwentyRecordsJudgedAgainstTheReferencesMedian) {
   auto refs = Refs({{.seed = 1}, {.seed = 2}}, 600);
-  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kTokens, refs);
+  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kTokens, refs, kWarmup);
   std::mt19937 rng(3);
   std::vector<BandBin> bins;
   for (uint64_t s = kWarmup; s < 600; ++s) {
@@ -100,7 +100,7 @@ TEST(BaselineBand, BinsAreTwentyRecordsJudgedAgainstTheReferencesMedian) {
 
 TEST(BaselineBand, AReferenceThatDoesNotCoverABinIsNotJudged) {
   auto refs = Refs({{.seed = 1}}, 300);  // the reference ends at step 299
-  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kStep, refs);
+  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kStep, refs, kWarmup);
   std::mt19937 rng(3);
   uint64_t last_judged = 0;
   for (uint64_t s = kWarmup; s < 600; ++s) {
@@ -116,7 +116,7 @@ TEST(BaselineBand, TokensAlignARunWithAnotherBatchSize) {
   auto refs = Refs({{.seed = 1}, {.seed = 2}, {.seed = 4}}, 1200);
   const Curve run{.seed = 3, .tokens_per_step = 2048};
   for (BaselineAxis axis : {BaselineAxis::kTokens, BaselineAxis::kStep}) {
-    BaselineBand band(BaselineMetric::kLoss, axis, refs);
+    BaselineBand band(BaselineMetric::kLoss, axis, refs, kWarmup);
     ResidualCusum cusum(1e6, 20);
     std::mt19937 rng(3);
     bool better = false, worse = false;
@@ -137,7 +137,7 @@ TEST(BaselineBand, ARunWithAnotherBatchKeepsItsReferencesLrByStep) {
   // at half the step and another LR (up to 1.4x here), at the same step the
   // same one. It is the recipe's schedule: the ratio kept is 1.
   auto refs = Refs({{.seed = 1}, {.seed = 2}}, 1200);
-  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kTokens, refs);
+  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kTokens, refs, kWarmup);
   std::mt19937 rng(3);
   int bins = 0;
   for (uint64_t s = kWarmup; s < 600; ++s) {
@@ -150,7 +150,7 @@ TEST(BaselineBand, ARunWithAnotherBatchKeepsItsReferencesLrByStep) {
   EXPECT_GT(bins, 20);
   // Ten times the LR is another recipe on either axis.
   for (BaselineAxis axis : {BaselineAxis::kTokens, BaselineAxis::kStep}) {
-    BaselineBand hot(BaselineMetric::kLoss, axis, refs);
+    BaselineBand hot(BaselineMetric::kLoss, axis, refs, kWarmup);
     std::optional<BandBin> last;
     for (uint64_t s = kWarmup; s < 600; ++s) {
       if (auto b = hot.Add(Curve{.seed = 3, .lr = 1e-2}.At(s, rng))) last = b;
@@ -158,6 +158,37 @@ TEST(BaselineBand, ARunWithAnotherBatchKeepsItsReferencesLrByStep) {
     ASSERT_TRUE(last.has_value());
     EXPECT_NEAR(last->lr_ratio, 10.0, 1e-3);
     EXPECT_TRUE(last->lr_changed());
+  }
+}
+
+TEST(BaselineBand, ARunWhoseWarmupEndsLaterOnTheAxisIsJudgedOnceItCouldHaveCaughtUp) {
+  // Twice the batch with the same 50 warmup steps: the run's warmup ends at
+  // 104k tokens, its references' at 52k. Its first 52k tokens after it are
+  // not judged, nor on the step axis a warmup 40 steps longer's first 40.
+  auto refs = Refs({{.seed = 1}, {.seed = 2}}, 600);
+  std::mt19937 rng(3);
+  BaselineBand twice(BaselineMetric::kLoss, BaselineAxis::kTokens, refs, kWarmup);
+  std::optional<BandBin> first;
+  for (uint64_t s = kWarmup; s < 300 && !first; ++s) {
+    first = twice.Add(Curve{.seed = 3, .tokens_per_step = 2048}.At(s, rng));
+  }
+  ASSERT_TRUE(first.has_value());
+  // Tokens are (step + 1) x a step's: from 2 x 104,448 - 52,224 = 156,672, step 76.
+  EXPECT_EQ(first->first_step, 76u);
+  BaselineBand longer(BaselineMetric::kLoss, BaselineAxis::kStep, refs, 90);
+  first.reset();
+  for (uint64_t s = 90; s < 400 && !first; ++s) first = longer.Add(Curve{.seed = 3}.At(s, rng));
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->first_step, 130u);
+  // The same batch, and a resumed attempt seen from step 300 only, are
+  // judged from their first record.
+  for (const auto& [warmup, from] : {std::pair<uint64_t, uint64_t>{kWarmup, kWarmup},
+                                     std::pair<uint64_t, uint64_t>{kWarmup, 300}}) {
+    BaselineBand same(BaselineMetric::kLoss, BaselineAxis::kTokens, refs, warmup);
+    first.reset();
+    for (uint64_t s = from; s < 600 && !first; ++s) first = same.Add(Curve{.seed = 3}.At(s, rng));
+    ASSERT_TRUE(first.has_value());
+    EXPECT_EQ(first->first_step, from);
   }
 }
 
@@ -181,7 +212,7 @@ TEST(BaselineBand, TwoReferencesSpreadIsTheirRootMeanSquareNotTheirMedian) {
       run.points.push_back(p);
     }
   }
-  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kStep, refs);
+  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kStep, refs, kWarmup);
   std::optional<BandBin> last;
   for (uint64_t s = kWarmup; s < kWarmup + 200; ++s) {
     v1::StepRecord r;
