@@ -18,6 +18,14 @@ constexpr double kMadToSd = 1.4826;
 constexpr double kMedianEfficiency = 1.2533;
 // Successive differences kept for the run's noise.
 constexpr size_t kNoiseDiffs = 400;
+// A bin where the references' median moves more than this many sds of the
+// bin's noise over its width is steep: there seeds differ most (one is a
+// little ahead of another along the axis, and the curve falls fast), and
+// that spread says little of theirs where the curve has flattened. The
+// band of a flat bin pools the spread of flat bins only, once there are
+// kMinFlatBins of them; a steep bin's pools every bin, as before.
+constexpr double kSteep = 2.0;
+constexpr size_t kMinFlatBins = 3;
 
 double Median(std::vector<double> v) {
   if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
@@ -225,6 +233,23 @@ double BaselineBand::RefLrBySteps(size_t ref, uint64_t first, uint64_t last) con
   return Median(std::move(in));
 }
 
+double BaselineBand::RefSlope(double x0, double x1) const {
+  const double w = x1 - x0;
+  if (!(w > 0)) return 0;
+  std::vector<double> slopes;
+  for (size_t i = 0; i < curves_.size(); ++i) {
+    const auto after = RefValue(i, x1 + 1, x1 + w);
+    if (!after.has_value()) continue;
+    // From the width before, or from the bin itself at the reference's start.
+    if (const auto before = RefValue(i, x0 - w, x0 - 1); before.has_value()) {
+      slopes.push_back((after->first - before->first) / 2);
+    } else if (const auto at = RefValue(i, x0, x1); at.has_value()) {
+      slopes.push_back(after->first - at->first);
+    }
+  }
+  return slopes.empty() ? 0 : std::abs(Median(std::move(slopes)));
+}
+
 std::optional<BandBin> BaselineBand::Close() {
   BandBin b;
   b.first_step = bin_.front().step;
@@ -284,12 +309,18 @@ std::optional<BandBin> BaselineBand::Close() {
     // s^2 (1 + 1/k).
     double ss = 0;
     for (double v : ref_values) ss += (v - b.ref_median) * (v - b.ref_median);
+    const bool steep = RefSlope(b.x_first, b.x_last) > kSteep * noise_sd;
     spreads_.push_back(ss / (k - 1));
     if (spreads_.size() > options_.spread_bins) spreads_.pop_front();
+    if (!steep) {
+      flat_spreads_.push_back(ss / (k - 1));
+      if (flat_spreads_.size() > options_.spread_bins) flat_spreads_.pop_front();
+    }
+    const std::deque<double>& pool =
+        !steep && flat_spreads_.size() >= kMinFlatBins ? flat_spreads_ : spreads_;
     double pooled = 0;
-    for (double var : spreads_) pooled += var;
-    const double spread =
-        std::sqrt(pooled / static_cast<double>(spreads_.size()) * (1 + 1 / k));
+    for (double var : pool) pooled += var;
+    const double spread = std::sqrt(pooled / static_cast<double>(pool.size()) * (1 + 1 / k));
     sd = ref_values.size() >= 3 ? spread : std::max(spread, noise_sd);
   }
   sd = std::max(sd, options_.min_half_width / options_.band_sigmas);

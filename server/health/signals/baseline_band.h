@@ -21,7 +21,12 @@
 //    (the run is one more draw of the recipe): its root mean square over the
 //    last spread_bins bins, so that one bin's few values do not set it (with
 //    two references a bin's spread is one degree of freedom, half-normal:
-//    its median is 0.67 of the sd, and seeds' bins have heavy tails);
+//    its median is 0.67 of the sd, and seeds' bins have heavy tails). Seeds
+//    differ most where the curve falls fast (one a little ahead of another
+//    along the axis): where the references' median moves over a bin by more
+//    than twice the bin's noise, the bin is steep, and a flat bin's band
+//    pools the spread of flat bins only (once there are 3), so the spread of
+//    a steep start does not widen the band where the curve has flattened;
 //  - with two, the larger of both;
 // never below min_half_width / band_sigmas (curves that agree to the last
 // digit do not make a band of zero width).
@@ -174,6 +179,11 @@ class BaselineBand {
   // The reference's median LR over its points whose x is in [x0, x1]; NaN
   // when it has none there.
   double RefLr(size_t ref, double x0, double x1) const;
+  // How far the references move over one bin's width about [x0, x1]: the
+  // median over them of half the change from the width before the bin to
+  // the width after (from the bin itself at a reference's start); 0 where
+  // none covers the width after.
+  double RefSlope(double x0, double x1) const;
   // ... whose step is in [first, last] (its points are in step order).
   double RefLrBySteps(size_t ref, uint64_t first, uint64_t last) const;
 
@@ -200,6 +210,7 @@ class BaselineBand {
   std::deque<double> run_diffs_;
   std::optional<double> last_value_;
   std::deque<double> spreads_;  // the references' variance in recent bins
+  std::deque<double> flat_spreads_;  // ... in recent bins where their median is flat
 };
 
 // The axis a run is compared on: tokens when the run's record and every

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "health/signals/baseline_band.h"
@@ -192,6 +194,51 @@ TEST(BaselineBand, ARunWhoseWarmupEndsLaterOnTheAxisIsJudgedOnceItCouldHaveCaugh
   }
 }
 
+// A loss that falls steeply from its warmup's end to a plateau at 2: at
+// `speed` 1 by e every 40 steps.
+double Plateau(uint64_t step, double speed, double noise, std::mt19937& rng) {
+  std::normal_distribution<double> g(0.0, noise);
+  const double t = speed * static_cast<double>(step - kWarmup) / 40.0;
+  return std::log(2.0 + 3.0 * std::exp(-t)) + g(rng);
+}
+
+TEST(BaselineBand, WhereTheCurveHasFlattenedTheSpreadOfItsSteepStartIsNotPooled) {
+  // One reference a third slower along the curve than the other: up to 0.3
+  // apart where the loss falls fast, within their noise on the plateau. A
+  // run 4% above the plateau from step 400 is out of a band as narrow as
+  // the references' spread there; the steep bins' spread (pooled over 25
+  // bins) would have hidden it until step ~650.
+  auto refs = std::make_shared<BaselineReferences>();
+  refs->source = "set";
+  std::mt19937 rng(5);
+  for (const double speed : {1.0, 0.67}) {
+    ReferenceRun& run = refs->runs.emplace_back();
+    run.ref.set_run(absl::StrCat("ref-", speed));
+    for (uint64_t s = kWarmup; s < 800; ++s) {
+      ReferencePoint p;
+      p.step = s;
+      p.value.fill(std::nanf(""));
+      p.value[static_cast<size_t>(BaselineMetric::kLoss)] =
+          static_cast<float>(Plateau(s, speed, 0.01, rng));
+      run.points.push_back(p);
+    }
+  }
+  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kStep, refs, kWarmup);
+  std::vector<BandBin> bins;
+  for (uint64_t s = kWarmup; s < 780; ++s) {
+    v1::StepRecord r;
+    r.set_step(s);
+    r.set_loss(std::exp(Plateau(s, 0.85, 0.01, rng)) * (s >= 400 ? 1.04 : 1.0));
+    if (auto b = band.Add(r)) bins.push_back(*b);
+  }
+  ASSERT_THAT(bins, SizeIs(36));
+  for (const BandBin& b : bins) {
+    // Steep: as wide as the references' spread there.
+    if (b.first_step >= 70 && b.first_step < 200) EXPECT_GT(b.half_width, 0.1) << b.first_step;
+    if (b.first_step >= 410) EXPECT_TRUE(b.outside()) << b.first_step << " z " << b.z;
+  }
+}
+
 TEST(BaselineBand, TwoReferencesSpreadIsTheirRootMeanSquareNotTheirMedian) {
   // Two references whose 20-step bins differ by 0.01 nine times in ten and
   // by 0.2 once (seeds' bins have heavy tails). With two, a bin's spread is
@@ -221,9 +268,11 @@ TEST(BaselineBand, TwoReferencesSpreadIsTheirRootMeanSquareNotTheirMedian) {
     if (auto b = band.Add(r)) last = b;
   }
   ASSERT_TRUE(last.has_value());
-  // var per bin d^2 / 2, pooled over the 10 bins, times (1 + 1/2): the run
-  // is a third draw.
-  const double var = (9 * 0.01 * 0.01 + 0.2 * 0.2) / 10 / 2 * 1.5;
+  // var per bin d^2 / 2, pooled over the last bin's flat ones, times (1 +
+  // 1/2): the run is a third draw. The references' median moves by 0.1 into
+  // and out of the fifth bin, so the fourth and sixth are steep (noiseless
+  // references: any move is) and pooled apart; the fifth is flat.
+  const double var = (7 * 0.01 * 0.01 + 0.2 * 0.2) / 8 / 2 * 1.5;
   EXPECT_NEAR(last->half_width, BandOptions{}.band_sigmas * std::sqrt(var), 2e-4);
 }
 
