@@ -28,7 +28,10 @@ Held out for the fourth pass, chosen and frozen before any of their runs
 was trained: healthy-megatron-zipf-w200 (Megatron-Core parameter names, the
 Zipfian language, a 200-step warmup, then a constant LR) and
 healthy-titan-exp-d64x3 (torchtitan parameter names, d 64 x 3, beta2 0.99,
-an exponentially decaying LR).
+an exponentially decaying LR). (Judged once with the band's flat-bin pool
+and the warmup's catch-up: no false alarm; missed titan-exp's LR 10x, whose
+loss stays within a seed's of its references, and megatron-zipf's batch by
+steps, 2-6% better at every bin; docs/baselines.md.)
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
