@@ -32,6 +32,11 @@ an exponentially decaying LR). (Judged once with the band's flat-bin pool
 and the warmup's catch-up: no false alarm; missed titan-exp's LR 10x, whose
 loss stays within a seed's of its references, and megatron-zipf's batch by
 steps, 2-6% better at every bin; docs/baselines.md.)
+Held out for the fifth pass, chosen and frozen after the fourth was judged
+and before any change was tried on its misses: healthy-hf-d128x1 (HF module
+names, one layer of 128, lr 1e-3, a 50-step warmup) and
+healthy-titan-zipf-bf16-w50 (torchtitan parameter names, bf16, the Zipfian
+language, a 50-step warmup, a constant LR, beta2 0.98).
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
@@ -73,6 +78,11 @@ False alarms: BaselineDeviation warning/critical on the healthy cases per
         --family healthy-megatron-zipf-w200
     PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
         --family healthy-titan-exp-d64x3
+    # held out for the fifth pass
+    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
+        --family healthy-hf-d128x1
+    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
+        --family healthy-titan-zipf-bf16-w50
 """
 
 import argparse

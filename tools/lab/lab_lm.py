@@ -196,6 +196,16 @@ BASELINE_FAMILIES = {
     # the LR 10x lower every 400 steps from step 200.
     "healthy-titan-exp-d64x3": dict(style="titan", names="param", layers=3, lr=2e-3, beta2=0.99,
                                     schedule="exp", decay_from=200, decay_steps=400),
+    # The fifth pass's, frozen after the fourth was judged and before any
+    # change was tried on its misses:
+    # HF module names, one wide layer (d 128, 8 heads), lr 1e-3, a 50-step
+    # warmup, cosine.
+    "healthy-hf-d128x1": dict(style="hf", names="module", d=128, layers=1, heads=8, lr=1e-3,
+                              warmup=50),
+    # torchtitan parameter names, bf16 autocast, the Zipfian language, a
+    # 50-step warmup, then a constant LR, beta2 0.98.
+    "healthy-titan-zipf-bf16-w50": dict(style="titan", names="param", precision="bf16",
+                                        data="zipf", warmup=50, schedule="const", beta2=0.98),
 }
 
 # -- held out: divergence inside warmup ---------------------------------------
