@@ -258,7 +258,7 @@ std::string Residue(const StepRecord& r, bool moe_counts) {
   static const google::protobuf::Reflection* const refl = StepRecord::GetReflection();
   thread_local std::vector<const google::protobuf::FieldDescriptor*> fields;
   google::protobuf::Arena arena;
-  StepRecord& rest = *google::protobuf::Arena::Create<StepRecord>(&arena);
+  StepRecord& rest = *google::protobuf::Arena::CreateMessage<StepRecord>(&arena);
   const bool split_moe = moe_counts && r.has_moe();
   fields.clear();
   refl->ListFields(r, &fields);
