@@ -12,6 +12,9 @@
 // made it worse, so its loss is also judged by a CUSUM for a 2-sd shift
 // (k = 1: a seed sits within a sd of its recipe) at a hundredth of
 // change.arl0, and the alert says the LR's ratio.
+// Compared by step, a grad norm out of its band while the loss is within
+// its own is info: the run is not its references' recipe step for step
+// (another batch size, most likely).
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -209,15 +212,32 @@ class BaselineDeviation final : public Detector {
         loss = &w;
       }
     }
+    // On the step axis, a grad norm out of its band on either side while
+    // the loss is within its own says the run is not its references'
+    // recipe step for step (another batch size: its gradient noise moves
+    // as 1/sqrt(B)): info, never a page. On the token axis another batch
+    // size is compared where it is the same recipe, and its grad norm
+    // differs as it must.
+    bool grad_only = false;
+    if (loss == nullptr && axis_ == BaselineAxis::kStep) {
+      for (Watch& w : watches_) {
+        if (w.band.metric() != BaselineMetric::kGradNorm || !w.last.has_value()) continue;
+        if ((w.verdict.worse && w.above >= kLevelBins) ||
+            (w.verdict.better && w.below >= kLevelBins)) {
+          loss = &w;
+          grad_only = true;
+        }
+      }
+    }
     if (loss == nullptr) {
       severity_ = v1::SEVERITY_UNSPECIFIED;
       return;
     }
-    const v1::Severity wanted = !loss->verdict.worse ? v1::SEVERITY_INFO
+    const v1::Severity wanted = !loss->verdict.worse || grad_only ? v1::SEVERITY_INFO
                                 : loss->verdict.beyond_twice >= kCriticalBins
                                     ? v1::SEVERITY_CRITICAL
                                     : v1::SEVERITY_WARNING;
-    const auto text = [&] { return Text(*loss, wanted); };
+    const auto text = [&] { return Text(*loss, wanted, grad_only); };
     const bool firing_before = severity_ != v1::SEVERITY_UNSPECIFIED;
     sink.Condition(AlertKind::kBaselineDeviation, step, true, std::abs(loss->last->z), text);
     if (firing_before && Rank(wanted) > Rank(severity_)) {
@@ -239,7 +259,9 @@ class BaselineDeviation final : public Detector {
     return s == v1::SEVERITY_CRITICAL ? 3 : s == v1::SEVERITY_WARNING ? 2 : s == v1::SEVERITY_INFO;
   }
 
-  AlertText Text(const Watch& w, v1::Severity severity) const {
+  // `grad_only`: w is the grad norm's, out of its band while the loss is
+  // within its own (the step axis).
+  AlertText Text(const Watch& w, v1::Severity severity, bool grad_only = false) const {
     const BaselineMetric metric = w.band.metric();
     const bool better = !w.verdict.worse;
     AlertText t;
@@ -249,7 +271,12 @@ class BaselineDeviation final : public Detector {
         Describe(metric, axis_, *w.last, w.verdict.onset_step), LrRatio(*w.last), "; baseline ",
         DescribeRefs(*refs_), " (", refs_->source, "), by ", BaselineAxisName(axis_),
         severity == v1::SEVERITY_CRITICAL ? "; beyond twice the band for 5 bins in a row" : "",
-        better ? "; better than the band: recorded, not paged" : "", AlsoOut(w));
+        grad_only ? "; the loss is within its band: at the same step the run is not its "
+                    "baseline's recipe (another batch size?); give StepRecord.tokens to compare "
+                    "by tokens; recorded, not paged"
+        : better  ? "; better than the band: recorded, not paged"
+                  : "",
+        AlsoOut(w));
     t.onset_step = w.verdict.onset_step;
     t.severity = severity == v1::SEVERITY_WARNING ? v1::SEVERITY_UNSPECIFIED : severity;
     return t;

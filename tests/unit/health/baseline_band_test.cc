@@ -33,6 +33,7 @@ struct Curve {
   uint64_t from_tokens = UINT64_MAX;
   double noise = 0.02;
   double lr = 1e-3;  // at step 100; it decays as 1 / sqrt(1 + step / 100)
+  double grad_factor = 1.0;  // on the grad norm (0.7: twice the batch's gradient noise)
 
   v1::StepRecord At(uint64_t step, std::mt19937& rng) const {
     const uint64_t tokens = (step + 1) * tokens_per_step;
@@ -45,7 +46,7 @@ struct Curve {
     r.set_step(step);
     r.set_tokens(tokens);
     r.set_loss(loss);
-    r.set_grad_norm(0.5 * std::exp(g(rng)));
+    r.set_grad_norm(0.5 * grad_factor * std::exp(g(rng)));
     r.set_lr(lr * std::sqrt(2.0) / std::sqrt(1.0 + static_cast<double>(step) / 100.0));
     return r;
   }
@@ -383,6 +384,36 @@ TEST(BaselineDeviation, ARunOfAnotherLrWhoseLossMovedIsNamedWithTheRatio) {
   ASSERT_THAT(fired, SizeIs(1));
   EXPECT_LE(fired[0].step, kWarmup + 200);
   EXPECT_THAT(fired[0].description, HasSubstr("lr 10x the baseline's"));
+}
+
+TEST(BaselineDeviation, AGradNormOutOfItsBandIsInfoByStepAndNothingByTokens) {
+  // The loss of its recipe and a grad norm 0.7x its references' (twice the
+  // batch's gradient noise). Without tokens, compared step for step, the
+  // run is not its references' recipe: info, the loss named as within its
+  // band. By tokens another batch size is compared as the same recipe, and
+  // its grad norm alone raises nothing, as in healthy runs.
+  for (const bool tokens : {false, true}) {
+    HealthHarness h(Lm());
+    h.health().SetBaselines(Refs({{.seed = 1}, {.seed = 2}}, 1200));
+    std::mt19937 rng(3);
+    for (uint64_t s = 0; s < 1200; ++s) {
+      v1::StepRecord r = Curve{.seed = 3, .grad_factor = 0.7}.At(s, rng);
+      if (!tokens) r.clear_tokens();
+      h.Lead(r);
+    }
+    const auto fired = h.Fired(AlertKind::kBaselineDeviation);
+    if (tokens) {
+      EXPECT_THAT(fired, IsEmpty());
+      continue;
+    }
+    ASSERT_THAT(fired, SizeIs(1));
+    EXPECT_LE(fired[0].step, kWarmup + 100);
+    EXPECT_THAT(fired[0].description, HasSubstr("grad_norm 0.3"));  // 0.35 vs 0.5
+    EXPECT_THAT(fired[0].description, HasSubstr("the loss is within its band"));
+    EXPECT_THAT(fired[0].description, HasSubstr("by step"));
+    EXPECT_EQ(h.health().tracker().episode(AlertKind::kBaselineDeviation).severity,
+              v1::SEVERITY_INFO);
+  }
 }
 
 // What /metrics shows (trainwatch_baseline_loss_ratio): the last loss bin
