@@ -118,6 +118,11 @@ class AlertSink {
   // Rewrites a firing alert's text and, when `severity` is not unspecified,
   // its severity (a deviation that has grown past twice its band is critical).
   virtual void Amend(AlertKind kind, AlertText text, v1::Severity severity) {}
+  // The severity `kind`'s episode fires at (the catalog's where its detector
+  // set none); nullopt while it does not fire.
+  virtual std::optional<v1::Severity> FiringSeverity(AlertKind kind) const {
+    return std::nullopt;
+  }
 };
 
 // Whether a lead step counts as clipped for the clip share: clipping fired

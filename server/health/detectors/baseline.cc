@@ -104,7 +104,6 @@ class BaselineDeviation final : public Detector {
     refs_ = std::move(refs);
     status_ = status;
     watches_.clear();
-    severity_ = v1::SEVERITY_UNSPECIFIED;
   }
 
   // The last bin judged lies past the rewind: /metrics shows none until the
@@ -229,21 +228,21 @@ class BaselineDeviation final : public Detector {
         }
       }
     }
-    if (loss == nullptr) {
-      severity_ = v1::SEVERITY_UNSPECIFIED;
-      return;
-    }
+    if (loss == nullptr) return;
     const v1::Severity wanted = !loss->verdict.worse || grad_only ? v1::SEVERITY_INFO
                                 : loss->verdict.beyond_twice >= kCriticalBins
                                     ? v1::SEVERITY_CRITICAL
                                     : v1::SEVERITY_WARNING;
     const auto text = [&] { return Text(*loss, wanted, grad_only); };
-    const bool firing_before = severity_ != v1::SEVERITY_UNSPECIFIED;
+    // The episode's own severity, not the last verdict's: an episode holds
+    // for resolve_after_steps after its last verdict, and a verdict that
+    // comes back within them (better, a bin within, then worse: an LR too
+    // high learns fast, then falls behind) is the same episode, raised.
+    const std::optional<v1::Severity> firing = sink.FiringSeverity(AlertKind::kBaselineDeviation);
     sink.Condition(AlertKind::kBaselineDeviation, step, true, std::abs(loss->last->z), text);
-    if (firing_before && Rank(wanted) > Rank(severity_)) {
+    if (firing.has_value() && Rank(wanted) > Rank(*firing)) {
       sink.Amend(AlertKind::kBaselineDeviation, text(), wanted);
     }
-    if (!firing_before || Rank(wanted) > Rank(severity_)) severity_ = wanted;
   }
 
   // The loss's last bin, as ratios to the references' median.
@@ -305,8 +304,6 @@ class BaselineDeviation final : public Detector {
   BaselineStatus* status_ = nullptr;  // the run health's
   BaselineAxis axis_ = BaselineAxis::kStep;
   std::vector<Watch> watches_;
-  // The severity reported for the episode under way (unspecified: none).
-  v1::Severity severity_ = v1::SEVERITY_UNSPECIFIED;
 };
 
 }  // namespace

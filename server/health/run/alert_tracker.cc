@@ -224,6 +224,12 @@ void AlertTracker::Amend(AlertKind kind, AlertText text, v1::Severity severity) 
   s.episode.update = false;
 }
 
+std::optional<v1::Severity> AlertTracker::FiringSeverity(AlertKind kind) const {
+  const AlertEpisode& e = states_[static_cast<size_t>(kind)].episode;
+  if (!e.firing) return std::nullopt;
+  return e.severity != v1::SEVERITY_UNSPECIFIED ? e.severity : Spec(kind).severity;
+}
+
 void AlertTracker::Restore(const AlertEpisode& episode) {
   State& s = states_[static_cast<size_t>(episode.kind)];
   s.episode = episode;

@@ -90,6 +90,7 @@ class AlertTracker final : public AlertSink {
   // is not empty) and tells the listener, as an update: what a spike's
   // recurrence learned.
   void Amend(AlertKind kind, AlertText text, v1::Severity severity) override;
+  std::optional<v1::Severity> FiringSeverity(AlertKind kind) const override;
 
   // Marks an alert as firing without telling the listener: its fire was
   // stored before a server restart and must not be sent again.

@@ -367,6 +367,27 @@ TEST(BaselineDeviation, BetterThanTheBandIsInfo) {
             v1::SEVERITY_INFO);
 }
 
+TEST(BaselineDeviation, BetterThenWorseIsOneEpisodeRaisedToItsWorstVerdict) {
+  // An LR too high learns fast, then falls behind: info while better (0.7x),
+  // then one bin above the band (no verdict: 2 are needed), then worse (3%
+  // above: a warning, within twice the band). The episode still holds
+  // (resolve_after_steps) across the bin between, and is raised, not left
+  // at info (healthy-hf-d128x1's LR 10x in the lab).
+  HealthHarness h(Lm());
+  h.health().SetBaselines(Refs({{.seed = 1}, {.seed = 2}}, 1200));
+  std::mt19937 rng(3);
+  for (uint64_t s = 0; s < 600; ++s) {
+    h.Lead(Curve{.seed = 3, .factor = s < 110 ? 0.7 : 1.03, .from_tokens = 0}.At(s, rng));
+  }
+  const auto fired = h.Fired(AlertKind::kBaselineDeviation);
+  ASSERT_THAT(fired, SizeIs(1));
+  EXPECT_LT(fired[0].step, 110u);
+  const AlertEpisode& e = h.health().tracker().episode(AlertKind::kBaselineDeviation);
+  EXPECT_TRUE(e.firing);
+  EXPECT_EQ(e.severity, v1::SEVERITY_WARNING) << e.text.description;  // within twice the band
+  EXPECT_THAT(e.text.description, HasSubstr("left the band at step 110")) << e.text.description;
+}
+
 TEST(BaselineDeviation, ARunOfAnotherLrWhoseLossMovedIsNamedWithTheRatio) {
   // 1.5% above its recipe, about 1.7 band sds: within what a seed may sit
   // at, so with the recipe's LR it raises nothing. With ten times the LR the
