@@ -235,10 +235,15 @@ class BaselineDeviation final : public Detector {
                                     : v1::SEVERITY_WARNING;
     const auto text = [&] { return Text(*loss, wanted, grad_only); };
     // The episode's own severity, not the last verdict's: an episode holds
-    // for resolve_after_steps after its last verdict, and a verdict that
-    // comes back within them (better, a bin within, then worse: an LR too
-    // high learns fast, then falls behind) is the same episode, raised.
-    const std::optional<v1::Severity> firing = sink.FiringSeverity(AlertKind::kBaselineDeviation);
+    // for resolve_after_steps after its last verdict, and a worse verdict
+    // within them raises it (warning to critical). A run better than its
+    // band that turns worse (an LR too high learns fast, then falls behind)
+    // is another episode: the info one resolves, and the page starts now.
+    std::optional<v1::Severity> firing = sink.FiringSeverity(AlertKind::kBaselineDeviation);
+    if (firing == v1::SEVERITY_INFO && wanted != v1::SEVERITY_INFO) {
+      sink.Resolve(AlertKind::kBaselineDeviation, step);
+      firing.reset();
+    }
     sink.Condition(AlertKind::kBaselineDeviation, step, true, std::abs(loss->last->z), text);
     if (firing.has_value() && Rank(wanted) > Rank(*firing)) {
       sink.Amend(AlertKind::kBaselineDeviation, text(), wanted);
