@@ -36,7 +36,10 @@ Held out for the fifth pass, chosen and frozen after the fourth was judged
 and before any change was tried on its misses: healthy-hf-d128x1 (HF module
 names, one layer of 128, lr 1e-3, a 50-step warmup) and
 healthy-titan-zipf-bf16-w50 (torchtitan parameter names, bf16, the Zipfian
-language, a 50-step warmup, a constant LR, beta2 0.98).
+language, a 50-step warmup, a constant LR, beta2 0.98). (Judged once with
+the grad norm's info by step: no false alarm, every case named but
+hf-d128x1's LR 10x, which exposed a defect: a better-than-band episode
+turning worse was never raised to a page; fixed after.)
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
