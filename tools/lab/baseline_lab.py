@@ -40,6 +40,11 @@ language, a 50-step warmup, a constant LR, beta2 0.98). (Judged once with
 the grad norm's info by step: no false alarm, every case named but
 hf-d128x1's LR 10x, which exposed a defect: a better-than-band episode
 turning worse was never raised to a page; fixed after.)
+Held out for the sixth pass, chosen and frozen after that fix, before any
+of their runs was trained: healthy-megatron-d96x2 (Megatron-Core module
+names, d 96 x 2, lr 2e-3), healthy-gpt2-zipf-w150 (GPT-2 parameter names,
+the Zipfian language, a 150-step warmup, beta2 0.99) and
+healthy-sgd-hf-d64x3 (SGD with momentum, HF parameter names, d 64 x 3).
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
@@ -86,6 +91,13 @@ False alarms: BaselineDeviation warning/critical on the healthy cases per
         --family healthy-hf-d128x1
     PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
         --family healthy-titan-zipf-bf16-w50
+    # held out for the sixth pass
+    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
+        --family healthy-megatron-d96x2
+    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
+        --family healthy-gpt2-zipf-w150
+    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
+        --family healthy-sgd-hf-d64x3
 """
 
 import argparse

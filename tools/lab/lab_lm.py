@@ -206,6 +206,18 @@ BASELINE_FAMILIES = {
     # 50-step warmup, then a constant LR, beta2 0.98.
     "healthy-titan-zipf-bf16-w50": dict(style="titan", names="param", precision="bf16",
                                         data="zipf", warmup=50, schedule="const", beta2=0.98),
+    # The sixth pass's, frozen after the fifth was judged and its defect
+    # fixed, before any of their runs was trained:
+    # Megatron-Core module names, d 96 x 2, lr 2e-3, cosine.
+    "healthy-megatron-d96x2": dict(style="megatron", names="module", norm="ln", bias=True,
+                                   pos=True, d=96, layers=2, lr=2e-3),
+    # GPT-2 parameter names (untied), the Zipfian language, a 150-step
+    # warmup, beta2 0.99.
+    "healthy-gpt2-zipf-w150": dict(style="gpt2", names="param", norm="ln", bias=True, pos=True,
+                                   data="zipf", warmup=150, beta2=0.99),
+    # SGD with momentum 0.9, HF parameter names, d 64 x 3, lr 0.2, a
+    # 100-step warmup, cosine.
+    "healthy-sgd-hf-d64x3": dict(style="hf", names="param", layers=3, opt="sgd", lr=0.2),
 }
 
 # -- held out: divergence inside warmup ---------------------------------------
