@@ -66,38 +66,16 @@ BaselineDeviation (warning or critical) starts within [leave - 20, leave +
 False alarms: BaselineDeviation warning/critical on the healthy cases per
 10^4 of their judged (post-warmup) steps.
 
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build
     PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family healthy-zipf
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family healthy-megatron
-    # held out for the second pass
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family healthy-titan-bf16
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family healthy-gpt2-tied
-    # held out for the third pass
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family healthy-sgd
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family hb-zipf-titan
-    # held out for the fourth pass
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family healthy-megatron-zipf-w200
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family healthy-titan-exp-d64x3
-    # held out for the fifth pass
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family healthy-hf-d128x1
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family healthy-titan-zipf-bf16-w50
-    # held out for the sixth pass
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family healthy-megatron-d96x2
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family healthy-gpt2-zipf-w150
-    PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        --family healthy-sgd-hf-d64x3
+        [--family F]
+
+F, pass by pass (healthy-hf by default):
+    first:  healthy-hf, healthy-zipf, healthy-megatron
+    second: healthy-titan-bf16, healthy-gpt2-tied
+    third:  healthy-sgd, hb-zipf-titan
+    fourth: healthy-megatron-zipf-w200, healthy-titan-exp-d64x3
+    fifth:  healthy-hf-d128x1, healthy-titan-zipf-bf16-w50
+    sixth:  healthy-megatron-d96x2, healthy-gpt2-zipf-w150, healthy-sgd-hf-d64x3
 """
 
 import argparse
