@@ -190,15 +190,15 @@ class BaselineDeviation final : public Detector {
   // The loss decides: it is the recipe's outcome, where another seed or
   // batch size of the same recipe lands in the band. The grad norm moves
   // with the batch (its noise ~ 1/sqrt(B)) and across a restart, log Z and
-  // the attention logit with the seed: alone they raise nothing (compare
-  // --metric shows them); when the loss left too, the alert names those out
-  // of their band as well.
+  // the attention logit with the seed: alone they page nothing (compare
+  // --metric shows them; by step the grad norm is info, below); when the
+  // loss left too, the alert names those out of their band as well.
   void Judge(uint64_t step, AlertSink& sink) {
     // A level that left: the CUSUM over its line and the last kLevelBins
     // bins out of the band on its side. One bin far out is a spike or a
     // hard batch's (LossSpike's to name), not the run leaving its recipe.
     // A run of another LR whose loss moved up is worse too (ChangedRecipe).
-    Watch* loss = nullptr;
+    Watch* judged = nullptr;  // the loss's watch, or the grad norm's (grad_only)
     for (Watch& w : watches_) {
       if (w.band.metric() != BaselineMetric::kLoss || !w.last.has_value()) continue;
       const bool band_worse = w.verdict.worse && w.above >= kLevelBins;
@@ -208,7 +208,7 @@ class BaselineDeviation final : public Detector {
           w.verdict.worse = true;
           w.verdict.onset_step = w.changed.onset_step();
         }
-        loss = &w;
+        judged = &w;
       }
     }
     // On the step axis, a grad norm out of its band on either side while
@@ -218,22 +218,22 @@ class BaselineDeviation final : public Detector {
     // size is compared where it is the same recipe, and its grad norm
     // differs as it must.
     bool grad_only = false;
-    if (loss == nullptr && axis_ == BaselineAxis::kStep) {
+    if (judged == nullptr && axis_ == BaselineAxis::kStep) {
       for (Watch& w : watches_) {
         if (w.band.metric() != BaselineMetric::kGradNorm || !w.last.has_value()) continue;
         if ((w.verdict.worse && w.above >= kLevelBins) ||
             (w.verdict.better && w.below >= kLevelBins)) {
-          loss = &w;
+          judged = &w;
           grad_only = true;
         }
       }
     }
-    if (loss == nullptr) return;
-    const v1::Severity wanted = !loss->verdict.worse || grad_only ? v1::SEVERITY_INFO
-                                : loss->verdict.beyond_twice >= kCriticalBins
+    if (judged == nullptr) return;
+    const v1::Severity wanted = !judged->verdict.worse || grad_only ? v1::SEVERITY_INFO
+                                : judged->verdict.beyond_twice >= kCriticalBins
                                     ? v1::SEVERITY_CRITICAL
                                     : v1::SEVERITY_WARNING;
-    const auto text = [&] { return Text(*loss, wanted, grad_only); };
+    const auto text = [&] { return Text(*judged, wanted, grad_only); };
     // The episode's own severity, not the last verdict's: an episode holds
     // for resolve_after_steps after its last verdict, and a worse verdict
     // within them raises it (warning to critical). A run better than its
@@ -244,7 +244,7 @@ class BaselineDeviation final : public Detector {
       sink.Resolve(AlertKind::kBaselineDeviation, step);
       firing.reset();
     }
-    sink.Condition(AlertKind::kBaselineDeviation, step, true, std::abs(loss->last->z), text);
+    sink.Condition(AlertKind::kBaselineDeviation, step, true, std::abs(judged->last->z), text);
     if (firing.has_value() && Rank(wanted) > Rank(*firing)) {
       sink.Amend(AlertKind::kBaselineDeviation, text(), wanted);
     }
