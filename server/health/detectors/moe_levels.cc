@@ -100,14 +100,22 @@ void Level::Add(double v, uint32_t n, uint64_t step) {
   if (values_.size() < n) {
     values_.push_back(v);
     steps_.push_back(step);
+    sorted_.insert(std::upper_bound(sorted_.begin(), sorted_.end(), v), v);
   } else {
     const double old = values_[next_];
-    sorted_.erase(std::lower_bound(sorted_.begin(), sorted_.end(), old));
     values_[next_] = v;
     steps_[next_] = step;
-    next_ = (next_ + 1) % n;
+    if (++next_ >= n) next_ = 0;  // not %: a division on every report's every level
+    // The new value takes the old one's place in order, the values between
+    // them moving by one: one pass, where an erase and an insert were two.
+    auto at = std::lower_bound(sorted_.begin(), sorted_.end(), old);
+    if (v > old) {
+      for (auto next = at + 1; next != sorted_.end() && *next < v; ++at, ++next) *at = *next;
+    } else {
+      for (; at != sorted_.begin() && *(at - 1) > v; --at) *at = *(at - 1);
+    }
+    *at = v;
   }
-  sorted_.insert(std::upper_bound(sorted_.begin(), sorted_.end(), v), v);
   if (values_.size() >= n) median_ = sorted_[sorted_.size() / 2];
 }
 

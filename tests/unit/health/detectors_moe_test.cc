@@ -1,6 +1,7 @@
 // The MoE routing rules (detectors/moe.cc) on synthetic routers: a healthy
 // run with its early imbalance and natural skew pages nothing, every
 // step or every 50; each fault names its alert, and only its alert.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -10,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "health/detectors/moe_levels.h"
 #include "health/signals/moe_load.h"
 #include "health_test_util.h"
 
@@ -128,6 +130,36 @@ TEST(MoeLoad, MaxOverMeanDeadAndN90) {
 // n90 is exact up to at_most whether the bound or the sort answers: over
 // random loads from even to collapsed, at_most + 1 or more exactly when
 // the sorted counts need more than at_most.
+// A layer's level is the median (index n / 2 in order) of its last n
+// values and the step of the oldest: against a sort of the last n, over
+// values with many ties (rounded) and none, and the non-finite left out.
+TEST(MoeLevel, IsTheMedianOfTheLastNValues) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> g(0.0, 3.0);
+  for (const uint32_t n : {1u, 2u, 5u, 10u}) {
+    for (const bool ties : {true, false}) {
+      moe::Level level;
+      std::vector<std::pair<double, uint64_t>> seen;
+      for (uint64_t step = 0; step < 400; ++step) {
+        double v = ties ? std::round(g(rng)) : g(rng);
+        if (step % 37 == 0) v = NAN;
+        level.Add(v, n, step);
+        if (!std::isfinite(v)) continue;
+        seen.emplace_back(v, step);
+        if (seen.size() < n) {
+          EXPECT_FALSE(level.Of(n).has_value());
+          continue;
+        }
+        std::vector<double> last;
+        for (size_t i = seen.size() - n; i < seen.size(); ++i) last.push_back(seen[i].first);
+        std::sort(last.begin(), last.end());
+        ASSERT_EQ(level.Of(n), last[n / 2]) << "n " << n << " step " << step;
+        EXPECT_EQ(level.since(0), seen[seen.size() - n].second);
+      }
+    }
+  }
+}
+
 TEST(MoeLoad, N90IsExactUpToAtMost) {
   std::mt19937_64 rng(7);
   int bounded = 0;
