@@ -67,7 +67,7 @@ False alarms: BaselineDeviation warning/critical on the healthy cases per
 10^4 of their judged (post-warmup) steps.
 
     PYTHONPATH=build/python /usr/bin/python3 tools/lab/baseline_lab.py --build build \
-        [--family F]
+        [--family F] [--refs 3]
 
 F, pass by pass (healthy-hf by default):
     first:  healthy-hf, healthy-zipf, healthy-megatron
@@ -97,6 +97,8 @@ import tw_harness  # noqa: E402
 
 FAMILY = "healthy-hf"
 REFS = (1, 2)
+# --refs 3: a third reference, seed 5 (3 and 4 are the cases' own seeds).
+THIRD_REF = 5
 BIN = 20
 # name: (lab_lm.py arguments, seed, strip tokens, what it should raise)
 CASES = {
@@ -187,16 +189,19 @@ def main(argv=None):
     ap.add_argument("--runs", default=None, help="cache (default BUILD/baseline-lab/FAMILY)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--train-only", action="store_true", help="train what is not cached, no server")
+    ap.add_argument("--refs", type=int, choices=(2, 3), default=2,
+                    help="references: seeds 1 and 2, and with 3 also seed %d" % THIRD_REF)
     args = ap.parse_args(argv)
+    refs = REFS + ((THIRD_REF,) if args.refs == 3 else ())
     runs = pathlib.Path(args.runs or pathlib.Path(args.build) / "baseline-lab" / args.family)
     runs.mkdir(parents=True, exist_ok=True)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(pathlib.Path(args.build) / "python"), os.environ.get("PYTHONPATH", "")])
-    ref_logs = [train(runs, args.family, f"ref-s{s}", [], s) for s in REFS]
+    ref_logs = [train(runs, args.family, f"ref-s{s}", [], s) for s in refs]
     case_logs = {n: train(runs, args.family, n, a, seed) for n, (a, seed, _, _) in CASES.items()}
     if args.train_only:
         return 0
-    ref_runs = [f"baseline-lab/ref/s{s}" for s in REFS]
+    ref_runs = [f"baseline-lab/ref/s{s}" for s in refs]
     rows, result = [], {}
     with tempfile.TemporaryDirectory(prefix="tw-baseline-lab-") as tmp:
         server = tw_harness.Server(pathlib.Path(args.build) / "bin", tmp)
