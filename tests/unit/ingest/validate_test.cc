@@ -198,6 +198,23 @@ TEST(ValidateStepBatch, RefusesAnExpertCountAtOrAbove2To63NamingIt) {
                                      "18446744073709551615, not below 2^63"));
 }
 
+// Wherever the offender sits in a layer of any length (the counts are
+// tested four at a time, then the rest), and only an offender.
+TEST(ValidateStepBatch, FindsAnExpertCountAtOrAbove2To63AnywhereInTheLayer) {
+  for (int experts = 1; experts <= 13; ++experts) {
+    for (int at = -1; at < experts; ++at) {
+      v1::StepBatch b;
+      v1::StepRecord& r = *b.add_records();
+      r.set_step(3);
+      v1::MoeLayerStats& layer = *r.mutable_moe()->add_layers();
+      for (int e = 0; e < experts; ++e) {
+        layer.add_tokens_per_expert(e == at ? uint64_t{1} << 63 : (uint64_t{1} << 63) - 1 - e);
+      }
+      EXPECT_EQ(ValidateStepBatch(b, {}).ok(), at < 0) << experts << " experts, at " << at;
+    }
+  }
+}
+
 TEST(ValidateStepBatch, RefusesOversizedBatchNamingTheLimit) {
   v1::StepBatch b;
   b.set_seq(7);
