@@ -186,34 +186,72 @@ Choice Choose(History& h, const uint64_t* counts, size_t n, uint64_t mean,
 // registers (not inlined, so that they stay there). A code's form is
 // arithmetic and every code stores a whole word (Reserved::PutFlushed): a
 // branch on whether the word filled mispredicted every few codes.
+// One residual's code: `len` bits, the value in `bits`.
+struct Code {
+  uint64_t bits;
+  int len;
+};
+
+template <bool kZeroFlags>
+[[gnu::always_inline]] inline Code Form(uint64_t z, int k) {
+  // bit_width(z >> k), and the n = 0 case, by arithmetic: the compiler's
+  // own bit_width branches on zero, which k makes half the codes.
+  const uint64_t v = z >> k;
+  const int small = v == 0 ? 1 : 0;
+  const int n = 64 - std::countl_zero(v | 1) - small;
+  int len = 2 * n + k + small;
+  uint64_t code = z | (static_cast<uint64_t>(small) << k);
+  if (kZeroFlags) {
+    // A zero is the flag 0 alone; any other value the flag 1, then its code.
+    const bool zero = z == 0;
+    code = zero ? 0 : (code | (uint64_t{1} << (len & 63)));
+    len = zero ? 1 : len + 1;
+  }
+  return {code, len};
+}
+
+// Writes `c`, z's code; one over what one store takes (56 bits) through
+// PutGolomb, outside `out`, which it ends and begins again.
+template <bool kZeroFlags>
+[[gnu::always_inline]] inline void PutCode(BitWriter& w, BitWriter::Reserved& out, Code c,
+                                           uint64_t z, int k, size_t room) {
+  if (c.len > 56) [[unlikely]] {
+    w.End(out);
+    if (kZeroFlags) w.Put(1, 1);
+    PutGolomb(w, z, k);
+    out = w.Begin(room);
+    out.Flush();
+    return;
+  }
+  out.PutFlushed(c.bits, c.len);
+}
+
+// Writes one Exp-Golomb code of order k per residual (PutGolomb's bits),
+// each preceded by a zero flag if asked (a nonzero's flag joins its code in
+// one write), into room reserved once and through the writer's state in
+// registers (not inlined, so that they stay there). A code's form is
+// arithmetic and every write stores a whole word (Reserved::PutFlushed): a
+// branch on whether the word filled mispredicted every few codes. Two codes
+// that fit one store (nearly all) are written as one: the writer's state is
+// a chain from each write to the next, their forms are not.
 template <bool kZeroFlags>
 [[gnu::noinline]] void PutCodes(BitWriter& w, absl::Span<const uint64_t> residuals, int k) {
-  BitWriter::Reserved out = w.Begin(64 * residuals.size());
+  const size_t room = 64 * residuals.size();
+  BitWriter::Reserved out = w.Begin(room);
   out.Flush();
-  for (const uint64_t z : residuals) {
-    // bit_width(z >> k), and the n = 0 case, by arithmetic: the compiler's
-    // own bit_width branches on zero, which k makes half the codes.
-    const uint64_t v = z >> k;
-    const int small = v == 0 ? 1 : 0;
-    const int n = 64 - std::countl_zero(v | 1) - small;
-    int len = 2 * n + k + small;
-    uint64_t code = z | (static_cast<uint64_t>(small) << k);
-    if (kZeroFlags) {
-      // A zero is the flag 0 alone; any other value the flag 1, then its code.
-      const bool zero = z == 0;
-      code = zero ? 0 : (code | (uint64_t{1} << (len & 63)));
-      len = zero ? 1 : len + 1;
-    }
-    if (len > 56) [[unlikely]] {  // a code over what one store takes: PutGolomb's own
-      w.End(out);
-      if (kZeroFlags) w.Put(1, 1);
-      PutGolomb(w, z, k);
-      out = w.Begin(64 * residuals.size());
-      out.Flush();
+  const uint64_t* z = residuals.data();
+  const size_t n = residuals.size();
+  size_t i = 0;
+  for (; i + 2 <= n; i += 2) {
+    const Code a = Form<kZeroFlags>(z[i], k), b = Form<kZeroFlags>(z[i + 1], k);
+    if (a.len + b.len <= 56) [[likely]] {
+      out.PutFlushed((a.bits << b.len) | b.bits, a.len + b.len);
       continue;
     }
-    out.PutFlushed(code, len);
+    PutCode<kZeroFlags>(w, out, a, z[i], k, room);
+    PutCode<kZeroFlags>(w, out, b, z[i + 1], k, room);
   }
+  if (i < n) PutCode<kZeroFlags>(w, out, Form<kZeroFlags>(z[i], k), z[i], k, room);
   w.End(out);
 }
 
