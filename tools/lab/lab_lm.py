@@ -182,10 +182,11 @@ FAMILIES = {
                              decay_steps=50, decay_from=200),
 }
 
-# -- held out: the reference-run band's fourth pass ----------------------------
+# -- held out: the reference-run band's fourth to sixth passes -----------------
 #
 # Healthy recipes for tools/lab/baseline_lab.py only (not in holdout.py's
-# sets), chosen and frozen before any of their runs was trained.
+# sets), each pass's chosen and frozen before any of its runs was trained.
+# The fourth pass's:
 BASELINE_FAMILIES = {
     # Megatron-Core parameter names, the Zipfian language, a 200-step warmup
     # (a third of the run) then a constant LR, d 80 x 2.

@@ -180,12 +180,6 @@ Choice Choose(History& h, const uint64_t* counts, size_t n, uint64_t mean,
   return best;
 }
 
-// Writes one Exp-Golomb code of order k per residual (PutGolomb's bits),
-// each preceded by a zero flag if asked (a nonzero's flag joins its code in
-// one write), into room reserved once and through the writer's state in
-// registers (not inlined, so that they stay there). A code's form is
-// arithmetic and every code stores a whole word (Reserved::PutFlushed): a
-// branch on whether the word filled mispredicted every few codes.
 // One residual's code: `len` bits, the value in `bits`.
 struct Code {
   uint64_t bits;
