@@ -5,8 +5,12 @@
 //   build/bin/bench_proto --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
+
+#include "google/protobuf/arena.h"
 
 #include "ingest/wire_budget.h"
 #include "trainwatch/v1/trainwatch.pb.h"
@@ -72,6 +76,44 @@ BENCHMARK(BM_WireBudgetCheck)
     ->Args({1024, 0})
     ->Args({1024, 1})
     ->ArgNames({"records", "batch_ids"});
+
+// A batch of `n` records, each with a 48-layer x 128-expert MoE report as a
+// trainer sends it (1M tokens a global batch at top-8, a lognormal skew
+// over each layer's experts, each count moving 3% a step: bench_store's
+// MoeChunkRecords), parsed as ingest parses it: a ReportRequest on an arena
+// of its own. The counts are ~3-byte varints.
+void BM_ParseMoeBatch(benchmark::State& state) {
+  constexpr int kLayers = 48, kExperts = 128;
+  const int n = static_cast<int>(state.range(0));
+  trainwatch::v1::ReportRequest request;
+  *request.mutable_batch() = MakeBatch(n, false);
+  std::mt19937_64 rng(5);
+  std::lognormal_distribution<double> skew(0.0, 0.25);
+  std::normal_distribution<double> noise(0.0, 0.03);
+  std::vector<double> share(kLayers * kExperts);
+  for (double& s : share) s = skew(rng);
+  const double mean = 1'048'576.0 * 8 / kExperts;
+  for (trainwatch::v1::StepRecord& r : *request.mutable_batch()->mutable_records()) {
+    for (int l = 0; l < kLayers; ++l) {
+      trainwatch::v1::MoeLayerStats& layer = *r.mutable_moe()->add_layers();
+      layer.set_layer("layers." + std::to_string(l) + ".mlp.router");
+      for (int e = 0; e < kExperts; ++e) {
+        layer.add_tokens_per_expert(static_cast<uint64_t>(
+            std::max(0.0, std::round(mean * share[l * kExperts + e] * (1 + noise(rng))))));
+      }
+    }
+  }
+  const std::string wire = request.SerializeAsString();
+  for (auto _ : state) {
+    google::protobuf::Arena arena;
+    auto* parsed = google::protobuf::Arena::CreateMessage<trainwatch::v1::ReportRequest>(&arena);
+    if (!parsed->ParseFromString(wire)) state.SkipWithError("parse failed");
+    benchmark::DoNotOptimize(parsed);
+  }
+  state.SetItemsProcessed(state.iterations() * n * kLayers * kExperts);  // counts
+  state.counters["wire_bytes"] = static_cast<double>(wire.size());
+}
+BENCHMARK(BM_ParseMoeBatch)->Arg(16)->ArgName("records");
 
 void BM_SerializeStepBatch(benchmark::State& state) {
   const trainwatch::v1::StepBatch batch =

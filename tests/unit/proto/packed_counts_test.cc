@@ -1,0 +1,178 @@
+// The MoE counts' parser patched into the generated code
+// (proto/trainwatch/v1/packed_counts.h): it is the one the generated
+// MoeLayerStats uses, and it takes and refuses what protobuf's own parser
+// does, with the same values. Protobuf's is reached through a dynamic
+// message of the same descriptor, which parses by reflection.
+#include "trainwatch/v1/packed_counts.h"
+
+#include <memory>
+#include <random>
+#include <string>
+
+#include "google/protobuf/dynamic_message.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "trainwatch/v1/trainwatch.pb.h"
+
+namespace trainwatch::v1 {
+namespace {
+
+namespace pb = google::protobuf;
+
+void PutVarint(uint64_t v, std::string& out) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>(0x80 | (v & 0x7f)));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+// A varint of any length from 1 to 10 bytes, with the overlong forms
+// protobuf accepts (trailing zero groups, a 10th byte over 1), or rarely
+// one of 11 bytes (malformed).
+std::string AnyVarint(std::mt19937_64& rng) {
+  std::string out;
+  switch (rng() % 6) {
+    case 0:
+      PutVarint(rng() % 128, out);
+      break;
+    case 1:
+    case 2:
+      PutVarint(rng() % (1 << 21), out);  // what trainers send: ~3 bytes
+      break;
+    case 3:
+      PutVarint(rng() >> (rng() % 64), out);
+      break;
+    default: {
+      const size_t len = rng() % 500 == 0 ? 11 : 1 + rng() % 10;
+      for (size_t i = 0; i < len; ++i) {
+        out.push_back(static_cast<char>((rng() & 0x7f) | (i + 1 < len ? 0x80 : 0)));
+      }
+    }
+  }
+  return out;
+}
+
+// A MoeLayerStats whose packed counts are `body` (its length byte(s) as
+// given, or the body's).
+std::string LayerWire(const std::string& body, int64_t length) {
+  std::string out = "\x0a\x03l.0";  // layer = "l.0"
+  out.push_back(0x12);              // tokens_per_expert, packed
+  PutVarint(static_cast<uint64_t>(length), out);
+  return out + body;
+}
+
+// A ReportRequest of one record with the layer, then `after` more bytes of
+// the record (a step field), so that the counts lie anywhere in the buffer.
+std::string RequestWire(const std::string& layer, int after) {
+  std::string moe = "\x0a";  // MoeStats.layers
+  PutVarint(layer.size(), moe);
+  moe += layer;
+  std::string record;
+  const int moe_field = StepRecord::kMoeFieldNumber;
+  PutVarint(static_cast<uint64_t>(moe_field) << 3 | 2, record);
+  PutVarint(moe.size(), record);
+  record += moe;
+  for (int i = 0; i < after; ++i) record += "\x08\x01";  // step = 1
+  std::string batch = "\x12";  // StepBatch.records
+  PutVarint(record.size(), batch);
+  batch += record;
+  std::string request;
+  PutVarint(static_cast<uint64_t>(ReportRequest::kBatchFieldNumber) << 3 | 2, request);
+  PutVarint(batch.size(), request);
+  return request + batch;
+}
+
+class PackedCounts : public ::testing::Test {
+ protected:
+  // Protobuf's parse of `wire` (reflection over the same descriptor).
+  std::unique_ptr<pb::Message> Reference() {
+    factory_.SetDelegateToGeneratedFactory(false);
+    return std::unique_ptr<pb::Message>(
+        factory_.GetPrototype(ReportRequest::descriptor())->New());
+  }
+  pb::DynamicMessageFactory factory_;
+};
+
+TEST_F(PackedCounts, TheGeneratedCodeUsesIt) {
+  // It reserves the counts it found at once; protobuf's parser adds them one
+  // by one. Their capacities differ for some number of counts.
+  int n = 100;
+  pb::RepeatedField<uint64_t> added, reserved;
+  for (;; ++n) {
+    added.Clear();
+    reserved.Clear();
+    while (added.size() < n) added.Add(1);
+    reserved.Reserve(n);
+    if (added.Capacity() != reserved.Capacity()) break;
+    ASSERT_LT(n, 4096) << "protobuf's growth reserves exactly: this test cannot tell";
+  }
+  MoeLayerStats layer;
+  for (int i = 0; i < n; ++i) layer.add_tokens_per_expert(70'000 + i);
+  // Fields after the counts: a field in the last 16 bytes of the input is
+  // left to protobuf's parser (it is not whole in the parser's buffer).
+  layer.set_aux_loss(0.01);
+  layer.set_z_loss(0.001);
+  MoeLayerStats parsed;
+  ASSERT_TRUE(parsed.ParseFromString(layer.SerializeAsString()));
+  EXPECT_EQ(parsed.tokens_per_expert_size(), n);
+  EXPECT_EQ(parsed.tokens_per_expert().Capacity(), reserved.Capacity())
+      << "the counts were parsed by protobuf's parser: was patch_counts_parser.cmake "
+         "applied to the generated trainwatch.pb.cc?";
+}
+
+TEST_F(PackedCounts, RealisticCountsRoundTrip) {
+  std::mt19937_64 rng(3);
+  ReportRequest request;
+  StepRecord* record = request.mutable_batch()->add_records();
+  for (int l = 0; l < 48; ++l) {
+    MoeLayerStats* layer = record->mutable_moe()->add_layers();
+    layer->set_layer("layers." + std::to_string(l));
+    for (int e = 0; e < 128; ++e) layer->add_tokens_per_expert(40'000 + rng() % 60'000);
+  }
+  record->mutable_moe()->mutable_layers(7)->set_tokens_per_expert(3, ~uint64_t{0});
+  record->mutable_moe()->mutable_layers(9)->set_tokens_per_expert(0, 0);
+  ReportRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(request.SerializeAsString()));
+  EXPECT_TRUE(pb::util::MessageDifferencer::Equals(parsed, request));
+}
+
+// Random counts fields, well formed or not, at random places in a request,
+// parsed flat and from a stream of small chunks (where a field crosses the
+// parser's buffers and protobuf's takes it): the same verdict and values.
+TEST_F(PackedCounts, AcceptsAndRefusesAsProtobufDoes) {
+  std::mt19937_64 rng(11);
+  int accepted = 0, refused = 0;
+  for (int trial = 0; trial < 20'000; ++trial) {
+    std::string body;
+    const int counts = static_cast<int>(rng() % 200);
+    for (int i = 0; i < counts; ++i) body += AnyVarint(rng);
+    if (rng() % 8 == 0 && !body.empty()) body.back() = static_cast<char>(body.back() | 0x80);
+    int64_t length = static_cast<int64_t>(body.size());
+    if (rng() % 16 == 0) length += static_cast<int64_t>(rng() % 5) - 2;  // a length that lies
+    if (length < 0) length = 0;
+    const std::string wire = RequestWire(LayerWire(body, length), static_cast<int>(rng() % 12));
+    const std::unique_ptr<pb::Message> reference = Reference();
+    const bool want = reference->ParseFromString(wire);
+    ReportRequest flat;
+    ASSERT_EQ(flat.ParseFromString(wire), want) << "trial " << trial;
+    pb::io::ArrayInputStream chunks(wire.data(), static_cast<int>(wire.size()),
+                                    1 + static_cast<int>(rng() % 40));
+    ReportRequest chunked;
+    ASSERT_EQ(chunked.ParseFromZeroCopyStream(&chunks), want) << "trial " << trial;
+    if (!want) {
+      ++refused;
+      continue;
+    }
+    ++accepted;
+    ASSERT_TRUE(pb::util::MessageDifferencer::Equals(flat, *reference)) << "trial " << trial;
+    ASSERT_TRUE(pb::util::MessageDifferencer::Equals(chunked, *reference)) << "trial " << trial;
+  }
+  // Both kinds were tried, in numbers.
+  EXPECT_GT(accepted, 3'000);
+  EXPECT_GT(refused, 3'000);
+}
+
+}  // namespace
+}  // namespace trainwatch::v1
