@@ -12,8 +12,9 @@
 // made it worse, so its loss is also judged by a CUSUM for a 2-sd shift
 // (k = 1: a seed sits within a sd of its recipe) at a hundredth of
 // change.arl0, and the alert says the LR's ratio.
-// Compared by step, a grad norm out of its band while the loss is within
-// its own is info: the run is not its references' recipe step for step
+// Compared by step, a loss that sits below the band's centre by that same
+// 2-sd shift, or a grad norm out of its band while the loss is within its
+// own, is info: the run is not its references' recipe step for step
 // (another batch size, most likely).
 #include <algorithm>
 #include <cmath>
@@ -81,7 +82,7 @@ std::string LrRatio(const BandBin& b) {
 // "loss 3.41 vs baseline 2.97, 1.15x, band +-0.05, at 1.2B tokens (step
 // 8,420); left the band at step 8,400".
 std::string Describe(BaselineMetric metric, BaselineAxis axis, const BandBin& b,
-                     uint64_t onset_step) {
+                     uint64_t onset_step, const char* onset = "left the band") {
   const double value = BaselineUnits(metric, b.value);
   const double ref = BaselineUnits(metric, b.ref_median);
   const double half = (BaselineUnits(metric, b.hi) - BaselineUnits(metric, b.lo)) / 2;
@@ -90,8 +91,8 @@ std::string Describe(BaselineMetric metric, BaselineAxis axis, const BandBin& b,
       axis == BaselineAxis::kTokens
           ? absl::StrCat(Count(b.x), " tokens (step ", Thousands(b.last_step), ")")
           : absl::StrCat("step ", Thousands(b.last_step));
-  return absl::StrFormat("%s %.4g vs baseline %.4g, %s, band +-%.3g, at %s; left the band at step %s",
-                         BaselineMetricName(metric), value, ref, versus, half, at,
+  return absl::StrFormat("%s %.4g vs baseline %.4g, %s, band +-%.3g, at %s; %s at step %s",
+                         BaselineMetricName(metric), value, ref, versus, half, at, onset,
                          Thousands(onset_step));
 }
 
@@ -122,7 +123,8 @@ class BaselineDeviation final : public Detector {
       if (!bin.has_value()) continue;
       w.last = *bin;
       w.verdict = w.cusum.Add(*bin);
-      w.changed.Add(*bin);
+      w.changed.Add(*bin, bin->lr_changed());
+      w.ahead.Add(*bin, axis_ == BaselineAxis::kStep);
       if (status_ != nullptr && w.band.metric() == BaselineMetric::kLoss) Publish(*bin);
       w.above = bin->value > bin->hi ? w.above + 1 : 0;
       w.below = bin->value < bin->lo ? w.below + 1 : 0;
@@ -132,47 +134,55 @@ class BaselineDeviation final : public Detector {
   }
 
  private:
-  // The loss of a run whose LR is not its references': an upward CUSUM of
-  // its residual while the LR differs, back to 0 on a bin where it does not.
-  class ChangedRecipe {
+  // The loss's residual on one side (`sign` +1 worse, -1 better) judged for
+  // a 2-sd shift at a hundredth of change.arl0, on the bins where the run is
+  // known not to be a seed of its references: a run of another LR (worse),
+  // or any run compared step for step (better: ahead of its recipe at the
+  // same step). Back to 0 on a bin where it does not apply.
+  class ShiftCusum {
    public:
-    explicit ChangedRecipe(double arl0_records)
-        : cusum_(GaussianCusumThreshold(
+    ShiftCusum(double arl0_records, double sign)
+        : sign_(sign),
+          cusum_(GaussianCusumThreshold(
               kChangedK, std::max(2.0, arl0_records * kChangedArlFraction /
                                            BandOptions{}.bin_steps))) {}
-    void Add(const BandBin& bin) {
-      if (!bin.lr_changed()) {
+    void Add(const BandBin& bin, bool applies) {
+      if (!applies) {
         cusum_.Reset();
-        above_ = 0;
+        beyond_ = 0;
         alarmed_ = false;
         return;
       }
-      const bool over = cusum_.Add(bin.first_step, bin.z - kChangedK);
-      above_ = bin.z > kChangedK ? above_ + 1 : 0;
-      // Past its threshold with the last kLevelBins bins above the band's
-      // centre by k (a lone hard batch's bin is LossSpike's); then it holds
-      // until the statistic is back at 0, as the band's CUSUM does.
-      if (over && above_ >= kLevelBins) alarmed_ = true;
+      const double z = sign_ * bin.z;
+      const bool over = cusum_.Add(bin.first_step, z - kChangedK);
+      beyond_ = z > kChangedK ? beyond_ + 1 : 0;
+      // Past its threshold with the last kLevelBins bins beyond the band's
+      // centre by k on its side (a lone hard batch's bin is LossSpike's);
+      // then it holds until the statistic is back at 0, as the band's
+      // CUSUM does.
+      if (over && beyond_ >= kLevelBins) alarmed_ = true;
       if (cusum_.statistic() == 0) alarmed_ = false;
     }
-    bool worse() const { return alarmed_; }
+    bool alarmed() const { return alarmed_; }
     uint64_t onset_step() const { return cusum_.onset_step(); }
 
    private:
+    double sign_;
     Cusum cusum_;
-    uint32_t above_ = 0;
+    uint32_t beyond_ = 0;
     bool alarmed_ = false;
   };
-
   struct Watch {
     Watch(BaselineMetric metric, BaselineAxis axis, std::shared_ptr<const BaselineReferences> refs,
           uint64_t warmup_steps, const HealthConfig& config)
         : band(metric, axis, std::move(refs), warmup_steps),
           cusum(config.change.arl0, BandOptions{}.bin_steps),
-          changed(config.change.arl0) {}
+          changed(config.change.arl0, 1.0),
+          ahead(config.change.arl0, -1.0) {}
     BaselineBand band;
     ResidualCusum cusum;
-    ChangedRecipe changed;
+    ShiftCusum changed;  // worse, while the LR is not the references'
+    ShiftCusum ahead;    // better, on the step axis
     std::optional<BandBin> last;
     ResidualCusum::Verdict verdict;
     // Bins in a row above and below the band, up to the last.
@@ -197,16 +207,26 @@ class BaselineDeviation final : public Detector {
     // A level that left: the CUSUM over its line and the last kLevelBins
     // bins out of the band on its side. One bin far out is a spike or a
     // hard batch's (LossSpike's to name), not the run leaving its recipe.
-    // A run of another LR whose loss moved up is worse too (ChangedRecipe).
-    Watch* judged = nullptr;  // the loss's watch, or the grad norm's (grad_only)
+    // A run of another LR whose loss moved up is worse too (changed), and a
+    // run compared by step whose loss sits below the band's centre is
+    // ahead of its recipe at the same step (ahead: info).
+    Watch* judged = nullptr;  // the loss's watch, or the grad norm's (kGradNorm)
+    Reason reason = Reason::kBand;
     for (Watch& w : watches_) {
       if (w.band.metric() != BaselineMetric::kLoss || !w.last.has_value()) continue;
       const bool band_worse = w.verdict.worse && w.above >= kLevelBins;
-      const bool changed_worse = !band_worse && w.changed.worse();
-      if (band_worse || changed_worse || (w.verdict.better && w.below >= kLevelBins)) {
+      const bool changed_worse = !band_worse && w.changed.alarmed();
+      const bool band_better = w.verdict.better && w.below >= kLevelBins;
+      const bool ahead = !band_worse && !changed_worse && !band_better && w.ahead.alarmed();
+      if (band_worse || changed_worse || band_better || ahead) {
         if (changed_worse) {
           w.verdict.worse = true;
           w.verdict.onset_step = w.changed.onset_step();
+        }
+        if (ahead) {
+          w.verdict.better = true;
+          w.verdict.onset_step = w.ahead.onset_step();
+          reason = Reason::kAhead;
         }
         judged = &w;
       }
@@ -217,23 +237,23 @@ class BaselineDeviation final : public Detector {
     // as 1/sqrt(B)): info, never a page. On the token axis another batch
     // size is compared where it is the same recipe, and its grad norm
     // differs as it must.
-    bool grad_only = false;
     if (judged == nullptr && axis_ == BaselineAxis::kStep) {
       for (Watch& w : watches_) {
         if (w.band.metric() != BaselineMetric::kGradNorm || !w.last.has_value()) continue;
         if ((w.verdict.worse && w.above >= kLevelBins) ||
             (w.verdict.better && w.below >= kLevelBins)) {
           judged = &w;
-          grad_only = true;
+          reason = Reason::kGradNorm;
         }
       }
     }
     if (judged == nullptr) return;
-    const v1::Severity wanted = !judged->verdict.worse || grad_only ? v1::SEVERITY_INFO
+    const v1::Severity wanted = !judged->verdict.worse || reason == Reason::kGradNorm
+                                    ? v1::SEVERITY_INFO
                                 : judged->verdict.beyond_twice >= kCriticalBins
                                     ? v1::SEVERITY_CRITICAL
                                     : v1::SEVERITY_WARNING;
-    const auto text = [&] { return Text(*judged, wanted, grad_only); };
+    const auto text = [&] { return Text(*judged, wanted, reason); };
     // The episode's own severity, not the last verdict's: an episode holds
     // for resolve_after_steps after its last verdict, and a worse verdict
     // within them raises it (warning to critical). A run better than its
@@ -263,24 +283,46 @@ class BaselineDeviation final : public Detector {
     return s == v1::SEVERITY_CRITICAL ? 3 : s == v1::SEVERITY_WARNING ? 2 : s == v1::SEVERITY_INFO;
   }
 
-  // `grad_only`: w is the grad norm's, out of its band while the loss is
-  // within its own (the step axis).
-  AlertText Text(const Watch& w, v1::Severity severity, bool grad_only = false) const {
+  // Why a run is judged: its loss out of the band (or, at another LR, above
+  // its centre: the band's reason too), its loss below the band's centre
+  // step for step (kAhead), or its grad norm out of its band while the
+  // loss is within its own (kGradNorm). The last two only on the step axis.
+  enum class Reason { kBand, kAhead, kGradNorm };
+
+  AlertText Text(const Watch& w, v1::Severity severity, Reason reason) const {
     const BaselineMetric metric = w.band.metric();
     const bool better = !w.verdict.worse;
+    // What either step-axis reason tells the user to do.
+    constexpr char kByTokens[] =
+        "give StepRecord.tokens to compare by tokens; recorded, not paged";
     AlertText t;
     t.summary = absl::StrCat("Run ", better ? "is better than" : "left", " its baseline's band (",
                              BaselineMetricName(metric), ")");
+    std::string why;
+    switch (reason) {
+      case Reason::kGradNorm:
+        why = absl::StrCat(
+            "; the loss is within its band: at the same step the run is not its "
+            "baseline's recipe (another batch size?); ",
+            kByTokens);
+        break;
+      case Reason::kAhead:
+        why = absl::StrCat(
+            "; within the band, below its centre by over a band sd bin after bin: at the "
+            "same step the run is ahead of its baseline's recipe (another batch size?); ",
+            kByTokens);
+        break;
+      case Reason::kBand:
+        if (better) why = "; better than the band: recorded, not paged";
+        break;
+    }
     t.description = absl::StrCat(
-        Describe(metric, axis_, *w.last, w.verdict.onset_step), LrRatio(*w.last), "; baseline ",
+        Describe(metric, axis_, *w.last, w.verdict.onset_step,
+                 reason == Reason::kAhead ? "below the band's centre" : "left the band"),
+        LrRatio(*w.last), "; baseline ",
         DescribeRefs(*refs_), " (", refs_->source, "), by ", BaselineAxisName(axis_),
         severity == v1::SEVERITY_CRITICAL ? "; beyond twice the band for 5 bins in a row" : "",
-        grad_only ? "; the loss is within its band: at the same step the run is not its "
-                    "baseline's recipe (another batch size?); give StepRecord.tokens to compare "
-                    "by tokens; recorded, not paged"
-        : better  ? "; better than the band: recorded, not paged"
-                  : "",
-        AlsoOut(w));
+        why, AlsoOut(w));
     t.onset_step = w.verdict.onset_step;
     t.severity = severity == v1::SEVERITY_WARNING ? v1::SEVERITY_UNSPECIFIED : severity;
     return t;
