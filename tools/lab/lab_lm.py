@@ -182,7 +182,7 @@ FAMILIES = {
                              decay_steps=50, decay_from=200),
 }
 
-# -- held out: the reference-run band's fourth to sixth passes -----------------
+# -- held out: the reference-run band's fourth to seventh passes ---------------
 #
 # Healthy recipes for tools/lab/baseline_lab.py only (not in holdout.py's
 # sets), each pass's chosen and frozen before any of its runs was trained.
@@ -219,6 +219,21 @@ BASELINE_FAMILIES = {
     # SGD with momentum 0.9, HF parameter names, d 64 x 3, lr 0.2, a
     # 100-step warmup, cosine.
     "healthy-sgd-hf-d64x3": dict(style="hf", names="param", layers=3, opt="sgd", lr=0.2),
+    # The seventh pass's, frozen after the ahead-by-step rule was made on
+    # the dev recipes, before any of their runs was trained:
+    # SGD with momentum 0.9, Megatron-Core module names, LayerNorm with
+    # biases, learned positions, the Zipfian language, d 80 x 2, lr 0.2.
+    "healthy-sgd-megatron-zipf": dict(style="megatron", names="module", norm="ln", bias=True,
+                                      pos=True, data="zipf", d=80, layers=2, opt="sgd",
+                                      lr=0.2),
+    # GPT-2 parameter names, d 96 x 2, lr 2e-3, a hard batch every 25 steps.
+    "healthy-gpt2-hb25-d96x2": dict(style="gpt2", names="param", norm="ln", bias=True,
+                                    pos=True, d=96, layers=2, lr=2e-3, hard_every=25),
+    # torchtitan module names, bf16 autocast, d 128 x 2 (8 heads), lr 1e-3,
+    # a 100-step warmup, then a constant LR.
+    "healthy-titan-bf16-d128x2-const": dict(style="titan", names="module", precision="bf16",
+                                            d=128, layers=2, heads=8, lr=1e-3,
+                                            schedule="const"),
 }
 
 # -- held out: divergence inside warmup ---------------------------------------
