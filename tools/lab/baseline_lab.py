@@ -45,6 +45,15 @@ of their runs was trained: healthy-megatron-d96x2 (Megatron-Core module
 names, d 96 x 2, lr 2e-3), healthy-gpt2-zipf-w150 (GPT-2 parameter names,
 the Zipfian language, a 150-step warmup, beta2 0.99) and
 healthy-sgd-hf-d64x3 (SGD with momentum, HF parameter names, d 64 x 3).
+(Judged once: no false alarm, every case named but SGD's batch by steps.)
+Held out for the seventh pass, chosen and frozen after the ahead-by-step
+rule was made on the dev recipes, before any of their runs was trained:
+healthy-sgd-megatron-zipf (SGD, Megatron-Core module names, the Zipfian
+language), healthy-gpt2-hb25-d96x2 (GPT-2 parameter names, a hard batch
+every 25 steps) and healthy-titan-bf16-d128x2-const (torchtitan module
+names, bf16, d 128 x 2, a constant LR). (Judged once: no false alarm,
+every case named but SGD-zipf's batch by tokens, a warning: mid-cosine at
+the tokens where its references have annealed.)
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
