@@ -329,6 +329,25 @@ void Feed(HealthHarness& h, const Curve& c, uint64_t steps, uint32_t rng_seed) {
   for (uint64_t s = 0; s < steps; ++s) h.Lead(c.At(s, rng));
 }
 
+// What `c` raises over `steps` against seeds 1 and 2, by tokens or, its
+// tokens cleared, by step; and its episode's severity at the end.
+struct Judged {
+  std::vector<testing::Transition> fired;
+  v1::Severity severity = v1::SEVERITY_UNSPECIFIED;
+};
+Judged JudgeAgainstTwoSeeds(const Curve& c, bool tokens, uint64_t steps, uint32_t rng_seed) {
+  HealthHarness h(Lm());
+  h.health().SetBaselines(Refs({{.seed = 1}, {.seed = 2}}, steps));
+  std::mt19937 rng(rng_seed);
+  for (uint64_t s = 0; s < steps; ++s) {
+    v1::StepRecord r = c.At(s, rng);
+    if (!tokens) r.clear_tokens();
+    h.Lead(r);
+  }
+  return {h.Fired(AlertKind::kBaselineDeviation),
+          h.health().tracker().episode(AlertKind::kBaselineDeviation).severity};
+}
+
 TEST(BaselineDeviation, AHealthySeedAgainstTwoSeedsOfItsRecipeRaisesNothing) {
   for (uint32_t seed = 3; seed < 13; ++seed) {
     HealthHarness h(Lm());
@@ -342,15 +361,8 @@ TEST(BaselineDeviation, AHealthySeedAgainstTwoSeedsOfItsRecipeRaisesNothing) {
 // the band's centre bin after bin is judged too (AheadStepForStep... below).
 TEST(BaselineDeviation, AHealthySeedByStepRaisesNothing) {
   for (uint32_t seed = 3; seed < 13; ++seed) {
-    HealthHarness h(Lm());
-    h.health().SetBaselines(Refs({{.seed = 1}, {.seed = 2}}, 2000));
-    std::mt19937 rng(seed);
-    for (uint64_t s = 0; s < 2000; ++s) {
-      v1::StepRecord r = Curve{.seed = seed}.At(s, rng);
-      r.clear_tokens();
-      h.Lead(r);
-    }
-    EXPECT_THAT(h.Fired(AlertKind::kBaselineDeviation), IsEmpty()) << "seed " << seed;
+    EXPECT_THAT(JudgeAgainstTwoSeeds(Curve{.seed = seed}, false, 2000, seed).fired, IsEmpty())
+        << "seed " << seed;
   }
 }
 
@@ -438,15 +450,8 @@ TEST(BaselineDeviation, AGradNormOutOfItsBandIsInfoByStepAndNothingByTokens) {
   // band. By tokens another batch size is compared as the same recipe, and
   // its grad norm alone raises nothing, as in healthy runs.
   for (const bool tokens : {false, true}) {
-    HealthHarness h(Lm());
-    h.health().SetBaselines(Refs({{.seed = 1}, {.seed = 2}}, 1200));
-    std::mt19937 rng(3);
-    for (uint64_t s = 0; s < 1200; ++s) {
-      v1::StepRecord r = Curve{.seed = 3, .grad_factor = 0.7}.At(s, rng);
-      if (!tokens) r.clear_tokens();
-      h.Lead(r);
-    }
-    const auto fired = h.Fired(AlertKind::kBaselineDeviation);
+    const Judged j = JudgeAgainstTwoSeeds(Curve{.seed = 3, .grad_factor = 0.7}, tokens, 1200, 3);
+    const auto& fired = j.fired;
     if (tokens) {
       EXPECT_THAT(fired, IsEmpty());
       continue;
@@ -456,8 +461,7 @@ TEST(BaselineDeviation, AGradNormOutOfItsBandIsInfoByStepAndNothingByTokens) {
     EXPECT_THAT(fired[0].description, HasSubstr("grad_norm 0.3"));  // 0.35 vs 0.5
     EXPECT_THAT(fired[0].description, HasSubstr("the loss is within its band"));
     EXPECT_THAT(fired[0].description, HasSubstr("by step"));
-    EXPECT_EQ(h.health().tracker().episode(AlertKind::kBaselineDeviation).severity,
-              v1::SEVERITY_INFO);
+    EXPECT_EQ(j.severity, v1::SEVERITY_INFO);
   }
 }
 
@@ -469,15 +473,9 @@ TEST(BaselineDeviation, ALossBelowTheCentreBinAfterBinIsAheadStepForStep) {
   // is info, naming the batch; by tokens (the same shift) nothing, as a
   // seed that sits low.
   for (const bool tokens : {false, true}) {
-    HealthHarness h(Lm());
-    h.health().SetBaselines(Refs({{.seed = 1}, {.seed = 2}}, 1200));
-    std::mt19937 rng(3);
-    for (uint64_t s = 0; s < 1200; ++s) {
-      v1::StepRecord r = Curve{.seed = 2, .factor = 0.983, .from_tokens = 0}.At(s, rng);
-      if (!tokens) r.clear_tokens();
-      h.Lead(r);
-    }
-    const auto fired = h.Fired(AlertKind::kBaselineDeviation);
+    const Judged j = JudgeAgainstTwoSeeds(Curve{.seed = 2, .factor = 0.983, .from_tokens = 0},
+                                          tokens, 1200, 3);
+    const auto& fired = j.fired;
     if (tokens) {
       EXPECT_THAT(fired, IsEmpty());
       continue;
@@ -488,8 +486,7 @@ TEST(BaselineDeviation, ALossBelowTheCentreBinAfterBinIsAheadStepForStep) {
     EXPECT_THAT(fired[0].description, HasSubstr("ahead of its baseline's recipe"));
     EXPECT_THAT(fired[0].description, Not(HasSubstr("left the band")));
     EXPECT_THAT(fired[0].description, HasSubstr("by step"));
-    EXPECT_EQ(h.health().tracker().episode(AlertKind::kBaselineDeviation).severity,
-              v1::SEVERITY_INFO);
+    EXPECT_EQ(j.severity, v1::SEVERITY_INFO);
   }
 }
 
