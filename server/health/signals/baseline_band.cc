@@ -292,6 +292,15 @@ std::optional<BandBin> BaselineBand::Close() {
     b.lr_ratio = run_lr / Median(std::move(ref_lrs));
     if (!ref_lrs_by_step.empty()) {
       const double by_step = run_lr / Median(std::move(ref_lrs_by_step));
+      // The references' LR at the same step and not at the same tokens:
+      // another batch size under a schedule written in steps, here at
+      // another point of its schedule than they were at these tokens (mid
+      // decay where they had annealed). Its loss at these tokens is not
+      // the recipe's: the bin is not judged.
+      const BandBin at_step{.lr_ratio = by_step};
+      if (b.lr_changed(options_.lr_changed) && !at_step.lr_changed(options_.lr_changed)) {
+        return std::nullopt;
+      }
       if (std::abs(std::log(by_step)) < std::abs(std::log(b.lr_ratio))) b.lr_ratio = by_step;
     }
   }

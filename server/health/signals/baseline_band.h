@@ -43,7 +43,11 @@
 // from 1 says the run is another recipe (the LR 10x of a config gone wrong),
 // whatever its loss does. It is taken at the same x and at the same step,
 // and the one nearer 1 is kept: a schedule written in steps, as most are,
-// puts another batch size's LR elsewhere on the token axis.
+// puts another batch size's LR elsewhere on the token axis. A bin where the
+// run's LR is its references' at the same step but not at the same tokens
+// is not judged on the token axis: the run is at another point of its
+// schedule there (mid decay where they had annealed), and its loss at those
+// tokens is not its recipe's.
 //
 // Pure and single-threaded: no I/O, no clock.
 #ifndef TRAINWATCH_SERVER_HEALTH_SIGNALS_BASELINE_BAND_H_

@@ -34,6 +34,7 @@ struct Curve {
   uint64_t from_tokens = UINT64_MAX;
   double noise = 0.02;
   double lr = 1e-3;  // at step 100; it decays as 1 / sqrt(1 + step / 100)
+  bool lr_decays = true;  // else lr at every step
   double grad_factor = 1.0;  // on the grad norm (0.7: twice the batch's gradient noise)
 
   v1::StepRecord At(uint64_t step, std::mt19937& rng) const {
@@ -48,7 +49,8 @@ struct Curve {
     r.set_tokens(tokens);
     r.set_loss(loss);
     r.set_grad_norm(0.5 * grad_factor * std::exp(g(rng)));
-    r.set_lr(lr * std::sqrt(2.0) / std::sqrt(1.0 + static_cast<double>(step) / 100.0));
+    r.set_lr(lr_decays ? lr * std::sqrt(2.0) / std::sqrt(1.0 + static_cast<double>(step) / 100.0)
+                       : lr);
     return r;
   }
 };
@@ -115,43 +117,67 @@ TEST(BaselineBand, AReferenceThatDoesNotCoverABinIsNotJudged) {
 }
 
 TEST(BaselineBand, TokensAlignARunWithAnotherBatchSize) {
-  // The references consume 1024 tokens a step, the run 2048: at the same
-  // step it is ahead (lower loss), at the same tokens it is the same recipe.
-  auto refs = Refs({{.seed = 1}, {.seed = 2}, {.seed = 4}}, 1200);
-  const Curve run{.seed = 3, .tokens_per_step = 2048};
+  // The references consume 1024 tokens a step, the run 2048, all at one
+  // LR: at the same step it is ahead (lower loss), at the same tokens it is
+  // the same recipe.
+  auto refs = Refs({{.seed = 1, .lr_decays = false},
+                    {.seed = 2, .lr_decays = false},
+                    {.seed = 4, .lr_decays = false}},
+                   1200);
+  const Curve run{.seed = 3, .tokens_per_step = 2048, .lr_decays = false};
   for (BaselineAxis axis : {BaselineAxis::kTokens, BaselineAxis::kStep}) {
     BaselineBand band(BaselineMetric::kLoss, axis, refs, kWarmup);
     ResidualCusum cusum(1e6, 20);
     std::mt19937 rng(3);
     bool better = false, worse = false;
+    int bins = 0;
     for (uint64_t s = kWarmup; s < 600; ++s) {
       if (auto b = band.Add(run.At(s, rng))) {
         const auto v = cusum.Add(*b);
         better |= v.better;
         worse |= v.worse;
+        ++bins;
       }
     }
+    EXPECT_GT(bins, 20) << BaselineAxisName(axis);
     EXPECT_FALSE(worse) << BaselineAxisName(axis);
     EXPECT_EQ(better, axis == BaselineAxis::kStep) << BaselineAxisName(axis);
   }
 }
 
 TEST(BaselineBand, ARunWithAnotherBatchKeepsItsReferencesLrByStep) {
-  // The schedule is written in steps: at the same tokens twice the batch is
-  // at half the step and another LR (up to 1.4x here), at the same step the
-  // same one. It is the recipe's schedule: the ratio kept is 1.
+  // The schedule is written in steps: at the same step twice the batch is
+  // at its references' LR, at the same tokens at half their step and
+  // another LR (beyond 1.25x from step ~128, 1.4x by the end). Where its LR
+  // at those tokens is within 1.25x of theirs, the bin is judged and the
+  // ratio kept is the same step's, 1: the recipe's schedule. Past that the
+  // run is at another point of its schedule than they were at those
+  // tokens, and is not judged.
   auto refs = Refs({{.seed = 1}, {.seed = 2}}, 1200);
   BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kTokens, refs, kWarmup);
   std::mt19937 rng(3);
   int bins = 0;
+  uint64_t last_judged = 0;
   for (uint64_t s = kWarmup; s < 600; ++s) {
     if (auto b = band.Add(Curve{.seed = 3, .tokens_per_step = 2048}.At(s, rng))) {
       EXPECT_NEAR(b->lr_ratio, 1.0, 1e-3) << "step " << b->last_step;
       EXPECT_FALSE(b->lr_changed());
       ++bins;
+      last_judged = b->last_step;
     }
   }
-  EXPECT_GT(bins, 20);
+  EXPECT_GE(bins, 2);
+  EXPECT_LE(last_judged, 150u);
+  // The same run on the step axis is judged throughout, at ratio 1.
+  BaselineBand by_step(BaselineMetric::kLoss, BaselineAxis::kStep, refs, kWarmup);
+  int step_bins = 0;
+  for (uint64_t s = kWarmup; s < 600; ++s) {
+    if (auto b = by_step.Add(Curve{.seed = 3, .tokens_per_step = 2048}.At(s, rng))) {
+      EXPECT_NEAR(b->lr_ratio, 1.0, 1e-3);
+      ++step_bins;
+    }
+  }
+  EXPECT_GT(step_bins, 20);
   // Ten times the LR is another recipe on either axis.
   for (BaselineAxis axis : {BaselineAxis::kTokens, BaselineAxis::kStep}) {
     BaselineBand hot(BaselineMetric::kLoss, axis, refs, kWarmup);
