@@ -62,8 +62,13 @@ another run of the recipe, replayed with those two as its RunStart.baselines
   lr-10x                  the same model and data at 10x the family's LR
   shard-from-300          from step 300 a quarter of each batch is random
                           tokens (a corrupted data shard)
-  batch-2x-tokens         twice the batch, aligned by tokens (both carry them):
-                          the same recipe at the same tokens, must raise nothing
+  batch-2x-tokens         twice the batch, aligned by tokens (both carry them),
+                          its schedule over as many steps (twice the tokens):
+                          must raise nothing
+  batch-2x-budget         twice the batch over the references' tokens: half
+                          the steps and half the warmup, the schedule the same
+                          in tokens (as a run moved to twice the GPUs keeps
+                          its token budget): must raise nothing
   batch-2x-steps          the same run without its tokens: aligned by step, it
                           is two steps' worth of data ahead, and is named
 
@@ -116,6 +121,8 @@ CASES = {
     "lr-10x": (["--lr", "10x"], 3, False, "worse"),
     "shard-from-300": (["--shard-from", "300"], 3, False, "worse"),
     "batch-2x-tokens": (["--batch", "32"], 3, False, "nothing"),
+    "batch-2x-budget": (["--batch", "32", "--steps", "half", "--warmup", "half"], 3, False,
+                        "nothing"),
     "batch-2x-steps": (["--batch", "32"], 3, True, "any"),
 }
 
@@ -123,9 +130,11 @@ CASES = {
 def train(runs, family, name, args, seed):
     out = runs / f"{name}.jsonl"
     meta = runs / f"{name}.meta.json"
-    if "10x" in args:  # ten times the family's own LR
+    if "10x" in args or "half" in args:  # ten times the family's LR, half its steps
         import lab_lm
-        args = [str(10 * lab_lm.config(family)["lr"]) if a == "10x" else a for a in args]
+        cfg = lab_lm.config(family)
+        args = [str(10 * cfg["lr"]) if a == "10x" else a for a in args]
+        args = [str(cfg[args[i - 1][2:]] // 2) if a == "half" else a for i, a in enumerate(args)]
     key = json.dumps({"family": family, "args": args, "seed": seed})
     if out.exists() and meta.exists() and json.loads(meta.read_text()).get("key") == key:
         return out
