@@ -182,7 +182,7 @@ FAMILIES = {
                              decay_steps=50, decay_from=200),
 }
 
-# -- held out: the reference-run band's fourth to seventh passes ---------------
+# -- held out: the reference-run band's fourth to eighth passes ----------------
 #
 # Healthy recipes for tools/lab/baseline_lab.py only (not in holdout.py's
 # sets), each pass's chosen and frozen before any of its runs was trained.
@@ -234,6 +234,18 @@ BASELINE_FAMILIES = {
     "healthy-titan-bf16-d128x2-const": dict(style="titan", names="module", precision="bf16",
                                             d=128, layers=2, heads=8, lr=1e-3,
                                             schedule="const"),
+    # The eighth pass's, frozen after the seventh was judged and the LR
+    # phase rule and batch-2x-budget case were made, before any of their
+    # runs was trained:
+    # HF parameter names, d 80 x 2, SGD with momentum 0.9 at lr 0.1, a
+    # 50-step warmup, cosine, the Zipfian language.
+    "healthy-sgd-hf-zipf-d80x2": dict(style="hf", names="param", d=80, layers=2, opt="sgd",
+                                      lr=0.1, warmup=50, data="zipf"),
+    # Megatron-Core parameter names, LayerNorm with biases, learned
+    # positions, d 64 x 3, lr 1.5e-3, beta2 0.98, a 150-step warmup, cosine.
+    "healthy-megatron-d64x3-w150": dict(style="megatron", names="param", norm="ln", bias=True,
+                                        pos=True, d=64, layers=3, lr=1.5e-3, beta2=0.98,
+                                        warmup=150),
 }
 
 # -- held out: divergence inside warmup ---------------------------------------
