@@ -54,6 +54,13 @@ every 25 steps) and healthy-titan-bf16-d128x2-const (torchtitan module
 names, bf16, d 128 x 2, a constant LR). (Judged once: no false alarm,
 every case named but SGD-zipf's batch by tokens, a warning: mid-cosine at
 the tokens where its references have annealed.)
+Held out for the eighth pass, chosen and frozen after the LR phase rule
+and the batch-2x-budget case were made: healthy-sgd-hf-zipf-d80x2 (SGD at
+lr 0.1, HF parameter names, the Zipfian language) and
+healthy-megatron-d64x3-w150 (Megatron-Core parameter names, d 64 x 3, a
+150-step warmup). (Judged once: a false alarm on the SGD recipe's seed 4,
+megatron's LR 10x missed, its batch over the same budget a warning;
+docs/baselines.md.)
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
