@@ -1,5 +1,6 @@
 #include "trainwatch/v1/packed_counts.h"
 
+#include <array>
 #include <bit>
 #include <cstring>
 
@@ -37,6 +38,13 @@ uint64_t EndsOf(uint64_t word) {
   return (((~word & kHighBits) >> 7) * 0x0102040810204080) >> 56;
 }
 
+// The 7-bit groups of a varint of n bytes in the word that begins with it.
+constexpr std::array<uint64_t, 9> kGroups = [] {
+  std::array<uint64_t, 9> m{};
+  for (int n = 1; n <= 8; ++n) m[n] = (n == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * n)) - 1) & ~kHighBits;
+  return m;
+}();
+
 // One varint at p, byte by byte; nullptr when it is over 10 bytes. Its
 // value modulo 2^64, as protobuf's VarintParse gives it.
 const char* DecodeOne(const char* p, uint64_t* value) {
@@ -69,7 +77,7 @@ bool DecodeBlock(const char* base, size_t at, uint64_t ends, size_t& start_io,
     ends &= ends - 1;
     const size_t len = end - start + 1;
     if (len <= 8) [[likely]] {
-      uint64_t x = Load8(base + start) & (~uint64_t{0} >> (64 - 8 * len)) & ~kHighBits;
+      uint64_t x = Load8(base + start) & kGroups[len];
       x = ((x & 0x7f007f007f007f00) >> 1) | (x & 0x007f007f007f007f);
       x = ((x & 0x3fff00003fff0000) >> 2) | (x & 0x00003fff00003fff);
       x = ((x & 0x0fffffff00000000) >> 4) | (x & 0x000000000fffffff);
