@@ -21,12 +21,17 @@ uint64_t Load8(const char* p) {
 
 // How many varints end in [p, end): the bytes without their high bit,
 // summed a byte lane at a time (no popcount instruction in the baseline
-// x86-64 build).
+// x86-64 build), then the lanes summed by one multiply into the top byte,
+// which holds at most 255: so at most 31 words (248 ends) a round.
+constexpr int kWordsPerCount = 255 / 8;
+
 size_t CountEnds(const char* p, const char* end) {
   size_t n = 0;
   while (end - p >= 8) {
-    uint64_t lanes = 0;  // each byte lane counts to at most 255 words
-    for (int k = 0; k < 255 && end - p >= 8; ++k, p += 8) lanes += (~Load8(p) & kHighBits) >> 7;
+    uint64_t lanes = 0;
+    for (int k = 0; k < kWordsPerCount && end - p >= 8; ++k, p += 8) {
+      lanes += (~Load8(p) & kHighBits) >> 7;
+    }
     n += (lanes * 0x0101010101010101) >> 56;
   }
   for (; p < end; ++p) n += (static_cast<uint8_t>(*p) & 0x80) == 0;
@@ -101,6 +106,9 @@ bool DecodeAll(const char* p, size_t size, uint64_t* dst) {
     uint64_t ends = 0;
     for (size_t k = 0; k < kBlock / 8; ++k) ends |= EndsOf(Load8(p + at + 8 * k)) << (8 * k);
     if (!DecodeBlock(p, at, ends, start, dst)) return false;
+    // A varint under way for over 10 bytes is malformed (as protobuf's
+    // parser has it), and would not fit the tail below.
+    if (at + kBlock - start > kMaxVarint) return false;
   }
   // The rest, from the varint under way, copied where 8 bytes past any
   // start are readable (under 64 + 8 + 10 bytes).

@@ -138,6 +138,43 @@ TEST_F(PackedCounts, RealisticCountsRoundTrip) {
   EXPECT_TRUE(pb::util::MessageDifferencer::Equals(parsed, request));
 }
 
+TEST_F(PackedCounts, ManyOneByteCounts) {
+  // A layer of many experts with small counts (dead ones, a small batch):
+  // one-byte varints, more of them in a row than one byte can count (the
+  // parser counts them in rounds); the reserve must hold them all.
+  for (const int n : {255, 256, 300, 2048, 4096}) {
+    ReportRequest request;
+    MoeLayerStats* layer = request.mutable_batch()->add_records()->mutable_moe()->add_layers();
+    layer->set_layer("wide");
+    for (int e = 0; e < n; ++e) layer->add_tokens_per_expert(e % 3 == 0 ? 0 : e % 100);
+    // A field after the counts and a record after theirs: the counts lie
+    // whole in the parser's buffer, not in its last 16 bytes.
+    layer->set_aux_loss(0.5);
+    request.mutable_batch()->add_records()->set_step(7);
+    request.mutable_batch()->mutable_records(1)->set_loss(2.5);
+    ReportRequest parsed;
+    ASSERT_TRUE(parsed.ParseFromString(request.SerializeAsString())) << n;
+    EXPECT_TRUE(pb::util::MessageDifferencer::Equals(parsed, request)) << n;
+  }
+}
+
+TEST_F(PackedCounts, AVarintOfHundredsOfBytesIsRefused) {
+  // 300 bytes with their high bit set, then an end: one varint far over
+  // 10 bytes, as a hostile or corrupt client may send. Refused as protobuf
+  // refuses it, wherever it starts in the parser's blocks of 64 bytes.
+  for (const int lead : {0, 1, 7, 63, 64, 65, 100}) {
+    std::string body;
+    for (int i = 0; i < lead; ++i) body.push_back(0x05);
+    body.append(300, static_cast<char>(0x80));
+    body.push_back(0x01);
+    const std::string wire = RequestWire(LayerWire(body, static_cast<int64_t>(body.size())), 12);
+    const std::unique_ptr<pb::Message> reference = Reference();
+    ASSERT_FALSE(reference->ParseFromString(wire));
+    ReportRequest parsed;
+    EXPECT_FALSE(parsed.ParseFromString(wire)) << lead;
+  }
+}
+
 // Random counts fields, well formed or not, at random places in a request,
 // parsed flat and from a stream of small chunks (where a field crosses the
 // parser's buffers and protobuf's takes it): the same verdict and values.
