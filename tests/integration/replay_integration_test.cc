@@ -230,7 +230,9 @@ TEST(ReplayIntegration, AHardBatchIsListedApartFromTheSpikes) {
   EXPECT_THAT(steps, ::testing::Not(::testing::Contains(300u))) << spikes.dump(1);
   const json alerts = Alerts(server, "replay/hard");
   for (const json& a : alerts) {
-    if (a["alertname"] == "LossSpike") EXPECT_EQ(a["onset_step"], 600) << a.dump(1);
+    if (a["alertname"] == "LossSpike") {
+      EXPECT_EQ(a["onset_step"], 600) << a.dump(1);
+    }
   }
   ASSERT_NE(Named(alerts, "LossSpike"), nullptr) << alerts.dump(1);
 }

@@ -259,13 +259,16 @@ class BaselineDeviation final : public Detector {
     // within them raises it (warning to critical). A run better than its
     // band that turns worse (an LR too high learns fast, then falls behind)
     // is another episode: the info one resolves, and the page starts now.
-    std::optional<v1::Severity> firing = sink.FiringSeverity(AlertKind::kBaselineDeviation);
-    if (firing == v1::SEVERITY_INFO && wanted != v1::SEVERITY_INFO) {
+    const std::optional<v1::Severity> before =
+        sink.FiringSeverity(AlertKind::kBaselineDeviation);
+    const v1::Severity was = before.value_or(v1::SEVERITY_UNSPECIFIED);
+    bool firing = before.has_value();
+    if (firing && was == v1::SEVERITY_INFO && wanted != v1::SEVERITY_INFO) {
       sink.Resolve(AlertKind::kBaselineDeviation, step);
-      firing.reset();
+      firing = false;
     }
     sink.Condition(AlertKind::kBaselineDeviation, step, true, std::abs(judged->last->z), text);
-    if (firing.has_value() && Rank(wanted) > Rank(*firing)) {
+    if (firing && Rank(wanted) > Rank(was)) {
       sink.Amend(AlertKind::kBaselineDeviation, text(), wanted);
     }
   }

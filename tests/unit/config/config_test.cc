@@ -422,7 +422,7 @@ TEST(HealthConfigFile, DocumentedConfigReadsBackToTheSameConfig) {
 // and each group lists its tuned keys before the "# internals:" line.
 TEST(HealthConfigFile, EveryKeyAndGroupIsDocumented) {
   std::istringstream in(PrintHealthConfigDocumented(HealthConfig{}, /*internals=*/true));
-  size_t keys = 0, groups = 0, internals = 0;
+  size_t keys = 0, groups = 0, internals = 0, internal_keys = 0;
   bool in_internals = false;
   for (std::string line; std::getline(in, line);) {
     const std::string code(absl::StripLeadingAsciiWhitespace(line));
@@ -440,11 +440,17 @@ TEST(HealthConfigFile, EveryKeyAndGroupIsDocumented) {
       in_internals = false;
     } else {
       ++keys;
+      if (in_internals) ++internal_keys;
     }
   }
   EXPECT_EQ(keys, DottedKeys(PrintHealthConfig(HealthConfig{})).size());
   EXPECT_GT(groups, 25u);
   EXPECT_GT(internals, 15u);  // the groups with internals
+  // The keys under a group's "# internals:" line are exactly those the
+  // tuned file leaves out: a tuned key is never listed after it.
+  const size_t tuned =
+      DottedKeys(PrintHealthConfigDocumented(HealthConfig{}, /*internals=*/false)).size();
+  EXPECT_EQ(internal_keys, keys - tuned);
 }
 
 // --print-config tuned: the keys a user tunes first, and an internal key

@@ -262,8 +262,12 @@ TEST(BaselineBand, WhereTheCurveHasFlattenedTheSpreadOfItsSteepStartIsNotPooled)
   ASSERT_THAT(bins, SizeIs(36));
   for (const BandBin& b : bins) {
     // Steep: as wide as the references' spread there.
-    if (b.first_step >= 70 && b.first_step < 200) EXPECT_GT(b.half_width, 0.1) << b.first_step;
-    if (b.first_step >= 410) EXPECT_TRUE(b.outside()) << b.first_step << " z " << b.z;
+    if (b.first_step >= 70 && b.first_step < 200) {
+      EXPECT_GT(b.half_width, 0.1) << b.first_step;
+    }
+    if (b.first_step >= 410) {
+      EXPECT_TRUE(b.outside()) << b.first_step << " z " << b.z;
+    }
   }
 }
 

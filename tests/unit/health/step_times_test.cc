@@ -350,8 +350,12 @@ TEST(RunTiming, NamesTheStragglerAndItsHostThenResolves) {
           << timing.StragglerDescription();
       EXPECT_EQ(timing.StragglerSummary(), "rank 6 on node-3 is a straggler");
     }
-    if (s < 300) ASSERT_FALSE(holds) << s;
-    if (s >= 500) EXPECT_FALSE(holds) << s;  // recovered: the level is back
+    if (s < 300) {
+      ASSERT_FALSE(holds) << s;
+    }
+    if (s >= 500) {
+      EXPECT_FALSE(holds) << s;  // recovered: the level is back
+    }
   }
   EXPECT_GE(fired, 300u);
   EXPECT_LE(fired, 400u);
