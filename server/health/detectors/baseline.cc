@@ -119,6 +119,7 @@ class BaselineDeviation final : public Detector {
     if (watches_.empty()) Start(ctx.record, ctx.run.warmup_steps);
     bool judged = false;
     for (Watch& w : watches_) {
+      if (w.same_step != nullptr) w.same_step->Add(ctx.record);
       std::optional<BandBin> bin = w.band.Add(ctx.record);
       if (!bin.has_value()) continue;
       w.last = *bin;
@@ -172,6 +173,32 @@ class BaselineDeviation final : public Detector {
     uint32_t beyond_ = 0;
     bool alarmed_ = false;
   };
+  // Another batch size than the references', compared by tokens: at the
+  // same tokens the run has taken fewer (or more) steps than they had, and
+  // early on a larger batch learns less per token (its loss above theirs
+  // until the critical batch size has grown past it); at the same step it
+  // has seen more data than they had, and is no worse than them. Between
+  // the two is its recipe: it is worse only where it is worse at the same
+  // step too, so the loss's band on the step axis is kept beside.
+  struct SameStep {
+    SameStep(std::shared_ptr<const BaselineReferences> refs, uint64_t warmup_steps,
+             const HealthConfig& config)
+        : band(BaselineMetric::kLoss, BaselineAxis::kStep, std::move(refs), warmup_steps),
+          cusum(config.change.arl0, BandOptions{}.bin_steps) {}
+    void Add(const v1::StepRecord& record) {
+      std::optional<BandBin> bin = band.Add(record);
+      if (!bin.has_value()) return;
+      verdict = cusum.Add(*bin);
+      above = bin->value > bin->hi ? above + 1 : 0;
+    }
+    // Out of its band above, as the loss's band verdict is read.
+    bool Worse() const { return verdict.worse && above >= kLevelBins; }
+    BaselineBand band;
+    ResidualCusum cusum;
+    ResidualCusum::Verdict verdict;
+    uint32_t above = 0;
+  };
+
   struct Watch {
     Watch(BaselineMetric metric, BaselineAxis axis, std::shared_ptr<const BaselineReferences> refs,
           uint64_t warmup_steps, const HealthConfig& config)
@@ -187,14 +214,41 @@ class BaselineDeviation final : public Detector {
     ResidualCusum::Verdict verdict;
     // Bins in a row above and below the band, up to the last.
     uint32_t above = 0, below = 0;
+    // The loss of a run with another batch, compared by tokens, is also
+    // compared at the same step (SameStep).
+    std::unique_ptr<SameStep> same_step;
   };
 
   // The axis is chosen on the run's first post-warmup record.
   void Start(const v1::StepRecord& first, uint64_t warmup_steps) {
     axis_ = ChooseAxis(first, *refs_);
+    batch_ratio_ = axis_ == BaselineAxis::kTokens ? BatchRatio(first) : 1.0;
     for (BaselineMetric m : kBaselineMetrics) {
-      watches_.emplace_back(m, axis_, refs_, warmup_steps, config_);
+      Watch& w = watches_.emplace_back(m, axis_, refs_, warmup_steps, config_);
+      if (m == BaselineMetric::kLoss && AnotherBatch()) {
+        w.same_step = std::make_unique<SameStep>(refs_, warmup_steps, config_);
+      }
     }
+  }
+
+  // The run's tokens a step over its references' (the median's), each
+  // from its first post-warmup record; 1 when unknown.
+  double BatchRatio(const v1::StepRecord& first) const {
+    std::vector<double> refs;
+    for (const ReferenceRun& r : refs_->runs) {
+      if (r.points.empty() || !r.points.front().tokens.has_value()) continue;
+      refs.push_back(static_cast<double>(*r.points.front().tokens) /
+                     static_cast<double>(r.points.front().step + 1));
+    }
+    if (refs.empty() || !first.has_tokens()) return 1.0;
+    std::sort(refs.begin(), refs.end());
+    const double ref = refs[refs.size() / 2];
+    const double run = static_cast<double>(first.tokens()) / static_cast<double>(first.step() + 1);
+    return ref > 0 && run > 0 ? run / ref : 1.0;
+  }
+  bool AnotherBatch() const {
+    const double limit = BandOptions{}.lr_changed;  // the LR's tolerance
+    return batch_ratio_ > limit || batch_ratio_ < 1 / limit;
   }
 
   // The loss decides: it is the recipe's outcome, where another seed or
@@ -214,7 +268,8 @@ class BaselineDeviation final : public Detector {
     Reason reason = Reason::kBand;
     for (Watch& w : watches_) {
       if (w.band.metric() != BaselineMetric::kLoss || !w.last.has_value()) continue;
-      const bool band_worse = w.verdict.worse && w.above >= kLevelBins;
+      const bool band_worse = w.verdict.worse && w.above >= kLevelBins &&
+                              (w.same_step == nullptr || w.same_step->Worse());
       const bool changed_worse = !band_worse && w.changed.alarmed();
       const bool band_better = w.verdict.better && w.below >= kLevelBins;
       const bool ahead = !band_worse && !changed_worse && !band_better && w.ahead.alarmed();
@@ -222,11 +277,13 @@ class BaselineDeviation final : public Detector {
         if (changed_worse) {
           w.verdict.worse = true;
           w.verdict.onset_step = w.changed.onset_step();
-        }
-        if (ahead) {
+        } else if (!band_worse) {
+          // The better side decides, whatever the upward CUSUM still holds
+          // of bins above the band before (it decays over a few bins).
+          w.verdict.worse = false;
           w.verdict.better = true;
-          w.verdict.onset_step = w.ahead.onset_step();
-          reason = Reason::kAhead;
+          w.verdict.onset_step = band_better ? w.verdict.better_onset_step : w.ahead.onset_step();
+          if (ahead) reason = Reason::kAhead;
         }
         judged = &w;
       }
@@ -325,7 +382,12 @@ class BaselineDeviation final : public Detector {
         LrRatio(*w.last), "; baseline ",
         DescribeRefs(*refs_), " (", refs_->source, "), by ", BaselineAxisName(axis_),
         severity == v1::SEVERITY_CRITICAL ? "; beyond twice the band for 5 bins in a row" : "",
-        why, AlsoOut(w));
+        why, AnotherBatch() && !better && metric == BaselineMetric::kLoss
+                 ? absl::StrFormat("; %.3gx the baseline's tokens a step, and worse at the same "
+                                   "step too",
+                                   batch_ratio_)
+                 : "",
+        AlsoOut(w));
     t.onset_step = w.verdict.onset_step;
     t.severity = severity == v1::SEVERITY_WARNING ? v1::SEVERITY_UNSPECIFIED : severity;
     return t;
@@ -353,6 +415,7 @@ class BaselineDeviation final : public Detector {
   std::shared_ptr<const BaselineReferences> refs_;
   BaselineStatus* status_ = nullptr;  // the run health's
   BaselineAxis axis_ = BaselineAxis::kStep;
+  double batch_ratio_ = 1.0;  // the run's tokens a step over its references'
   std::vector<Watch> watches_;
 };
 

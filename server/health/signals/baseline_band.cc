@@ -374,6 +374,7 @@ ResidualCusum::Verdict ResidualCusum::Add(const BandBin& bin) {
   if (v.worse || v.better) {
     v.onset_step = side.first_outside != 0 ? side.first_outside : side.onset;
   }
+  if (v.better) v.better_onset_step = down_.first_outside != 0 ? down_.first_outside : down_.onset;
   return v;
 }
 

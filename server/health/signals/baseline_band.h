@@ -240,6 +240,7 @@ class ResidualCusum {
     bool worse = false;       // the upward CUSUM is past its threshold
     bool better = false;      // the downward one is
     uint64_t onset_step = 0;  // of the side that holds (worse first)
+    uint64_t better_onset_step = 0;  // of the better side, when it holds
     // Bins in a row beyond twice the band on the worse side.
     uint32_t beyond_twice = 0;
   };

@@ -520,6 +520,54 @@ TEST(BaselineDeviation, ALossBelowTheCentreBinAfterBinIsAheadStepForStep) {
   }
 }
 
+TEST(BaselineDeviation, AnotherBatchIsWorseOnlyWhereItIsWorseAtTheSameStepToo) {
+  // Twice the references' batch, compared by tokens, all at one LR. 6%
+  // above them at the same tokens (a larger batch learns less per token
+  // early on) yet below them at the same step, where it has seen twice
+  // their data: within its recipe, nothing. 30% above from 600k tokens:
+  // worse at the same step too, named, and the alert says the batch.
+  const auto refs = Refs({{.seed = 1, .lr_decays = false}, {.seed = 2, .lr_decays = false}}, 1200);
+  const auto run = [&](double factor, uint64_t from_tokens) {
+    HealthHarness h(Lm());
+    h.health().SetBaselines(refs);
+    std::mt19937 rng(3);
+    const Curve c{.seed = 3, .tokens_per_step = 2048, .factor = factor,
+                  .from_tokens = from_tokens, .lr_decays = false};
+    for (uint64_t s = 0; s < 600; ++s) h.Lead(c.At(s, rng));
+    return h.Fired(AlertKind::kBaselineDeviation);
+  };
+  EXPECT_THAT(run(1.06, 0), IsEmpty());
+  const auto fired = run(1.3, 600'000);
+  ASSERT_THAT(fired, SizeIs(1));
+  EXPECT_GE(fired[0].step, 292u);  // 600k tokens: step 292
+  EXPECT_LE(fired[0].step, 392u);
+  EXPECT_THAT(fired[0].description, HasSubstr("2x the baseline's tokens a step"));
+  EXPECT_THAT(fired[0].description, HasSubstr("worse at the same step too"));
+}
+
+TEST(BaselineDeviation, BelowTheBandRightAfterAboveItIsInfo) {
+  // Twice the batch: 10% above its references at the same tokens on its
+  // first judged bins (from step 75, its warmup's catch-up) to step 195,
+  // not worse at the same step (no verdict), then 15% below.
+  // The upward CUSUM still holds for a few bins while the run is below the
+  // band: the run is better than its band (info), not a page.
+  HealthHarness h(Lm());
+  h.health().SetBaselines(
+      Refs({{.seed = 1, .lr_decays = false}, {.seed = 2, .lr_decays = false}}, 1200));
+  std::mt19937 rng(3);
+  const Curve c{.seed = 3, .tokens_per_step = 2048, .lr_decays = false};
+  for (uint64_t s = 0; s < 400; ++s) {
+    v1::StepRecord r = c.At(s, rng);
+    r.set_loss(r.loss() * (s < 195 ? 1.10 : 0.85));
+    h.Lead(r);
+  }
+  const auto fired = h.Fired(AlertKind::kBaselineDeviation);
+  ASSERT_THAT(fired, SizeIs(1));
+  EXPECT_THAT(fired[0].description, HasSubstr("better than the band"));
+  EXPECT_EQ(h.health().tracker().episode(AlertKind::kBaselineDeviation).severity,
+            v1::SEVERITY_INFO);
+}
+
 // What /metrics shows (trainwatch_baseline_loss_ratio): the last loss bin
 // judged, kept when the references are loaded again (each new stream of the
 // run loads them, maybe after its last batch), none once the run has no
