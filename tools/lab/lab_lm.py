@@ -182,7 +182,7 @@ FAMILIES = {
                              decay_steps=50, decay_from=200),
 }
 
-# -- held out: the reference-run band's fourth to eighth passes ----------------
+# -- held out: the reference-run band's fourth to ninth passes -----------------
 #
 # Healthy recipes for tools/lab/baseline_lab.py only (not in holdout.py's
 # sets), each pass's chosen and frozen before any of its runs was trained.
@@ -246,6 +246,17 @@ BASELINE_FAMILIES = {
     "healthy-megatron-d64x3-w150": dict(style="megatron", names="param", norm="ln", bias=True,
                                         pos=True, d=64, layers=3, lr=1.5e-3, beta2=0.98,
                                         warmup=150),
+    # The ninth pass's, frozen after the eighth was judged and the same-step
+    # rule for another batch was made, before any of their runs was trained:
+    # torchtitan parameter names, d 96 x 2, lr 2.5e-3, a 75-step warmup,
+    # the Zipfian language.
+    "healthy-titan-zipf-d96x2-w75": dict(style="titan", names="param", d=96, layers=2,
+                                         lr=2.5e-3, warmup=75, data="zipf"),
+    # GPT-2 module names, tied head, d 64 x 2, lr 4e-3, beta2 0.99, a
+    # constant LR after a 100-step warmup.
+    "healthy-gpt2-tied-d64x2-const": dict(style="gpt2", names="module", norm="ln", bias=True,
+                                          pos=True, tie=True, d=64, layers=2, lr=4e-3,
+                                          beta2=0.99, schedule="const"),
 }
 
 # -- held out: divergence inside warmup ---------------------------------------
