@@ -61,6 +61,12 @@ healthy-megatron-d64x3-w150 (Megatron-Core parameter names, d 64 x 3, a
 150-step warmup). (Judged once: a false alarm on the SGD recipe's seed 4,
 megatron's LR 10x missed, its batch over the same budget a warning;
 docs/baselines.md.)
+Held out for the ninth pass, chosen and frozen after the same-step rule
+for another batch was made: healthy-titan-zipf-d96x2-w75 (torchtitan
+parameter names, the Zipfian language, a 75-step warmup) and
+healthy-gpt2-tied-d64x2-const (GPT-2 module names, a tied head, a constant
+LR). (Judged once: no false alarm, every case named or quiet as it should
+be; the shard cases 34 and 39 steps after the fault.)
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
