@@ -179,6 +179,10 @@ int RunRanks(const RanksOptions& o) {
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     channels.push_back(grpc::CreateCustomChannel(
         o.server, grpc::InsecureChannelCredentials(), args));
+    // Connected first, as loadgen.cc's NewChannel: a transient failure of
+    // the first connect would fail every stream on it at once.
+    channels.back()->WaitForConnected(std::chrono::system_clock::now() +
+                                      std::chrono::seconds(10));
     stubs.push_back(v1::TrainingHealth::NewStub(channels.back()));
   }
   const Clock::time_point t0 = Clock::now();
