@@ -182,7 +182,7 @@ FAMILIES = {
                              decay_steps=50, decay_from=200),
 }
 
-# -- held out: the reference-run band's fourth to ninth passes -----------------
+# -- held out: the reference-run band's fourth to tenth passes -----------------
 #
 # Healthy recipes for tools/lab/baseline_lab.py only (not in holdout.py's
 # sets), each pass's chosen and frozen before any of its runs was trained.
@@ -257,6 +257,15 @@ BASELINE_FAMILIES = {
     "healthy-gpt2-tied-d64x2-const": dict(style="gpt2", names="module", norm="ln", bias=True,
                                           pos=True, tie=True, d=64, layers=2, lr=4e-3,
                                           beta2=0.99, schedule="const"),
+    # The tenth pass's, frozen after the ninth was judged, before any of
+    # their runs was trained (no change to the detector between):
+    # SGD with momentum 0.9 at lr 0.15, torchtitan module names, d 64 x 2.
+    "healthy-sgd-titan-d64x2": dict(style="titan", names="module", d=64, layers=2, opt="sgd",
+                                    lr=0.15),
+    # HF module names, d 112 x 2 (8 heads), lr 1.5e-3, bf16 autocast, a
+    # 60-step warmup, cosine.
+    "healthy-hf-bf16-d112x2-w60": dict(style="hf", names="module", d=112, layers=2, heads=8,
+                                       lr=1.5e-3, precision="bf16", warmup=60),
 }
 
 # -- held out: divergence inside warmup ---------------------------------------
