@@ -67,6 +67,11 @@ parameter names, the Zipfian language, a 75-step warmup) and
 healthy-gpt2-tied-d64x2-const (GPT-2 module names, a tied head, a constant
 LR). (Judged once: no false alarm, every case named or quiet as it should
 be; the shard cases 34 and 39 steps after the fault.)
+Held out for the tenth pass, the detector unchanged since the ninth:
+healthy-sgd-titan-d64x2 (SGD at lr 0.15, torchtitan module names) and
+healthy-hf-bf16-d112x2-w60 (HF module names, bf16, a 60-step warmup).
+(Judged once: no page on a healthy seed, every case named or quiet as it
+should be, but an SGD healthy seed is info, better than its band.)
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
