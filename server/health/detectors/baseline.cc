@@ -246,10 +246,8 @@ class BaselineDeviation final : public Detector {
     const double run = static_cast<double>(first.tokens()) / static_cast<double>(first.step() + 1);
     return ref > 0 && run > 0 ? run / ref : 1.0;
   }
-  bool AnotherBatch() const {
-    const double limit = BandOptions{}.lr_changed;  // the LR's tolerance
-    return batch_ratio_ > limit || batch_ratio_ < 1 / limit;
-  }
+  // Beyond the LR's own tolerance.
+  bool AnotherBatch() const { return RatioChanged(batch_ratio_); }
 
   // The loss decides: it is the recipe's outcome, where another seed or
   // batch size of the same recipe lands in the band. The grad norm moves

@@ -297,8 +297,7 @@ std::optional<BandBin> BaselineBand::Close() {
       // another point of its schedule than they were at these tokens (mid
       // decay where they had annealed). Its loss at these tokens is not
       // the recipe's: the bin is not judged.
-      const BandBin at_step{.lr_ratio = by_step};
-      if (b.lr_changed(options_.lr_changed) && !at_step.lr_changed(options_.lr_changed)) {
+      if (b.lr_changed(options_.lr_changed) && !RatioChanged(by_step, options_.lr_changed)) {
         return std::nullopt;
       }
       if (std::abs(std::log(by_step)) < std::abs(std::log(b.lr_ratio))) b.lr_ratio = by_step;

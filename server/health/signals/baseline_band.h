@@ -129,6 +129,13 @@ struct BandOptions {
   double lr_changed = 1.25;
 };
 
+// A ratio of the run's to its references' (an LR, tokens a step) beyond
+// [1 / limit, limit]: the run is not their recipe in that respect. False
+// for NaN (unknown).
+inline bool RatioChanged(double ratio, double limit = BandOptions{}.lr_changed) {
+  return ratio > limit || ratio < 1 / limit;
+}
+
 // One judged bin. value, ref_median, lo and hi are in the band's space.
 struct BandBin {
   double x = 0;                     // the centre of the bin's x range
@@ -146,7 +153,7 @@ struct BandBin {
   bool outside() const { return value < lo || value > hi; }
   // The run's LR is not its references' (see BandOptions::lr_changed).
   bool lr_changed(double limit = BandOptions{}.lr_changed) const {
-    return lr_ratio > limit || lr_ratio < 1 / limit;
+    return RatioChanged(lr_ratio, limit);
   }
 };
 
