@@ -120,15 +120,11 @@ class BaselineDeviation final : public Detector {
     bool judged = false;
     for (Watch& w : watches_) {
       if (w.same_step != nullptr) w.same_step->Add(ctx.record);
-      std::optional<BandBin> bin = w.band.Add(ctx.record);
+      std::optional<BandBin> bin = w.Add(ctx.record);
       if (!bin.has_value()) continue;
-      w.last = *bin;
-      w.verdict = w.cusum.Add(*bin);
       w.changed.Add(*bin, bin->lr_changed());
       w.ahead.Add(*bin, axis_ == BaselineAxis::kStep);
       if (status_ != nullptr && w.band.metric() == BaselineMetric::kLoss) Publish(*bin);
-      w.above = bin->value > bin->hi ? w.above + 1 : 0;
-      w.below = bin->value < bin->lo ? w.below + 1 : 0;
       judged = true;
     }
     if (judged) Judge(ctx.record.step(), sink);
@@ -173,50 +169,53 @@ class BaselineDeviation final : public Detector {
     uint32_t beyond_ = 0;
     bool alarmed_ = false;
   };
-  // Another batch size than the references', compared by tokens: at the
-  // same tokens the run has taken fewer (or more) steps than they had, and
-  // early on a larger batch learns less per token (its loss above theirs
-  // until the critical batch size has grown past it); at the same step it
-  // has seen more data than they had, and is no worse than them. Between
-  // the two is its recipe: it is worse only where it is worse at the same
-  // step too, so the loss's band on the step axis is kept beside.
-  struct SameStep {
-    SameStep(std::shared_ptr<const BaselineReferences> refs, uint64_t warmup_steps,
-             const HealthConfig& config)
-        : band(BaselineMetric::kLoss, BaselineAxis::kStep, std::move(refs), warmup_steps),
+  // One metric's band on one axis, its CUSUM, and the last bin's verdict
+  // with the bins in a row out of the band on each side.
+  struct Track {
+    Track(BaselineMetric metric, BaselineAxis axis,
+          std::shared_ptr<const BaselineReferences> refs, uint64_t warmup_steps,
+          const HealthConfig& config)
+        : band(metric, axis, std::move(refs), warmup_steps),
           cusum(config.change.arl0, BandOptions{}.bin_steps) {}
-    void Add(const v1::StepRecord& record) {
+    // The bin `record` closes, judged; none when it closes none.
+    std::optional<BandBin> Add(const v1::StepRecord& record) {
       std::optional<BandBin> bin = band.Add(record);
-      if (!bin.has_value()) return;
+      if (!bin.has_value()) return bin;
+      last = *bin;
       verdict = cusum.Add(*bin);
       above = bin->value > bin->hi ? above + 1 : 0;
+      below = bin->value < bin->lo ? below + 1 : 0;
+      return bin;
     }
-    // Out of its band above, as the loss's band verdict is read.
+    // A level that left, on that side: the CUSUM over its line and the last
+    // kLevelBins bins out of the band there. One bin far out is a spike or
+    // a hard batch's (LossSpike's to name), not the run leaving its recipe.
     bool Worse() const { return verdict.worse && above >= kLevelBins; }
+    bool Better() const { return verdict.better && below >= kLevelBins; }
     BaselineBand band;
     ResidualCusum cusum;
-    ResidualCusum::Verdict verdict;
-    uint32_t above = 0;
-  };
-
-  struct Watch {
-    Watch(BaselineMetric metric, BaselineAxis axis, std::shared_ptr<const BaselineReferences> refs,
-          uint64_t warmup_steps, const HealthConfig& config)
-        : band(metric, axis, std::move(refs), warmup_steps),
-          cusum(config.change.arl0, BandOptions{}.bin_steps),
-          changed(config.change.arl0, 1.0),
-          ahead(config.change.arl0, -1.0) {}
-    BaselineBand band;
-    ResidualCusum cusum;
-    ShiftCusum changed;  // worse, while the LR is not the references'
-    ShiftCusum ahead;    // better, on the step axis
     std::optional<BandBin> last;
     ResidualCusum::Verdict verdict;
-    // Bins in a row above and below the band, up to the last.
     uint32_t above = 0, below = 0;
-    // The loss of a run with another batch, compared by tokens, is also
-    // compared at the same step (SameStep).
-    std::unique_ptr<SameStep> same_step;
+  };
+
+  struct Watch : Track {
+    Watch(BaselineMetric metric, BaselineAxis axis, std::shared_ptr<const BaselineReferences> refs,
+          uint64_t warmup_steps, const HealthConfig& config)
+        : Track(metric, axis, std::move(refs), warmup_steps, config),
+          changed(config.change.arl0, 1.0),
+          ahead(config.change.arl0, -1.0) {}
+    ShiftCusum changed;  // worse, while the LR is not the references'
+    ShiftCusum ahead;    // better, on the step axis
+    // Another batch size than the references', compared by tokens: at the
+    // same tokens the run has taken fewer (or more) steps than they had,
+    // and early on a larger batch learns less per token (its loss above
+    // theirs until the critical batch size has grown past it); at the same
+    // step it has seen more data than they had, and is no worse than them.
+    // Between the two is its recipe: it is worse only where it is worse at
+    // the same step too, so the loss's band on the step axis is kept
+    // beside.
+    std::unique_ptr<Track> same_step;
   };
 
   // The axis is chosen on the run's first post-warmup record.
@@ -226,7 +225,7 @@ class BaselineDeviation final : public Detector {
     for (BaselineMetric m : kBaselineMetrics) {
       Watch& w = watches_.emplace_back(m, axis_, refs_, warmup_steps, config_);
       if (m == BaselineMetric::kLoss && AnotherBatch()) {
-        w.same_step = std::make_unique<SameStep>(refs_, warmup_steps, config_);
+        w.same_step = std::make_unique<Track>(m, BaselineAxis::kStep, refs_, warmup_steps, config_);
       }
     }
   }
@@ -256,20 +255,17 @@ class BaselineDeviation final : public Detector {
   // --metric shows them; by step the grad norm is info, below); when the
   // loss left too, the alert names those out of their band as well.
   void Judge(uint64_t step, AlertSink& sink) {
-    // A level that left: the CUSUM over its line and the last kLevelBins
-    // bins out of the band on its side. One bin far out is a spike or a
-    // hard batch's (LossSpike's to name), not the run leaving its recipe.
-    // A run of another LR whose loss moved up is worse too (changed), and a
+    // A level that left (Track::Worse, Better). A run of another LR whose
+    // loss moved up is worse too (changed), and a
     // run compared by step whose loss sits below the band's centre is
     // ahead of its recipe at the same step (ahead: info).
     Watch* judged = nullptr;  // the loss's watch, or the grad norm's (kGradNorm)
     Reason reason = Reason::kBand;
     for (Watch& w : watches_) {
       if (w.band.metric() != BaselineMetric::kLoss || !w.last.has_value()) continue;
-      const bool band_worse = w.verdict.worse && w.above >= kLevelBins &&
-                              (w.same_step == nullptr || w.same_step->Worse());
+      const bool band_worse = w.Worse() && (w.same_step == nullptr || w.same_step->Worse());
       const bool changed_worse = !band_worse && w.changed.alarmed();
-      const bool band_better = w.verdict.better && w.below >= kLevelBins;
+      const bool band_better = w.Better();
       const bool ahead = !band_worse && !changed_worse && !band_better && w.ahead.alarmed();
       if (band_worse || changed_worse || band_better || ahead) {
         if (changed_worse) {
@@ -295,8 +291,7 @@ class BaselineDeviation final : public Detector {
     if (judged == nullptr && axis_ == BaselineAxis::kStep) {
       for (Watch& w : watches_) {
         if (w.band.metric() != BaselineMetric::kGradNorm || !w.last.has_value()) continue;
-        if ((w.verdict.worse && w.above >= kLevelBins) ||
-            (w.verdict.better && w.below >= kLevelBins)) {
+        if (w.Worse() || w.Better()) {
           judged = &w;
           reason = Reason::kGradNorm;
         }
