@@ -73,6 +73,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 namespace v1 = trainwatch::v1;
+using trainwatch::loadgen::NewChannel;
 
 struct Options {
   std::string server;
@@ -184,20 +185,6 @@ double Percentile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, i == 0 ? 0 : i - 1)];
 }
 
-// A channel of its own (its own TCP connection) per stream.
-// Connected before it is used (up to 10 s): a stream's RPC on a channel
-// whose first connect failed transiently (once in a while on loopback under
-// load, "failed to connect to all addresses") fails at once, where gRPC's
-// own reconnect, which this waits for, would have succeeded. A server that
-// is not there still fails the streams, after the wait.
-std::shared_ptr<grpc::Channel> NewChannel(const std::string& server) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args);
-  channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  return channel;
-}
 
 // An MoE report on each record of `batch` (--moe).
 void AddMoe(v1::StepBatch* batch, int layers, int experts, uint64_t seed) {

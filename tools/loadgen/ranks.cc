@@ -170,19 +170,21 @@ double CpuSeconds(int pid) {
 
 }  // namespace
 
+std::shared_ptr<grpc::Channel> NewChannel(const std::string& server) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args);
+  channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  return channel;
+}
+
 int RunRanks(const RanksOptions& o) {
   const std::string run = o.run.empty() ? "ranks-" + std::to_string(o.ranks) : o.run;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::unique_ptr<v1::TrainingHealth::Stub>> stubs;
   for (int c = 0; c < o.channels; ++c) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    channels.push_back(grpc::CreateCustomChannel(
-        o.server, grpc::InsecureChannelCredentials(), args));
-    // Connected first, as loadgen.cc's NewChannel: a transient failure of
-    // the first connect would fail every stream on it at once.
-    channels.back()->WaitForConnected(std::chrono::system_clock::now() +
-                                      std::chrono::seconds(10));
+    channels.push_back(NewChannel(o.server));
     stubs.push_back(v1::TrainingHealth::NewStub(channels.back()));
   }
   const Clock::time_point t0 = Clock::now();

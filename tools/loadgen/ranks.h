@@ -6,9 +6,22 @@
 #define TRAINWATCH_TOOLS_LOADGEN_RANKS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
+namespace grpc {
+class Channel;
+}
+
 namespace trainwatch::loadgen {
+
+// A channel of its own (its own TCP connection), for the streams of both
+// modes. Connected before it is used (up to 10 s): a stream's RPC on a
+// channel whose first connect failed transiently (once in a while on
+// loopback under load, "failed to connect to all addresses") fails at once,
+// where gRPC's own reconnect, which this waits for, would have succeeded. A
+// server that is not there still fails the streams, after the wait.
+std::shared_ptr<grpc::Channel> NewChannel(const std::string& server);
 
 struct RanksOptions {
   std::string server;
