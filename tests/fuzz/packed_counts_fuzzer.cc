@@ -7,36 +7,22 @@
 // protobuf's reflection parser of the same descriptor must accept and
 // refuse the same inputs, with the same values; under ASan, neither may
 // read outside the input.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
 
-#include "google/protobuf/dynamic_message.h"
-#include "google/protobuf/stubs/logging.h"
+#include "counts_wire.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace {
-
 namespace pb = google::protobuf;
 using trainwatch::v1::ReportRequest;
-
-void PutVarint(uint64_t v, std::string& out) {
-  for (; v >= 0x80; v >>= 7) out.push_back(static_cast<char>(0x80 | (v & 0x7f)));
-  out.push_back(static_cast<char>(v));
-}
-
-// A length-delimited field `number` holding `body`.
-std::string Field(int number, const std::string& body) {
-  std::string out;
-  PutVarint(static_cast<uint64_t>(number) << 3 | 2, out);
-  PutVarint(body.size(), out);
-  return out + body;
-}
-
 }  // namespace
 
 // A length that lies moves the layer name's bytes; the parse refuses invalid
@@ -52,22 +38,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int lie = (data[0] >> 4) % 5;  // the length's error: -2..+2
   const int chunk = 1 + data[1] % 64;
   const std::string body(reinterpret_cast<const char*>(data + 2), size - 2);
-  std::string layer = "\x0a\x01l\x12";  // layer = "l", then tokens_per_expert
-  PutVarint(static_cast<uint64_t>(std::max<int64_t>(0, static_cast<int64_t>(body.size()) + lie - 2)),
-            layer);
-  layer += body;
-  std::string record = Field(trainwatch::v1::StepRecord::kMoeFieldNumber, Field(1, layer));
-  for (int i = 0; i < after; ++i) record += "\x08\x01";  // step = 1: 2 bytes each
-  const std::string wire =
-      Field(ReportRequest::kBatchFieldNumber, Field(2, record));  // StepBatch.records
-
-  static pb::DynamicMessageFactory* factory = [] {
-    auto* f = new pb::DynamicMessageFactory;
-    f->SetDelegateToGeneratedFactory(false);
-    return f;
-  }();
-  const std::unique_ptr<pb::Message> reference(
-      factory->GetPrototype(ReportRequest::descriptor())->New());
+  const std::string wire = trainwatch::testing::CountsRequestWire(
+      body, static_cast<uint64_t>(std::max<int64_t>(0, static_cast<int64_t>(body.size()) + lie - 2)),
+      after);
+  const std::unique_ptr<pb::Message> reference = trainwatch::testing::ProtobufParsedRequest();
   const bool want = reference->ParseFromString(wire);
   ReportRequest flat;
   if (flat.ParseFromString(wire) != want) std::abort();

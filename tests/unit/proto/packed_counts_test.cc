@@ -2,14 +2,15 @@
 // (proto/trainwatch/v1/packed_counts.h): it is the one the generated
 // MoeLayerStats uses, and it takes and refuses what protobuf's own parser
 // does, with the same values. Protobuf's is reached through a dynamic
-// message of the same descriptor, which parses by reflection.
+// message of the same descriptor, which parses by reflection
+// (tests/common/counts_wire.h).
 #include "trainwatch/v1/packed_counts.h"
 
 #include <memory>
 #include <random>
 #include <string>
 
-#include "google/protobuf/dynamic_message.h"
+#include "counts_wire.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -20,13 +21,9 @@ namespace {
 
 namespace pb = google::protobuf;
 
-void PutVarint(uint64_t v, std::string& out) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>(0x80 | (v & 0x7f)));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
+using trainwatch::testing::CountsRequestWire;
+using trainwatch::testing::ProtobufParsedRequest;
+using trainwatch::testing::PutVarint;
 
 // A varint of any length from 1 to 10 bytes, with the overlong forms
 // protobuf accepts (trailing zero groups, a 10th byte over 1), or rarely
@@ -54,48 +51,7 @@ std::string AnyVarint(std::mt19937_64& rng) {
   return out;
 }
 
-// A MoeLayerStats whose packed counts are `body` (its length byte(s) as
-// given, or the body's).
-std::string LayerWire(const std::string& body, int64_t length) {
-  std::string out = "\x0a\x03l.0";  // layer = "l.0"
-  out.push_back(0x12);              // tokens_per_expert, packed
-  PutVarint(static_cast<uint64_t>(length), out);
-  return out + body;
-}
-
-// A ReportRequest of one record with the layer, then `after` more bytes of
-// the record (a step field), so that the counts lie anywhere in the buffer.
-std::string RequestWire(const std::string& layer, int after) {
-  std::string moe = "\x0a";  // MoeStats.layers
-  PutVarint(layer.size(), moe);
-  moe += layer;
-  std::string record;
-  const int moe_field = StepRecord::kMoeFieldNumber;
-  PutVarint(static_cast<uint64_t>(moe_field) << 3 | 2, record);
-  PutVarint(moe.size(), record);
-  record += moe;
-  for (int i = 0; i < after; ++i) record += "\x08\x01";  // step = 1
-  std::string batch = "\x12";  // StepBatch.records
-  PutVarint(record.size(), batch);
-  batch += record;
-  std::string request;
-  PutVarint(static_cast<uint64_t>(ReportRequest::kBatchFieldNumber) << 3 | 2, request);
-  PutVarint(batch.size(), request);
-  return request + batch;
-}
-
-class PackedCounts : public ::testing::Test {
- protected:
-  // Protobuf's parse of `wire` (reflection over the same descriptor).
-  std::unique_ptr<pb::Message> Reference() {
-    factory_.SetDelegateToGeneratedFactory(false);
-    return std::unique_ptr<pb::Message>(
-        factory_.GetPrototype(ReportRequest::descriptor())->New());
-  }
-  pb::DynamicMessageFactory factory_;
-};
-
-TEST_F(PackedCounts, TheGeneratedCodeUsesIt) {
+TEST(PackedCounts, TheGeneratedCodeUsesIt) {
   // It reserves the counts it found at once; protobuf's parser adds them one
   // by one. Their capacities differ for some number of counts.
   int n = 100;
@@ -122,7 +78,7 @@ TEST_F(PackedCounts, TheGeneratedCodeUsesIt) {
          "applied to the generated trainwatch.pb.cc?";
 }
 
-TEST_F(PackedCounts, RealisticCountsRoundTrip) {
+TEST(PackedCounts, RealisticCountsRoundTrip) {
   std::mt19937_64 rng(3);
   ReportRequest request;
   StepRecord* record = request.mutable_batch()->add_records();
@@ -138,7 +94,7 @@ TEST_F(PackedCounts, RealisticCountsRoundTrip) {
   EXPECT_TRUE(pb::util::MessageDifferencer::Equals(parsed, request));
 }
 
-TEST_F(PackedCounts, ManyOneByteCounts) {
+TEST(PackedCounts, ManyOneByteCounts) {
   // A layer of many experts with small counts (dead ones, a small batch):
   // one-byte varints, more of them in a row than one byte can count (the
   // parser counts them in rounds); the reserve must hold them all.
@@ -158,7 +114,7 @@ TEST_F(PackedCounts, ManyOneByteCounts) {
   }
 }
 
-TEST_F(PackedCounts, AVarintOfHundredsOfBytesIsRefused) {
+TEST(PackedCounts, AVarintOfHundredsOfBytesIsRefused) {
   // 300 bytes with their high bit set, then an end: one varint far over
   // 10 bytes, as a hostile or corrupt client may send. Refused as protobuf
   // refuses it, wherever it starts in the parser's blocks of 64 bytes.
@@ -167,8 +123,8 @@ TEST_F(PackedCounts, AVarintOfHundredsOfBytesIsRefused) {
     for (int i = 0; i < lead; ++i) body.push_back(0x05);
     body.append(300, static_cast<char>(0x80));
     body.push_back(0x01);
-    const std::string wire = RequestWire(LayerWire(body, static_cast<int64_t>(body.size())), 12);
-    const std::unique_ptr<pb::Message> reference = Reference();
+    const std::string wire = CountsRequestWire(body, body.size(), 12);
+    const std::unique_ptr<pb::Message> reference = ProtobufParsedRequest();
     ASSERT_FALSE(reference->ParseFromString(wire));
     ReportRequest parsed;
     EXPECT_FALSE(parsed.ParseFromString(wire)) << lead;
@@ -178,7 +134,7 @@ TEST_F(PackedCounts, AVarintOfHundredsOfBytesIsRefused) {
 // Random counts fields, well formed or not, at random places in a request,
 // parsed flat and from a stream of small chunks (where a field crosses the
 // parser's buffers and protobuf's takes it): the same verdict and values.
-TEST_F(PackedCounts, AcceptsAndRefusesAsProtobufDoes) {
+TEST(PackedCounts, AcceptsAndRefusesAsProtobufDoes) {
   std::mt19937_64 rng(11);
   int accepted = 0, refused = 0;
   for (int trial = 0; trial < 20'000; ++trial) {
@@ -189,8 +145,9 @@ TEST_F(PackedCounts, AcceptsAndRefusesAsProtobufDoes) {
     int64_t length = static_cast<int64_t>(body.size());
     if (rng() % 16 == 0) length += static_cast<int64_t>(rng() % 5) - 2;  // a length that lies
     if (length < 0) length = 0;
-    const std::string wire = RequestWire(LayerWire(body, length), static_cast<int>(rng() % 12));
-    const std::unique_ptr<pb::Message> reference = Reference();
+    const std::string wire =
+        CountsRequestWire(body, static_cast<uint64_t>(length), static_cast<int>(rng() % 12));
+    const std::unique_ptr<pb::Message> reference = ProtobufParsedRequest();
     const bool want = reference->ParseFromString(wire);
     ReportRequest flat;
     ASSERT_EQ(flat.ParseFromString(wire), want) << "trial " << trial;
