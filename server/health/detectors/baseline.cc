@@ -13,11 +13,16 @@
 // (k = 1: a seed sits within a sd of its recipe) at a hundredth of
 // change.arl0, and the alert says the LR's ratio.
 // Compared by step, a loss that sits below the band's centre by that same
-// 2-sd shift, or a grad norm out of its band while the loss is within its
-// own, is info: the run is not its references' recipe step for step
-// (another batch size, most likely).
+// 2-sd shift while the grad norm is below its references' too, or a grad
+// norm out of its band while the loss is within its own, is info: the run
+// is not its references' recipe step for step (another batch size, most
+// likely). The changed recipe's CUSUM reads the residual against the
+// references' spread as estimated (BandBin::z_as_estimated), not the
+// band's widened one: that widening keeps seeds quiet at the first bins,
+// and a run of another LR is not a seed.
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +42,9 @@ namespace {
 constexpr uint32_t kCriticalBins = 5;
 // Bins in a row out of the band before the loss has left it (40 steps).
 constexpr uint32_t kLevelBins = 2;
+// Bins over which the grad norm's residual is averaged for the ahead rule:
+// one bin's is a coin toss for a seed and for a batch alike.
+constexpr size_t kRecentBins = 3;
 // The changed recipe's CUSUM: its reference value (in residual sds: half
 // the 2-sd shift it looks for) and its false-alarm rate as a fraction of
 // change.arl0's.
@@ -120,14 +128,33 @@ class BaselineDeviation final : public Detector {
     bool judged = false;
     for (Watch& w : watches_) {
       if (w.same_step != nullptr) w.same_step->Add(ctx.record);
-      std::optional<BandBin> bin = w.Add(ctx.record);
-      if (!bin.has_value()) continue;
-      w.changed.Add(*bin, bin->lr_changed());
-      w.ahead.Add(*bin, axis_ == BaselineAxis::kStep);
-      if (status_ != nullptr && w.band.metric() == BaselineMetric::kLoss) Publish(*bin);
-      judged = true;
+      w.closed = w.Add(ctx.record).has_value();
+      judged |= w.closed;
     }
-    if (judged) Judge(ctx.record.step(), sink);
+    if (!judged) return;
+    // The grad norm's watch, for the ahead rule below: a run ahead of its
+    // recipe step for step by another batch has less gradient noise too
+    // (~ 1/sqrt(B)), where a seed whose loss sits low by chance (two
+    // references can both be the recipe's higher seeds) does not. A bin
+    // counts toward "ahead" only while the grad norm's mean residual over
+    // its last kRecentBins bins is below its references' (or the run
+    // records none); another bin resets it.
+    const Watch* grad_norm = nullptr;
+    for (const Watch& w : watches_) {
+      if (w.band.metric() == BaselineMetric::kGradNorm && w.last.has_value()) grad_norm = &w;
+    }
+    for (Watch& w : watches_) {
+      if (!w.closed) continue;
+      const BandBin& bin = *w.last;
+      // A run of another LR is not a seed of its references: the band's
+      // widening for their spread's few degrees of freedom, there to keep
+      // seeds quiet at the first bins, is not its judge's.
+      w.changed.Add(bin.first_step, bin.z_as_estimated, bin.lr_changed());
+      w.ahead.Add(bin.first_step, bin.z,
+                  axis_ == BaselineAxis::kStep && (grad_norm == nullptr || grad_norm->recent_z < 0));
+      if (status_ != nullptr && w.band.metric() == BaselineMetric::kLoss) Publish(bin);
+    }
+    Judge(ctx.record.step(), sink);
   }
 
  private:
@@ -143,15 +170,16 @@ class BaselineDeviation final : public Detector {
           cusum_(GaussianCusumThreshold(
               kChangedK, std::max(2.0, arl0_records * kChangedArlFraction /
                                            BandOptions{}.bin_steps))) {}
-    void Add(const BandBin& bin, bool applies) {
+    // A bin's standardised residual `z`, from its first step.
+    void Add(uint64_t first_step, double z, bool applies) {
       if (!applies) {
         cusum_.Reset();
         beyond_ = 0;
         alarmed_ = false;
         return;
       }
-      const double z = sign_ * bin.z;
-      const bool over = cusum_.Add(bin.first_step, z - kChangedK);
+      z *= sign_;
+      const bool over = cusum_.Add(first_step, z - kChangedK);
       beyond_ = z > kChangedK ? beyond_ + 1 : 0;
       // Past its threshold with the last kLevelBins bins beyond the band's
       // centre by k on its side (a lone hard batch's bin is LossSpike's);
@@ -182,6 +210,10 @@ class BaselineDeviation final : public Detector {
       std::optional<BandBin> bin = band.Add(record);
       if (!bin.has_value()) return bin;
       last = *bin;
+      recent.push_back(bin->z);
+      if (recent.size() > kRecentBins) recent.pop_front();
+      recent_z = 0;
+      for (double z : recent) recent_z += z / static_cast<double>(recent.size());
       verdict = cusum.Add(*bin);
       above = bin->value > bin->hi ? above + 1 : 0;
       below = bin->value < bin->lo ? below + 1 : 0;
@@ -195,6 +227,8 @@ class BaselineDeviation final : public Detector {
     BaselineBand band;
     ResidualCusum cusum;
     std::optional<BandBin> last;
+    std::deque<double> recent;  // the last kRecentBins bins' z
+    double recent_z = 0;        // their mean
     ResidualCusum::Verdict verdict;
     uint32_t above = 0, below = 0;
   };
@@ -206,7 +240,10 @@ class BaselineDeviation final : public Detector {
           changed(config.change.arl0, 1.0),
           ahead(config.change.arl0, -1.0) {}
     ShiftCusum changed;  // worse, while the LR is not the references'
-    ShiftCusum ahead;    // better, on the step axis
+    // Better, on the step axis, while the grad norm is below its
+    // references' too (OnStep).
+    ShiftCusum ahead;
+    bool closed = false;  // the last record closed a bin
     // Another batch size than the references', compared by tokens: at the
     // same tokens the run has taken fewer (or more) steps than they had,
     // and early on a larger batch learns less per token (its loss above

@@ -27,6 +27,34 @@ constexpr size_t kNoiseDiffs = 400;
 constexpr double kSteep = 2.0;
 constexpr size_t kMinFlatBins = 3;
 
+// How much wider than a known sd's a band must be when its sd is estimated
+// from `df` degrees of freedom, for the same coverage: Student's t over the
+// normal's quantile, two-sided 95% (the band is +-2 sds). A spread pooled
+// over a few bins is a few draws of a chi-square: at the first bins after
+// warmup, with two references, it is as likely as not to be a third of the
+// seeds' true spread, and a healthy seed left such a band (the eighth and
+// tenth passes' SGD recipes, docs/baselines.md).
+double SmallSampleFactor(double df) {
+  // t(0.975, df) for df = 1..10, 15, 20, 30; beyond 30, 1.96 + 2.4 / df.
+  static constexpr double kT[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447,
+                                  2.365,  2.306, 2.262, 2.228};
+  double t;
+  if (df < 1) {
+    t = kT[0];
+  } else if (df <= 10) {
+    t = kT[static_cast<size_t>(df) - 1];
+  } else if (df <= 15) {
+    t = 2.228 + (df - 10) / 5 * (2.131 - 2.228);
+  } else if (df <= 20) {
+    t = 2.131 + (df - 15) / 5 * (2.086 - 2.131);
+  } else if (df <= 30) {
+    t = 2.086 + (df - 20) / 10 * (2.042 - 2.086);
+  } else {
+    t = 1.96 + 2.4 / df;
+  }
+  return t / 1.96;
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
   const size_t mid = v.size() / 2;
@@ -309,7 +337,8 @@ std::optional<BandBin> BaselineBand::Close() {
   const double run_sd = kMedianEfficiency * NoiseFromDiffs({run_diffs_.begin(), run_diffs_.end()}) /
                         std::sqrt(n_run);
   const double noise_sd = std::sqrt(run_sd * run_sd + noise_var / (k * k));
-  double sd = noise_sd;
+  // The residual's sd, and the same before the small-sample widening.
+  double sd = noise_sd, sd_as_estimated = noise_sd;
   if (ref_values.size() >= 2) {
     // Spread: the references' variance around their median, pooled over
     // recent bins (their mean: the median of one degree of freedom's is
@@ -329,13 +358,20 @@ std::optional<BandBin> BaselineBand::Close() {
     double pooled = 0;
     for (double var : pool) pooled += var;
     const double spread = std::sqrt(pooled / static_cast<double>(pool.size()) * (1 + 1 / k));
-    sd = ref_values.size() >= 3 ? spread : std::max(spread, noise_sd);
+    // Each bin seen so far gave k - 1 degrees of freedom (the flat pool is
+    // a choice among them, not fewer draws of the recipe).
+    const double widened =
+        SmallSampleFactor(static_cast<double>(spreads_.size()) * (k - 1)) * spread;
+    sd = ref_values.size() >= 3 ? widened : std::max(widened, noise_sd);
+    sd_as_estimated = ref_values.size() >= 3 ? spread : std::max(spread, noise_sd);
   }
-  sd = std::max(sd, options_.min_half_width / options_.band_sigmas);
+  const double min_sd = options_.min_half_width / options_.band_sigmas;
+  sd = std::max(sd, min_sd);
   b.half_width = options_.band_sigmas * sd;
   b.lo = b.ref_median - b.half_width;
   b.hi = b.ref_median + b.half_width;
   b.z = (b.value - b.ref_median) / sd;
+  b.z_as_estimated = (b.value - b.ref_median) / std::max(sd_as_estimated, min_sd);
   return b;
 }
 

@@ -27,6 +27,10 @@
 //    than twice the bin's noise, the bin is steep, and a flat bin's band
 //    pools the spread of flat bins only (once there are 3), so the spread of
 //    a steep start does not widen the band where the curve has flattened;
+//    and widened for the few degrees of freedom behind it at the first
+//    bins (k - 1 a bin seen): Student's t over the normal's quantile, 6.5x
+//    at the first bin with two references, 1.14x at the tenth, 1.05x at
+//    the 25th;
 //  - with two, the larger of both;
 // never below min_half_width / band_sigmas (curves that agree to the last
 // digit do not make a band of zero width).
@@ -145,6 +149,10 @@ struct BandBin {
   double ref_median = 0;
   double lo = 0, hi = 0;
   double z = 0;                     // (value - ref_median) / residual sd
+  // The same against the references' spread as estimated, without the
+  // widening for its few degrees of freedom at the first bins (z is the
+  // band's). The judge of a run known not to be a seed reads it.
+  double z_as_estimated = 0;
   double half_width = 0;            // (hi - lo) / 2
   int refs = 0;                     // references that covered it
   // The run's median LR over the references' in the bin; NaN when either
