@@ -72,6 +72,14 @@ healthy-sgd-titan-d64x2 (SGD at lr 0.15, torchtitan module names) and
 healthy-hf-bf16-d112x2-w60 (HF module names, bf16, a 60-step warmup).
 (Judged once: no page on a healthy seed, every case named or quiet as it
 should be, but an SGD healthy seed is info, better than its band.)
+Held out for the eleventh pass, chosen and frozen after the first bins'
+widening, the grad norm's part in the ahead rule and the changed recipe's
+unwidened residual were made on the 23 recipes before, before any of their
+runs was trained: healthy-sgd-gpt2-zipf-d96x2-w75 (SGD at lr 0.2, GPT-2
+module names, the Zipfian language), healthy-megatron-bf16-d80x3-hb30
+(Megatron-Core parameter names, bf16, a hard batch every 30 steps) and
+healthy-titan-d112x1-const-w40 (torchtitan parameter names, one layer of
+112, a constant LR after a 40-step warmup).
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):

@@ -266,6 +266,25 @@ BASELINE_FAMILIES = {
     # 60-step warmup, cosine.
     "healthy-hf-bf16-d112x2-w60": dict(style="hf", names="module", d=112, layers=2, heads=8,
                                        lr=1.5e-3, precision="bf16", warmup=60),
+    # The eleventh pass's, frozen after the first bins' widening, the grad
+    # norm's part in the ahead rule and the changed recipe's unwidened
+    # residual were made on the 23 recipes above, before any of their runs
+    # was trained:
+    # SGD with momentum 0.9 at lr 0.2, GPT-2 module names, LayerNorm with
+    # biases, learned positions, d 96 x 2, a 75-step warmup, the Zipfian
+    # language.
+    "healthy-sgd-gpt2-zipf-d96x2-w75": dict(style="gpt2", names="module", norm="ln", bias=True,
+                                            pos=True, d=96, layers=2, opt="sgd", lr=0.2,
+                                            warmup=75, data="zipf"),
+    # Megatron-Core parameter names, bf16 autocast, d 80 x 3, lr 2e-3,
+    # beta2 0.98, a hard batch every 30 steps.
+    "healthy-megatron-bf16-d80x3-hb30": dict(style="megatron", names="param", norm="ln",
+                                             bias=True, pos=True, precision="bf16", d=80,
+                                             layers=3, lr=2e-3, beta2=0.98, hard_every=30),
+    # torchtitan parameter names, d 112 x 1 (8 heads), lr 3e-3, a constant
+    # LR after a 40-step warmup.
+    "healthy-titan-d112x1-const-w40": dict(style="titan", names="param", d=112, layers=1,
+                                           heads=8, lr=3e-3, warmup=40, schedule="const"),
 }
 
 # -- held out: divergence inside warmup ---------------------------------------
