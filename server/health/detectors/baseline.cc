@@ -302,7 +302,12 @@ class BaselineDeviation final : public Detector {
       if (w.band.metric() != BaselineMetric::kLoss || !w.last.has_value()) continue;
       const bool band_worse = w.Worse() && (w.same_step == nullptr || w.same_step->Worse());
       const bool changed_worse = !band_worse && w.changed.alarmed();
-      const bool band_better = w.Better();
+      // A run with another batch, better than its band at the same tokens,
+      // is its batch's doing (a larger batch at the same LR reaches a lower
+      // loss where the smaller one's gradient noise set its floor), not a
+      // deviation of the recipe: compare and the report show it; nothing
+      // is raised. Worse is still judged (above).
+      const bool band_better = w.Better() && !AnotherBatch();
       const bool ahead = !band_worse && !changed_worse && !band_better && w.ahead.alarmed();
       if (band_worse || changed_worse || band_better || ahead) {
         if (changed_worse) {

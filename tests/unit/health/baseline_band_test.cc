@@ -600,12 +600,14 @@ TEST(BaselineDeviation, AnotherBatchIsWorseOnlyWhereItIsWorseAtTheSameStepToo) {
   EXPECT_THAT(fired[0].description, HasSubstr("worse at the same step too"));
 }
 
-TEST(BaselineDeviation, BelowTheBandRightAfterAboveItIsInfo) {
+TEST(BaselineDeviation, AnotherBatchBelowTheBandRightAfterAboveItRaisesNothing) {
   // Twice the batch: 10% above its references at the same tokens on its
   // first judged bins (from step 75, its warmup's catch-up) to step 195,
   // not worse at the same step (no verdict), then 15% below.
   // The upward CUSUM still holds for a few bins while the run is below the
-  // band: the run is better than its band (info), not a page.
+  // band: no page (it had paged such a run at 0.69x its references). And
+  // better than the band with another batch is the batch's doing: nothing
+  // at all, though the run is judged (its last bin 0.85x).
   HealthHarness h(Lm());
   h.health().SetBaselines(
       Refs({{.seed = 1, .lr_decays = false}, {.seed = 2, .lr_decays = false}}, 1200));
@@ -616,11 +618,30 @@ TEST(BaselineDeviation, BelowTheBandRightAfterAboveItIsInfo) {
     r.set_loss(r.loss() * (s < 195 ? 1.10 : 0.85));
     h.Lead(r);
   }
+  EXPECT_THAT(h.Fired(AlertKind::kBaselineDeviation), IsEmpty());
+  ASSERT_TRUE(h.health().baseline_status().judged);
+  EXPECT_LT(h.health().baseline_status().ratio, 0.9);
+}
+
+TEST(BaselineDeviation, ASeedAboveThenBelowItsBandIsOneWarning) {
+  // The same batch as its references, 10% above them to step 195 (a
+  // warning), then 15% below: one episode, the warning (a verdict never
+  // lowers its severity; better than the band is what the run's last bins
+  // say), and no second alert.
+  HealthHarness h(Lm());
+  h.health().SetBaselines(
+      Refs({{.seed = 1, .lr_decays = false}, {.seed = 2, .lr_decays = false}}, 1200));
+  std::mt19937 rng(3);
+  const Curve c{.seed = 3, .lr_decays = false};
+  for (uint64_t s = 0; s < 400; ++s) {
+    v1::StepRecord r = c.At(s, rng);
+    r.set_loss(r.loss() * (s < 195 ? 1.10 : 0.85));
+    h.Lead(r);
+  }
   const auto fired = h.Fired(AlertKind::kBaselineDeviation);
   ASSERT_THAT(fired, SizeIs(1));
-  EXPECT_THAT(fired[0].description, HasSubstr("better than the band"));
-  EXPECT_EQ(h.health().tracker().episode(AlertKind::kBaselineDeviation).severity,
-            v1::SEVERITY_INFO);
+  EXPECT_THAT(fired[0].description, HasSubstr("left the band"));
+  EXPECT_LT(h.health().baseline_status().ratio, 0.9);
 }
 
 // What /metrics shows (trainwatch_baseline_loss_ratio): the last loss bin
