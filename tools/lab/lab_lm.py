@@ -654,7 +654,14 @@ class StyledAttention(nn.Module):
             q, k, v = (getattr(self, st[n])(x).view(b, t, self.heads, self.hd).transpose(1, 2)
                        for n in ("q", "k", "v"))
         if self.qk_norm:
-            q, k = getattr(self, st["qn"])(q), getattr(self, st["kn"])(k)
+            qn, kn = getattr(self, st["qn"]), getattr(self, st["kn"])
+            if isinstance(qn, nn.LayerNorm) and q.dtype != torch.float32:
+                # CPU autocast leaves a LayerNorm's float weight beside a
+                # bf16 input, which torch refuses (the Megatron bf16
+                # recipe's LayerNorm qk-norm): in fp32, then back.
+                q, k = qn(q.float()).to(q.dtype), kn(k.float()).to(k.dtype)
+            else:
+                q, k = qn(q), kn(k)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
         mask = torch.ones(t, t, dtype=torch.bool).triu(1)
         att = att.masked_fill(mask, float("-inf"))
