@@ -79,7 +79,10 @@ runs was trained: healthy-sgd-gpt2-zipf-d96x2-w75 (SGD at lr 0.2, GPT-2
 module names, the Zipfian language), healthy-megatron-bf16-d80x3-hb30
 (Megatron-Core parameter names, bf16, a hard batch every 30 steps) and
 healthy-titan-d112x1-const-w40 (torchtitan parameter names, one layer of
-112, a constant LR after a 40-step warmup).
+112, a constant LR after a 40-step warmup). (Judged once: nothing of any
+severity on a healthy seed, by tokens or by step; every case named or
+quiet as it should be, Megatron's LR 10x before the lab's leave, its loss
+bouncing with the hard batches; docs/baselines.md.)
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
@@ -120,6 +123,13 @@ F, pass by pass (healthy-hf by default):
     fourth: healthy-megatron-zipf-w200, healthy-titan-exp-d64x3
     fifth:  healthy-hf-d128x1, healthy-titan-zipf-bf16-w50
     sixth:  healthy-megatron-d96x2, healthy-gpt2-zipf-w150, healthy-sgd-hf-d64x3
+    seventh: healthy-sgd-megatron-zipf, healthy-gpt2-hb25-d96x2,
+             healthy-titan-bf16-d128x2-const
+    eighth: healthy-sgd-hf-zipf-d80x2, healthy-megatron-d64x3-w150
+    ninth:  healthy-titan-zipf-d96x2-w75, healthy-gpt2-tied-d64x2-const
+    tenth:  healthy-sgd-titan-d64x2, healthy-hf-bf16-d112x2-w60
+    eleventh: healthy-sgd-gpt2-zipf-d96x2-w75, healthy-megatron-bf16-d80x3-hb30,
+              healthy-titan-d112x1-const-w40
 """
 
 import argparse
