@@ -83,6 +83,13 @@ healthy-titan-d112x1-const-w40 (torchtitan parameter names, one layer of
 severity on a healthy seed, by tokens or by step; every case named or
 quiet as it should be, Megatron's LR 10x before the lab's leave, its loss
 bouncing with the hard batches; docs/baselines.md.)
+Held out for the twelfth pass, chosen and frozen after the eleventh was
+judged and another batch's better-than-band was no longer raised, before
+any of their runs was trained: healthy-sgd-megatron-d64x2-w60 (SGD at lr
+0.25, Megatron-Core parameter names, a 60-step warmup),
+healthy-hf-zipf-d96x2-const (HF parameter names, the Zipfian language, a
+constant LR, beta2 0.99) and healthy-gpt2-bf16-d80x2-hb40 (GPT-2 parameter
+names, bf16, a hard batch every 40 steps).
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
@@ -130,6 +137,8 @@ F, pass by pass (healthy-hf by default):
     tenth:  healthy-sgd-titan-d64x2, healthy-hf-bf16-d112x2-w60
     eleventh: healthy-sgd-gpt2-zipf-d96x2-w75, healthy-megatron-bf16-d80x3-hb30,
               healthy-titan-d112x1-const-w40
+    twelfth: healthy-sgd-megatron-d64x2-w60, healthy-hf-zipf-d96x2-const,
+             healthy-gpt2-bf16-d80x2-hb40
 """
 
 import argparse

@@ -285,6 +285,23 @@ BASELINE_FAMILIES = {
     # LR after a 40-step warmup.
     "healthy-titan-d112x1-const-w40": dict(style="titan", names="param", d=112, layers=1,
                                            heads=8, lr=3e-3, warmup=40, schedule="const"),
+    # The twelfth pass's, frozen after the eleventh was judged and another
+    # batch's better-than-band was no longer raised, before any of their
+    # runs was trained (the detector to be judged as it is at this commit):
+    # SGD with momentum 0.9 at lr 0.25, Megatron-Core parameter names,
+    # LayerNorm with biases, learned positions, d 64 x 2, a 60-step warmup.
+    "healthy-sgd-megatron-d64x2-w60": dict(style="megatron", names="param", norm="ln",
+                                           bias=True, pos=True, d=64, layers=2, opt="sgd",
+                                           lr=0.25, warmup=60),
+    # HF parameter names, the Zipfian language, d 96 x 2, lr 2e-3, beta2
+    # 0.99, a constant LR after the 100-step warmup.
+    "healthy-hf-zipf-d96x2-const": dict(style="hf", names="param", d=96, layers=2, lr=2e-3,
+                                        beta2=0.99, data="zipf", schedule="const"),
+    # GPT-2 parameter names, bf16 autocast, d 80 x 2, lr 2.5e-3, a hard
+    # batch every 40 steps.
+    "healthy-gpt2-bf16-d80x2-hb40": dict(style="gpt2", names="param", norm="ln", bias=True,
+                                         pos=True, precision="bf16", d=80, layers=2,
+                                         lr=2.5e-3, hard_every=40),
 }
 
 # -- held out: divergence inside warmup ---------------------------------------
