@@ -271,54 +271,10 @@ TEST(BaselineBand, WhereTheCurveHasFlattenedTheSpreadOfItsSteepStartIsNotPooled)
   }
 }
 
-TEST(BaselineBand, TwoReferencesSpreadIsTheirRootMeanSquareNotTheirMedian) {
-  // Two references whose 20-step bins differ by 0.01 nine times in ten and
-  // by 0.2 once (seeds' bins have heavy tails). With two, a bin's spread is
-  // one degree of freedom: the median over bins (0.0071) would be a third
-  // of the sd, and a seed a band's width off its references would page.
-  auto refs = std::make_shared<BaselineReferences>();
-  refs->source = "set";
-  for (int r = 0; r < 2; ++r) {
-    ReferenceRun& run = refs->runs.emplace_back();
-    run.ref.set_run("ref-" + std::to_string(r));
-    for (uint64_t s = kWarmup; s < kWarmup + 200; ++s) {
-      const uint64_t bin = (s - kWarmup) / 20;
-      const double d = r == 0 ? 0.0 : bin == 4 ? 0.2 : 0.01;
-      ReferencePoint p;
-      p.step = s;
-      p.value.fill(std::nanf(""));
-      p.value[static_cast<size_t>(BaselineMetric::kLoss)] = static_cast<float>(std::log(2.0) + d);
-      run.points.push_back(p);
-    }
-  }
-  BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kStep, refs, kWarmup);
-  std::optional<BandBin> last;
-  for (uint64_t s = kWarmup; s < kWarmup + 200; ++s) {
-    v1::StepRecord r;
-    r.set_step(s);
-    r.set_loss(2.0);
-    if (auto b = band.Add(r)) last = b;
-  }
-  ASSERT_TRUE(last.has_value());
-  // var per bin d^2 / 2, pooled over the last bin's flat ones, times (1 +
-  // 1/2): the run is a third draw. The references' median moves by 0.1 into
-  // and out of the fifth bin, so the fourth and sixth are steep (noiseless
-  // references: any move is) and pooled apart; the fifth is flat. The sd
-  // is then widened for the 10 degrees of freedom of the 10 bins seen:
-  // t(0.975, 10) / 1.96.
-  const double var = (7 * 0.01 * 0.01 + 0.2 * 0.2) / 8 / 2 * 1.5;
-  const double widen = 2.228 / 1.96;
-  EXPECT_NEAR(last->half_width, BandOptions{}.band_sigmas * widen * std::sqrt(var), 2e-4);
-  // z against the spread as estimated, without the widening.
-  EXPECT_NEAR(last->z_as_estimated, last->z * widen, 1e-9);
-}
-
-TEST(BaselineBand, TheFirstBinsBandIsWidenedForItsFewDegreesOfFreedom) {
-  // Two references 0.01 apart at every bin: the spread as estimated is the
-  // same at each, and the band narrows as the bins seen add degrees of
-  // freedom, t(0.975, n) / 1.96 times the sd: 6.5x at the first bin (one
-  // degree of freedom: a spread pooled over one bin of two seeds is as
-  // likely as not under a third of theirs), 1.14x at the tenth.
+// Two noiseless references over 10 bins after warmup: the first at log 2,
+// the second `offset(bin)` above it; and the bins of a run whose loss is 2
+// at every step, against them on the step axis.
+std::vector<BandBin> AgainstTwoFlatReferences(double (*offset)(uint64_t bin)) {
   auto refs = std::make_shared<BaselineReferences>();
   refs->source = "set";
   for (int r = 0; r < 2; ++r) {
@@ -329,24 +285,58 @@ TEST(BaselineBand, TheFirstBinsBandIsWidenedForItsFewDegreesOfFreedom) {
       p.step = s;
       p.value.fill(std::nanf(""));
       p.value[static_cast<size_t>(BaselineMetric::kLoss)] =
-          static_cast<float>(std::log(2.0) + (r == 0 ? 0.0 : 0.05));
+          static_cast<float>(std::log(2.0) + (r == 0 ? 0.0 : offset((s - kWarmup) / 20)));
       run.points.push_back(p);
     }
   }
   BaselineBand band(BaselineMetric::kLoss, BaselineAxis::kStep, refs, kWarmup);
-  std::vector<double> half;
+  std::vector<BandBin> bins;
   for (uint64_t s = kWarmup; s < kWarmup + 200; ++s) {
     v1::StepRecord r;
     r.set_step(s);
     r.set_loss(2.0);
-    if (auto b = band.Add(r)) half.push_back(b->half_width);
+    if (auto b = band.Add(r)) bins.push_back(*b);
   }
-  ASSERT_THAT(half, SizeIs(10));
+  return bins;
+}
+
+TEST(BaselineBand, TwoReferencesSpreadIsTheirRootMeanSquareNotTheirMedian) {
+  // Two references whose 20-step bins differ by 0.01 nine times in ten and
+  // by 0.2 once (seeds' bins have heavy tails). With two, a bin's spread is
+  // one degree of freedom: the median over bins (0.0071) would be a third
+  // of the sd, and a seed a band's width off its references would page.
+  const std::vector<BandBin> bins =
+      AgainstTwoFlatReferences([](uint64_t bin) { return bin == 4 ? 0.2 : 0.01; });
+  ASSERT_THAT(bins, SizeIs(10));
+  const BandBin& last = bins.back();
+  // var per bin d^2 / 2, pooled over the last bin's flat ones, times (1 +
+  // 1/2): the run is a third draw. The references' median moves by 0.1 into
+  // and out of the fifth bin, so the fourth and sixth are steep (noiseless
+  // references: any move is) and pooled apart; the fifth is flat. The sd
+  // is then widened for the 10 degrees of freedom of the 10 bins seen:
+  // t(0.975, 10) / 1.96.
+  const double var = (7 * 0.01 * 0.01 + 0.2 * 0.2) / 8 / 2 * 1.5;
+  const double widen = 2.228 / 1.96;
+  EXPECT_NEAR(last.half_width, BandOptions{}.band_sigmas * widen * std::sqrt(var), 2e-4);
+  // z against the spread as estimated, without the widening.
+  EXPECT_NEAR(last.z_as_estimated, last.z * widen, 1e-9);
+}
+
+TEST(BaselineBand, TheFirstBinsBandIsWidenedForItsFewDegreesOfFreedom) {
+  // Two references 0.05 apart at every bin: the spread as estimated is the
+  // same at each, and the band narrows as the bins seen add degrees of
+  // freedom, t(0.975, n) / 1.96 times the sd: 6.5x at the first bin (one
+  // degree of freedom: a spread pooled over one bin of two seeds is as
+  // likely as not under a third of theirs), 1.14x at the tenth.
+  const std::vector<BandBin> bins = AgainstTwoFlatReferences([](uint64_t) { return 0.05; });
+  ASSERT_THAT(bins, SizeIs(10));
   const double sd = std::sqrt(0.05 * 0.05 / 2 * 1.5);  // one bin's, as estimated
-  EXPECT_NEAR(half[0], 2 * sd * 12.706 / 1.96, 1e-4);
-  EXPECT_NEAR(half[2], 2 * sd * 3.182 / 1.96, 1e-4);
-  EXPECT_NEAR(half[9], 2 * sd * 2.228 / 1.96, 1e-4);
-  EXPECT_TRUE(std::is_sorted(half.rbegin(), half.rend()));
+  EXPECT_NEAR(bins[0].half_width, 2 * sd * 12.706 / 1.96, 1e-4);
+  EXPECT_NEAR(bins[2].half_width, 2 * sd * 3.182 / 1.96, 1e-4);
+  EXPECT_NEAR(bins[9].half_width, 2 * sd * 2.228 / 1.96, 1e-4);
+  for (size_t i = 1; i < bins.size(); ++i) {
+    EXPECT_LT(bins[i].half_width, bins[i - 1].half_width) << "bin " << i;
+  }
 }
 
 TEST(BaselineBand, ChoosesTokensOnlyWhenEveryRunCarriesThem) {
