@@ -89,7 +89,9 @@ any of their runs was trained: healthy-sgd-megatron-d64x2-w60 (SGD at lr
 0.25, Megatron-Core parameter names, a 60-step warmup),
 healthy-hf-zipf-d96x2-const (HF parameter names, the Zipfian language, a
 constant LR, beta2 0.99) and healthy-gpt2-bf16-d80x2-hb40 (GPT-2 parameter
-names, bf16, a hard batch every 40 steps).
+names, bf16, a hard batch every 40 steps). (Judged once: every part of
+the bar held; nothing of any severity on a healthy seed, by tokens or by
+step; docs/baselines.md.)
 Two healthy seeds are the references; each case is
 another run of the recipe, replayed with those two as its RunStart.baselines
 (the JSONL run_start line's "baselines"):
