@@ -143,9 +143,10 @@ constexpr std::array<AlertSpec, kAlertKindCount> kSpecs = {{
      "the loss left its reference runs' band at the same tokens or step, "
      "for 2 bins of 20 steps, or at another LR than theirs sits 2 sds above "
      "them (the grad norm, log Z and attention logit out too are named "
-     "with it); info: better than the band, or by step a loss below its "
-     "centre by over a band sd bin after bin or a grad norm out of its band "
-     "(another batch size?)",
+     "with it); info: better than the band (not for another batch size "
+     "than theirs), or by step a loss below its centre by over a band sd "
+     "bin after bin with its grad norm below theirs too, or a grad norm out "
+     "of its band (another batch size?)",
      {"loss"},
      {.summary = "Run {{ $labels.run }} left its baseline's band",
       .quote_label = "last loss",
