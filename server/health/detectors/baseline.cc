@@ -21,8 +21,8 @@
 // band's widened one: that widening keeps seeds quiet at the first bins,
 // and a run of another LR is not a seed.
 #include <algorithm>
+#include <array>
 #include <cmath>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -210,10 +210,10 @@ class BaselineDeviation final : public Detector {
       std::optional<BandBin> bin = band.Add(record);
       if (!bin.has_value()) return bin;
       last = *bin;
-      recent.push_back(bin->z);
-      if (recent.size() > kRecentBins) recent.pop_front();
+      recent[bins++ % kRecentBins] = bin->z;
+      const size_t n = std::min<size_t>(bins, kRecentBins);
       recent_z = 0;
-      for (double z : recent) recent_z += z / static_cast<double>(recent.size());
+      for (size_t i = 0; i < n; ++i) recent_z += recent[i] / static_cast<double>(n);
       verdict = cusum.Add(*bin);
       above = bin->value > bin->hi ? above + 1 : 0;
       below = bin->value < bin->lo ? below + 1 : 0;
@@ -227,8 +227,9 @@ class BaselineDeviation final : public Detector {
     BaselineBand band;
     ResidualCusum cusum;
     std::optional<BandBin> last;
-    std::deque<double> recent;  // the last kRecentBins bins' z
-    double recent_z = 0;        // their mean
+    std::array<double, kRecentBins> recent{};  // the last kRecentBins bins' z, a ring
+    size_t bins = 0;                            // judged so far
+    double recent_z = 0;                        // the mean of those in the ring
     ResidualCusum::Verdict verdict;
     uint32_t above = 0, below = 0;
   };
