@@ -151,7 +151,7 @@ class BaselineDeviation final : public Detector {
       // seeds quiet at the first bins, is not its judge's.
       w.changed.Add(bin.first_step, bin.z_as_estimated, bin.lr_changed());
       w.ahead.Add(bin.first_step, bin.z,
-                  axis_ == BaselineAxis::kStep && (grad_norm == nullptr || grad_norm->recent_z < 0));
+                  axis_ == BaselineAxis::kStep && (grad_norm == nullptr || grad_norm->RecentZ() < 0));
       if (status_ != nullptr && w.band.metric() == BaselineMetric::kLoss) Publish(bin);
     }
     Judge(ctx.record.step(), sink);
@@ -211,9 +211,6 @@ class BaselineDeviation final : public Detector {
       if (!bin.has_value()) return bin;
       last = *bin;
       recent[bins++ % kRecentBins] = bin->z;
-      const size_t n = std::min<size_t>(bins, kRecentBins);
-      recent_z = 0;
-      for (size_t i = 0; i < n; ++i) recent_z += recent[i] / static_cast<double>(n);
       verdict = cusum.Add(*bin);
       above = bin->value > bin->hi ? above + 1 : 0;
       below = bin->value < bin->lo ? below + 1 : 0;
@@ -224,12 +221,18 @@ class BaselineDeviation final : public Detector {
     // a hard batch's (LossSpike's to name), not the run leaving its recipe.
     bool Worse() const { return verdict.worse && above >= kLevelBins; }
     bool Better() const { return verdict.better && below >= kLevelBins; }
+    // The mean z of the last kRecentBins bins (of those judged).
+    double RecentZ() const {
+      const size_t n = std::min<size_t>(bins, kRecentBins);
+      double sum = 0;
+      for (size_t i = 0; i < n; ++i) sum += recent[i];
+      return n == 0 ? 0 : sum / static_cast<double>(n);
+    }
     BaselineBand band;
     ResidualCusum cusum;
     std::optional<BandBin> last;
     std::array<double, kRecentBins> recent{};  // the last kRecentBins bins' z, a ring
     size_t bins = 0;                            // judged so far
-    double recent_z = 0;                        // the mean of those in the ring
     ResidualCusum::Verdict verdict;
     uint32_t above = 0, below = 0;
   };

@@ -360,10 +360,11 @@ std::optional<BandBin> BaselineBand::Close() {
     const double spread = std::sqrt(pooled / static_cast<double>(pool.size()) * (1 + 1 / k));
     // Each bin seen so far gave k - 1 degrees of freedom (the flat pool is
     // a choice among them, not fewer draws of the recipe).
-    const double widened =
-        SmallSampleFactor(static_cast<double>(spreads_.size()) * (k - 1)) * spread;
-    sd = ref_values.size() >= 3 ? widened : std::max(widened, noise_sd);
-    sd_as_estimated = ref_values.size() >= 3 ? spread : std::max(spread, noise_sd);
+    const auto with_noise = [&](double s) {
+      return ref_values.size() >= 3 ? s : std::max(s, noise_sd);
+    };
+    sd = with_noise(SmallSampleFactor(static_cast<double>(spreads_.size()) * (k - 1)) * spread);
+    sd_as_estimated = with_noise(spread);
   }
   const double min_sd = options_.min_half_width / options_.band_sigmas;
   sd = std::max(sd, min_sd);
@@ -405,11 +406,8 @@ ResidualCusum::Verdict ResidualCusum::Add(const BandBin& bin) {
   v.better = Step(down_, -bin.z - k_, bin, bin.value < bin.lo, threshold_);
   beyond_twice_ = bin.value - bin.ref_median > 2 * bin.half_width ? beyond_twice_ + 1 : 0;
   v.beyond_twice = beyond_twice_;
-  const Side& side = v.worse ? up_ : down_;
-  if (v.worse || v.better) {
-    v.onset_step = side.first_outside != 0 ? side.first_outside : side.onset;
-  }
-  if (v.better) v.better_onset_step = down_.first_outside != 0 ? down_.first_outside : down_.onset;
+  if (v.worse || v.better) v.onset_step = (v.worse ? up_ : down_).Onset();
+  if (v.better) v.better_onset_step = down_.Onset();
   return v;
 }
 

@@ -269,6 +269,9 @@ class ResidualCusum {
     uint64_t onset = 0;         // where it left 0
     uint64_t first_outside = 0; // 0: none since
     bool alarmed = false;       // past the threshold; holds until s is 0
+    // Where the side's episode began: its first bin outside the band, else
+    // where it left 0.
+    uint64_t Onset() const { return first_outside != 0 ? first_outside : onset; }
   };
   static bool Step(Side& side, double increment, const BandBin& bin, bool outside,
                    double threshold);
