@@ -590,6 +590,20 @@ TEST(BaselineDeviation, AnotherBatchIsWorseOnlyWhereItIsWorseAtTheSameStepToo) {
   EXPECT_THAT(fired[0].description, HasSubstr("worse at the same step too"));
 }
 
+// Against two seeds at a constant LR (1,024 tokens a step), a run of
+// `tokens_per_step` 10% above its recipe to step 195, then 15% below.
+void FeedAboveThenBelow(HealthHarness& h, uint64_t tokens_per_step) {
+  h.health().SetBaselines(
+      Refs({{.seed = 1, .lr_decays = false}, {.seed = 2, .lr_decays = false}}, 1200));
+  std::mt19937 rng(3);
+  const Curve c{.seed = 3, .tokens_per_step = tokens_per_step, .lr_decays = false};
+  for (uint64_t s = 0; s < 400; ++s) {
+    v1::StepRecord r = c.At(s, rng);
+    r.set_loss(r.loss() * (s < 195 ? 1.10 : 0.85));
+    h.Lead(r);
+  }
+}
+
 TEST(BaselineDeviation, AnotherBatchBelowTheBandRightAfterAboveItRaisesNothing) {
   // Twice the batch: 10% above its references at the same tokens on its
   // first judged bins (from step 75, its warmup's catch-up) to step 195,
@@ -599,15 +613,7 @@ TEST(BaselineDeviation, AnotherBatchBelowTheBandRightAfterAboveItRaisesNothing) 
   // better than the band with another batch is the batch's doing: nothing
   // at all, though the run is judged (its last bin 0.85x).
   HealthHarness h(Lm());
-  h.health().SetBaselines(
-      Refs({{.seed = 1, .lr_decays = false}, {.seed = 2, .lr_decays = false}}, 1200));
-  std::mt19937 rng(3);
-  const Curve c{.seed = 3, .tokens_per_step = 2048, .lr_decays = false};
-  for (uint64_t s = 0; s < 400; ++s) {
-    v1::StepRecord r = c.At(s, rng);
-    r.set_loss(r.loss() * (s < 195 ? 1.10 : 0.85));
-    h.Lead(r);
-  }
+  FeedAboveThenBelow(h, 2048);
   EXPECT_THAT(h.Fired(AlertKind::kBaselineDeviation), IsEmpty());
   ASSERT_TRUE(h.health().baseline_status().judged);
   EXPECT_LT(h.health().baseline_status().ratio, 0.9);
@@ -619,15 +625,7 @@ TEST(BaselineDeviation, ASeedAboveThenBelowItsBandIsOneWarning) {
   // lowers its severity; better than the band is what the run's last bins
   // say), and no second alert.
   HealthHarness h(Lm());
-  h.health().SetBaselines(
-      Refs({{.seed = 1, .lr_decays = false}, {.seed = 2, .lr_decays = false}}, 1200));
-  std::mt19937 rng(3);
-  const Curve c{.seed = 3, .lr_decays = false};
-  for (uint64_t s = 0; s < 400; ++s) {
-    v1::StepRecord r = c.At(s, rng);
-    r.set_loss(r.loss() * (s < 195 ? 1.10 : 0.85));
-    h.Lead(r);
-  }
+  FeedAboveThenBelow(h, Curve{}.tokens_per_step);
   const auto fired = h.Fired(AlertKind::kBaselineDeviation);
   ASSERT_THAT(fired, SizeIs(1));
   EXPECT_THAT(fired[0].description, HasSubstr("left the band"));
