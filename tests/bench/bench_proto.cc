@@ -13,6 +13,7 @@
 #include "google/protobuf/arena.h"
 
 #include "ingest/wire_budget.h"
+#include "test_records.h"
 #include "trainwatch/v1/trainwatch.pb.h"
 
 namespace {
@@ -78,30 +79,18 @@ BENCHMARK(BM_WireBudgetCheck)
     ->ArgNames({"records", "batch_ids"});
 
 // A batch of `n` records, each with a 48-layer x 128-expert MoE report as a
-// trainer sends it (1M tokens a global batch at top-8, a lognormal skew
-// over each layer's experts, each count moving 3% a step: bench_store's
-// MoeChunkRecords), parsed as ingest parses it: a ReportRequest on an arena
-// of its own. The counts are ~3-byte varints.
+// trainer sends it (testing::RealisticMoe, as bench_store's MoeChunkRecords,
+// its layers named as Megatron's routers, no aux loss), parsed as ingest
+// parses it: a ReportRequest on an arena of its own. The counts are ~3-byte
+// varints.
 void BM_ParseMoeBatch(benchmark::State& state) {
   constexpr int kLayers = 48, kExperts = 128;
   const int n = static_cast<int>(state.range(0));
   trainwatch::v1::ReportRequest request;
   *request.mutable_batch() = MakeBatch(n, false);
-  std::mt19937_64 rng(5);
-  std::lognormal_distribution<double> skew(0.0, 0.25);
-  std::normal_distribution<double> noise(0.0, 0.03);
-  std::vector<double> share(kLayers * kExperts);
-  for (double& s : share) s = skew(rng);
-  const double mean = 1'048'576.0 * 8 / kExperts;
+  trainwatch::testing::RealisticMoe counts(5, kLayers, kExperts);
   for (trainwatch::v1::StepRecord& r : *request.mutable_batch()->mutable_records()) {
-    for (int l = 0; l < kLayers; ++l) {
-      trainwatch::v1::MoeLayerStats& layer = *r.mutable_moe()->add_layers();
-      layer.set_layer("layers." + std::to_string(l) + ".mlp.router");
-      for (int e = 0; e < kExperts; ++e) {
-        layer.add_tokens_per_expert(static_cast<uint64_t>(
-            std::max(0.0, std::round(mean * share[l * kExperts + e] * (1 + noise(rng))))));
-      }
-    }
+    counts.AddTo(r, "layers.", ".mlp.router", /*aux_loss=*/false);
   }
   const std::string wire = request.SerializeAsString();
   for (auto _ : state) {

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "store/codec/step_codec.h"
+#include "test_records.h"
 #include "store/store.h"
 #include "trainwatch/v1/clipping.h"
 
@@ -234,35 +235,18 @@ BENCHMARK(BM_ChunkDecode)
     ->Args({1, 1})
     ->ArgNames({"format", "float32"});
 
-// A 48-layer x 128-expert MoE report on every record: 1M tokens a global
-// batch at top-8 (65,536 assignments an expert on average), a persistent
-// skew over each layer's experts (lognormal, sigma 0.25) and each count
-// moving 3% (one sigma) from step to step, as step_codec_test's
-// RealisticMoeRecords.
+// A 48-layer x 128-expert MoE report on every record (testing::RealisticMoe,
+// as step_codec_test's: layers named by their number, with an aux loss).
 constexpr int kMoeLayers = 48, kMoeExperts = 128;
 
 google::protobuf::RepeatedPtrField<v1::StepRecord> MoeChunkRecords(bool moe, int records) {
   const std::vector<v1::StepRecord> templ = Records(records);
   google::protobuf::RepeatedPtrField<v1::StepRecord> recs(templ.begin(), templ.end());
-  std::mt19937_64 rng(5);
-  std::lognormal_distribution<double> skew(0.0, 0.25);
-  std::normal_distribution<double> noise(0.0, 0.03);
-  std::vector<double> share(kMoeLayers * kMoeExperts);
-  for (double& s : share) s = skew(rng);
-  const double mean = 1'048'576.0 * 8 / kMoeExperts;
+  testing::RealisticMoe counts(5, kMoeLayers, kMoeExperts);
   uint64_t step = 1;
   for (v1::StepRecord& r : recs) {
     r.set_step(step++);
-    if (!moe) continue;
-    for (int l = 0; l < kMoeLayers; ++l) {
-      v1::MoeLayerStats& layer = *r.mutable_moe()->add_layers();
-      layer.set_layer(std::to_string(l));
-      for (int e = 0; e < kMoeExperts; ++e) {
-        layer.add_tokens_per_expert(static_cast<uint64_t>(std::max(
-            0.0, std::round(mean * share[l * kMoeExperts + e] * (1 + noise(rng))))));
-      }
-      layer.set_aux_loss(1.0 + 0.001 * l);
-    }
+    if (moe) counts.AddTo(r);
   }
   return recs;
 }

@@ -1,5 +1,7 @@
 #include "test_records.h"
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 
 namespace trainwatch::testing {
@@ -35,6 +37,28 @@ v1::StepBatch Batch(uint64_t from, uint64_t to, double norm) {
   v1::StepBatch b;
   *b.mutable_records() = Steps(from, to, norm);
   return b;
+}
+
+RealisticMoe::RealisticMoe(uint64_t seed, int layers, int experts)
+    : layers_(layers), experts_(experts), rng_(seed),
+      share_(static_cast<size_t>(layers) * static_cast<size_t>(experts)) {
+  std::lognormal_distribution<double> skew(0.0, 0.25);
+  for (double& s : share_) s = skew(rng_);
+}
+
+void RealisticMoe::AddTo(v1::StepRecord& r, const std::string& prefix, const std::string& suffix,
+                         bool aux_loss) {
+  const double mean = 1'048'576.0 * 8 / experts_;
+  for (int l = 0; l < layers_; ++l) {
+    v1::MoeLayerStats& layer = *r.mutable_moe()->add_layers();
+    layer.set_layer(prefix + std::to_string(l) + suffix);
+    for (int e = 0; e < experts_; ++e) {
+      layer.add_tokens_per_expert(static_cast<uint64_t>(std::max(
+          0.0, std::round(mean * share_[static_cast<size_t>(l * experts_ + e)] *
+                          (1 + noise_(rng_))))));
+    }
+    if (aux_loss) layer.set_aux_loss(1.0 + 0.001 * l);
+  }
 }
 
 }  // namespace trainwatch::testing

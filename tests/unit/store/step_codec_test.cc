@@ -14,6 +14,7 @@
 #include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
 #include "proto_bytes.h"
+#include "test_records.h"
 #include "trainwatch/v1/clipping.h"
 
 namespace trainwatch {
@@ -661,28 +662,13 @@ TEST(StepCodec, OnlyChunksWithMoeCountsTakeTheNewFormat) {
 // batch at top-8 (65,536 assignments an expert on average), each layer with
 // a persistent skew over its experts and each count moving a few percent
 // from step to step; 100 records a chunk, every record with its report.
-Records RealisticMoeRecords(uint64_t seed, int n, int layers = 48, int experts = 128) {
-  std::mt19937_64 rng(seed);
-  std::lognormal_distribution<double> skew(0.0, 0.25);
-  std::normal_distribution<double> noise(0.0, 0.03);
-  std::vector<std::vector<double>> share(layers, std::vector<double>(experts));
-  for (auto& layer : share) {
-    for (double& s : layer) s = skew(rng);
-  }
-  const double mean = 1'048'576.0 * 8 / experts;
+Records RealisticMoeRecords(uint64_t seed, int n) {
+  ::trainwatch::testing::RealisticMoe counts(seed);
   Records out;
   for (int i = 0; i < n; ++i) {
     v1::StepRecord& r = *out.Add();
     r.set_step(1000 + i);
-    for (int l = 0; l < layers; ++l) {
-      v1::MoeLayerStats& layer = *r.mutable_moe()->add_layers();
-      layer.set_layer(std::to_string(l));
-      for (int e = 0; e < experts; ++e) {
-        layer.add_tokens_per_expert(static_cast<uint64_t>(
-            std::max(0.0, std::round(mean * share[l][e] * (1 + noise(rng))))));
-      }
-      layer.set_aux_loss(1.0 + 0.001 * l);
-    }
+    counts.AddTo(r);
   }
   return out;
 }
